@@ -1,0 +1,86 @@
+# cluster.hcl — the Shoal cluster definition.
+#
+# This example is a 3-node cluster on one machine (loopback): every node runs
+# a catalog voter (raftmeta), an edge and an object host. Start it with
+#
+#   shoal raftmeta serve --config cluster.hcl --node n1 --bootstrap
+#   shoal raftmeta serve --config cluster.hcl --node n2
+#   shoal raftmeta serve --config cluster.hcl --node n3
+#
+# (see docs/operations.md). Check it with `shoal config validate cluster.hcl`.
+
+name   = "local"
+region = "weur" # default region for nodes that name none: wnam enam weur eeur apac oc
+
+catalog {
+  max_stale          = "5s"   # stale reads refused past this since the last leader contact
+  cache_ttl          = "2s"   # client-side cache of stale reads, keyed per account
+  snapshot_threshold = 8192   # log entries between snapshots
+  snapshot_interval  = "30s"
+}
+
+node "n1" {
+  roles           = ["raftmeta", "edge", "objecthost"]
+  region          = "weur"
+  data_dir        = ".shoal/cluster/n1"
+  raft_addr       = "127.0.0.1:7001" # Raft TCP transport
+  catalog_addr    = "127.0.0.1:7101" # catalog internal HTTP API (forwarding, reads, cluster ops)
+  edge_addr       = "127.0.0.1:8787" # public D1-compatible API
+  objecthost_addr = "127.0.0.1:7201" # object host internal API
+}
+
+node "n2" {
+  roles           = ["raftmeta", "edge", "objecthost"]
+  region          = "weur"
+  data_dir        = ".shoal/cluster/n2"
+  raft_addr       = "127.0.0.1:7002"
+  catalog_addr    = "127.0.0.1:7102"
+  edge_addr       = "127.0.0.1:8788"
+  objecthost_addr = "127.0.0.1:7202"
+}
+
+node "n3" {
+  roles           = ["raftmeta", "objecthost"]
+  region          = "enam"
+  jurisdiction    = "us" # databases created with jurisdiction = "us" land here
+  data_dir        = ".shoal/cluster/n3"
+  raft_addr       = "127.0.0.1:7003"
+  catalog_addr    = "127.0.0.1:7103"
+  objecthost_addr = "127.0.0.1:7203"
+}
+
+# A non-voting read follower: serves stale reads, never votes.
+# node "r1" {
+#   roles        = ["raftmeta"]
+#   voter        = false
+#   raft_addr    = "127.0.0.1:7004"
+#   catalog_addr = "127.0.0.1:7104"
+# }
+
+kafka {
+  embedded = true # in-process Kafka-protocol broker; production: brokers = ["kafka1:9092", …]
+}
+
+clickhouse {
+  managed = true # a local clickhouse-server child process; production: dsn = "clickhouse://host:9000/shoal"
+}
+
+# Tier defaults are D1's published limits; override any field here.
+tier "free" {
+  max_databases        = 10
+  max_storage_bytes    = 5368709120 # 5 GB per account
+  max_database_bytes   = 524288000  # 500 MB per database
+  rows_read_per_day    = 5000000
+  rows_written_per_day = 100000
+}
+
+tier "paid" {
+  max_databases      = 50000
+  max_storage_bytes  = 1099511627776 # 1 TB
+  max_database_bytes = 10737418240   # 10 GB
+}
+
+secrets {
+  admin_token = "env:SHOAL_ADMIN_TOKEN" # "env:NAME" reads the environment
+  binding_key = "env:SHOAL_BINDING_KEY"
+}

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shoaldb/shoal/internal/config"
+)
+
+func newConfigCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "config", Short: "Inspect cluster.hcl"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "validate [FILE]",
+		Short: "Check a cluster definition (default ./cluster.hcl); errors name file, line and field",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := "cluster.hcl"
+			if len(args) == 1 {
+				path = args[0]
+			}
+			c, err := config.Load(path)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%d nodes, catalog voters: %d)\n", path, len(c.Nodes), countVoters(c))
+			return nil
+		},
+	})
+	return cmd
+}
+
+func countVoters(c *config.Cluster) int {
+	n := 0
+	for _, node := range c.Nodes {
+		if node.Has(config.RoleRaftmeta) && node.IsVoter() {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,426 @@
+// Package config loads cluster.hcl, the cluster definition shared by every
+// role: the nodes and their roles, regions and addresses, the catalog's
+// settings, Kafka, ClickHouse, the tiers' limits and the secrets.
+//
+// Errors name the file, the line and the field ("cluster.hcl:14: node
+// \"n2\": raft_addr: …") so an operator can fix them without guessing.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/gohcl"
+	"github.com/hashicorp/hcl/v2/hclparse"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+)
+
+// Roles a node can take.
+const (
+	RoleRaftmeta   = "raftmeta"
+	RoleEdge       = "edge"
+	RoleObjecthost = "objecthost"
+	RolePipeline   = "pipeline"
+	RoleLimiter    = "limiter"
+)
+
+// D1's location hints (regions) and jurisdictions.
+var (
+	Regions       = []string{"wnam", "enam", "weur", "eeur", "apac", "oc"}
+	Jurisdictions = []string{"eu", "fedramp", "us"}
+)
+
+// Cluster is the decoded cluster.hcl.
+type Cluster struct {
+	Name       string      `hcl:"name,optional"`
+	Region     string      `hcl:"region,optional"` // default region of nodes that name none
+	Catalog    *Catalog    `hcl:"catalog,block"`
+	Nodes      []*Node     `hcl:"node,block"`
+	Kafka      *Kafka      `hcl:"kafka,block"`
+	ClickHouse *ClickHouse `hcl:"clickhouse,block"`
+	Tiers      []*Tier     `hcl:"tier,block"`
+	Secrets    *Secrets    `hcl:"secrets,block"`
+
+	file string
+}
+
+// Catalog holds the Raft catalog's settings.
+type Catalog struct {
+	MaxStale          string `hcl:"max_stale,optional"`          // stale reads refused past this since last leader contact; default 5s
+	CacheTTL          string `hcl:"cache_ttl,optional"`          // client result cache for stale reads; default 2s
+	SnapshotThreshold int    `hcl:"snapshot_threshold,optional"` // log entries between snapshots; default 8192
+	SnapshotInterval  string `hcl:"snapshot_interval,optional"`  // default 30s
+}
+
+// Node is one process of the cluster.
+type Node struct {
+	ID           string   `hcl:"id,label"`
+	Roles        []string `hcl:"roles"`
+	Region       string   `hcl:"region,optional"`
+	Jurisdiction string   `hcl:"jurisdiction,optional"`
+	DataDir      string   `hcl:"data_dir,optional"`
+	// raftmeta
+	RaftAddr    string `hcl:"raft_addr,optional"`
+	CatalogAddr string `hcl:"catalog_addr,optional"` // internal HTTP API of the catalog node
+	Voter       *bool  `hcl:"voter,optional"`        // default true; false = non-voting read follower
+	// edge
+	EdgeAddr string `hcl:"edge_addr,optional"`
+	// objecthost
+	ObjecthostAddr string `hcl:"objecthost_addr,optional"`
+	Capacity       int64  `hcl:"capacity,optional"` // databases this host should hold; default 100000
+}
+
+// Kafka names the brokers, or asks for the embedded Kafka-protocol broker.
+type Kafka struct {
+	Embedded bool     `hcl:"embedded,optional"`
+	Brokers  []string `hcl:"brokers,optional"`
+	DataDir  string   `hcl:"data_dir,optional"`
+}
+
+// ClickHouse names the server, or asks for a managed local clickhouse-server.
+type ClickHouse struct {
+	Managed bool   `hcl:"managed,optional"`
+	DSN     string `hcl:"dsn,optional"`
+	DataDir string `hcl:"data_dir,optional"`
+}
+
+// Tier is one pricing tier's default limits (D1's figures by default).
+type Tier struct {
+	Name              string `hcl:"name,label"`
+	MaxDatabases      int64  `hcl:"max_databases,optional"`
+	MaxStorageBytes   int64  `hcl:"max_storage_bytes,optional"`
+	MaxDatabaseBytes  int64  `hcl:"max_database_bytes,optional"`
+	RowsReadPerDay    int64  `hcl:"rows_read_per_day,optional"`
+	RowsWrittenPerDay int64  `hcl:"rows_written_per_day,optional"`
+}
+
+// Secrets are read from the file or, when a value is "env:NAME", from the
+// environment variable NAME (so the file can be committed).
+type Secrets struct {
+	AdminToken string `hcl:"admin_token,optional"`
+	BindingKey string `hcl:"binding_key,optional"`
+}
+
+// ErrInvalid wraps every validation error.
+var ErrInvalid = errors.New("invalid cluster configuration")
+
+// Load reads and validates path.
+func Load(path string) (*Cluster, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read cluster config: %w", err)
+	}
+	return Parse(path, src)
+}
+
+// Parse decodes and validates src; filename appears in errors.
+func Parse(filename string, src []byte) (*Cluster, error) {
+	p := hclparse.NewParser()
+	f, diags := p.ParseHCL(src, filename)
+	if diags.HasErrors() {
+		return nil, fmt.Errorf("%w: %s", ErrInvalid, diagString(diags))
+	}
+	var c Cluster
+	if diags := gohcl.DecodeBody(f.Body, nil, &c); diags.HasErrors() {
+		return nil, fmt.Errorf("%w: %s", ErrInvalid, diagString(diags))
+	}
+	c.file = filename
+	body, _ := f.Body.(*hclsyntax.Body)
+	if err := c.validate(body); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+func diagString(diags hcl.Diagnostics) string {
+	var parts []string
+	for _, d := range diags {
+		if d.Severity != hcl.DiagError {
+			continue
+		}
+		loc := ""
+		if d.Subject != nil {
+			loc = fmt.Sprintf("%s:%d: ", d.Subject.Filename, d.Subject.Start.Line)
+		}
+		parts = append(parts, loc+d.Summary+": "+d.Detail)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// validator collects field errors with their positions.
+type validator struct {
+	file string
+	body *hclsyntax.Body
+	errs []string
+}
+
+// at finds the line of an attribute inside a block (blockType/label), or of
+// a top-level attribute when blockType is "", falling back to the block's
+// line, then to line 1.
+func (v *validator) at(blockType, label, attr string) int {
+	if v.body == nil {
+		return 1
+	}
+	if blockType == "" {
+		if a, ok := v.body.Attributes[attr]; ok {
+			return a.SrcRange.Start.Line
+		}
+		return 1
+	}
+	for _, b := range v.body.Blocks {
+		if b.Type != blockType || (label != "" && (len(b.Labels) == 0 || b.Labels[0] != label)) {
+			continue
+		}
+		if a, ok := b.Body.Attributes[attr]; ok {
+			return a.SrcRange.Start.Line
+		}
+		return b.DefRange().Start.Line
+	}
+	return 1
+}
+
+func (v *validator) fail(blockType, label, attr, format string, args ...any) {
+	where := attr
+	if blockType != "" {
+		if label != "" {
+			where = fmt.Sprintf("%s %q: %s", blockType, label, attr)
+		} else {
+			where = fmt.Sprintf("%s: %s", blockType, attr)
+		}
+	}
+	v.errs = append(v.errs, fmt.Sprintf("%s:%d: %s: %s", v.file, v.at(blockType, label, attr), where, fmt.Sprintf(format, args...)))
+}
+
+func (c *Cluster) validate(body *hclsyntax.Body) error {
+	v := &validator{file: c.file, body: body}
+	if c.Region == "" {
+		c.Region = "weur"
+	}
+	if !contains(Regions, c.Region) {
+		v.fail("", "", "region", "unknown region %q (one of %s)", c.Region, strings.Join(Regions, ", "))
+	}
+	if c.Catalog == nil {
+		c.Catalog = &Catalog{}
+	}
+	for _, d := range []struct {
+		name string
+		val  *string
+		def  string
+	}{{"max_stale", &c.Catalog.MaxStale, "5s"}, {"cache_ttl", &c.Catalog.CacheTTL, "2s"}, {"snapshot_interval", &c.Catalog.SnapshotInterval, "30s"}} {
+		if *d.val == "" {
+			*d.val = d.def
+		}
+		if dur, err := time.ParseDuration(*d.val); err != nil || dur <= 0 {
+			v.fail("catalog", "", d.name, "not a positive duration: %q", *d.val)
+		}
+	}
+	if c.Catalog.SnapshotThreshold == 0 {
+		c.Catalog.SnapshotThreshold = 8192
+	}
+	if c.Catalog.SnapshotThreshold < 0 {
+		v.fail("catalog", "", "snapshot_threshold", "must be positive")
+	}
+
+	if len(c.Nodes) == 0 {
+		v.fail("", "", "node", "at least one node block is required")
+	}
+	seen := map[string]bool{}
+	addrs := map[string]string{}
+	voters := 0
+	for _, n := range c.Nodes {
+		if seen[n.ID] {
+			v.fail("node", n.ID, "id", "duplicate node id")
+		}
+		seen[n.ID] = true
+		if n.Region == "" {
+			n.Region = c.Region
+		}
+		if !contains(Regions, n.Region) {
+			v.fail("node", n.ID, "region", "unknown region %q (one of %s)", n.Region, strings.Join(Regions, ", "))
+		}
+		if n.Jurisdiction != "" && !contains(Jurisdictions, n.Jurisdiction) {
+			v.fail("node", n.ID, "jurisdiction", "unknown jurisdiction %q (one of %s)", n.Jurisdiction, strings.Join(Jurisdictions, ", "))
+		}
+		if len(n.Roles) == 0 {
+			v.fail("node", n.ID, "roles", "a node needs at least one role")
+		}
+		for _, r := range n.Roles {
+			if !contains([]string{RoleRaftmeta, RoleEdge, RoleObjecthost, RolePipeline, RoleLimiter}, r) {
+				v.fail("node", n.ID, "roles", "unknown role %q", r)
+			}
+		}
+		if n.DataDir == "" {
+			n.DataDir = ".shoal/" + n.ID
+		}
+		if n.Capacity == 0 {
+			n.Capacity = 100000
+		}
+		need := func(role, attr, val string) {
+			if !n.Has(role) {
+				return
+			}
+			if val == "" {
+				v.fail("node", n.ID, attr, "required for role %s", role)
+				return
+			}
+			if _, _, err := net.SplitHostPort(val); err != nil {
+				v.fail("node", n.ID, attr, "not a host:port address: %q", val)
+				return
+			}
+			if other, dup := addrs[val]; dup {
+				v.fail("node", n.ID, attr, "address %s already used by %s", val, other)
+			}
+			addrs[val] = n.ID + "." + attr
+		}
+		need(RoleRaftmeta, "raft_addr", n.RaftAddr)
+		need(RoleRaftmeta, "catalog_addr", n.CatalogAddr)
+		need(RoleEdge, "edge_addr", n.EdgeAddr)
+		need(RoleObjecthost, "objecthost_addr", n.ObjecthostAddr)
+		if n.Has(RoleRaftmeta) && n.IsVoter() {
+			voters++
+		}
+	}
+	if len(c.Nodes) > 0 && voters == 0 {
+		v.fail("", "", "node", "no voting raftmeta node: the catalog needs at least one")
+	}
+	if c.Kafka == nil {
+		c.Kafka = &Kafka{Embedded: true}
+	}
+	if !c.Kafka.Embedded && len(c.Kafka.Brokers) == 0 {
+		v.fail("kafka", "", "brokers", "required unless embedded = true")
+	}
+	if c.ClickHouse == nil {
+		c.ClickHouse = &ClickHouse{Managed: true}
+	}
+	if !c.ClickHouse.Managed && c.ClickHouse.DSN == "" {
+		v.fail("clickhouse", "", "dsn", "required unless managed = true")
+	}
+	c.Tiers = withDefaultTiers(c.Tiers)
+	for _, t := range c.Tiers {
+		if t.Name != "free" && t.Name != "paid" {
+			v.fail("tier", t.Name, "name", "unknown tier %q (free or paid)", t.Name)
+		}
+	}
+	if c.Secrets == nil {
+		c.Secrets = &Secrets{}
+	}
+	for _, s := range []struct {
+		name string
+		val  *string
+	}{{"admin_token", &c.Secrets.AdminToken}, {"binding_key", &c.Secrets.BindingKey}} {
+		if env, ok := strings.CutPrefix(*s.val, "env:"); ok {
+			*s.val = os.Getenv(env)
+			if *s.val == "" {
+				v.fail("secrets", "", s.name, "environment variable %s is empty or unset", env)
+			}
+		}
+	}
+	if len(v.errs) > 0 {
+		sort.Strings(v.errs)
+		return fmt.Errorf("%w:\n  %s", ErrInvalid, strings.Join(v.errs, "\n  "))
+	}
+	return nil
+}
+
+// withDefaultTiers fills D1's published limits (Free / Workers Paid) for any
+// field left at zero.
+func withDefaultTiers(ts []*Tier) []*Tier {
+	defs := map[string]Tier{
+		"free": {Name: "free", MaxDatabases: 10, MaxStorageBytes: 5 << 30, MaxDatabaseBytes: 500 << 20, RowsReadPerDay: 5_000_000, RowsWrittenPerDay: 100_000},
+		"paid": {Name: "paid", MaxDatabases: 50_000, MaxStorageBytes: 1 << 40, MaxDatabaseBytes: 10 << 30},
+	}
+	have := map[string]bool{}
+	for _, t := range ts {
+		have[t.Name] = true
+		d, ok := defs[t.Name]
+		if !ok {
+			continue
+		}
+		if t.MaxDatabases == 0 {
+			t.MaxDatabases = d.MaxDatabases
+		}
+		if t.MaxStorageBytes == 0 {
+			t.MaxStorageBytes = d.MaxStorageBytes
+		}
+		if t.MaxDatabaseBytes == 0 {
+			t.MaxDatabaseBytes = d.MaxDatabaseBytes
+		}
+		if t.RowsReadPerDay == 0 {
+			t.RowsReadPerDay = d.RowsReadPerDay
+		}
+		if t.RowsWrittenPerDay == 0 {
+			t.RowsWrittenPerDay = d.RowsWrittenPerDay
+		}
+	}
+	for _, name := range []string{"free", "paid"} {
+		if !have[name] {
+			d := defs[name]
+			ts = append(ts, &d)
+		}
+	}
+	return ts
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Has reports whether the node takes role.
+func (n *Node) Has(role string) bool { return contains(n.Roles, role) }
+
+// IsVoter reports whether a raftmeta node votes (the default).
+func (n *Node) IsVoter() bool { return n.Voter == nil || *n.Voter }
+
+// Node returns the node with id.
+func (c *Cluster) Node(id string) (*Node, error) {
+	for _, n := range c.Nodes {
+		if n.ID == id {
+			return n, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %s: no node %q", ErrInvalid, c.file, id)
+}
+
+// CatalogAddrs lists the catalog nodes' internal HTTP addresses, those in
+// region first (stale reads go to a nearby follower).
+func (c *Cluster) CatalogAddrs(region string) []string {
+	var near, far []string
+	for _, n := range c.Nodes {
+		if !n.Has(RoleRaftmeta) {
+			continue
+		}
+		if n.Region == region {
+			near = append(near, n.CatalogAddr)
+		} else {
+			far = append(far, n.CatalogAddr)
+		}
+	}
+	return append(near, far...)
+}
+
+// Tier returns the named tier's limits.
+func (c *Cluster) Tier(name string) (Tier, bool) {
+	for _, t := range c.Tiers {
+		if t.Name == name {
+			return *t, true
+		}
+	}
+	return Tier{}, false
+}
+
+// Duration parses one of the catalog's validated duration fields.
+func Duration(s string) time.Duration {
+	d, _ := time.ParseDuration(s)
+	return d
+}

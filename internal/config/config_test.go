@@ -1,0 +1,130 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestExampleClusterFileIsValid(t *testing.T) {
+	t.Setenv("SHOAL_ADMIN_TOKEN", "admin-secret")
+	t.Setenv("SHOAL_BINDING_KEY", "binding-secret")
+	_, self, _, _ := runtime.Caller(0)
+	c, err := Load(filepath.Join(filepath.Dir(self), "..", "..", "cluster.hcl"))
+	require.NoError(t, err)
+	assert.Len(t, c.Nodes, 3)
+	assert.Equal(t, []string{"127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"}, c.CatalogAddrs("weur"))
+	assert.Equal(t, "127.0.0.1:7103", c.CatalogAddrs("enam")[0], "nearby catalog nodes come first")
+	assert.Equal(t, "admin-secret", c.Secrets.AdminToken)
+	n3, err := c.Node("n3")
+	require.NoError(t, err)
+	assert.Equal(t, "us", n3.Jurisdiction)
+	assert.True(t, n3.IsVoter())
+	free, ok := c.Tier("free")
+	require.True(t, ok)
+	assert.EqualValues(t, 10, free.MaxDatabases)
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := Parse("c.hcl", []byte(`
+node "a" {
+  roles = ["raftmeta"]
+  raft_addr = "127.0.0.1:1"
+  catalog_addr = "127.0.0.1:2"
+}`))
+	require.NoError(t, err)
+	assert.Equal(t, "5s", c.Catalog.MaxStale)
+	assert.Equal(t, "weur", c.Nodes[0].Region)
+	assert.True(t, c.Kafka.Embedded)
+	assert.True(t, c.ClickHouse.Managed)
+	paid, ok := c.Tier("paid")
+	require.True(t, ok)
+	assert.EqualValues(t, 50_000, paid.MaxDatabases)
+}
+
+func TestErrorsNameFileLineAndField(t *testing.T) {
+	cases := []struct {
+		name, src, want string
+	}{
+		{"bad address", `
+node "a" {
+  roles = ["raftmeta"]
+  raft_addr = "nope"
+  catalog_addr = "127.0.0.1:2"
+}`, `c.hcl:4: node "a": raft_addr: not a host:port address: "nope"`},
+		{"missing address", `
+node "a" {
+  roles = ["raftmeta", "edge"]
+  raft_addr = "127.0.0.1:1"
+  catalog_addr = "127.0.0.1:2"
+}`, `c.hcl:2: node "a": edge_addr: required for role edge`},
+		{"unknown role", `
+node "a" {
+  roles = ["raftmeta", "chef"]
+  raft_addr = "127.0.0.1:1"
+  catalog_addr = "127.0.0.1:2"
+}`, `c.hcl:3: node "a": roles: unknown role "chef"`},
+		{"bad duration", `
+catalog {
+  max_stale = "soon"
+}
+node "a" {
+  roles = ["raftmeta"]
+  raft_addr = "127.0.0.1:1"
+  catalog_addr = "127.0.0.1:2"
+}`, `c.hcl:3: catalog: max_stale: not a positive duration: "soon"`},
+		{"duplicate address", `
+node "a" {
+  roles = ["raftmeta"]
+  raft_addr = "127.0.0.1:1"
+  catalog_addr = "127.0.0.1:2"
+}
+node "b" {
+  roles = ["raftmeta"]
+  raft_addr = "127.0.0.1:1"
+  catalog_addr = "127.0.0.1:3"
+}`, `c.hcl:9: node "b": raft_addr: address 127.0.0.1:1 already used by a.raft_addr`},
+		{"syntax", "node \"a\" {\n  roles = [\n", "c.hcl:"},
+		{"unknown attribute", `
+node "a" {
+  roles = ["raftmeta"]
+  raft_addr = "127.0.0.1:1"
+  catalog_addr = "127.0.0.1:2"
+  colour = "blue"
+}`, `c.hcl:6: Unsupported argument`},
+		{"no voter", `
+node "a" {
+  roles = ["raftmeta"]
+  voter = false
+  raft_addr = "127.0.0.1:1"
+  catalog_addr = "127.0.0.1:2"
+}`, `no voting raftmeta node`},
+		{"unset env secret", `
+node "a" {
+  roles = ["raftmeta"]
+  raft_addr = "127.0.0.1:1"
+  catalog_addr = "127.0.0.1:2"
+}
+secrets {
+  admin_token = "env:SHOAL_TEST_SURELY_UNSET"
+}`, `c.hcl:8: secrets: admin_token: environment variable SHOAL_TEST_SURELY_UNSET is empty or unset`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse("c.hcl", []byte(tc.src))
+			require.Error(t, err)
+			assert.ErrorIs(t, err, ErrInvalid)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "absent.hcl"))
+	require.Error(t, err)
+	assert.ErrorIs(t, err, os.ErrNotExist)
+}

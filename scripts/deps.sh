@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the system packages Shoal's build and tests need, when missing.
+# Debian only; runs apt-get as root (or through sudo). Idempotent and quiet
+# when everything is present.
+set -euo pipefail
+
+need=()
+command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+command -v git >/dev/null 2>&1 || need+=(git)
+command -v go >/dev/null 2>&1 || { [ -x /usr/local/go/bin/go ] || need+=(golang-go); }
+
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "installing: ${need[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq "${need[@]}"
