@@ -23,6 +23,13 @@ func newRootCmd() *cobra.Command {
 	}
 	root.AddCommand(
 		newConfigCmd(),
+		newRaftmetaCmd(),
+		newClusterCmd(),
+		newEdgeCmd(),
+		newAdminCmd(),
+		newObjecthostCmd(),
+		newDevCmd(),
+		newD1Cmd(),
 	)
 	return root
 }

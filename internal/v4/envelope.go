@@ -95,5 +95,9 @@ func WriteRetryAfter(w http.ResponseWriter, status int, code int, message string
 func write(w http.ResponseWriter, status int, env Envelope) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(env)
+	enc := json.NewEncoder(w)
+	// D1 returns "<", ">" and "&" as they are; Go's default would escape
+	// them as \u003c etc. (still valid JSON, but not byte-for-byte D1).
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(env)
 }

@@ -122,8 +122,11 @@ func ToError(err error) *Error {
 	if errors.As(err, &e) {
 		return e
 	}
-	for code, s := range codes {
-		if errors.Is(err, s) {
+	// A fixed order, not the map's: Apply stores results in the catalog, so
+	// an error wrapping two sentinels must map to the same code everywhere.
+	for _, code := range []string{CodeUnsupportedVersion, CodeUnknownCommand, CodeAccountNotFound,
+		CodeNameTaken, CodeDatabaseLimit, CodeExists, CodeNotFound, CodeInvalid} {
+		if errors.Is(err, codes[code]) {
 			return &Error{Code: code, Message: err.Error()}
 		}
 	}

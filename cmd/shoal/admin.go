@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// newAdminCmd is `shoal admin`: account and token management against an
+// edge's /admin/v1 API, authenticated with the operator's admin token.
+func newAdminCmd() *cobra.Command {
+	var edgeURL, token string
+	cmd := &cobra.Command{Use: "admin", Short: "Manage accounts, tiers and API tokens (talks to an edge)"}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&edgeURL, "edge", envOr("SHOAL_EDGE", "http://127.0.0.1:8787"), "edge base URL (default $SHOAL_EDGE)")
+	pf.StringVar(&token, "admin-token", "", "admin token (default $SHOAL_ADMIN_TOKEN)")
+	cmd.PersistentPreRun = func(*cobra.Command, []string) {
+		if token == "" {
+			token = os.Getenv("SHOAL_ADMIN_TOKEN") // not a flag default: --help must not print it
+		}
+	}
+	call := func(cmd *cobra.Command, method, path string, body any) error {
+		if token == "" {
+			return errors.New("--admin-token (or $SHOAL_ADMIN_TOKEN) is required")
+		}
+		res, err := adminCall(edgeURL, token, method, path, body)
+		if err != nil {
+			return err
+		}
+		out, _ := json.MarshalIndent(res, "", "  ")
+		fmt.Fprintln(cmd.OutOrStdout(), string(out))
+		return nil
+	}
+
+	acct := &cobra.Command{Use: "account", Short: "Accounts and their tier/limits"}
+	var name, tier, id string
+	var maxDBs int64
+	create := &cobra.Command{
+		Use: "create", Short: "Create an account (prints its id)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(cmd, http.MethodPost, "/admin/v1/accounts", map[string]any{"id": id, "name": name, "tier": tier})
+		},
+	}
+	create.Flags().StringVar(&name, "name", "", "display name")
+	create.Flags().StringVar(&tier, "tier", "free", "tier: free or paid")
+	create.Flags().StringVar(&id, "id", "", "account id (default: 32 random hex chars)")
+	get := &cobra.Command{
+		Use: "get ACCOUNT_ID", Short: "Show an account", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return call(cmd, http.MethodGet, "/admin/v1/accounts/"+args[0], nil)
+		},
+	}
+	update := &cobra.Command{
+		Use: "update ACCOUNT_ID", Short: "Change an account's tier (resets limits to the tier's) or its database limit", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			body := map[string]any{}
+			if cmd.Flags().Changed("tier") {
+				body["tier"] = tier
+			}
+			if cmd.Flags().Changed("max-databases") {
+				// Read-modify-write: the API replaces the limits as a whole.
+				cur, err := adminCall(edgeURL, token, http.MethodGet, "/admin/v1/accounts/"+args[0], nil)
+				if err != nil {
+					return err
+				}
+				limits, _ := cur.(map[string]any)["limits"].(map[string]any)
+				if limits == nil {
+					limits = map[string]any{}
+				}
+				limits["max_databases"] = maxDBs
+				body["limits"] = limits
+			}
+			if len(body) == 0 {
+				return errors.New("nothing to update: give --tier and/or --max-databases")
+			}
+			return call(cmd, http.MethodPatch, "/admin/v1/accounts/"+args[0], body)
+		},
+	}
+	update.Flags().StringVar(&tier, "tier", "", "new tier: free or paid")
+	update.Flags().Int64Var(&maxDBs, "max-databases", 0, "new database limit")
+	acct.AddCommand(create, get, update)
+
+	tok := &cobra.Command{Use: "token", Short: "API tokens (bearer secrets, one account each)"}
+	var tokName string
+	mint := &cobra.Command{
+		Use: "create ACCOUNT_ID", Short: "Mint a token; the secret is shown once", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return call(cmd, http.MethodPost, "/admin/v1/accounts/"+args[0]+"/tokens", map[string]any{"name": tokName})
+		},
+	}
+	mint.Flags().StringVar(&tokName, "name", "", "token name")
+	revoke := &cobra.Command{
+		Use: "revoke TOKEN_ID", Short: "Revoke a token (effective on every edge within its token TTL, 10 s by default)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return call(cmd, http.MethodDelete, "/admin/v1/tokens/"+args[0], nil)
+		},
+	}
+	tok.AddCommand(mint, revoke)
+
+	purge := &cobra.Command{
+		Use: "purge-routes", Short: "Drop the edge's local route cache (it refills from the catalog, bounded)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(cmd, http.MethodPost, "/admin/v1/routes/purge", nil)
+		},
+	}
+	cmd.AddCommand(acct, tok, purge)
+	return cmd
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// adminCall sends one admin request and returns the envelope's result, or an
+// error carrying the envelope's first error.
+func adminCall(base, token, method, path string, body any) (any, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, strings.TrimRight(base, "/")+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var env struct {
+		Result  any  `json:"result"`
+		Success bool `json:"success"`
+		Errors  []struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"errors"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
+		return nil, fmt.Errorf("%s %s: HTTP %d, not a v4 envelope", method, path, resp.StatusCode)
+	}
+	if !env.Success {
+		if len(env.Errors) > 0 {
+			return nil, fmt.Errorf("%s %s: HTTP %d: %s [code: %d]", method, path, resp.StatusCode, env.Errors[0].Message, env.Errors[0].Code)
+		}
+		return nil, fmt.Errorf("%s %s: HTTP %d", method, path, resp.StatusCode)
+	}
+	return env.Result, nil
+}

@@ -1,0 +1,223 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/shoaldb/shoal/d1client"
+)
+
+// Exit codes of `shoal d1` (documented in docs/cli.md).
+const (
+	exitOK          = 0
+	exitAPI         = 1 // the API refused the request (SQL error, limit, conflict…)
+	exitUsage       = 2 // bad flags/arguments, missing configuration
+	exitNotFound    = 3 // database (or account) not found
+	exitAuth        = 4 // authentication/authorization failed
+	exitUnavailable = 5 // service unavailable or rate limited: retry later
+)
+
+// d1Env is what every `shoal d1` command shares: configuration flags, the
+// standard streams and the exit function (injected so tests can run
+// commands in-process).
+type d1Env struct {
+	apiURL, token, accountID, devDir string
+	jsonOut                          bool
+
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	exit           func(int)
+	// isTerminal reports whether a stream is an interactive terminal;
+	// progress and prompts appear only on terminals.
+	isTerminal func(any) bool
+}
+
+func newD1Cmd() *cobra.Command {
+	e := &d1Env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, exit: os.Exit, isTerminal: fileIsTerminal}
+	return e.command()
+}
+
+func fileIsTerminal(s any) bool {
+	f, ok := s.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// usageError is a mistake of the caller (exit 2).
+type usageError struct{ msg string }
+
+func (u *usageError) Error() string { return u.msg }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+
+func (e *d1Env) command() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "d1",
+		Short: "Manage D1 databases through the public API (like wrangler d1)",
+		Long: `Manage databases through Shoal's public, D1-compatible HTTP API.
+
+Configuration, first match wins: the flags --api-url, --token, --account-id;
+then SHOAL_API_URL, SHOAL_API_TOKEN, SHOAL_ACCOUNT_ID; then the file written
+by 'shoal dev' (.shoal/dev.json in the current directory, or --dev-dir).
+DB arguments are a database name or UUID. Exit codes: 0 ok, 1 API error,
+2 usage, 3 not found, 4 authentication, 5 unavailable (retry).`,
+	}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&e.apiURL, "api-url", "", "API base URL (env SHOAL_API_URL)")
+	pf.StringVar(&e.token, "token", "", "API token (env SHOAL_API_TOKEN)")
+	pf.StringVar(&e.accountID, "account-id", "", "account ID (env SHOAL_ACCOUNT_ID)")
+	pf.StringVar(&e.devDir, "dev-dir", ".shoal", "directory holding dev.json written by 'shoal dev'")
+	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		e.fail(usagef("%v (see '%s --help')", err, c.CommandPath()))
+		return err
+	})
+	cmd.AddCommand(e.createCmd(), e.listCmd(), e.infoCmd(), e.deleteCmd(), e.executeCmd(),
+		e.exportCmd(), e.importCmd(), e.bindingCmd())
+	return cmd
+}
+
+// fail prints one line and exits with the error's class.
+func (e *d1Env) fail(err error) {
+	code := exitAPI
+	var ue *usageError
+	var ae *d1client.APIError
+	switch {
+	case errors.As(err, &ue):
+		code = exitUsage
+		fmt.Fprintln(e.stderr, "error:", ue.msg)
+	case errors.As(err, &ae):
+		switch {
+		case errors.Is(err, d1client.ErrNotFound):
+			code = exitNotFound
+		case errors.Is(err, d1client.ErrAuth):
+			code = exitAuth
+		case errors.Is(err, d1client.ErrUnavailable):
+			code = exitUnavailable
+		}
+		fmt.Fprintf(e.stderr, "error: %s [%d]\n", oneLine(ae.Message), ae.Code)
+	case errors.Is(err, context.Canceled):
+		code = exitUnavailable
+		fmt.Fprintln(e.stderr, "error: interrupted")
+	default:
+		fmt.Fprintln(e.stderr, "error:", oneLine(err.Error()))
+	}
+	e.exit(code)
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// run wraps a command body: it resolves the client, runs fn with a context
+// cancelled by Ctrl-C, and turns errors into one line and an exit code.
+func (e *d1Env) run(fn func(ctx context.Context, c *d1client.Client, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, err := e.client()
+		if err == nil {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			err = fn(ctx, c, args)
+		}
+		if err != nil {
+			e.fail(err)
+			return err // only reached when exit is a test double
+		}
+		return nil
+	}
+}
+
+// nargs validates positional arguments with exit code 2.
+func (e *d1Env) nargs(n int, what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			err := usagef("%s expects %s (see '%s --help')", cmd.CommandPath(), what, cmd.CommandPath())
+			e.fail(err)
+			return err
+		}
+		return nil
+	}
+}
+
+type devConfig struct {
+	APIURL    string `json:"api_url"`
+	AccountID string `json:"account_id"`
+	Token     string `json:"token"`
+}
+
+// client builds the API client from flags, then environment, then dev.json.
+func (e *d1Env) client() (*d1client.Client, error) {
+	var dc devConfig
+	if b, err := os.ReadFile(filepath.Join(e.devDir, "dev.json")); err == nil {
+		if err := json.Unmarshal(b, &dc); err != nil {
+			return nil, usagef("%s: %v", filepath.Join(e.devDir, "dev.json"), err)
+		}
+	}
+	pick := func(flag, env, file string) string {
+		if flag != "" {
+			return flag
+		}
+		if v := os.Getenv(env); v != "" {
+			return v
+		}
+		return file
+	}
+	c := &d1client.Client{
+		BaseURL:   pick(e.apiURL, "SHOAL_API_URL", dc.APIURL),
+		Token:     pick(e.token, "SHOAL_API_TOKEN", dc.Token),
+		AccountID: pick(e.accountID, "SHOAL_ACCOUNT_ID", dc.AccountID),
+	}
+	var missing []string
+	if c.BaseURL == "" {
+		missing = append(missing, "API URL (--api-url or SHOAL_API_URL)")
+	}
+	if c.Token == "" {
+		missing = append(missing, "token (--token or SHOAL_API_TOKEN)")
+	}
+	if c.AccountID == "" {
+		missing = append(missing, "account ID (--account-id or SHOAL_ACCOUNT_ID)")
+	}
+	if len(missing) > 0 {
+		return nil, usagef("missing %s; or run 'shoal dev' in this directory", strings.Join(missing, ", "))
+	}
+	return c, nil
+}
+
+// printJSON prints an API result as indented JSON.
+func (e *d1Env) printJSON(raw json.RawMessage) error {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(e.stdout, string(b))
+	return err
+}
+
+// interactive reports whether progress output is allowed: only when both
+// stdout and stderr are terminals.
+func (e *d1Env) interactive() bool { return e.isTerminal(e.stdout) && e.isTerminal(e.stderr) }
+
+func (e *d1Env) confirm(prompt string) (bool, error) {
+	if !e.isTerminal(e.stdin) {
+		return false, usagef("refusing to continue without --yes: stdin is not a terminal")
+	}
+	fmt.Fprintf(e.stderr, "%s [y/N] ", prompt)
+	line, err := bufio.NewReader(e.stdin).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, err
+	}
+	a := strings.ToLower(strings.TrimSpace(line))
+	return a == "y" || a == "yes", nil
+}

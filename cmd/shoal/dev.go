@@ -1,0 +1,365 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shoaldb/shoal/edge"
+	"github.com/shoaldb/shoal/internal/binding"
+	"github.com/shoaldb/shoal/objecthost"
+	"github.com/shoaldb/shoal/raftmeta"
+)
+
+// devState is what `shoal dev` remembers between runs in DIR/dev.json: the
+// secrets it generated and the default account, so a restart prints the same
+// token and the client config stays valid.
+type devState struct {
+	AdminToken string `json:"admin_token"`
+	BindingKey string `json:"binding_key"`
+	AccountID  string `json:"account_id"`
+	Token      string `json:"token"`
+	APIURL     string `json:"api_url"`
+}
+
+func newDevCmd() *cobra.Command {
+	var (
+		dir       string
+		reset     bool
+		nodes     int
+		addr      string
+		basePort  int
+		quietRaft bool
+	)
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run the whole platform in one process on embedded defaults (catalog, edge, object host)",
+		Long: `Run a complete Shoal in one process: a Raft catalog (one voter, or three with
+--nodes 3, over real TCP on loopback), an object host and an edge serving the
+D1-compatible API on --addr. Data lives under --dir and survives restarts;
+--reset wipes it first. On first start a default account and API token are
+created and saved in DIR/dev.json. Stop with Ctrl-C (or SIGTERM).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if nodes != 1 && nodes != 3 {
+				return errors.New("--nodes must be 1 or 3")
+			}
+			if reset {
+				if err := os.RemoveAll(dir); err != nil {
+					return fmt.Errorf("reset %s: %w", dir, err)
+				}
+			}
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return runDev(ctx, cmd.OutOrStdout(), devOptions{dir: dir, nodes: nodes, addr: addr, basePort: basePort, quietRaft: quietRaft})
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", ".shoal", "data directory")
+	cmd.Flags().BoolVar(&reset, "reset", false, "wipe the data directory before starting")
+	cmd.Flags().IntVar(&nodes, "nodes", 1, "catalog voters in this process (1 or 3)")
+	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:8787", "address of the public D1-compatible API")
+	cmd.Flags().IntVar(&basePort, "base-port", 17000, "first of the internal loopback ports (raft base+i, catalog base+100+i, object host base+200)")
+	cmd.Flags().BoolVar(&quietRaft, "quiet", true, "only warnings from the Raft library")
+	return cmd
+}
+
+type devOptions struct {
+	dir       string
+	nodes     int
+	addr      string
+	basePort  int
+	quietRaft bool
+}
+
+// runDev starts the catalog, the object host and the edge, prints how to use
+// them, and blocks until ctx ends; then it stops them in reverse order.
+func runDev(ctx context.Context, out io.Writer, o devOptions) error {
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	st, err := loadDevState(o.dir)
+	if err != nil {
+		return err
+	}
+
+	// 1. The catalog: node 1 bootstraps; the others join it. On a restart the
+	// Raft state exists and both flags are ignored.
+	var rnodes []*raftmeta.Node
+	defer func() {
+		for i := len(rnodes) - 1; i >= 0; i-- {
+			_ = rnodes[i].Close()
+		}
+	}()
+	var catalogAddrs []string
+	for i := 0; i < o.nodes; i++ {
+		id := "c" + strconv.Itoa(i+1)
+		cfg := raftmeta.Config{
+			ID:       id,
+			Dir:      filepath.Join(o.dir, "catalog", id),
+			RaftAddr: fmt.Sprintf("127.0.0.1:%d", o.basePort+i),
+			HTTPAddr: fmt.Sprintf("127.0.0.1:%d", o.basePort+100+i),
+			Logger:   logger,
+		}
+		if i == 0 {
+			cfg.Bootstrap = true
+		} else {
+			cfg.Join = []string{catalogAddrs[0]}
+		}
+		n, err := raftmeta.NewNode(cfg)
+		if err != nil {
+			return fmt.Errorf("start catalog node %s: %w", id, err)
+		}
+		rnodes = append(rnodes, n)
+		catalogAddrs = append(catalogAddrs, cfg.HTTPAddr)
+	}
+	client, err := raftmeta.NewClient(catalogAddrs)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	if err := waitCatalog(ctx, client); err != nil {
+		return err
+	}
+
+	// 2. The object host.
+	hostAddr := fmt.Sprintf("127.0.0.1:%d", o.basePort+200)
+	host, err := objecthost.Open(objecthost.Config{
+		ID:      "dev-host-1",
+		Dir:     filepath.Join(o.dir, "objecthost"),
+		Address: hostAddr,
+		Region:  "weur",
+		Catalog: objecthost.RaftmetaCatalog{C: client},
+		Logger:  logger,
+	})
+	if err != nil {
+		return fmt.Errorf("start object host: %w", err)
+	}
+	defer host.Close()
+	hostSrv, err := serveHTTP(hostAddr, host.Handler())
+	if err != nil {
+		return fmt.Errorf("object host: %w", err)
+	}
+	defer shutdownHTTP(hostSrv)
+
+	// 3. The edge.
+	keys, err := binding.KeyringFromSecrets(st.BindingKey)
+	if err != nil {
+		return err
+	}
+	srv, err := edge.New(edge.Options{
+		Catalog:     edge.RaftmetaCatalog{C: client},
+		Dir:         filepath.Join(o.dir, "edge"),
+		Region:      "weur",
+		AdminToken:  st.AdminToken,
+		BindingKeys: keys,
+		Logger:      logger,
+	})
+	if err != nil {
+		return fmt.Errorf("start edge: %w", err)
+	}
+	defer srv.Close()
+	edgeSrv, err := serveHTTP(o.addr, srv.Handler())
+	if err != nil {
+		return fmt.Errorf("edge: %w (is another shoal dev running? use --addr)", err)
+	}
+	defer shutdownHTTP(edgeSrv)
+	st.APIURL = "http://" + o.addr
+
+	// 4. First start: the default account and its token, through the admin API
+	// like an operator would. The saved state is the checkpoint: a crash
+	// before it leaves an unused account, and the next start makes another.
+	if st.AccountID == "" {
+		if err := waitHostRegistered(ctx, client); err != nil {
+			return err
+		}
+		if err := createDevAccount(ctx, st); err != nil {
+			return err
+		}
+		if err := saveDevState(o.dir, st); err != nil {
+			return err
+		}
+	}
+	printDevBanner(out, st, o)
+
+	<-ctx.Done()
+	fmt.Fprintln(out, "\nshutting down…")
+	return nil
+}
+
+func serveHTTP(addr string, h http.Handler) (*http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	s := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = s.Serve(ln) }()
+	return s, nil
+}
+
+func shutdownHTTP(s *http.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = s.Shutdown(ctx)
+}
+
+func waitCatalog(ctx context.Context, c *raftmeta.Client) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := c.Hosts(ctx, raftmeta.ReadOptions{Consistency: raftmeta.Linearizable, NoCache: true})
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("catalog did not elect a leader: %w", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitHostRegistered waits until the object host's registration is in the
+// catalog, so the first create can be placed.
+func waitHostRegistered(ctx context.Context, c *raftmeta.Client) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		hosts, err := c.Hosts(ctx, raftmeta.ReadOptions{Consistency: raftmeta.Linearizable, NoCache: true})
+		if err == nil && len(hosts) > 0 {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("object host did not register in the catalog: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func createDevAccount(ctx context.Context, st *devState) error {
+	var acct edge.AccountJSON
+	if err := devAdminCall(ctx, st, http.MethodPost, "/admin/v1/accounts", map[string]any{"name": "dev", "tier": "paid"}, &acct); err != nil {
+		return fmt.Errorf("create default account: %w", err)
+	}
+	var tok edge.TokenJSON
+	if err := devAdminCall(ctx, st, http.MethodPost, "/admin/v1/accounts/"+acct.ID+"/tokens", map[string]any{"name": "dev"}, &tok); err != nil {
+		return fmt.Errorf("create default token: %w", err)
+	}
+	st.AccountID, st.Token = acct.ID, tok.Token
+	return nil
+}
+
+func devAdminCall(ctx context.Context, st *devState, method, path string, body, result any) error {
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequestWithContext(ctx, method, st.APIURL+path, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+st.AdminToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var env struct {
+		Result  json.RawMessage `json:"result"`
+		Success bool            `json:"success"`
+		Errors  []struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"errors"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
+		return fmt.Errorf("%s %s: HTTP %d: %w", method, path, resp.StatusCode, err)
+	}
+	if !env.Success {
+		if len(env.Errors) > 0 {
+			return fmt.Errorf("%s %s: %s (code %d)", method, path, env.Errors[0].Message, env.Errors[0].Code)
+		}
+		return fmt.Errorf("%s %s: HTTP %d", method, path, resp.StatusCode)
+	}
+	return json.Unmarshal(env.Result, result)
+}
+
+func loadDevState(dir string) (*devState, error) {
+	st := &devState{}
+	b, err := os.ReadFile(filepath.Join(dir, "dev.json"))
+	switch {
+	case err == nil:
+		if err := json.Unmarshal(b, st); err != nil {
+			return nil, fmt.Errorf("%s: %w (use --reset to start over)", filepath.Join(dir, "dev.json"), err)
+		}
+	case errors.Is(err, os.ErrNotExist):
+	default:
+		return nil, err
+	}
+	if st.AdminToken == "" {
+		st.AdminToken = "shoal_admin_" + randomHex(16)
+		st.BindingKey = randomHex(32)
+		// Persist the secrets before anything uses them.
+		if err := saveDevState(dir, st); err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+func saveDevState(dir string, st *devState) error {
+	b, _ := json.MarshalIndent(st, "", "  ")
+	tmp := filepath.Join(dir, "dev.json.tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, "dev.json"))
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return hex.EncodeToString(b)
+}
+
+func printDevBanner(out io.Writer, st *devState, o devOptions) {
+	base := st.APIURL + "/client/v4/accounts/" + st.AccountID + "/d1/database"
+	fmt.Fprintf(out, `
+Shoal is running (catalog voters: %d, data in %s).
+
+  API URL     %s
+  Account ID  %s
+  API token   %s
+  Admin token %s   (admin API: %s/admin/v1/…)
+
+Try it:
+
+  export SHOAL_API_URL=%s SHOAL_ACCOUNT_ID=%s SHOAL_API_TOKEN=%s
+
+  # create a database
+  curl -s -X POST "%s" -H "Authorization: Bearer $SHOAL_API_TOKEN" -d '{"name":"my-first-db"}'
+
+  # run a query (use the uuid printed by create)
+  curl -s -X POST "%s/<uuid>/query" -H "Authorization: Bearer $SHOAL_API_TOKEN" \
+       -d '{"sql":"CREATE TABLE t(x); INSERT INTO t VALUES (1),(2); SELECT * FROM t"}'
+
+  # list databases
+  curl -s "%s" -H "Authorization: Bearer $SHOAL_API_TOKEN"
+
+Press Ctrl-C to stop; data survives restarts (--reset wipes it).
+`, o.nodes, o.dir, st.APIURL, st.AccountID, st.Token, st.AdminToken, st.APIURL,
+		st.APIURL, st.AccountID, st.Token, base, base, base)
+}

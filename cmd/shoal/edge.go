@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shoaldb/shoal/edge"
+	"github.com/shoaldb/shoal/internal/binding"
+	"github.com/shoaldb/shoal/internal/config"
+	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+func newEdgeCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "edge", Short: "Run the public D1-compatible API (edge node)"}
+	cmd.AddCommand(newEdgeServeCmd())
+	return cmd
+}
+
+func newEdgeServeCmd() *cobra.Command {
+	var (
+		httpAddr, dir, region, adminToken, bindingKey string
+		catalog                                       []string
+		configPath, nodeID, logLevel                  string
+		tokenTTL                                      time.Duration
+		acctRate, dbRate                              float64
+		fallbackCap                                   int64
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve the D1-compatible HTTP API until SIGINT/SIGTERM",
+		Long: `Serve the edge: the D1-compatible REST API (/client/v4/accounts/{account}/d1/database/...),
+the admin API (/admin/v1/...), /metrics and /healthz.
+
+The admin token and binding key default to $SHOAL_ADMIN_TOKEN and $SHOAL_BINDING_KEY.
+With --config cluster.hcl --node ID the address, data dir, region, catalog nodes and
+secrets come from the file; flags given explicitly win.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			set := func(flag string) bool { return cmd.Flags().Changed(flag) }
+			// Secrets from the environment, read here rather than as flag
+			// defaults so --help never prints them.
+			if !set("admin-token") {
+				adminToken = os.Getenv("SHOAL_ADMIN_TOKEN")
+			}
+			if !set("binding-key") {
+				bindingKey = os.Getenv("SHOAL_BINDING_KEY")
+			}
+			var tiers map[string]fsm.Limits
+			if configPath != "" {
+				c, err := config.Load(configPath)
+				if err != nil {
+					return err
+				}
+				if nodeID == "" {
+					return errors.New("--config needs --node ID")
+				}
+				n, err := c.Node(nodeID)
+				if err != nil {
+					return err
+				}
+				if !n.Has(config.RoleEdge) {
+					return fmt.Errorf("%s: node %q has no edge role", configPath, nodeID)
+				}
+				if !set("http-addr") {
+					httpAddr = n.EdgeAddr
+				}
+				if !set("dir") && n.DataDir != "" {
+					dir = n.DataDir + "/edge"
+				}
+				if !set("region") && n.Region != "" {
+					region = n.Region
+				}
+				if !set("catalog") {
+					catalog = c.CatalogAddrs(n.Region)
+				}
+				if s := c.Secrets; s != nil {
+					if !set("admin-token") && s.AdminToken != "" {
+						adminToken = s.AdminToken
+					}
+					if !set("binding-key") && s.BindingKey != "" {
+						bindingKey = s.BindingKey
+					}
+				}
+				tiers = edge.DefaultTiers()
+				for _, name := range []string{"free", "paid"} {
+					if t, ok := c.Tier(name); ok {
+						l := tiers[name]
+						if t.MaxDatabases > 0 {
+							l.MaxDatabases = t.MaxDatabases
+						}
+						if t.MaxStorageBytes > 0 {
+							l.MaxStorageBytes = t.MaxStorageBytes
+						}
+						if t.MaxDatabaseBytes > 0 {
+							l.MaxDatabaseBytes = t.MaxDatabaseBytes
+						}
+						if t.RowsReadPerDay > 0 {
+							l.RowsReadPerDay = t.RowsReadPerDay
+						}
+						if t.RowsWrittenPerDay > 0 {
+							l.RowsWrittenPerDay = t.RowsWrittenPerDay
+						}
+						tiers[name] = l
+					}
+				}
+			}
+			if httpAddr == "" || dir == "" || len(catalog) == 0 {
+				return errors.New("--http-addr, --dir and --catalog are required (or --config with --node)")
+			}
+			var lvl slog.Level
+			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			var keys *binding.Keyring
+			if bindingKey != "" {
+				k, err := binding.KeyringFromSecrets(bindingKey)
+				if err != nil {
+					return fmt.Errorf("--binding-key: %w", err)
+				}
+				keys = k
+			}
+			client, err := raftmeta.NewClient(catalog)
+			if err != nil {
+				return err
+			}
+			defer client.Close()
+			srv, err := edge.New(edge.Options{
+				Catalog: edge.RaftmetaCatalog{C: client}, Dir: dir, Region: region,
+				AdminToken: adminToken, BindingKeys: keys, TokenTTL: tokenTTL,
+				AccountRate:  edge.RateLimit{Rate: acctRate, Burst: int(2 * acctRate)},
+				DatabaseRate: edge.RateLimit{Rate: dbRate, Burst: int(2 * dbRate)},
+				FallbackCap:  fallbackCap, Tiers: tiers, Logger: logger,
+			})
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", httpAddr)
+			if err != nil {
+				_ = srv.Close()
+				return err
+			}
+			hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+			served := make(chan error, 1)
+			go func() { served <- hs.Serve(ln) }()
+			fmt.Fprintf(cmd.OutOrStdout(), "edge: http %s, region %s, catalog %v\n", ln.Addr(), region, catalog)
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			select {
+			case <-ctx.Done():
+			case err := <-served:
+				_ = srv.Close()
+				return err
+			}
+			shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err = hs.Shutdown(shutdownCtx)
+			return errors.Join(err, srv.Close())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&httpAddr, "http-addr", "", "public HTTP bind address host:port")
+	f.StringVar(&dir, "dir", "", "data directory (the bbolt route cache)")
+	f.StringVar(&region, "region", "weur", "this edge's region: placement default (wnam, enam, weur, eeur, apac, oc)")
+	f.StringSliceVar(&catalog, "catalog", nil, "catalog (raftmeta) node HTTP addresses, nearest first")
+	f.StringVar(&adminToken, "admin-token", "", "operator token for /admin/v1 (default $SHOAL_ADMIN_TOKEN)")
+	f.StringVar(&bindingKey, "binding-key", "", "secret for binding tokens, shared with object hosts (default $SHOAL_BINDING_KEY)")
+	f.DurationVar(&tokenTTL, "token-ttl", 10*time.Second, "how long a token check is trusted (revocation delay)")
+	f.Float64Var(&acctRate, "account-rate", 1000, "requests per second per account (burst twice that)")
+	f.Float64Var(&dbRate, "database-rate", 500, "requests per second per database (burst twice that)")
+	f.Int64Var(&fallbackCap, "fallback-cap", 64, "max concurrent catalog reads for route cache misses")
+	f.StringVar(&configPath, "config", "", "cluster.hcl to read this node's settings from")
+	f.StringVar(&nodeID, "node", "", "node ID in --config")
+	f.StringVar(&logLevel, "log-level", "info", "log level (debug, info, warn, error)")
+	return cmd
+}

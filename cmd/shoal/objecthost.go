@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shoaldb/shoal/internal/binding"
+	"github.com/shoaldb/shoal/internal/config"
+	"github.com/shoaldb/shoal/objecthost"
+	"github.com/shoaldb/shoal/raftmeta"
+)
+
+func newObjecthostCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "objecthost", Short: "Run an object host (owner of SQLite files)"}
+	cmd.AddCommand(newObjecthostServeCmd())
+	return cmd
+}
+
+func newObjecthostServeCmd() *cobra.Command {
+	var (
+		cfg        objecthost.Config
+		httpAddr   string
+		catalog    []string
+		bindingKey string
+		configPath string
+		nodeID     string
+		logLevel   string
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve one object host until SIGINT/SIGTERM",
+		Long: `Serve one object host: its SQLite files under --dir, the internal HTTP API
+the edge forwards queries to, heartbeats to the catalog and the sweeper.
+
+Queries never need the catalog: the host serves its databases while every
+catalog node is down and registers itself once the catalog answers.
+
+With --config cluster.hcl --node ID the addresses, region, jurisdiction,
+data dir, capacity, catalog nodes and binding key come from the file; flags
+given explicitly win.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			set := func(flag string) bool { return cmd.Flags().Changed(flag) }
+			if configPath != "" {
+				if nodeID == "" {
+					return errors.New("--config needs --node ID")
+				}
+				c, err := config.Load(configPath)
+				if err != nil {
+					return err
+				}
+				n, err := c.Node(nodeID)
+				if err != nil {
+					return err
+				}
+				if !n.Has(config.RoleObjecthost) {
+					return fmt.Errorf("%s: node %q has no objecthost role", configPath, nodeID)
+				}
+				if !set("id") {
+					cfg.ID = n.ID
+				}
+				if !set("http-addr") {
+					httpAddr = n.ObjecthostAddr
+				}
+				if !set("dir") && n.DataDir != "" {
+					cfg.Dir = n.DataDir + "/objecthost"
+				}
+				if !set("region") && n.Region != "" {
+					cfg.Region = n.Region
+				}
+				if !set("jurisdiction") && n.Jurisdiction != "" {
+					cfg.Jurisdiction = n.Jurisdiction
+				}
+				if !set("capacity") && n.Capacity > 0 {
+					cfg.Capacity = n.Capacity
+				}
+				if !set("catalog") {
+					catalog = c.CatalogAddrs(n.Region)
+				}
+				if s := c.Secrets; s != nil && !set("binding-key") && s.BindingKey != "" {
+					bindingKey = s.BindingKey
+				}
+			}
+			if cfg.ID == "" || cfg.Dir == "" || httpAddr == "" || len(catalog) == 0 {
+				return errors.New("--id, --dir, --http-addr and --catalog are required (or --config with --node)")
+			}
+			if cfg.Address == "" {
+				cfg.Address = httpAddr
+			}
+			var lvl slog.Level
+			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			if bindingKey != "" {
+				k, err := binding.KeyringFromSecrets(bindingKey)
+				if err != nil {
+					return fmt.Errorf("--binding-key: %w", err)
+				}
+				cfg.Bindings = k
+			}
+			client, err := raftmeta.NewClient(catalog)
+			if err != nil {
+				return err
+			}
+			defer client.Close()
+			cfg.Catalog = objecthost.RaftmetaCatalog{C: client}
+
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			h, err := objecthost.Open(cfg)
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", httpAddr)
+			if err != nil {
+				_ = h.Close()
+				return err
+			}
+			srv := &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 10 * time.Second}
+			served := make(chan error, 1)
+			go func() { served <- srv.Serve(ln) }()
+			st := h.Stats()
+			fmt.Fprintf(cmd.OutOrStdout(), "objecthost %s: http %s, %d active / %d deleted databases\n", cfg.ID, ln.Addr(), st.Active, st.Deleted)
+			select {
+			case <-ctx.Done():
+			case err = <-served:
+			}
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx) // in-flight queries finish before the files close
+			if cerr := h.Close(); err == nil || errors.Is(err, http.ErrServerClosed) {
+				err = cerr
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.ID, "id", "", "host ID in the catalog (unique, stable)")
+	f.StringVar(&cfg.Dir, "dir", "", "data directory (index.db and dbs/)")
+	f.StringVar(&httpAddr, "http-addr", "", "listen address of the internal API")
+	f.StringVar(&cfg.Address, "advertise", "", "address edges reach this host at (default --http-addr)")
+	f.StringVar(&cfg.Region, "region", "", "region (wnam, enam, weur, eeur, apac, oc)")
+	f.StringVar(&cfg.Jurisdiction, "jurisdiction", "", "jurisdiction (eu, fedramp, us), if any")
+	f.Int64Var(&cfg.Capacity, "capacity", 100000, "databases this host accepts")
+	f.StringSliceVar(&catalog, "catalog", nil, "catalog nodes' HTTP addresses, nearest first (ADDR[,ADDR])")
+	f.StringVar(&bindingKey, "binding-key", "", "binding token secret (enables /v1/bound/*); shared with every edge")
+	f.IntVar(&cfg.MaxOpen, "max-open", 1000, "open database handles kept (LRU)")
+	f.IntVar(&cfg.ReadConns, "read-conns", 1, "read connections per open database (-1: none)")
+	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 30*time.Second, "default heartbeat interval per database")
+	f.IntVar(&cfg.HeartbeatBatch, "heartbeat-batch", 1000, "databases per heartbeat call to the catalog")
+	f.DurationVar(&cfg.CreationGrace, "creation-grace", 2*time.Minute, "age after which a database unknown to the catalog is an orphan")
+	f.DurationVar(&cfg.DeletedRetention, "deleted-retention", 24*time.Hour, "how long deleted databases' files are kept")
+	f.DurationVar(&cfg.SweepInterval, "sweep-interval", time.Minute, "how often deleted databases are swept")
+	f.StringVar(&configPath, "config", "", "cluster.hcl")
+	f.StringVar(&nodeID, "node", "", "this node's ID in --config")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shoaldb/shoal/internal/config"
+	"github.com/shoaldb/shoal/raftmeta"
+)
+
+func newRaftmetaCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "raftmeta", Short: "Run a catalog (Raft) node"}
+	cmd.AddCommand(newRaftmetaServeCmd())
+	return cmd
+}
+
+func newRaftmetaServeCmd() *cobra.Command {
+	var (
+		cfg        raftmeta.Config
+		join       []string
+		configPath string
+		nodeID     string
+		logLevel   string
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve one catalog node until SIGINT/SIGTERM",
+		Long: `Serve one catalog node: its Raft member and internal HTTP API.
+
+A new cluster starts with one node run with --bootstrap; the others run with
+--join pointing at any member's HTTP address (they follow it to the leader).
+Restarts need neither: the node resumes from its data directory.
+
+With --config cluster.hcl --node ID the node's addresses, data dir, suffrage
+and catalog settings come from the file; without --bootstrap or --join the
+node joins the other catalog nodes of the file. Flags given explicitly win.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if configPath != "" {
+				if err := applyClusterConfig(cmd, configPath, nodeID, &cfg, &join); err != nil {
+					return err
+				}
+			}
+			cfg.Join = join
+			var lvl slog.Level
+			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			if cfg.ID == "" || cfg.Dir == "" || cfg.RaftAddr == "" || cfg.HTTPAddr == "" {
+				return errors.New("--id, --dir, --raft-addr and --http-addr are required (or --config with --node)")
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			n, err := raftmeta.NewNode(cfg)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "raftmeta node %s: raft %s, http %s\n", n.ID(), n.RaftAddr(), n.HTTPAddr())
+			<-ctx.Done()
+			closed := make(chan error, 1)
+			go func() { closed <- n.Close() }()
+			select {
+			case err := <-closed:
+				return err
+			case <-time.After(30 * time.Second):
+				return errors.New("node did not close within 30s")
+			}
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.ID, "id", "", "node ID (unique, stable)")
+	f.StringVar(&cfg.Dir, "dir", "", "data directory")
+	f.StringVar(&cfg.RaftAddr, "raft-addr", "", "Raft bind address host:port")
+	f.StringVar(&cfg.RaftAdvertise, "raft-advertise", "", "Raft address peers dial (default --raft-addr)")
+	f.StringVar(&cfg.HTTPAddr, "http-addr", "", "internal HTTP API bind address host:port")
+	f.StringVar(&cfg.HTTPAdvertise, "http-advertise", "", "HTTP address other nodes use (default the bound address)")
+	f.BoolVar(&cfg.Bootstrap, "bootstrap", false, "bootstrap a new cluster with this node as its only voter")
+	f.StringSliceVar(&join, "join", nil, "HTTP address(es) of existing members to join")
+	f.BoolVar(&cfg.NonVoter, "nonvoter", false, "join as a non-voting read follower")
+	f.DurationVar(&cfg.MaxStale, "max-stale", 5*time.Second, "refuse stale reads after this long without leader contact")
+	f.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", 8192, "log entries between snapshots")
+	f.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", 30*time.Second, "how often the snapshot threshold is checked")
+	f.StringVar(&cfg.RaftLogLevel, "raft-log-level", "warn", "hashicorp/raft log level")
+	f.StringVar(&logLevel, "log-level", "info", "node log level (debug, info, warn, error)")
+	f.StringVar(&configPath, "config", "", "cluster.hcl to read this node's settings from")
+	f.StringVar(&nodeID, "node", "", "node ID in --config")
+	return cmd
+}
+
+// applyClusterConfig fills cfg from the node's block in cluster.hcl, except
+// where a flag was given explicitly.
+func applyClusterConfig(cmd *cobra.Command, path, id string, cfg *raftmeta.Config, join *[]string) error {
+	if id == "" {
+		return errors.New("--config needs --node ID")
+	}
+	c, err := config.Load(path)
+	if err != nil {
+		return err
+	}
+	n, err := c.Node(id)
+	if err != nil {
+		return err
+	}
+	if !n.Has(config.RoleRaftmeta) {
+		return fmt.Errorf("%s: node %q has no raftmeta role", path, id)
+	}
+	set := func(flag string) bool { return cmd.Flags().Changed(flag) }
+	if !set("id") {
+		cfg.ID = n.ID
+	}
+	if !set("dir") && n.DataDir != "" {
+		cfg.Dir = n.DataDir + "/raftmeta"
+	}
+	if !set("raft-addr") {
+		cfg.RaftAddr = n.RaftAddr
+	}
+	if !set("http-addr") {
+		cfg.HTTPAddr = n.CatalogAddr
+	}
+	if !set("nonvoter") {
+		cfg.NonVoter = !n.IsVoter()
+	}
+	if cat := c.Catalog; cat != nil {
+		if !set("max-stale") && cat.MaxStale != "" {
+			cfg.MaxStale = config.Duration(cat.MaxStale)
+		}
+		if !set("snapshot-threshold") && cat.SnapshotThreshold > 0 {
+			cfg.SnapshotThreshold = uint64(cat.SnapshotThreshold)
+		}
+		if !set("snapshot-interval") && cat.SnapshotInterval != "" {
+			cfg.SnapshotInterval = config.Duration(cat.SnapshotInterval)
+		}
+	}
+	if !cfg.Bootstrap && !set("join") {
+		for _, other := range c.Nodes {
+			if other.ID != n.ID && other.Has(config.RoleRaftmeta) && other.CatalogAddr != "" {
+				*join = append(*join, other.CatalogAddr)
+			}
+		}
+	}
+	return nil
+}

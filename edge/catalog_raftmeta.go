@@ -1,0 +1,84 @@
+package edge
+
+import (
+	"context"
+	"errors"
+
+	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// RaftmetaCatalog adapts a raftmeta.Client to Catalog, choosing each read's
+// consistency: stale follower reads everywhere the edge tolerates staleness,
+// bypassing the client's own result cache where the edge caches itself
+// (routes in bbolt, tokens with a documented TTL) so staleness does not stack.
+// The lost-create check reads from the leader: it must see the write that the
+// leader just refused a duplicate of.
+type RaftmetaCatalog struct {
+	C *raftmeta.Client
+}
+
+var _ Catalog = RaftmetaCatalog{}
+
+func (r RaftmetaCatalog) CreateDatabase(ctx context.Context, cmd fsm.CreateDatabase) (fsm.Database, error) {
+	return r.C.CreateDatabase(ctx, cmd)
+}
+
+func (r RaftmetaCatalog) DeleteDatabase(ctx context.Context, cmd fsm.DeleteDatabase) (fsm.Database, error) {
+	return r.C.DeleteDatabase(ctx, cmd.AccountID, cmd.UUID)
+}
+
+func (r RaftmetaCatalog) UpdateDatabase(ctx context.Context, cmd fsm.UpdateDatabase) (fsm.Database, error) {
+	return r.C.UpdateDatabase(ctx, cmd)
+}
+
+// Database reads a database's row from a follower. A follower that has not
+// yet applied a create made a moment ago through another edge answers "not
+// found"; rather than cache that as a negative entry (a wrong 404 for its
+// TTL), a not-found is confirmed once on the leader (a lease read). Unknown
+// UUIDs thus cost one leader read each, bounded like every catalog read of the
+// edge by the fallback's cap, singleflight and breaker, and then sit in the
+// negative cache.
+func (r RaftmetaCatalog) Database(ctx context.Context, uuid string) (fsm.Database, error) {
+	d, err := r.C.Database(ctx, uuid, raftmeta.ReadOptions{Consistency: raftmeta.Stale, NoCache: true})
+	if errors.Is(err, fsm.ErrNotFound) {
+		return r.C.Database(ctx, uuid, raftmeta.ReadOptions{Consistency: raftmeta.Leader, NoCache: true})
+	}
+	return d, err
+}
+
+func (r RaftmetaCatalog) DatabaseByName(ctx context.Context, accountID, name string) (fsm.Database, error) {
+	return r.C.DatabaseByName(ctx, accountID, name, raftmeta.ReadOptions{Consistency: raftmeta.Leader, NoCache: true})
+}
+
+func (r RaftmetaCatalog) ListDatabases(ctx context.Context, accountID string, q fsm.ListQuery) ([]fsm.Database, int64, error) {
+	return r.C.ListDatabases(ctx, accountID, q, raftmeta.StaleRead())
+}
+
+func (r RaftmetaCatalog) Account(ctx context.Context, id string) (fsm.Account, error) {
+	return r.C.Account(ctx, id, raftmeta.StaleRead())
+}
+
+func (r RaftmetaCatalog) TokenByHash(ctx context.Context, hash string) (fsm.Token, error) {
+	return r.C.TokenByHash(ctx, hash, raftmeta.ReadOptions{Consistency: raftmeta.Stale, NoCache: true})
+}
+
+func (r RaftmetaCatalog) Hosts(ctx context.Context) ([]fsm.Host, error) {
+	return r.C.Hosts(ctx, raftmeta.StaleRead())
+}
+
+func (r RaftmetaCatalog) CreateAccount(ctx context.Context, cmd fsm.CreateAccount) (fsm.Account, error) {
+	return r.C.CreateAccount(ctx, cmd)
+}
+
+func (r RaftmetaCatalog) UpdateAccount(ctx context.Context, cmd fsm.UpdateAccount) (fsm.Account, error) {
+	return r.C.UpdateAccount(ctx, cmd)
+}
+
+func (r RaftmetaCatalog) CreateToken(ctx context.Context, cmd fsm.CreateToken) (fsm.Token, error) {
+	return r.C.CreateToken(ctx, cmd)
+}
+
+func (r RaftmetaCatalog) RevokeToken(ctx context.Context, cmd fsm.RevokeToken) (fsm.Token, error) {
+	return r.C.RevokeToken(ctx, cmd.ID)
+}

@@ -1,0 +1,590 @@
+package edge
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/gorilla/mux"
+
+	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// initialGeneration is the routing generation an object is initialised with:
+// the catalog assigns 1 to a new database row.
+const initialGeneration = 1
+
+// databaseJSON is D1's database object.
+type databaseJSON struct {
+	UUID            string          `json:"uuid"`
+	Name            string          `json:"name"`
+	CreatedAt       string          `json:"created_at"`
+	Version         string          `json:"version"`
+	NumTables       int64           `json:"num_tables"`
+	FileSize        int64           `json:"file_size"`
+	Jurisdiction    *string         `json:"jurisdiction"`
+	RunningInRegion string          `json:"running_in_region,omitempty"`
+	ReadReplication readReplication `json:"read_replication"`
+}
+
+type readReplication struct {
+	Mode string `json:"mode"`
+}
+
+// listItemJSON is one entry of D1's database list.
+type listItemJSON struct {
+	UUID         string  `json:"uuid"`
+	Name         string  `json:"name"`
+	CreatedAt    string  `json:"created_at"`
+	Version      string  `json:"version"`
+	Jurisdiction *string `json:"jurisdiction"`
+}
+
+func d1Time(unixNano int64) string {
+	return time.Unix(0, unixNano).UTC().Format("2006-01-02T15:04:05.000Z")
+}
+
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func toJSON(d fsm.Database, numTables, fileSize int64) databaseJSON {
+	mode := d.ReadReplication
+	if mode == "" {
+		mode = "disabled"
+	}
+	return databaseJSON{
+		UUID: d.UUID, Name: d.Name, CreatedAt: d1Time(d.CreatedAt), Version: "production",
+		NumTables: numTables, FileSize: fileSize, Jurisdiction: nullable(d.Jurisdiction),
+		RunningInRegion: strings.ToUpper(d.Region), ReadReplication: readReplication{Mode: mode},
+	}
+}
+
+// catalogRead runs a catalog read under the fallback guard (cap + breaker).
+func catalogRead[T any](ctx context.Context, s *Server, fn func(ctx context.Context) (T, error)) (T, error) {
+	var out T
+	err := s.fb.do(ctx, func(ctx context.Context) error {
+		var err error
+		out, err = fn(ctx)
+		return err
+	})
+	return out, err
+}
+
+// catalogWrite bounds a catalog write in time and classifies its failure.
+func (s *Server) catalogWrite(ctx context.Context, fn func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*s.o.CatalogTimeout)
+	defer cancel()
+	err := fn(ctx)
+	if err != nil && !isCatalogRefusal(err) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
+}
+
+// ownDatabase reads a database from the catalog and checks it is active and
+// belongs to acct; otherwise ErrDatabaseNotFound (existence never leaks).
+func (s *Server) ownDatabase(ctx context.Context, acct, id string) (fsm.Database, error) {
+	d, err := catalogRead(ctx, s, func(ctx context.Context) (fsm.Database, error) { return s.catalog.Database(ctx, id) })
+	if err != nil {
+		return fsm.Database{}, err
+	}
+	if d.AccountID != acct || d.State != fsm.StateActive {
+		return fsm.Database{}, ErrDatabaseNotFound
+	}
+	return d, nil
+}
+
+func (s *Server) pathDatabase(r *http.Request) (acct, id string, err error) {
+	v := mux.Vars(r)
+	id, err = canonicalUUID(v["database_id"])
+	return v["account_id"], id, err
+}
+
+// account returns the account row for limit checks: a follower read cached
+// per account (many creates in one account share one read).
+func (s *Server) accountRow(ctx context.Context, id string) (fsm.Account, error) {
+	now := s.o.Now()
+	s.acctMu.Lock()
+	c, ok := s.accts[id]
+	s.acctMu.Unlock()
+	if ok && now.Sub(c.fetched) < s.o.AccountCacheTTL {
+		return c.acct, nil
+	}
+	v, err, _ := s.acctGroup.Do(id, func() (any, error) {
+		return catalogRead(ctx, s, func(ctx context.Context) (fsm.Account, error) { return s.catalog.Account(ctx, id) })
+	})
+	if err != nil {
+		return fsm.Account{}, err
+	}
+	a := v.(fsm.Account)
+	s.acctMu.Lock()
+	if len(s.accts) > 100_000 {
+		s.accts = make(map[string]cachedAccount)
+	}
+	s.accts[id] = cachedAccount{acct: a, fetched: now}
+	s.acctMu.Unlock()
+	return a, nil
+}
+
+// activeHosts returns the host list, cached for HostsCacheTTL and served stale
+// when the catalog cannot be read.
+func (s *Server) activeHosts(ctx context.Context) ([]fsm.Host, error) {
+	now := s.o.Now()
+	s.hostsMu.Lock()
+	list, fetched := s.hostsList, s.hostsFetched
+	s.hostsMu.Unlock()
+	if list != nil && now.Sub(fetched) < s.o.HostsCacheTTL {
+		return list, nil
+	}
+	fresh, err := catalogRead(ctx, s, func(ctx context.Context) ([]fsm.Host, error) { return s.catalog.Hosts(ctx) })
+	if err != nil {
+		if list != nil {
+			return list, nil
+		}
+		return nil, err
+	}
+	var active []fsm.Host
+	for _, h := range fresh {
+		if h.State == "" || h.State == "active" {
+			active = append(active, h)
+		}
+	}
+	s.hostsMu.Lock()
+	s.hostsList, s.hostsFetched = active, now
+	s.hostsPending = make(map[string]int64)
+	s.hostsMu.Unlock()
+	return active, nil
+}
+
+// pickHost places a new database: hosts of the jurisdiction if one is given,
+// else of the location hint's region, else of this edge's region, falling
+// back to any active host (not for a jurisdiction: that is a legal
+// constraint). Among candidates, the least loaded by databases per capacity,
+// counting the creates this edge placed since the last host list refresh so
+// a burst of creates spreads out. Hosts in exclude failed earlier attempts of
+// the same create and are avoided while others remain.
+func (s *Server) pickHost(ctx context.Context, jurisdiction, hint string, exclude map[string]bool) (fsm.Host, error) {
+	hosts, err := s.activeHosts(ctx)
+	if err != nil {
+		return fsm.Host{}, err
+	}
+	filter := func(keep func(fsm.Host) bool) []fsm.Host {
+		var out []fsm.Host
+		for _, h := range hosts {
+			if keep(h) {
+				out = append(out, h)
+			}
+		}
+		return out
+	}
+	var cands []fsm.Host
+	if jurisdiction != "" {
+		cands = filter(func(h fsm.Host) bool { return h.Jurisdiction == jurisdiction })
+		if len(cands) == 0 {
+			return fsm.Host{}, fmt.Errorf("%w: no object host in jurisdiction %s", ErrUnavailable, jurisdiction)
+		}
+	} else {
+		region := s.o.Region
+		if hint != "" {
+			region = hint
+		}
+		cands = filter(func(h fsm.Host) bool { return h.Region == region })
+		if len(cands) == 0 {
+			cands = hosts
+		}
+	}
+	if len(cands) == 0 {
+		return fsm.Host{}, fmt.Errorf("%w: no active object host", ErrUnavailable)
+	}
+	if len(exclude) > 0 {
+		var rest []fsm.Host
+		for _, h := range cands {
+			if !exclude[h.ID] {
+				rest = append(rest, h)
+			}
+		}
+		if len(rest) > 0 {
+			cands = rest
+		}
+	}
+	s.hostsMu.Lock()
+	defer s.hostsMu.Unlock()
+	best, bestLoad := -1, 0.0
+	for i, h := range cands {
+		capacity := h.Capacity
+		if capacity <= 0 {
+			capacity = 100_000
+		}
+		load := float64(h.Databases+s.hostsPending[h.ID]) / float64(capacity)
+		if best < 0 || load < bestLoad {
+			best, bestLoad = i, load
+		}
+	}
+	s.hostsPending[cands[best].ID]++
+	return cands[best], nil
+}
+
+func newObjectID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (s *Server) failpoint(step string) error {
+	if s.o.Failpoint == nil {
+		return nil
+	}
+	return s.o.Failpoint(step)
+}
+
+// createDatabase is the create flow of the design brief:
+//
+//  1. limit check from a cached follower read of the account;
+//  2. a fresh database UUID and a fresh object ID for every attempt;
+//  3. placement: jurisdiction > location hint > this edge's region;
+//  4. init on the object (the object persists its own metadata);
+//  5. the catalog write through Raft — THE CREATION CHECKPOINT: once it
+//     commits, the database exists even if this edge dies before answering;
+//  6. if 4 or 5 fails retryably, back to 2 with NEW ids (a UUID is never
+//     paired with a second object); the orphaned object of a failed attempt
+//     is never confirmed and deletes itself when its heartbeat finds no
+//     catalog row;
+//  7. after answering, confirm to the object in the background (best effort;
+//     heartbeats repair a lost confirm).
+//
+// Nothing is held open in the catalog across the object call.
+func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBody) (fsm.Database, error) {
+	// (1) Limit check. Stale by design; the catalog write enforces the limit
+	// authoritatively in the same transaction that counts the database.
+	a, err := s.accountRow(ctx, acct)
+	if err != nil {
+		return fsm.Database{}, err
+	}
+	if a.Limits.MaxDatabases > 0 && a.ActiveDatabases >= a.Limits.MaxDatabases {
+		return fsm.Database{}, fsm.ErrDatabaseLimit
+	}
+	jur, hint := "", ""
+	if body.Jurisdiction != nil {
+		jur = strings.ToLower(*body.Jurisdiction)
+	}
+	if body.PrimaryLocationHint != nil {
+		hint = strings.ToLower(*body.PrimaryLocationHint)
+	}
+	exclude := map[string]bool{}
+	var unknown []string // UUIDs whose catalog write may have committed
+	var lastErr error
+	for attempt := 0; attempt < s.o.CreateAttempts; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return fsm.Database{}, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
+			case <-time.After(s.o.CreateBackoff << (attempt - 1)):
+			}
+		}
+		// (2) Fresh ids for this attempt.
+		id, objectID := uuid.NewString(), newObjectID()
+		// (3) Placement.
+		host, err := s.pickHost(ctx, jur, hint, exclude)
+		if err != nil {
+			// No candidate host: the (cached) host list will not change
+			// within this request's backoff, so waiting buys nothing.
+			s.m.createTries.WithLabelValues("no_host").Inc()
+			return fsm.Database{}, err
+		}
+		// (4) Init on the object.
+		_, err = s.hosts.Init(ctx, host.Address, objectID, InitRequest{
+			DatabaseUUID: id, AccountID: acct, Name: *body.Name, Region: host.Region, Jurisdiction: jur,
+			RoutingGeneration: initialGeneration, Options: InitOptions{HeartbeatIntervalMs: a.Limits.HeartbeatIntervalMs},
+		})
+		if err == nil {
+			err = s.failpoint("create:after-init")
+		}
+		if err != nil {
+			lastErr = err
+			s.m.createTries.WithLabelValues("init_failed").Inc()
+			if !retryable(err) {
+				// The host refused our own request: an internal fault, not
+				// the client's (deliberately not wrapped: answers 500).
+				return fsm.Database{}, fmt.Errorf("object init refused: %v", err)
+			}
+			exclude[host.ID] = true
+			continue
+		}
+		// (5) THE CREATION CHECKPOINT: the catalog write through Raft.
+		var d fsm.Database
+		err = s.catalogWrite(ctx, func(ctx context.Context) error {
+			var err error
+			d, err = s.catalog.CreateDatabase(ctx, fsm.CreateDatabase{
+				UUID: id, AccountID: acct, Name: *body.Name, ObjectID: objectID, HostID: host.ID,
+				Region: host.Region, Jurisdiction: jur, ReadReplication: "disabled",
+			})
+			return err
+		})
+		if err == nil {
+			s.m.createTries.WithLabelValues("created").Inc()
+			if d.HostAddress == "" {
+				d.HostAddress = host.Address
+			}
+			// Failpoint: the edge dies right after the checkpoint (no
+			// answer, no cache fill, no confirm). The database must exist.
+			if fp := s.failpoint("create:after-catalog-write"); fp != nil {
+				return fsm.Database{}, fp
+			}
+			s.afterCreate(d)
+			return d, nil
+		}
+		if errors.Is(err, fsm.ErrNameTaken) && len(unknown) > 0 {
+			// An earlier attempt whose answer was lost may have committed.
+			if d, ok := s.resolveLostCreate(ctx, acct, *body.Name, unknown); ok {
+				s.m.createTries.WithLabelValues("created").Inc()
+				s.afterCreate(d)
+				return d, nil
+			}
+		}
+		if isCatalogRefusal(err) {
+			s.m.createTries.WithLabelValues("refused").Inc()
+			return fsm.Database{}, err // final: name taken, limit reached, …
+		}
+		s.m.createTries.WithLabelValues("catalog_failed").Inc()
+		unknown = append(unknown, id)
+		lastErr = err
+	}
+	if errors.Is(lastErr, ErrUnavailable) {
+		return fsm.Database{}, lastErr
+	}
+	return fsm.Database{}, fmt.Errorf("%w: create failed after %d attempts: %w", ErrUnavailable, s.o.CreateAttempts, lastErr)
+}
+
+// resolveLostCreate finds whether the database named name is one of our own
+// earlier attempts (a committed write whose answer was lost).
+func (s *Server) resolveLostCreate(ctx context.Context, acct, name string, ids []string) (fsm.Database, bool) {
+	for try := 0; try < 3; try++ {
+		d, err := catalogRead(ctx, s, func(ctx context.Context) (fsm.Database, error) {
+			return s.catalog.DatabaseByName(ctx, acct, name)
+		})
+		if err == nil {
+			for _, id := range ids {
+				if d.UUID == id {
+					return d, true
+				}
+			}
+			return fsm.Database{}, false
+		}
+		// A follower may lag the leader that refused the name: retry briefly.
+		time.Sleep(20 * time.Millisecond << try)
+	}
+	return fsm.Database{}, false
+}
+
+// afterCreate writes the new route through to the cache (the first query
+// needs no catalog read) and schedules step (7), the confirm.
+func (s *Server) afterCreate(d fsm.Database) {
+	rt := routeOf(d)
+	if _, err := s.cache.Put(rt); err != nil {
+		s.log.Warn("route cache write failed", "err", err)
+	}
+	s.goBackground("confirm", func(ctx context.Context) error { return s.hosts.Confirm(ctx, rt) })
+}
+
+func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ principal) {
+	acct := mux.Vars(r)["account_id"]
+	if err := s.checkRate(acct, ""); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	b, err := readBody(r.Body, s.o.Limits.MaxBodyBytes)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	body, err := parseCreateBody(b, s.o.Limits)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	// The flow runs to completion even if the client goes away: abandoning
+	// it between init and the checkpoint only makes orphans (and an
+	// abandoned checkpoint write has an unknown outcome anyway).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 30*time.Second)
+	defer cancel()
+	d, err := s.createDatabase(ctx, acct, body)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	v4.WriteResult(w, toJSON(d, 0, 0))
+}
+
+func (s *Server) handleList(w http.ResponseWriter, r *http.Request, _ principal) {
+	acct := mux.Vars(r)["account_id"]
+	if err := s.checkRate(acct, ""); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	q := r.URL.Query()
+	page, perPage := 1, 100
+	if v := q.Get("page"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			s.writeErr(w, r, invalid("Invalid property: page => must be an integer >= 1"))
+			return
+		}
+		page = n
+	}
+	if v := q.Get("per_page"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			s.writeErr(w, r, invalid("Invalid property: per_page => must be an integer >= 1"))
+			return
+		}
+		perPage = min(max(n, 10), 10_000) // D1's documented bounds
+	}
+	name := q.Get("name")
+	if len(name) > 256 {
+		s.writeErr(w, r, invalid("Invalid property: name => too long"))
+		return
+	}
+	type listed struct {
+		dbs   []fsm.Database
+		total int64
+	}
+	res, err := catalogRead(r.Context(), s, func(ctx context.Context) (listed, error) {
+		dbs, total, err := s.catalog.ListDatabases(ctx, acct, fsm.ListQuery{Name: name, Page: page, PerPage: perPage})
+		return listed{dbs, total}, err
+	})
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	items := make([]listItemJSON, 0, len(res.dbs))
+	for _, d := range res.dbs {
+		if d.AccountID != acct || d.State != fsm.StateActive {
+			continue // defence in depth: never show another account's rows
+		}
+		items = append(items, listItemJSON{UUID: d.UUID, Name: d.Name, CreatedAt: d1Time(d.CreatedAt),
+			Version: "production", Jurisdiction: nullable(d.Jurisdiction)})
+	}
+	v4.WriteList(w, items, v4.ResultInfo{Page: page, PerPage: perPage, Count: len(items), TotalCount: res.total})
+}
+
+func (s *Server) handleGet(w http.ResponseWriter, r *http.Request, _ principal) {
+	acct, id, err := s.pathDatabase(r)
+	if err == nil {
+		err = s.checkRate(acct, id)
+	}
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	d, err := s.ownDatabase(r.Context(), acct, id)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	v4.WriteResult(w, s.liveJSON(r.Context(), d))
+}
+
+// liveJSON is the database object with the object's live size and table
+// count, or the catalog's last reported size if the host does not answer
+// within a second.
+func (s *Server) liveJSON(ctx context.Context, d fsm.Database) databaseJSON {
+	numTables, size := int64(0), d.SizeBytes
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if d.HostAddress == "" {
+		if rt, _ := s.cache.Get(d.UUID); rt.HostAddress != "" {
+			d.HostAddress = rt.HostAddress
+		}
+	}
+	if info, err := s.hosts.Info(ctx, routeOf(d)); err == nil {
+		numTables, size = info.NumTables, info.FileSize
+	}
+	return toJSON(d, numTables, size)
+}
+
+func (s *Server) handleUpdate(w http.ResponseWriter, r *http.Request, _ principal) {
+	acct, id, err := s.pathDatabase(r)
+	if err == nil {
+		err = s.checkRate(acct, id)
+	}
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	b, err := readBody(r.Body, s.o.Limits.MaxBodyBytes)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	mode, err := parseUpdateBody(b)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if _, err := s.ownDatabase(r.Context(), acct, id); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	var d fsm.Database
+	err = s.catalogWrite(r.Context(), func(ctx context.Context) error {
+		var err error
+		d, err = s.catalog.UpdateDatabase(ctx, fsm.UpdateDatabase{AccountID: acct, UUID: id, ReadReplication: &mode})
+		return err
+	})
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	v4.WriteResult(w, s.liveJSON(r.Context(), d))
+}
+
+// handleDelete: the catalog write is the checkpoint; the object learns at
+// once (best effort, background) and from its heartbeat otherwise.
+func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, _ principal) {
+	acct, id, err := s.pathDatabase(r)
+	if err == nil {
+		err = s.checkRate(acct, id)
+	}
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	d, err := s.ownDatabase(r.Context(), acct, id)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	// THE DELETE CHECKPOINT.
+	var del fsm.Database
+	err = s.catalogWrite(r.Context(), func(ctx context.Context) error {
+		var err error
+		del, err = s.catalog.DeleteDatabase(ctx, fsm.DeleteDatabase{AccountID: acct, UUID: id})
+		return err
+	})
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	rt := routeOf(d)
+	rt.State = fsm.StateDeleted
+	if del.RoutingGeneration > rt.Generation {
+		rt.Generation = del.RoutingGeneration
+	}
+	if _, err := s.cache.Put(rt); err != nil {
+		s.log.Warn("route cache write failed", "err", err)
+	}
+	s.goBackground("delete-notify", func(ctx context.Context) error { return s.hosts.Delete(ctx, rt) })
+	v4.WriteResult(w, nil)
+}

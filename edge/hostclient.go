@@ -1,0 +1,232 @@
+package edge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"syscall"
+	"time"
+
+	v4 "github.com/shoaldb/shoal/internal/v4"
+)
+
+// Headers of the object hosts' internal API (see docs/objecthost-api.md).
+const (
+	HeaderDatabase   = "X-Shoal-Database"
+	HeaderAccount    = "X-Shoal-Account"
+	HeaderGeneration = "X-Shoal-Generation"
+	HeaderRequestID  = "X-Request-ID"
+)
+
+// ObjectInfo is an object's own metadata as its host reports it.
+type ObjectInfo struct {
+	ObjectID          string `json:"object_id"`
+	DatabaseUUID      string `json:"database_uuid"`
+	AccountID         string `json:"account_id"`
+	Name              string `json:"name"`
+	State             string `json:"state"`
+	Confirmed         bool   `json:"confirmed"`
+	CreatedAt         string `json:"created_at"`
+	RoutingGeneration int64  `json:"routing_generation"`
+	FileSize          int64  `json:"file_size"`
+	NumTables         int64  `json:"num_tables"`
+}
+
+// InitRequest is the body of POST /v1/objects/{id}/init.
+type InitRequest struct {
+	DatabaseUUID      string      `json:"database_uuid"`
+	AccountID         string      `json:"account_id"`
+	Name              string      `json:"name"`
+	Region            string      `json:"region"`
+	Jurisdiction      string      `json:"jurisdiction"`
+	RoutingGeneration int64       `json:"routing_generation"`
+	Options           InitOptions `json:"options"`
+}
+
+// InitOptions are the per-database options an object persists at init.
+type InitOptions struct {
+	HeartbeatIntervalMs int64 `json:"heartbeat_interval_ms"`
+}
+
+// HostError is a refusal by an object host: its HTTP status and v4 error.
+type HostError struct {
+	Status  int
+	Code    int
+	Message string
+}
+
+func (e *HostError) Error() string {
+	return fmt.Sprintf("object host: %d %d %s", e.Status, e.Code, e.Message)
+}
+
+// retryable reports whether a failed host call may succeed if retried (with
+// new IDs, for creation): transport errors, overload and 5xx.
+func retryable(err error) bool {
+	var he *HostError
+	if errors.As(err, &he) {
+		return he.Status >= 500 || he.Status == http.StatusTooManyRequests || he.Status == http.StatusConflict
+	}
+	return err != nil
+}
+
+// neverSent reports whether err proves the request did not reach the host, so
+// resending it cannot execute it twice: the dial was refused.
+func neverSent(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, syscall.ECONNREFUSED) || (errors.As(err, &op) && op.Op == "dial")
+}
+
+// HostClient calls object hosts over pooled keep-alive HTTP. Safe for
+// concurrent use.
+type HostClient struct {
+	http *http.Client
+}
+
+// NewHostClient returns a client with a connection pool sized for an edge
+// talking to a modest number of hosts.
+func NewHostClient(timeout time.Duration) *HostClient {
+	if timeout <= 0 {
+		timeout = 35 * time.Second // D1's 30 s query limit plus slack
+	}
+	tr := &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		ForceAttemptHTTP2:   false,
+	}
+	return &HostClient{http: &http.Client{Transport: tr, Timeout: timeout}}
+}
+
+// Close drops idle connections.
+func (c *HostClient) Close() { c.http.CloseIdleConnections() }
+
+func (c *HostClient) call(ctx context.Context, addr, method, path string, rt *Route, body any, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if rt != nil {
+		setRouteHeaders(req.Header, *rt)
+	}
+	if id := requestIDFrom(ctx); id != "" {
+		req.Header.Set(HeaderRequestID, id)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return decodeEnvelope(resp, out)
+}
+
+func setRouteHeaders(h http.Header, rt Route) {
+	h.Set(HeaderDatabase, rt.DatabaseUUID)
+	h.Set(HeaderAccount, rt.AccountID)
+	if rt.Generation != 0 {
+		h.Set(HeaderGeneration, strconv.FormatInt(rt.Generation, 10))
+	}
+}
+
+// decodeEnvelope reads a v4 envelope; on success its result goes into out.
+func decodeEnvelope(resp *http.Response, out any) error {
+	var env struct {
+		Result  json.RawMessage `json:"result"`
+		Success bool            `json:"success"`
+		Errors  []v4.Error      `json:"errors"`
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, &env); err != nil || (!env.Success && resp.StatusCode < 300) {
+		return &HostError{Status: resp.StatusCode, Code: v4.CodeInternal, Message: "malformed object host answer"}
+	}
+	if resp.StatusCode >= 300 || !env.Success {
+		he := &HostError{Status: resp.StatusCode, Code: v4.CodeInternal, Message: http.StatusText(resp.StatusCode)}
+		if len(env.Errors) > 0 {
+			he.Code, he.Message = env.Errors[0].Code, env.Errors[0].Message
+		}
+		return he
+	}
+	if out != nil {
+		return json.Unmarshal(env.Result, out)
+	}
+	return nil
+}
+
+// Init persists a new object's metadata on its host (create step 4).
+func (c *HostClient) Init(ctx context.Context, addr, objectID string, in InitRequest) (ObjectInfo, error) {
+	var info ObjectInfo
+	rt := Route{DatabaseUUID: in.DatabaseUUID, AccountID: in.AccountID}
+	err := c.call(ctx, addr, http.MethodPost, "/v1/objects/"+objectID+"/init", &rt, in, &info)
+	return info, err
+}
+
+// Confirm tells the object its database exists (create step 7, best effort).
+func (c *HostClient) Confirm(ctx context.Context, rt Route) error {
+	return c.call(ctx, rt.HostAddress, http.MethodPost, "/v1/objects/"+rt.ObjectID+"/confirm", &rt,
+		map[string]int64{"routing_generation": rt.Generation}, nil)
+}
+
+// Delete tells the object its database is deleted (best effort; heartbeats
+// are the backstop).
+func (c *HostClient) Delete(ctx context.Context, rt Route) error {
+	return c.call(ctx, rt.HostAddress, http.MethodPost, "/v1/objects/"+rt.ObjectID+"/delete", &rt,
+		map[string]int64{"routing_generation": rt.Generation}, nil)
+}
+
+// Info returns the object's live metadata (size, tables).
+func (c *HostClient) Info(ctx context.Context, rt Route) (ObjectInfo, error) {
+	var info ObjectInfo
+	err := c.call(ctx, rt.HostAddress, http.MethodGet, "/v1/objects/"+rt.ObjectID, &rt, nil, &info)
+	return info, err
+}
+
+// forward sends a query body to the host and returns the response; the caller
+// closes its body. A dial that was refused (the request never left) is retried
+// up to twice after a short pause; nothing else is retried here, so a write
+// can never execute twice.
+func (c *HostClient) forward(ctx context.Context, url string, hdr http.Header, body []byte) (*http.Response, error) {
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(time.Duration(attempt) * 50 * time.Millisecond):
+			}
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		req.Header = hdr.Clone()
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := c.http.Do(req)
+		if err == nil {
+			return resp, nil
+		}
+		lastErr = err
+		if !neverSent(err) {
+			return nil, err
+		}
+	}
+	return nil, lastErr
+}

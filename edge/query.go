@@ -1,0 +1,286 @@
+package edge
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/gorilla/mux"
+
+	"github.com/shoaldb/shoal/internal/binding"
+	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// query serves POST /{id}/query and /{id}/raw: authenticate (bearer, or a
+// binding token which skips the route lookup), rate-limit, validate, route,
+// forward. The catalog is only consulted on a route cache miss.
+func (s *Server) query(kind string) http.Handler {
+	bearer := s.account(kind, func(w http.ResponseWriter, r *http.Request, _ principal) {
+		s.handleQuery(w, r, kind)
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if tok, err := binding.FromHeader(r.Header); err == nil {
+			s.instrument("bound_"+kind, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				acct, id, err := s.pathDatabase(r)
+				if err != nil {
+					s.writeErr(w, r, err)
+					return
+				}
+				s.serveBound(w, r, kind, tok, func(c binding.Claims) error {
+					if c.AccountID != acct {
+						return errForbidden
+					}
+					if c.DatabaseUUID != id {
+						return ErrDatabaseNotFound
+					}
+					return nil
+				})
+			})).ServeHTTP(w, r)
+			return
+		}
+		bearer.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request, kind string) {
+	acct, id, err := s.pathDatabase(r)
+	if err == nil {
+		err = s.checkRate(acct, id)
+	}
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	body, err := readBody(r.Body, s.o.Limits.MaxBodyBytes)
+	if err == nil {
+		_, err = parseQueryBody(body, s.o.Limits)
+	}
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	rt, err := s.res.lookup(r.Context(), id)
+	if err == nil {
+		err = usable(rt, acct)
+	}
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	resp, err := s.forwardQuery(r, rt, kind, body)
+	if errors.Is(err, ErrStaleRoute) {
+		// A stale route is harmless: forget it, ask the catalog once, retry
+		// once. The host refused before executing anything (421/410/404), so
+		// resending even a write cannot apply it twice.
+		s.m.staleRoutes.Inc()
+		if ierr := s.cache.Invalidate(id, rt.Generation); ierr != nil {
+			s.log.Warn("route invalidate failed", "err", ierr)
+		}
+		rt, err = s.res.fill(r.Context(), id)
+		if err == nil {
+			err = usable(rt, acct)
+		}
+		if err == nil {
+			resp, err = s.forwardQuery(r, rt, kind, body)
+		}
+		var se *staleError
+		if errors.As(err, &se) {
+			if se.status == http.StatusGone || se.status == http.StatusNotFound {
+				err = ErrDatabaseNotFound
+			} else {
+				err = fmt.Errorf("%w: database route is changing", ErrUnavailable)
+			}
+		}
+	}
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	defer resp.Body.Close()
+	s.passThrough(w, resp)
+}
+
+// usable checks a route may serve a query of account acct. Another account's
+// database is "not found", like a deleted one.
+func usable(rt Route, acct string) error {
+	if rt.AccountID != acct || rt.State != fsm.StateActive {
+		return ErrDatabaseNotFound
+	}
+	return nil
+}
+
+// staleError is an object host refusing a route: 421 wrong host, 410 deleted,
+// 404 unknown object. It wraps ErrStaleRoute.
+type staleError struct{ status int }
+
+func (e *staleError) Error() string { return fmt.Sprintf("object host answered %d", e.status) }
+func (e *staleError) Unwrap() error { return ErrStaleRoute }
+
+// forwardQuery sends the validated body to the route's object host. It returns
+// the host's response for pass-through, or a *staleError, or ErrUnavailable
+// when the host cannot be reached.
+func (s *Server) forwardQuery(r *http.Request, rt Route, kind string, body []byte) (*http.Response, error) {
+	h := http.Header{}
+	setRouteHeaders(h, rt)
+	h.Set(HeaderRequestID, requestIDFrom(r.Context()))
+	resp, err := s.hosts.forward(r.Context(), "http://"+rt.HostAddress+"/v1/objects/"+rt.ObjectID+"/"+kind, h, body)
+	if err != nil {
+		return nil, fmt.Errorf("%w: object host unreachable: %w", ErrUnavailable, err)
+	}
+	switch resp.StatusCode {
+	case http.StatusMisdirectedRequest, http.StatusGone, http.StatusNotFound:
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		return nil, &staleError{status: resp.StatusCode}
+	}
+	return resp, nil
+}
+
+// passThrough copies the host's v4 answer to the client untouched: results and
+// meta are produced by the host in D1's shape. Overload and internal errors
+// keep their status; Retry-After is kept when the host sets it.
+func (s *Server) passThrough(w http.ResponseWriter, resp *http.Response) {
+	if ct := resp.Header.Get("Content-Type"); ct != "" {
+		w.Header().Set("Content-Type", ct)
+	} else {
+		w.Header().Set("Content-Type", "application/json")
+	}
+	if ra := resp.Header.Get("Retry-After"); ra != "" {
+		w.Header().Set("Retry-After", ra)
+	}
+	w.WriteHeader(resp.StatusCode)
+	buf := s.copyBufs.Get().(*[]byte)
+	_, _ = io.CopyBuffer(w, resp.Body, *buf)
+	s.copyBufs.Put(buf)
+}
+
+// handleBound serves /client/v4/bound/{query|raw}: a binding token is the only
+// credential and carries the route; no catalog, no cache.
+func (s *Server) handleBound(w http.ResponseWriter, r *http.Request) {
+	tok, err := binding.FromHeader(r.Header)
+	if err != nil {
+		s.writeErr(w, r, errUnauthenticated)
+		return
+	}
+	s.serveBound(w, r, mux.Vars(r)["kind"], tok, nil)
+}
+
+// serveBound verifies the token's signature locally (so the edge never
+// forwards to an address it did not itself sign), then sends the query to the
+// object host's bound endpoint, which verifies the token again and checks the
+// claims against the object's own metadata.
+func (s *Server) serveBound(w http.ResponseWriter, r *http.Request, kind, tok string, check func(binding.Claims) error) {
+	if s.o.BindingKeys == nil {
+		s.writeErr(w, r, errUnauthenticated)
+		return
+	}
+	c, err := s.o.BindingKeys.Verify(tok, s.o.Now())
+	if err != nil {
+		s.writeErr(w, r, errUnauthenticated)
+		return
+	}
+	if check != nil {
+		if err := check(c); err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+	}
+	if err := s.checkRate(c.AccountID, c.DatabaseUUID); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	body, err := readBody(r.Body, s.o.Limits.MaxBodyBytes)
+	if err == nil {
+		_, err = parseQueryBody(body, s.o.Limits)
+	}
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	h := http.Header{}
+	setRouteHeaders(h, Route{DatabaseUUID: c.DatabaseUUID, AccountID: c.AccountID, Generation: c.Generation})
+	binding.SetHeader(h, tok)
+	h.Set(HeaderRequestID, requestIDFrom(r.Context()))
+	resp, err := s.hosts.forward(r.Context(), "http://"+c.HostAddress+"/v1/bound/"+kind, h, body)
+	if err != nil {
+		s.writeErr(w, r, fmt.Errorf("%w: object host unreachable: %w", ErrUnavailable, err))
+		return
+	}
+	defer resp.Body.Close()
+	s.passThrough(w, resp)
+}
+
+// mintBody is the optional body of POST /{id}/binding.
+type mintBody struct {
+	TTLSeconds int64 `json:"ttl_seconds,omitempty"`
+}
+
+type mintResult struct {
+	Token        string `json:"token"`
+	DatabaseUUID string `json:"database_uuid"`
+	ExpiresAt    string `json:"expires_at"`
+}
+
+// handleMintBinding signs a binding token for one database of the caller's
+// account. The route is read fresh from the catalog (not the cache): a token
+// outlives cache entries, so it should carry the newest route known.
+func (s *Server) handleMintBinding(w http.ResponseWriter, r *http.Request, _ principal) {
+	if s.o.BindingKeys == nil {
+		v4.WriteError(w, http.StatusNotImplemented, v4.CodeInvalidRequest, "binding tokens are not enabled on this edge")
+		return
+	}
+	acct, id, err := s.pathDatabase(r)
+	if err == nil {
+		err = s.checkRate(acct, id)
+	}
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	b, err := readBody(r.Body, 4096)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	var mb mintBody
+	if len(strings.TrimSpace(string(b))) > 0 {
+		if err := decodeStrict(b, &mb); err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+	}
+	ttl := s.o.BindingDefaultTTL
+	if mb.TTLSeconds < 0 {
+		s.writeErr(w, r, invalid("Invalid property: ttl_seconds => must be positive"))
+		return
+	}
+	if mb.TTLSeconds > 0 {
+		ttl = time.Duration(mb.TTLSeconds) * time.Second
+	}
+	if ttl > s.o.BindingMaxTTL {
+		ttl = s.o.BindingMaxTTL
+	}
+	rt, err := s.res.fill(r.Context(), id)
+	if err == nil {
+		err = usable(rt, acct)
+	}
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	now := s.o.Now()
+	exp := now.Add(ttl)
+	tok, err := s.o.BindingKeys.Sign(binding.Claims{
+		DatabaseUUID: rt.DatabaseUUID, ObjectID: rt.ObjectID, AccountID: rt.AccountID, HostAddress: rt.HostAddress,
+		Generation: rt.Generation, IssuedAt: now.Unix(), ExpiresAt: exp.Unix(),
+	})
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	v4.WriteResult(w, mintResult{Token: tok, DatabaseUUID: rt.DatabaseUUID, ExpiresAt: exp.UTC().Format(time.RFC3339)})
+}

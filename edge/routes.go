@@ -1,0 +1,284 @@
+package edge
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Route is where a database lives, as the edge believes it.
+type Route struct {
+	DatabaseUUID string `json:"d"`
+	ObjectID     string `json:"o"`
+	HostAddress  string `json:"h"`
+	AccountID    string `json:"a"`
+	State        string `json:"s"` // fsm.StateActive | fsm.StateDeleted
+	Generation   int64  `json:"g"` // routing generation; the cache never goes backwards
+	// InvalidUntil is set on a tombstone left by Invalidate: the route at
+	// Generation is known bad; until InvalidUntil (Unix nanoseconds) only a
+	// route with a higher generation may replace it.
+	InvalidUntil int64 `json:"x,omitempty"`
+}
+
+func (r Route) tombstone() bool { return r.InvalidUntil != 0 }
+
+var routesBucket = []byte("routes")
+
+// RouteCache is the edge's local routing table: a bbolt file mapping database
+// UUID to Route, plus an in-memory set of negative entries (UUIDs the catalog
+// did not know) with a short TTL.
+//
+// Contract: every update goes through Put or Invalidate, which never move a
+// UUID's route to a lower routing generation, so reordered updates (a slow
+// miss fill racing a newer feed entry) cannot resurrect an old route. Methods
+// are safe for concurrent use. Reads are bbolt read transactions (mmap, no
+// lock contention with each other); writes are plain bbolt updates (cheap
+// with NoSync: no fsync to amortise, so no bolt.Batch delay on a miss fill).
+type RouteCache struct {
+	db          *bolt.DB
+	now         func() time.Time
+	negativeTTL time.Duration
+	tombTTL     time.Duration
+	maxNegative int
+
+	mu       sync.Mutex
+	negative map[string]time.Time // uuid → expiry
+
+	hits, misses, negHits atomic.Int64
+}
+
+// RouteCacheOptions configures a RouteCache.
+type RouteCacheOptions struct {
+	NegativeTTL  time.Duration    // default 2s
+	TombstoneTTL time.Duration    // default 5s
+	MaxNegative  int              // default 100000
+	Now          func() time.Time // default time.Now
+}
+
+// OpenRouteCache opens (creating) the cache file at path. A file that bbolt
+// cannot open is removed and recreated: it is a cache, the catalog holds the
+// truth.
+func OpenRouteCache(path string, o RouteCacheOptions) (*RouteCache, error) {
+	if o.NegativeTTL <= 0 {
+		o.NegativeTTL = 2 * time.Second
+	}
+	if o.TombstoneTTL <= 0 {
+		o.TombstoneTTL = 5 * time.Second
+	}
+	if o.MaxNegative <= 0 {
+		o.MaxNegative = 100_000
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("route cache dir: %w", err)
+	}
+	// NoSync: the file is a cache of the catalog. A power loss can at worst
+	// lose or garble recent entries; a garbled route is refused by the object
+	// host (421, database/account mismatch) and repaired from the catalog, and
+	// an unopenable file is recreated below. Paying an fsync per miss fill
+	// would make a mass purge far more expensive.
+	opts := &bolt.Options{Timeout: 2 * time.Second, NoSync: true}
+	db, err := bolt.Open(path, 0o600, opts)
+	if err != nil && !errors.Is(err, bolt.ErrTimeout) {
+		_ = os.Remove(path)
+		db, err = bolt.Open(path, 0o600, opts)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open route cache: %w", err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists(routesBucket)
+		return err
+	}); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("init route cache: %w", err)
+	}
+	return &RouteCache{
+		db: db, now: o.Now, negativeTTL: o.NegativeTTL, tombTTL: o.TombstoneTTL,
+		maxNegative: o.MaxNegative, negative: make(map[string]time.Time),
+	}, nil
+}
+
+// Close closes the file.
+func (c *RouteCache) Close() error { return c.db.Close() }
+
+// Lookup results.
+type lookupResult int
+
+const (
+	cacheMiss lookupResult = iota
+	cacheHit
+	cacheNegative
+)
+
+// Get returns the cached route of uuid. A tombstone counts as a miss.
+func (c *RouteCache) Get(uuid string) (Route, lookupResult) {
+	r, ok := c.read(uuid)
+	if ok && !r.tombstone() {
+		c.hits.Add(1)
+		return r, cacheHit
+	}
+	if !ok {
+		c.mu.Lock()
+		exp, neg := c.negative[uuid]
+		if neg && !c.now().Before(exp) {
+			delete(c.negative, uuid)
+			neg = false
+		}
+		c.mu.Unlock()
+		if neg {
+			c.negHits.Add(1)
+			return Route{}, cacheNegative
+		}
+	}
+	c.misses.Add(1)
+	return Route{}, cacheMiss
+}
+
+func (c *RouteCache) read(uuid string) (Route, bool) {
+	var r Route
+	var ok bool
+	_ = c.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(routesBucket).Get([]byte(uuid))
+		if v != nil {
+			var err error
+			r, err = decodeRoute(v) // copies: v is only valid inside the tx
+			ok = err == nil
+		}
+		return nil
+	})
+	return r, ok
+}
+
+// accepts decides whether next may replace cur. The order is: higher
+// generation wins; at equal generation a live route may become deleted but
+// never the reverse, and a tombstone blocks its own generation until it
+// expires.
+func (c *RouteCache) accepts(cur Route, next Route) bool {
+	switch {
+	case next.Generation > cur.Generation:
+		return true
+	case next.Generation < cur.Generation:
+		return false
+	case cur.tombstone():
+		return c.now().UnixNano() >= cur.InvalidUntil
+	case cur.State == next.State:
+		return true // refresh (e.g. host address repaired at the same generation)
+	default:
+		return next.State != "active" // active → deleted only
+	}
+}
+
+// Put stores r unless the cache already holds a newer route for its UUID. It
+// reports whether r was stored. A stored route clears any negative entry.
+func (c *RouteCache) Put(r Route) (bool, error) {
+	r.InvalidUntil = 0
+	stored := false
+	err := c.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(routesBucket)
+		if v := b.Get([]byte(r.DatabaseUUID)); v != nil {
+			if cur, err := decodeRoute(v); err == nil && !c.accepts(cur, r) {
+				return nil
+			}
+		}
+		stored = true
+		return b.Put([]byte(r.DatabaseUUID), encodeRoute(r))
+	})
+	if err != nil {
+		return false, fmt.Errorf("route cache put: %w", err)
+	}
+	if stored {
+		c.mu.Lock()
+		delete(c.negative, r.DatabaseUUID)
+		c.mu.Unlock()
+	}
+	return stored, nil
+}
+
+// Invalidate marks the route of uuid at generation gen as known bad (an object
+// host refused it). Routes newer than gen are untouched. The entry becomes a
+// tombstone: lookups miss, and only a route with a higher generation (or any
+// route once the tombstone expires) replaces it.
+func (c *RouteCache) Invalidate(uuid string, gen int64) error {
+	until := c.now().Add(c.tombTTL).UnixNano()
+	err := c.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(routesBucket)
+		v := b.Get([]byte(uuid))
+		if v == nil {
+			return nil
+		}
+		cur, err := decodeRoute(v)
+		if err == nil && cur.Generation > gen {
+			return nil
+		}
+		if err != nil {
+			return b.Delete([]byte(uuid)) // unreadable entry: drop it
+		}
+		cur.InvalidUntil = until
+		return b.Put([]byte(uuid), encodeRoute(cur))
+	})
+	if err != nil {
+		return fmt.Errorf("route cache invalidate: %w", err)
+	}
+	return nil
+}
+
+// PutNegative records that the catalog does not know uuid, for NegativeTTL.
+// It is ignored when a route is cached. When the set is full an arbitrary
+// entry is evicted (map iteration order), which only costs a catalog read.
+func (c *RouteCache) PutNegative(uuid string) {
+	if _, ok := c.read(uuid); ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.negative) >= c.maxNegative {
+		now := c.now()
+		for k, exp := range c.negative {
+			if !now.Before(exp) || len(c.negative) >= c.maxNegative {
+				delete(c.negative, k)
+			}
+			if len(c.negative) < c.maxNegative/2 {
+				break
+			}
+		}
+	}
+	c.negative[uuid] = c.now().Add(c.negativeTTL)
+}
+
+// Purge drops every route and negative entry (operator action, and the purge
+// test: every subsequent lookup is a miss that falls back to the catalog).
+func (c *RouteCache) Purge() error {
+	err := c.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.DeleteBucket(routesBucket); err != nil {
+			return err
+		}
+		_, err := tx.CreateBucket(routesBucket)
+		return err
+	})
+	c.mu.Lock()
+	c.negative = make(map[string]time.Time)
+	c.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("route cache purge: %w", err)
+	}
+	return nil
+}
+
+// Len returns the number of stored routes (tombstones included).
+func (c *RouteCache) Len() int {
+	n := 0
+	_ = c.db.View(func(tx *bolt.Tx) error {
+		n = tx.Bucket(routesBucket).Stats().KeyN
+		return nil
+	})
+	return n
+}

@@ -1,0 +1,130 @@
+package edge
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const u1 = "11111111-2222-4333-8444-555555555555"
+
+func openTestCache(t *testing.T, c *testClock) *RouteCache {
+	rc, err := OpenRouteCache(filepath.Join(t.TempDir(), "routes.db"), RouteCacheOptions{Now: c.Now})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rc.Close() })
+	return rc
+}
+
+func route(gen int64, obj, state string) Route {
+	return Route{DatabaseUUID: u1, ObjectID: obj, HostAddress: "h:1", AccountID: "a", State: state, Generation: gen}
+}
+
+func TestRouteCacheGenerationNeverGoesBackwards(t *testing.T) {
+	c := newTestClock()
+	rc := openTestCache(t, c)
+	put := func(r Route) bool {
+		ok, err := rc.Put(r)
+		require.NoError(t, err)
+		return ok
+	}
+	get := func() (Route, lookupResult) { return rc.Get(u1) }
+
+	assert.True(t, put(route(2, "o2", "active")))
+	assert.False(t, put(route(1, "o1", "active")), "an older generation never replaces a newer one")
+	r, res := get()
+	require.Equal(t, cacheHit, res)
+	assert.Equal(t, "o2", r.ObjectID)
+
+	assert.True(t, put(route(2, "o2", "deleted")), "same generation: active → deleted")
+	assert.False(t, put(route(2, "o2", "active")), "same generation: never deleted → active")
+	assert.True(t, put(route(3, "o3", "active")), "a newer generation may revive (moved/restored)")
+
+	// Invalidating an older generation leaves the newer route alone.
+	require.NoError(t, rc.Invalidate(u1, 2))
+	r, res = get()
+	require.Equal(t, cacheHit, res)
+	assert.EqualValues(t, 3, r.Generation)
+
+	// Invalidating the current generation leaves a tombstone: a miss, and the
+	// same generation cannot come back until the tombstone expires.
+	require.NoError(t, rc.Invalidate(u1, 3))
+	_, res = get()
+	assert.Equal(t, cacheMiss, res)
+	assert.False(t, put(route(3, "o3", "active")), "the known-bad route is not re-cached")
+	assert.False(t, put(route(2, "o2", "active")))
+	assert.True(t, put(route(4, "o4", "active")), "a newer generation replaces a tombstone")
+
+	require.NoError(t, rc.Invalidate(u1, 4))
+	c.Advance(6 * time.Second)
+	assert.True(t, put(route(4, "o4", "active")), "after the tombstone expires the same generation is accepted")
+	r, res = get()
+	require.Equal(t, cacheHit, res)
+	assert.Equal(t, "o4", r.ObjectID)
+}
+
+func TestRouteCachePersistsAndPurges(t *testing.T) {
+	c := newTestClock()
+	path := filepath.Join(t.TempDir(), "routes.db")
+	rc, err := OpenRouteCache(path, RouteCacheOptions{Now: c.Now})
+	require.NoError(t, err)
+	_, err = rc.Put(route(1, "o1", "active"))
+	require.NoError(t, err)
+	require.NoError(t, rc.Close())
+	rc, err = OpenRouteCache(path, RouteCacheOptions{Now: c.Now})
+	require.NoError(t, err)
+	defer rc.Close()
+	_, res := rc.Get(u1)
+	assert.Equal(t, cacheHit, res, "routes survive a restart")
+	rc.PutNegative("22222222-2222-4333-8444-555555555555")
+	require.NoError(t, rc.Purge())
+	_, res = rc.Get(u1)
+	assert.Equal(t, cacheMiss, res)
+	_, res = rc.Get("22222222-2222-4333-8444-555555555555")
+	assert.Equal(t, cacheMiss, res)
+	assert.Equal(t, 0, rc.Len())
+}
+
+func TestNegativeEntriesBoundedAndExpire(t *testing.T) {
+	c := newTestClock()
+	rc, err := OpenRouteCache(filepath.Join(t.TempDir(), "r.db"), RouteCacheOptions{Now: c.Now, MaxNegative: 10, NegativeTTL: time.Second})
+	require.NoError(t, err)
+	defer rc.Close()
+	for i := 0; i < 100; i++ {
+		rc.PutNegative(string(rune('a'+i%26)) + string(rune('a'+i/26)))
+	}
+	rc.mu.Lock()
+	n := len(rc.negative)
+	rc.mu.Unlock()
+	assert.LessOrEqual(t, n, 10)
+	rc.PutNegative("x")
+	_, res := rc.Get("x")
+	assert.Equal(t, cacheNegative, res)
+	c.Advance(time.Second)
+	_, res = rc.Get("x")
+	assert.Equal(t, cacheMiss, res)
+	// A negative entry never shadows a cached route.
+	_, err = rc.Put(route(1, "o1", "active"))
+	require.NoError(t, err)
+	rc.PutNegative(u1)
+	_, res = rc.Get(u1)
+	assert.Equal(t, cacheHit, res)
+}
+
+func TestRouteCodecRoundTrip(t *testing.T) {
+	for _, r := range []Route{
+		route(1, "o1", "active"), route(1<<40, "", "deleted"),
+		{DatabaseUUID: u1, InvalidUntil: -5, State: "active"}, {DatabaseUUID: u1, InvalidUntil: 1 << 62, State: "deleted", Generation: 3},
+	} {
+		got, err := decodeRoute(encodeRoute(r))
+		require.NoError(t, err)
+		assert.Equal(t, r, got)
+	}
+	enc := encodeRoute(route(7, "obj", "active"))
+	for i := 0; i < len(enc); i++ {
+		_, err := decodeRoute(enc[:i])
+		assert.Error(t, err, "truncated at %d", i)
+	}
+}

@@ -1,0 +1,456 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/gorilla/mux"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/semaphore"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/shoaldb/shoal/internal/binding"
+	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// Options configure a Server. Catalog and Dir are required; every other field
+// has a default.
+type Options struct {
+	Catalog Catalog
+	Hosts   *HostClient // default NewHostClient(0)
+	Dir     string      // holds routes.db, the bbolt route cache
+	Region  string      // this edge's region (placement default); default "weur"
+
+	AdminToken  string           // bearer secret of the operator; "" disables the admin API
+	BindingKeys *binding.Keyring // nil disables binding tokens
+
+	TokenTTL         time.Duration // trust a token check this long; default 10s (revocation delay)
+	TokenNegativeTTL time.Duration // remember unknown tokens; default 2s
+	TokenStaleGrace  time.Duration // keep validated tokens while the catalog is down; default 15m
+	AccountCacheTTL  time.Duration // account rows for limit checks; default 3s
+	HostsCacheTTL    time.Duration // host list for placement; default 5s
+
+	AccountRate  RateLimit // per account; default 1000/s burst 2000
+	DatabaseRate RateLimit // per database; default 500/s burst 1000 (D1: ~1000 QPS per database)
+	MaxRateKeys  int       // buckets kept per kind; default 100000
+	Limits       Limits
+
+	FallbackCap      int64         // concurrent catalog reads on cache misses; default 64
+	CatalogTimeout   time.Duration // per catalog read; default 2s
+	BreakerFailures  uint32        // default 5
+	BreakerOpenFor   time.Duration // default 2s
+	NegativeRouteTTL time.Duration // default 2s
+
+	CreateAttempts int           // create attempts with fresh ids; default 4
+	CreateBackoff  time.Duration // first backoff between attempts; default 50ms
+
+	CloseGrace time.Duration // Close waits this long for background work before cancelling it; default 5s
+
+	BindingDefaultTTL time.Duration // default 1h
+	BindingMaxTTL     time.Duration // default 7 days
+
+	Tiers map[string]fsm.Limits // default free/paid with D1's limits
+
+	// Failpoint, when set, is called at named steps of multi-step flows and
+	// its error is injected there (fault tests). Steps: "create:after-init"
+	// (between the object init and the catalog write) and
+	// "create:after-catalog-write" (the checkpoint passed, response lost).
+	Failpoint func(step string) error
+
+	Now    func() time.Time
+	Logger *slog.Logger
+}
+
+// DefaultTiers are D1's free and paid limits.
+func DefaultTiers() map[string]fsm.Limits {
+	return map[string]fsm.Limits{
+		"free": {MaxDatabases: 10, MaxStorageBytes: 5 << 30, MaxDatabaseBytes: 500 << 20,
+			RowsReadPerDay: 5_000_000, RowsWrittenPerDay: 100_000},
+		"paid": {MaxDatabases: 50_000, MaxStorageBytes: 1 << 40, MaxDatabaseBytes: 10 << 30},
+	}
+}
+
+// Server is the edge's HTTP server. Create it with New, serve Handler(), stop
+// it with Close (which waits for its background goroutines).
+type Server struct {
+	o       Options
+	catalog Catalog
+	hosts   *HostClient
+	cache   *RouteCache
+	fb      *fallback
+	res     *resolver
+	auth    *authenticator
+	acctRL  *limiters
+	dbRL    *limiters
+	router  *mux.Router
+	reg     *prometheus.Registry
+	m       *metrics
+	log     *slog.Logger
+
+	acctGroup singleflight.Group
+	acctMu    sync.Mutex
+	accts     map[string]cachedAccount
+
+	hostsMu      sync.Mutex
+	hostsList    []fsm.Host
+	hostsFetched time.Time
+	hostsPending map[string]int64 // creates placed since the last refresh
+
+	bgCtx     context.Context
+	bgCancel  context.CancelFunc
+	bgWG      sync.WaitGroup
+	bgSem     *semaphore.Weighted
+	bgMu      sync.Mutex // orders bgWG.Add against Close's Wait
+	bgClosing bool
+
+	// copyBufs recycles pass-through buffers: io.Copy's own 32 KB buffer per
+	// request showed up in profiles as large allocations.
+	copyBufs sync.Pool
+
+	closeOnce sync.Once
+}
+
+type cachedAccount struct {
+	acct    fsm.Account
+	fetched time.Time
+}
+
+// New opens the route cache and builds the server.
+func New(o Options) (*Server, error) {
+	if o.Catalog == nil {
+		return nil, errors.New("edge: Catalog is required")
+	}
+	if o.Dir == "" {
+		return nil, errors.New("edge: Dir is required")
+	}
+	setDefaults(&o)
+	cache, err := OpenRouteCache(filepath.Join(o.Dir, "routes.db"), RouteCacheOptions{NegativeTTL: o.NegativeRouteTTL, Now: o.Now})
+	if err != nil {
+		return nil, err
+	}
+	fb := newFallback(fallbackOptions{Cap: o.FallbackCap, Timeout: o.CatalogTimeout,
+		BreakerFailures: o.BreakerFailures, BreakerOpenFor: o.BreakerOpenFor})
+	s := &Server{
+		o: o, catalog: o.Catalog, hosts: o.Hosts, cache: cache, fb: fb,
+		res:    &resolver{cache: cache, catalog: o.Catalog, fb: fb},
+		acctRL: newLimiters(o.AccountRate, o.MaxRateKeys, o.Now),
+		dbRL:   newLimiters(o.DatabaseRate, o.MaxRateKeys, o.Now),
+		log:    o.Logger, accts: make(map[string]cachedAccount), hostsPending: make(map[string]int64),
+		bgSem: semaphore.NewWeighted(256),
+	}
+	s.auth = &authenticator{catalog: o.Catalog, fb: fb, ttl: o.TokenTTL, negativeTTL: o.TokenNegativeTTL,
+		staleGrace: o.TokenStaleGrace, max: 100_000, now: o.Now, m: make(map[string]tokenEntry)}
+	if o.AdminToken != "" {
+		h := HashToken(o.AdminToken)
+		s.auth.adminHash = mustHex(h)
+	}
+	s.copyBufs.New = func() any { b := make([]byte, 32<<10); return &b }
+	s.bgCtx, s.bgCancel = context.WithCancel(context.Background())
+	s.reg = prometheus.NewRegistry()
+	s.m = newMetrics(s.reg, s)
+	s.router = s.routes()
+	return s, nil
+}
+
+func setDefaults(o *Options) {
+	if o.Hosts == nil {
+		o.Hosts = NewHostClient(0)
+	}
+	if o.Region == "" {
+		o.Region = "weur"
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&o.TokenTTL, 10*time.Second)
+	def(&o.TokenNegativeTTL, 2*time.Second)
+	def(&o.TokenStaleGrace, 15*time.Minute)
+	def(&o.AccountCacheTTL, 3*time.Second)
+	def(&o.HostsCacheTTL, 5*time.Second)
+	def(&o.NegativeRouteTTL, 2*time.Second)
+	def(&o.CreateBackoff, 50*time.Millisecond)
+	def(&o.BindingDefaultTTL, time.Hour)
+	def(&o.BindingMaxTTL, 7*24*time.Hour)
+	def(&o.CatalogTimeout, 2*time.Second)
+	def(&o.CloseGrace, 5*time.Second)
+	if o.AccountRate == (RateLimit{}) {
+		o.AccountRate = RateLimit{Rate: 1000, Burst: 2000}
+	}
+	if o.DatabaseRate == (RateLimit{}) {
+		o.DatabaseRate = RateLimit{Rate: 500, Burst: 1000}
+	}
+	if o.CreateAttempts <= 0 {
+		o.CreateAttempts = 4
+	}
+	if o.Tiers == nil {
+		o.Tiers = DefaultTiers()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	o.Limits.defaults()
+}
+
+// Handler returns the HTTP handler of the public and admin APIs.
+func (s *Server) Handler() http.Handler { return s.router }
+
+// ServeHTTP serves the public and admin APIs.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.router.ServeHTTP(w, r) }
+
+// Purge drops every cached route (operator action; the purge test).
+func (s *Server) Purge() error { return s.cache.Purge() }
+
+// Routes exposes the route cache (for a future route feed and tests).
+func (s *Server) Routes() *RouteCache { return s.cache }
+
+// Close stops accepting background work, gives in-flight confirmations and
+// delete notifications CloseGrace (default 5 s) to finish (they are best effort: heartbeats
+// repair what they miss), cancels the rest, waits for every goroutine, and
+// closes the route cache. Close is idempotent.
+func (s *Server) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		s.bgMu.Lock()
+		s.bgClosing = true
+		s.bgMu.Unlock()
+		done := make(chan struct{})
+		go func() { s.bgWG.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(s.o.CloseGrace):
+		}
+		s.bgCancel()
+		<-done
+		s.hosts.Close()
+		err = s.cache.Close()
+	})
+	return err
+}
+
+// goBackground runs fn in an owned goroutine, unless too many are running:
+// background work is best-effort by contract, so shedding it is correct.
+func (s *Server) goBackground(name string, fn func(ctx context.Context) error) {
+	if !s.bgSem.TryAcquire(1) {
+		s.m.bgDropped.Inc()
+		return
+	}
+	s.bgMu.Lock()
+	if s.bgClosing {
+		s.bgMu.Unlock()
+		s.bgSem.Release(1)
+		return
+	}
+	s.bgWG.Add(1)
+	s.bgMu.Unlock()
+	go func() {
+		defer s.bgWG.Done()
+		defer s.bgSem.Release(1)
+		ctx, cancel := context.WithTimeout(s.bgCtx, 10*time.Second)
+		defer cancel()
+		if err := fn(ctx); err != nil {
+			s.log.Debug("background task failed", "task", name, "err", err)
+		}
+	}()
+}
+
+func (s *Server) routes() *mux.Router {
+	r := mux.NewRouter()
+	r.Use(s.requestID)
+	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.requestID(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			v4.WriteError(w, http.StatusNotFound, 7000, "No route for that URI")
+		})).ServeHTTP(w, r)
+	})
+	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v4.WriteError(w, http.StatusMethodNotAllowed, 7000, "Method not allowed for this URI")
+	})
+	r.Handle("/healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v4.WriteResult(w, map[string]string{"status": "ok"})
+	})).Methods(http.MethodGet)
+	r.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})).Methods(http.MethodGet)
+
+	d1 := r.PathPrefix("/client/v4/accounts/{account_id}/d1/database").Subrouter()
+	// The query routes first: mux tries routes in order and regexp matching
+	// showed up in profiles of the hot path.
+	d1.Handle("/{database_id}/query", s.query("query")).Methods(http.MethodPost)
+	d1.Handle("/{database_id}/raw", s.query("raw")).Methods(http.MethodPost)
+	d1.Handle("", s.account("create", s.handleCreate)).Methods(http.MethodPost)
+	d1.Handle("", s.account("list", s.handleList)).Methods(http.MethodGet)
+	d1.Handle("/{database_id}", s.account("get", s.handleGet)).Methods(http.MethodGet)
+	d1.Handle("/{database_id}", s.account("update", s.handleUpdate)).Methods(http.MethodPut, http.MethodPatch)
+	d1.Handle("/{database_id}", s.account("delete", s.handleDelete)).Methods(http.MethodDelete)
+	d1.Handle("/{database_id}/binding", s.account("binding", s.handleMintBinding)).Methods(http.MethodPost)
+	d1.Handle("/{database_id}/export", s.account("export", s.handleExport)).Methods(http.MethodPost)
+	d1.Handle("/{database_id}/import", s.account("import", s.handleImport)).Methods(http.MethodPost)
+	r.Handle("/client/v4/shoal/dump/{token}", s.instrument("export_download", http.HandlerFunc(s.handleExportDownload))).Methods(http.MethodGet)
+	r.Handle("/client/v4/shoal/upload/{token}", s.instrument("import_upload", http.HandlerFunc(s.handleImportUpload))).Methods(http.MethodPut)
+
+	r.Handle("/client/v4/bound/{kind:query|raw}", s.instrument("bound", http.HandlerFunc(s.handleBound))).Methods(http.MethodPost)
+
+	adm := r.PathPrefix("/admin/v1").Subrouter()
+	adm.Handle("/accounts", s.admin("admin_create_account", s.handleAdminCreateAccount)).Methods(http.MethodPost)
+	adm.Handle("/accounts/{id}", s.admin("admin_get_account", s.handleAdminGetAccount)).Methods(http.MethodGet)
+	adm.Handle("/accounts/{id}", s.admin("admin_update_account", s.handleAdminUpdateAccount)).Methods(http.MethodPatch, http.MethodPut)
+	adm.Handle("/accounts/{id}/tokens", s.admin("admin_create_token", s.handleAdminCreateToken)).Methods(http.MethodPost)
+	adm.Handle("/tokens/{id}", s.admin("admin_revoke_token", s.handleAdminRevokeToken)).Methods(http.MethodDelete)
+	adm.Handle("/routes/purge", s.admin("admin_purge", func(w http.ResponseWriter, r *http.Request, _ principal) {
+		if err := s.Purge(); err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		v4.WriteResult(w, nil)
+	})).Methods(http.MethodPost)
+	return r
+}
+
+type ctxKey int
+
+const requestIDKey ctxKey = 0
+
+// requestID accepts a sane incoming X-Request-ID or makes one, echoes it and
+// propagates it to object hosts.
+func (s *Server) requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get(HeaderRequestID)
+		if !saneRequestID(id) {
+			id = uuid.NewString()
+		}
+		w.Header().Set(HeaderRequestID, id)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+	})
+}
+
+func saneRequestID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || strings.IndexByte("-_.:", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+func requestIDFrom(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey).(string)
+	return id
+}
+
+type authedHandler func(w http.ResponseWriter, r *http.Request, p principal)
+
+// account wraps a D1 handler: validates the path's account id, authenticates
+// the bearer token and checks that it belongs to that account (or is admin).
+func (s *Server) account(name string, h authedHandler) http.Handler {
+	return s.instrument(name, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		acct := mux.Vars(r)["account_id"]
+		if err := checkAccountID(acct); err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		p, err := s.auth.authenticate(r.Context(), r.Header.Get("Authorization"))
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		if !p.admin && p.accountID != acct {
+			s.writeErr(w, r, errForbidden)
+			return
+		}
+		h(w, r, p)
+	}))
+}
+
+// admin wraps an admin handler: only the admin token passes.
+func (s *Server) admin(name string, h authedHandler) http.Handler {
+	return s.instrument(name, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, err := s.auth.authenticate(r.Context(), r.Header.Get("Authorization"))
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		if !p.admin {
+			s.writeErr(w, r, errForbidden)
+			return
+		}
+		h(w, r, p)
+	}))
+}
+
+var errForbidden = errors.New("forbidden")
+
+// rateLimited is a 429 with the time until a token is available.
+type rateLimited struct {
+	scope string
+	after time.Duration
+}
+
+func (e *rateLimited) Error() string { return "rate limited: " + e.scope }
+
+func (s *Server) checkRate(acct, db string) error {
+	if ok, d := s.acctRL.allow(acct); !ok {
+		s.m.rateLimited.WithLabelValues("account").Inc()
+		return &rateLimited{scope: "account", after: d}
+	}
+	if db != "" {
+		if ok, d := s.dbRL.allow(db); !ok {
+			s.m.rateLimited.WithLabelValues("database").Inc()
+			return &rateLimited{scope: "database", after: d}
+		}
+	}
+	return nil
+}
+
+// writeErr maps any error to its D1-style answer. Messages never carry
+// internals.
+func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	var ve *validationError
+	var rl *rateLimited
+	var he *HostError
+	switch {
+	case errors.As(err, &ve):
+		v4.WriteError(w, ve.status, ve.code, ve.msg)
+	case errors.Is(err, errUnauthenticated):
+		v4.WriteError(w, http.StatusUnauthorized, v4.CodeUnauthorized, "Authentication error")
+	case errors.Is(err, errForbidden), errors.Is(err, fsm.ErrAccountNotFound):
+		v4.WriteError(w, http.StatusForbidden, v4.CodeForbidden, "The given account is not valid or is not authorized to access this service")
+	case errors.As(err, &rl):
+		v4.WriteRetryAfter(w, http.StatusTooManyRequests, v4.CodeRateLimited,
+			fmt.Sprintf("Too many requests for this %s; please retry later", rl.scope), rl.after)
+	case errors.Is(err, ErrDatabaseNotFound), errors.Is(err, fsm.ErrNotFound):
+		v4.WriteError(w, http.StatusNotFound, v4.CodeNotFound, "The database could not be found")
+	case errors.Is(err, fsm.ErrNameTaken):
+		v4.WriteError(w, http.StatusBadRequest, v4.CodeNameTaken, "A database with that name already exists")
+	case errors.Is(err, fsm.ErrDatabaseLimit):
+		v4.WriteError(w, http.StatusBadRequest, v4.CodeDatabaseLimit, "The account has reached its limit of databases")
+	case errors.Is(err, fsm.ErrInvalid):
+		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "Invalid request")
+	case errors.Is(err, ErrUnavailable):
+		v4.WriteRetryAfter(w, http.StatusServiceUnavailable, v4.CodeUnavailable, "Service temporarily unavailable; please retry", time.Second)
+	case errors.As(err, &he) && he.Status < 500:
+		v4.WriteError(w, he.Status, he.Code, he.Message)
+	case errors.As(err, &he):
+		v4.WriteRetryAfter(w, http.StatusServiceUnavailable, v4.CodeUnavailable, "Service temporarily unavailable; please retry", time.Second)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		v4.WriteRetryAfter(w, http.StatusServiceUnavailable, v4.CodeUnavailable, "Request timed out; please retry", time.Second)
+	default:
+		s.log.Warn("internal error", "request_id", requestIDFrom(r.Context()), "path", r.URL.Path, "err", err)
+		v4.WriteError(w, http.StatusInternalServerError, v4.CodeInternal, "Internal error")
+	}
+}

@@ -1,0 +1,301 @@
+package edge
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/google/uuid"
+)
+
+// Limits applied before any work is done. D1's published limits by default.
+type Limits struct {
+	MaxBodyBytes   int64 // whole request body; default 4 MiB (D1 allows 2 MB values)
+	MaxSQLBytes    int   // per statement; default 100 KB (D1)
+	MaxParams      int   // per statement; default 100 (D1)
+	MaxBatch       int   // statements per request; default 1000
+	MaxNameBytes   int   // database name; default 64
+	MaxParamString int   // bytes per string/blob parameter; default 2 MB (D1)
+}
+
+func (l *Limits) defaults() {
+	if l.MaxBodyBytes <= 0 {
+		l.MaxBodyBytes = 4 << 20
+	}
+	if l.MaxSQLBytes <= 0 {
+		l.MaxSQLBytes = 100_000
+	}
+	if l.MaxParams <= 0 {
+		l.MaxParams = 100
+	}
+	if l.MaxBatch <= 0 {
+		l.MaxBatch = 1000
+	}
+	if l.MaxNameBytes <= 0 {
+		l.MaxNameBytes = 64
+	}
+	if l.MaxParamString <= 0 {
+		l.MaxParamString = 2_000_000
+	}
+}
+
+// validationError is a client error found before any work: it carries the
+// HTTP status and v4 code to answer with.
+type validationError struct {
+	status int
+	code   int
+	msg    string
+}
+
+func (e *validationError) Error() string { return e.msg }
+
+func invalid(format string, args ...any) error {
+	return &validationError{status: 400, code: 7400, msg: fmt.Sprintf(format, args...)}
+}
+
+func tooLarge(format string, args ...any) error {
+	return &validationError{status: 413, code: 7413, msg: fmt.Sprintf(format, args...)}
+}
+
+// readBody reads at most max bytes; more is a 413.
+func readBody(r io.Reader, max int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, max+1))
+	if err != nil {
+		return nil, invalid("could not read request body")
+	}
+	if int64(len(b)) > max {
+		return nil, tooLarge("request body exceeds %d bytes", max)
+	}
+	return b, nil
+}
+
+// decodeStrict decodes exactly one JSON value into v, refusing unknown fields
+// and trailing data.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return invalid("Invalid property: %s => expected %s", te.Field, te.Type)
+		}
+		return invalid("malformed JSON body: %s", jsonMsg(err))
+	}
+	if dec.More() {
+		return invalid("malformed JSON body: trailing data")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return invalid("malformed JSON body: trailing data")
+	}
+	return nil
+}
+
+// jsonMsg keeps encoding/json's message but drops the Go type names.
+func jsonMsg(err error) string {
+	s := err.Error()
+	s = strings.TrimPrefix(s, "json: ")
+	return s
+}
+
+// Statement is one SQL statement with its parameters.
+type Statement struct {
+	SQL    *string           `json:"sql"`
+	Params []json.RawMessage `json:"params,omitempty"`
+}
+
+// QueryBody is the body of /query and /raw: either one statement or a batch.
+type QueryBody struct {
+	SQL    *string           `json:"sql,omitempty"`
+	Params []json.RawMessage `json:"params,omitempty"`
+	Batch  []Statement       `json:"batch,omitempty"`
+}
+
+// parseQueryBody validates a /query or /raw body: strict shape, SQL length,
+// parameter count and types. The original bytes are forwarded to the host
+// unchanged (after this check), so numbers keep their exact text.
+func parseQueryBody(b []byte, l Limits) (QueryBody, error) {
+	var q QueryBody
+	if len(bytes.TrimSpace(b)) == 0 {
+		return q, invalid("request body is empty: expected {\"sql\": …} or {\"batch\": […]}")
+	}
+	if err := decodeStrict(b, &q); err != nil {
+		return q, err
+	}
+	switch {
+	case q.Batch != nil && (q.SQL != nil || q.Params != nil):
+		return q, invalid("use either sql/params or batch, not both")
+	case q.Batch != nil:
+		if len(q.Batch) == 0 {
+			return q, invalid("batch is empty")
+		}
+		if len(q.Batch) > l.MaxBatch {
+			return q, tooLarge("batch has %d statements, the limit is %d", len(q.Batch), l.MaxBatch)
+		}
+		for i, st := range q.Batch {
+			if err := checkStatement(st.SQL, st.Params, l, fmt.Sprintf("batch[%d].", i)); err != nil {
+				return q, err
+			}
+		}
+	default:
+		if err := checkStatement(q.SQL, q.Params, l, ""); err != nil {
+			return q, err
+		}
+	}
+	return q, nil
+}
+
+func checkStatement(sql *string, params []json.RawMessage, l Limits, where string) error {
+	if sql == nil {
+		return invalid("Invalid property: %ssql => required", where)
+	}
+	if strings.TrimSpace(*sql) == "" {
+		return invalid("Invalid property: %ssql => must not be empty", where)
+	}
+	if len(*sql) > l.MaxSQLBytes {
+		return tooLarge("%ssql is %d bytes, the limit is %d bytes per statement", where, len(*sql), l.MaxSQLBytes)
+	}
+	if len(params) > l.MaxParams {
+		return invalid("%sparams has %d values, the limit is %d bound parameters", where, len(params), l.MaxParams)
+	}
+	for i, p := range params {
+		if err := checkParam(p, l); err != nil {
+			return invalid("Invalid property: %sparams[%d] => %s", where, i, err.Error())
+		}
+	}
+	return nil
+}
+
+// checkParam accepts the JSON types D1 binds: string, number, boolean, null,
+// and an array of byte values (a blob).
+func checkParam(p json.RawMessage, l Limits) error {
+	t := bytes.TrimSpace(p)
+	if len(t) == 0 {
+		return errors.New("empty value")
+	}
+	switch t[0] {
+	case '"':
+		if len(t) > l.MaxParamString+2 {
+			return fmt.Errorf("string longer than %d bytes", l.MaxParamString)
+		}
+		return nil
+	case 't', 'f', 'n', '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		return nil
+	case '[':
+		var blob []json.Number
+		if err := json.Unmarshal(t, &blob); err != nil {
+			return errors.New("arrays must hold byte values (a blob)")
+		}
+		if len(blob) > l.MaxParamString {
+			return fmt.Errorf("blob longer than %d bytes", l.MaxParamString)
+		}
+		for _, n := range blob {
+			v, err := n.Int64()
+			if err != nil || v < 0 || v > 255 {
+				return errors.New("arrays must hold byte values 0..255 (a blob)")
+			}
+		}
+		return nil
+	}
+	return errors.New("expected a string, number, boolean, null or blob")
+}
+
+// CreateBody is the body of POST /d1/database.
+type CreateBody struct {
+	Name                *string `json:"name"`
+	PrimaryLocationHint *string `json:"primary_location_hint,omitempty"`
+	Jurisdiction        *string `json:"jurisdiction,omitempty"`
+}
+
+var (
+	locationHints = map[string]bool{"wnam": true, "enam": true, "weur": true, "eeur": true, "apac": true, "oc": true}
+	jurisdictions = map[string]bool{"eu": true, "fedramp": true, "us": true}
+)
+
+func parseCreateBody(b []byte, l Limits) (CreateBody, error) {
+	var c CreateBody
+	if err := decodeStrict(b, &c); err != nil {
+		return c, err
+	}
+	if c.Name == nil {
+		return c, invalid("Invalid property: name => required")
+	}
+	if err := checkName(*c.Name, l); err != nil {
+		return c, err
+	}
+	if c.PrimaryLocationHint != nil && *c.PrimaryLocationHint != "" && !locationHints[strings.ToLower(*c.PrimaryLocationHint)] {
+		return c, invalid("Invalid property: primary_location_hint => must be one of wnam, enam, weur, eeur, apac, oc")
+	}
+	if c.Jurisdiction != nil && *c.Jurisdiction != "" && !jurisdictions[strings.ToLower(*c.Jurisdiction)] {
+		return c, invalid("Invalid property: jurisdiction => must be one of eu, fedramp, us")
+	}
+	return c, nil
+}
+
+// checkName applies D1's database name rules: lowercase ASCII letters,
+// digits, '-' and '_', starting with a letter or digit.
+func checkName(name string, l Limits) error {
+	if name == "" || len(name) > l.MaxNameBytes {
+		return invalid("Invalid property: name => must be 1 to %d characters", l.MaxNameBytes)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		ok := (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || ((c == '-' || c == '_') && i > 0)
+		if !ok {
+			return invalid("Invalid property: name => use lowercase letters, digits, '-' and '_' (starting with a letter or digit)")
+		}
+	}
+	return nil
+}
+
+// UpdateBody is the body of PUT/PATCH /d1/database/{id}.
+type UpdateBody struct {
+	ReadReplication *struct {
+		Mode *string `json:"mode"`
+	} `json:"read_replication"`
+}
+
+func parseUpdateBody(b []byte) (string, error) {
+	var u UpdateBody
+	if err := decodeStrict(b, &u); err != nil {
+		return "", err
+	}
+	if u.ReadReplication == nil || u.ReadReplication.Mode == nil {
+		return "", invalid("Invalid property: read_replication.mode => required")
+	}
+	m := *u.ReadReplication.Mode
+	if m != "auto" && m != "disabled" {
+		return "", invalid("Invalid property: read_replication.mode => must be \"auto\" or \"disabled\"")
+	}
+	return m, nil
+}
+
+// canonicalUUID validates a database id from a path: the hyphenated 36-char
+// form (any case); it returns the canonical lowercase text.
+func canonicalUUID(s string) (string, error) {
+	if len(s) != 36 {
+		return "", invalid("Invalid property: databaseId => Invalid uuid")
+	}
+	u, err := uuid.Parse(s)
+	if err != nil {
+		return "", invalid("Invalid property: databaseId => Invalid uuid")
+	}
+	return u.String(), nil
+}
+
+// checkAccountID validates an account id from a path: 1..64 of [A-Za-z0-9_-].
+func checkAccountID(s string) error {
+	if s == "" || len(s) > 64 {
+		return invalid("Invalid property: account_id => invalid")
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_') {
+			return invalid("Invalid property: account_id => invalid")
+		}
+	}
+	return nil
+}

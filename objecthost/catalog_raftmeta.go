@@ -1,0 +1,32 @@
+package objecthost
+
+import (
+	"context"
+
+	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// RaftmetaCatalog adapts a raftmeta.Client to Catalog: heartbeats are stale
+// (follower) reads — the design brief's "served from followers" — and
+// registration and load reports are writes whose returned rows the host does
+// not need.
+type RaftmetaCatalog struct {
+	C *raftmeta.Client
+}
+
+var _ Catalog = RaftmetaCatalog{}
+
+func (a RaftmetaCatalog) Heartbeat(ctx context.Context, uuids []string) (fsm.HeartbeatAnswer, error) {
+	return a.C.Heartbeat(ctx, uuids, raftmeta.StaleRead())
+}
+
+func (a RaftmetaCatalog) RegisterHost(ctx context.Context, h fsm.RegisterHost) error {
+	_, err := a.C.RegisterHost(ctx, h)
+	return err
+}
+
+func (a RaftmetaCatalog) ReportHostLoad(ctx context.Context, l fsm.ReportHostLoad) error {
+	_, err := a.C.ReportHostLoad(ctx, l)
+	return err
+}

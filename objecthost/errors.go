@@ -1,0 +1,71 @@
+package objecthost
+
+import (
+	"errors"
+	"net/http"
+
+	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/objecthost/sqlexec"
+)
+
+// CodeConflict is the v4 code for "this object already holds a different
+// database" (init with another database UUID or account). The contract
+// (objecthost API) fixes it at 7409; it is local until internal/v4 adopts it.
+const CodeConflict = 7409
+
+// Sentinel errors of the host's operations; the HTTP layer maps each to a
+// status and v4 code (see statusOf).
+var (
+	ErrNotFound  = errors.New("database not found")
+	ErrDeleted   = errors.New("database deleted")
+	ErrWrongHost = errors.New("object does not hold this database")
+	ErrConflict  = errors.New("object already holds a different database")
+	ErrInvalid   = errors.New("invalid request")
+	ErrRowLimit  = errors.New("account has reached its daily rows limit")
+	ErrClosed    = errors.New("object host closed")
+	ErrBinding   = errors.New("invalid binding token")
+)
+
+// statusOf maps an error to its HTTP status, v4 code and user-facing
+// message. Internal errors never leak their text (it may hold paths).
+func statusOf(err error) (int, int, string) {
+	var se *sqlexec.Error
+	switch {
+	case errors.As(err, &se):
+		return sqlStatus(se.Code), se.Code, se.Message
+	case errors.Is(err, ErrNotFound):
+		return http.StatusNotFound, v4.CodeNotFound, ErrNotFound.Error()
+	case errors.Is(err, ErrDeleted):
+		return http.StatusGone, v4.CodeDatabaseDeleted, ErrDeleted.Error()
+	case errors.Is(err, ErrWrongHost):
+		return http.StatusMisdirectedRequest, v4.CodeWrongHost, ErrWrongHost.Error()
+	case errors.Is(err, ErrConflict):
+		return http.StatusConflict, CodeConflict, err.Error()
+	case errors.Is(err, ErrInvalid):
+		return http.StatusBadRequest, v4.CodeInvalidRequest, err.Error()
+	case errors.Is(err, ErrRowLimit):
+		return http.StatusTooManyRequests, v4.CodeRowLimit, ErrRowLimit.Error()
+	case errors.Is(err, ErrBinding):
+		return http.StatusUnauthorized, v4.CodeUnauthorized, err.Error()
+	case errors.Is(err, ErrClosed), errors.Is(err, sqlexec.ErrClosed):
+		return http.StatusServiceUnavailable, v4.CodeUnavailable, "object host unavailable, retry"
+	default:
+		return http.StatusInternalServerError, v4.CodeInternal, "internal error"
+	}
+}
+
+// sqlStatus is the contract's HTTP status for each sqlexec code.
+func sqlStatus(code int) int {
+	switch code {
+	case v4.CodeTooLarge:
+		return http.StatusRequestEntityTooLarge
+	case v4.CodeOverloaded:
+		return http.StatusTooManyRequests
+	case v4.CodeRowLimit:
+		return http.StatusTooManyRequests
+	case v4.CodeInternal:
+		return http.StatusInternalServerError
+	default: // 7400, 7500, 7504, 7529
+		return http.StatusBadRequest
+	}
+}

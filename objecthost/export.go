@@ -1,0 +1,160 @@
+package objecthost
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+
+	"github.com/gorilla/mux"
+
+	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/objecthost/dump"
+)
+
+// dumpAPI serves the export and import endpoints (see /tmp/objecthost-api.md,
+// "Export and import"). Exports are stateless: the dump is streamed from a
+// read snapshot when it is downloaded. Imports are jobs: uploaded files live
+// under <dir>/imports/<object id>/ and each ingest runs in a goroutine
+// counted in the Host's WaitGroup, so Host.Close waits for it; the job
+// notices h.closed at its next progress report and rolls back.
+//
+// Concurrency: jobs is guarded by mu; one import runs per object at a time.
+type dumpAPI struct {
+	h    *Host
+	mu   sync.Mutex
+	jobs map[string]*importJob // object ID → its latest import
+}
+
+// dumpRoutes registers the export/import endpoints on the host's router.
+func (h *Host) dumpRoutes(r *mux.Router) {
+	d := &dumpAPI{h: h, jobs: map[string]*importJob{}}
+	r.HandleFunc("/v1/objects/{id}/export", d.handleExportStart).Methods(http.MethodPost)
+	r.HandleFunc("/v1/objects/{id}/export/download", d.handleExportDownload).Methods(http.MethodGet)
+	r.HandleFunc("/v1/objects/{id}/import/upload/{filename}", d.handleUpload).Methods(http.MethodPut)
+	r.HandleFunc("/v1/objects/{id}/import/ingest", d.handleIngest).Methods(http.MethodPost)
+	r.HandleFunc("/v1/objects/{id}/import/poll", d.handlePoll).Methods(http.MethodPost)
+}
+
+// checkObject applies the query path's rules to a dump call: the identity
+// headers are required and must match the object's metadata (else 421),
+// and the object must be active (else 410).
+func (d *dumpAPI) checkObject(r *http.Request, id string) (*object, *Meta, error) {
+	if d.h.closed.Load() {
+		return nil, nil, ErrClosed
+	}
+	o, m, err := d.h.lookup(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if r.Header.Get(HeaderDatabase) != m.DatabaseUUID || r.Header.Get(HeaderAccount) != m.AccountID {
+		return nil, nil, ErrWrongHost
+	}
+	if m.deleted() {
+		return nil, nil, ErrDeleted
+	}
+	return o, m, nil
+}
+
+// ExportCheck is the result of POST /v1/objects/{id}/export.
+type ExportCheck struct {
+	Tables []string `json:"tables"` // the database's user tables
+}
+
+func (d *dumpAPI) handleExportStart(w http.ResponseWriter, r *http.Request) {
+	id := mux.Vars(r)["id"]
+	if _, _, err := d.checkObject(r, id); err != nil {
+		writeErr(w, err)
+		return
+	}
+	b, err := d.h.readBody(w, r)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	var opts dump.Options
+	if len(b) > 0 {
+		if err := json.Unmarshal(b, &opts); err != nil {
+			writeErr(w, fmt.Errorf("%w: %v", ErrInvalid, err))
+			return
+		}
+	}
+	tables, err := dump.Tables(r.Context(), d.h.path(id))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	for _, t := range opts.Tables {
+		if !containsFold(tables, t) {
+			v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "no such table: "+t)
+			return
+		}
+	}
+	v4.WriteResult(w, ExportCheck{Tables: tables})
+}
+
+func containsFold(list []string, s string) bool {
+	for _, x := range list {
+		if strings.EqualFold(x, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// handleExportDownload streams the dump. Errors found before the first
+// byte is sent (unknown table) are a normal error answer; an error after
+// that aborts the connection, so the client sees a truncated transfer
+// rather than a silently short dump.
+func (d *dumpAPI) handleExportDownload(w http.ResponseWriter, r *http.Request) {
+	id := mux.Vars(r)["id"]
+	if _, _, err := d.checkObject(r, id); err != nil {
+		writeErr(w, err)
+		return
+	}
+	q := r.URL.Query()
+	opts := dump.Options{NoData: q.Get("no_data") == "1", NoSchema: q.Get("no_schema") == "1", Tables: q["table"]}
+	lw := &lazyWriter{w: w}
+	err := dump.Export(r.Context(), d.h.path(id), lw, opts, nil)
+	if err == nil {
+		lw.start()
+		return
+	}
+	if !lw.started {
+		if errors.Is(err, dump.ErrNoSuchTable) {
+			v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, err.Error())
+			return
+		}
+		d.h.log.Warn("export failed", "object", id, "err", err)
+		writeErr(w, err)
+		return
+	}
+	d.h.log.Warn("export aborted", "object", id, "err", err)
+	panic(http.ErrAbortHandler)
+}
+
+// lazyWriter sends the 200 header with the first byte.
+type lazyWriter struct {
+	w       http.ResponseWriter
+	started bool
+}
+
+func (l *lazyWriter) start() {
+	if !l.started {
+		l.started = true
+		l.w.Header().Set("Content-Type", "application/sql")
+		l.w.WriteHeader(http.StatusOK)
+	}
+}
+
+func (l *lazyWriter) Write(p []byte) (int, error) {
+	l.start()
+	return l.w.Write(p)
+}
+
+var filenameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+func validFilename(s string) bool { return filenameRe.MatchString(s) && !strings.Contains(s, "..") }

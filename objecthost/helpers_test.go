@@ -1,0 +1,252 @@
+package objecthost
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// fakeClock is a manually advanced clock.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// fakeCatalog answers heartbeats from a map and records every call.
+type fakeCatalog struct {
+	mu       sync.Mutex
+	dbs      map[string]fsm.HeartbeatState
+	accounts map[string]fsm.Account
+	calls    int
+	sizes    []int
+	fail     bool
+	hosts    []fsm.RegisterHost
+	loads    []fsm.ReportHostLoad
+	perUUID  map[string]int
+}
+
+// seen returns how many heartbeats each UUID sent.
+func (c *fakeCatalog) seen() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int, len(c.perUUID))
+	for k, v := range c.perUUID {
+		out[k] = v
+	}
+	return out
+}
+
+func newFakeCatalog() *fakeCatalog {
+	return &fakeCatalog{dbs: map[string]fsm.HeartbeatState{}, accounts: map[string]fsm.Account{}}
+}
+
+var errCatalogDown = errors.New("catalog down")
+
+func (c *fakeCatalog) Heartbeat(_ context.Context, uuids []string) (fsm.HeartbeatAnswer, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls++
+	c.sizes = append(c.sizes, len(uuids))
+	if c.perUUID == nil {
+		c.perUUID = map[string]int{}
+	}
+	for _, u := range uuids {
+		c.perUUID[u]++
+	}
+	if c.fail {
+		return fsm.HeartbeatAnswer{}, errCatalogDown
+	}
+	ans := fsm.HeartbeatAnswer{Accounts: map[string]fsm.Account{}}
+	for _, u := range uuids {
+		st, ok := c.dbs[u]
+		if !ok {
+			st = fsm.HeartbeatState{UUID: u, Known: false}
+		}
+		ans.Databases = append(ans.Databases, st)
+		if a, ok := c.accounts[st.AccountID]; ok && st.Known {
+			ans.Accounts[st.AccountID] = a
+		}
+	}
+	return ans, nil
+}
+
+func (c *fakeCatalog) RegisterHost(_ context.Context, h fsm.RegisterHost) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fail {
+		return errCatalogDown
+	}
+	c.hosts = append(c.hosts, h)
+	return nil
+}
+
+func (c *fakeCatalog) ReportHostLoad(_ context.Context, l fsm.ReportHostLoad) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fail {
+		return errCatalogDown
+	}
+	c.loads = append(c.loads, l)
+	return nil
+}
+
+func (c *fakeCatalog) set(uuid, account, state string, gen int64) {
+	c.mu.Lock()
+	c.dbs[uuid] = fsm.HeartbeatState{UUID: uuid, Known: true, State: state, AccountID: account, RoutingGeneration: gen}
+	c.mu.Unlock()
+}
+
+func (c *fakeCatalog) setAccount(a fsm.Account) {
+	c.mu.Lock()
+	c.accounts[a.ID] = a
+	c.mu.Unlock()
+}
+
+func (c *fakeCatalog) callCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls
+}
+
+var _ Catalog = (*fakeCatalog)(nil)
+
+// testHost is a Host on a temp dir with a fake clock, catalog and sinks.
+type testHost struct {
+	*Host
+	dir   string
+	clock *fakeClock
+	cat   *fakeCatalog
+	sink  *MemSink
+	cfg   Config
+}
+
+func newTestHost(t *testing.T, mod func(*Config)) *testHost {
+	t.Helper()
+	th := &testHost{dir: t.TempDir(), clock: newFakeClock(), cat: newFakeCatalog(), sink: &MemSink{}}
+	th.cfg = Config{
+		ID: "host-1", Dir: th.dir, Address: "127.0.0.1:1", Region: "WEUR",
+		Catalog: th.cat, Usage: th.sink, Sizes: th.sink, Routes: th.sink,
+		Now: th.clock.Now, Manual: true,
+	}
+	if mod != nil {
+		mod(&th.cfg)
+	}
+	th.open(t)
+	return th
+}
+
+func (th *testHost) open(t *testing.T) {
+	t.Helper()
+	h, err := Open(th.cfg)
+	require.NoError(t, err)
+	th.Host = h
+	t.Cleanup(func() { _ = h.Close() })
+}
+
+// reopen closes the host and opens a new one on the same directory.
+func (th *testHost) reopen(t *testing.T) {
+	t.Helper()
+	require.NoError(t, th.Host.Close())
+	th.open(t)
+}
+
+func newObjectID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+type db struct {
+	obj, uuid, account string
+}
+
+func newDB(account string) db {
+	return db{obj: newObjectID(), uuid: uuid.NewString(), account: account}
+}
+
+func (d db) init() InitRequest {
+	return InitRequest{DatabaseUUID: d.uuid, AccountID: d.account, Name: "db-" + d.obj[:6]}
+}
+
+func (d db) id() Identity { return Identity{DatabaseUUID: d.uuid, AccountID: d.account} }
+
+func (th *testHost) mustInit(t *testing.T, d db) ObjectInfo {
+	t.Helper()
+	info, err := th.Init(context.Background(), d.obj, d.init())
+	require.NoError(t, err)
+	return info
+}
+
+// envelope is a decoded v4 response.
+type envelope struct {
+	Result  json.RawMessage `json:"result"`
+	Success bool            `json:"success"`
+	Errors  []v4.Error      `json:"errors"`
+}
+
+// call does one HTTP request against srv and decodes the envelope.
+func call(t *testing.T, client *http.Client, srv *httptest.Server, method, path string, d *db, body any) (int, envelope) {
+	t.Helper()
+	var rd *bytes.Reader
+	switch b := body.(type) {
+	case nil:
+		rd = bytes.NewReader(nil)
+	case string:
+		rd = bytes.NewReader([]byte(b))
+	default:
+		j, err := json.Marshal(b)
+		require.NoError(t, err)
+		rd = bytes.NewReader(j)
+	}
+	req, err := http.NewRequest(method, srv.URL+path, rd)
+	require.NoError(t, err)
+	if d != nil {
+		req.Header.Set(HeaderDatabase, d.uuid)
+		req.Header.Set(HeaderAccount, d.account)
+	}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var env envelope
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&env))
+	return resp.StatusCode, env
+}
+
+func errCode(env envelope) int {
+	if len(env.Errors) == 0 {
+		return 0
+	}
+	return env.Errors[0].Code
+}
+
+const time4h = 4 * time.Hour

@@ -1,0 +1,699 @@
+package objecthost
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shoaldb/shoal/internal/binding"
+	"github.com/shoaldb/shoal/objecthost/sqlexec"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// Config configures a Host. Zero values take the documented defaults.
+type Config struct {
+	ID           string // host ID in the catalog (required)
+	Dir          string // data directory (required)
+	Address      string // advertised host:port of the internal API
+	Region       string
+	Jurisdiction string
+	Capacity     int64 // databases this host accepts (reported to the catalog)
+
+	MaxOpen   int            // open handles kept in the LRU (default 1,000)
+	ReadConns int            // sqlexec read connections per handle (default 1; -1 none)
+	Limits    sqlexec.Limits // per-database SQL limits (default sqlexec.DefaultLimits)
+
+	HeartbeatInterval  time.Duration // default 30 s
+	HeartbeatTick      time.Duration // how often due heartbeats are sent (default 1 s)
+	HeartbeatBatch     int           // UUIDs per catalog call (default 1,000)
+	HeartbeatRetry     time.Duration // retry delay after a failed catalog call (default 5 s)
+	CreationGrace      time.Duration // unknown-to-catalog orphans die after this age (default 2 min)
+	DeletedRetention   time.Duration // deleted files are swept after this (default 24 h)
+	SweepInterval      time.Duration // default 1 min
+	LoadReportInterval time.Duration // default 10 s
+	CatalogTimeout     time.Duration // per catalog call (default 10 s)
+	MaxBodyBytes       int64         // query body limit (default 10 MB)
+
+	Catalog Catalog   // nil: no heartbeats, no registration (tests, dev)
+	Usage   UsageSink // nil: discarded
+	Sizes   SizeSink  // nil: discarded
+	Routes  RouteSink // nil: discarded
+
+	// Bindings verifies binding tokens for /v1/bound/*; nil disables the
+	// bound routes (404).
+	Bindings *binding.Keyring
+
+	// Now is the clock for heartbeats, grace periods, retention and token
+	// expiry (default time.Now).
+	Now func() time.Time
+	// Manual disables the background loops (heartbeats, sweeper,
+	// registration, load reports); tests drive RunHeartbeats and Sweep.
+	Manual bool
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxOpen <= 0 {
+		c.MaxOpen = 1000
+	}
+	if c.ReadConns == 0 {
+		c.ReadConns = 1
+	}
+	if c.Limits == (sqlexec.Limits{}) {
+		c.Limits = sqlexec.DefaultLimits()
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 30 * time.Second
+	}
+	if c.HeartbeatTick <= 0 {
+		c.HeartbeatTick = time.Second
+	}
+	if c.HeartbeatBatch <= 0 {
+		c.HeartbeatBatch = 1000
+	}
+	if c.HeartbeatRetry <= 0 {
+		c.HeartbeatRetry = 5 * time.Second
+	}
+	if c.CreationGrace <= 0 {
+		c.CreationGrace = 2 * time.Minute
+	}
+	if c.DeletedRetention <= 0 {
+		c.DeletedRetention = 24 * time.Hour
+	}
+	if c.SweepInterval <= 0 {
+		c.SweepInterval = time.Minute
+	}
+	if c.LoadReportInterval <= 0 {
+		c.LoadReportInterval = 10 * time.Second
+	}
+	if c.CatalogTimeout <= 0 {
+		c.CatalogTimeout = 10 * time.Second
+	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = 10 << 20
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Usage == nil {
+		c.Usage = discard{}
+	}
+	if c.Sizes == nil {
+		c.Sizes = discard{}
+	}
+	if c.Routes == nil {
+		c.Routes = discard{}
+	}
+}
+
+type discard struct{}
+
+func (discard) RecordUsage(UsageEvent)                    {}
+func (discard) RecordSize(SizeEvent)                      {}
+func (discard) PublishRoute(context.Context, Route) error { return nil }
+
+// Host owns the SQLite files of one data directory. All methods are safe for
+// concurrent use.
+type Host struct {
+	cfg     Config
+	now     func() time.Time
+	log     *slog.Logger
+	ix      *index
+	handles *handleCache[*sqlexec.DB]
+	m       *metrics
+	sched   *schedule
+
+	mu      sync.RWMutex
+	objects map[string]*object  // object ID → object (placeholders have nil meta)
+	deleted map[string]struct{} // object IDs in state deleted, for the sweeper
+
+	accMu    sync.RWMutex
+	accounts map[string]*accountState
+
+	active     atomic.Int64 // objects in state active
+	totalBytes atomic.Int64 // sum of objects' last known sizes
+
+	// bufs holds *[]byte buffers reused by the query path for request
+	// bodies and responses (one per request in flight).
+	bufs sync.Pool
+
+	closeOnce sync.Once
+	closed    atomic.Bool
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+}
+
+// object is one database's in-memory state. meta is replaced, never
+// modified in place; mu serialises mutations across their durable write so
+// two mutations of one object reach the index in the order they are
+// applied in memory.
+type object struct {
+	mu         sync.Mutex
+	meta       atomic.Pointer[Meta]
+	gone       bool         // swept or failed init: re-look-up (guarded by mu)
+	size       atomic.Int64 // last known file size in bytes
+	routeDirty atomic.Bool  // last route publication failed: next heartbeat retries
+}
+
+// accountState is what heartbeats taught the host about an account.
+type accountState struct {
+	blockGrowth      bool
+	maxDatabaseBytes int64 // fsm.Limits.MaxDatabaseBytes (0: no account limit)
+	intervalMs       int64 // fsm.Limits.HeartbeatIntervalMs
+	limitedUntil     time.Time
+}
+
+// Open loads the index of cfg.Dir (creating it if needed), schedules every
+// active object's heartbeat and, unless cfg.Manual, starts the background
+// loops. Close stops them.
+func Open(cfg Config) (*Host, error) {
+	cfg.setDefaults()
+	if cfg.ID == "" || cfg.Dir == "" {
+		return nil, fmt.Errorf("%w: host id and data dir are required", ErrInvalid)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.Dir, "dbs"), 0o755); err != nil {
+		return nil, fmt.Errorf("create data dir: %w", err)
+	}
+	h := &Host{
+		cfg:      cfg,
+		now:      cfg.Now,
+		log:      cfg.Logger,
+		m:        newMetrics(),
+		sched:    &schedule{},
+		objects:  map[string]*object{},
+		deleted:  map[string]struct{}{},
+		accounts: map[string]*accountState{},
+	}
+	ix, err := openIndex(filepath.Join(cfg.Dir, "index.db"), func(n int) { h.m.indexCommits.Observe(float64(n)) })
+	if err != nil {
+		return nil, err
+	}
+	h.ix = ix
+	h.bufs.New = func() any { b := make([]byte, 0, 4096); return &b }
+	h.handles = newHandleCache(cfg.MaxOpen, h.openDB, func(n int) { h.m.openHandles.Set(float64(n)) })
+
+	now := h.now()
+	err = ix.load(func(m *Meta) error {
+		o := &object{}
+		o.meta.Store(m)
+		if size := fileSize(h.path(m.ObjectID)); size > 0 {
+			o.size.Store(size)
+			h.totalBytes.Add(size)
+		}
+		h.objects[m.ObjectID] = o
+		if m.deleted() {
+			h.deleted[m.ObjectID] = struct{}{}
+			return nil
+		}
+		h.active.Add(1)
+		h.scheduleFirst(m, now)
+		return nil
+	})
+	if err != nil {
+		_ = ix.close()
+		return nil, fmt.Errorf("load index: %w", err)
+	}
+	h.refreshGauges()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	if !cfg.Manual {
+		h.startLoops(ctx)
+	}
+	return h, nil
+}
+
+// Close stops the background loops, waits for them, closes every open
+// database (waiting for requests still using one) and the index. Requests
+// arriving after Close fail with ErrClosed.
+func (h *Host) Close() error {
+	var err error
+	h.closeOnce.Do(func() {
+		h.closed.Store(true)
+		h.cancel()
+		h.wg.Wait()
+		h.handles.closeEverything()
+		err = h.ix.close()
+	})
+	return err
+}
+
+// Registry is the host's Prometheus registry (served at /metrics).
+func (h *Host) Registry() *prometheus.Registry { return h.m.reg }
+
+// path is where an object's SQLite file lives: dbs/ab/cd/<id>.db, two
+// levels of 256 directories so no directory holds more than a few thousand
+// files even at millions of objects.
+func (h *Host) path(objectID string) string {
+	return filepath.Join(h.cfg.Dir, "dbs", objectID[0:2], objectID[2:4], objectID+".db")
+}
+
+// openDB opens (creating it on first use) an object's SQLite file.
+func (h *Host) openDB(objectID string) (*sqlexec.DB, error) {
+	p := h.path(objectID)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return nil, fmt.Errorf("create shard dir: %w", err)
+	}
+	return sqlexec.Open(p, sqlexec.Options{Limits: h.cfg.Limits, ReadConns: h.cfg.ReadConns, Region: h.cfg.Region, Host: h.cfg.ID})
+}
+
+// lookup returns the object and its meta, or ErrNotFound.
+func (h *Host) lookup(objectID string) (*object, *Meta, error) {
+	h.mu.RLock()
+	o := h.objects[objectID]
+	h.mu.RUnlock()
+	if o == nil {
+		return nil, nil, ErrNotFound
+	}
+	m := o.meta.Load()
+	if m == nil {
+		return nil, nil, ErrNotFound
+	}
+	return o, m, nil
+}
+
+// fileSize is a database's bytes on disk (file plus WAL, as sqlexec's Size
+// counts them); 0 when it was never created.
+func fileSize(p string) int64 {
+	var n int64
+	for _, f := range []string{p, p + "-wal"} {
+		if fi, err := os.Stat(f); err == nil {
+			n += fi.Size()
+		}
+	}
+	return n
+}
+
+func validObjectID(id string) bool {
+	if len(id) != 32 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func validUUID(s string) bool {
+	u, err := uuid.Parse(s)
+	return err == nil && u.String() == s
+}
+
+// Init records a new object durably. It is idempotent for the same
+// (object, database UUID, account): a repeat returns the stored object.
+// Another database for an existing object, or a repeat after the object was
+// deleted, fails with ErrConflict (the edge then retries with new IDs).
+//
+// Checkpoint: the index commit. Before it the object does not exist (a
+// crash leaves nothing); after it the object exists and will heartbeat, so
+// if the catalog write of the create never happens it dies as an orphan
+// after the creation grace period. The SQLite file is created lazily on the
+// first query.
+func (h *Host) Init(ctx context.Context, objectID string, req InitRequest) (ObjectInfo, error) {
+	start := time.Now()
+	if h.closed.Load() {
+		return ObjectInfo{}, ErrClosed
+	}
+	switch {
+	case !validObjectID(objectID):
+		return ObjectInfo{}, fmt.Errorf("%w: object id must be 32 lowercase hex characters", ErrInvalid)
+	case !validUUID(req.DatabaseUUID):
+		return ObjectInfo{}, fmt.Errorf("%w: database_uuid must be a canonical lowercase UUID", ErrInvalid)
+	case req.AccountID == "" || len(req.AccountID) > 64:
+		return ObjectInfo{}, fmt.Errorf("%w: account_id must be 1..64 bytes", ErrInvalid)
+	case len(req.Name) > 64:
+		return ObjectInfo{}, fmt.Errorf("%w: name too long", ErrInvalid)
+	}
+	for {
+		h.mu.Lock()
+		o := h.objects[objectID]
+		if o == nil {
+			o = &object{}
+			h.objects[objectID] = o
+		}
+		h.mu.Unlock()
+
+		o.mu.Lock()
+		if o.gone {
+			o.mu.Unlock()
+			continue
+		}
+		if m := o.meta.Load(); m != nil {
+			o.mu.Unlock()
+			if m.DatabaseUUID != req.DatabaseUUID || m.AccountID != req.AccountID {
+				h.m.lifecycle.WithLabelValues("init_conflict").Inc()
+				return ObjectInfo{}, ErrConflict
+			}
+			if m.deleted() {
+				// A repeated init arriving after the object died (e.g. killed
+				// as an orphan): success would let the edge write a catalog
+				// row pointing at a dead object. 409 makes it retry with
+				// fresh IDs.
+				h.m.lifecycle.WithLabelValues("init_conflict").Inc()
+				return ObjectInfo{}, fmt.Errorf("%w: object was deleted", ErrConflict)
+			}
+			return h.info(o, m), nil
+		}
+		m := &Meta{
+			ObjectID:          objectID,
+			DatabaseUUID:      req.DatabaseUUID,
+			AccountID:         req.AccountID,
+			Name:              req.Name,
+			Region:            req.Region,
+			Jurisdiction:      req.Jurisdiction,
+			State:             StateActive,
+			CreatedAt:         h.now().UTC(),
+			RoutingGeneration: req.RoutingGeneration,
+			Options:           req.Options,
+		}
+		if err := h.ix.put(m); err != nil {
+			o.gone = true
+			o.mu.Unlock()
+			h.mu.Lock()
+			if h.objects[objectID] == o {
+				delete(h.objects, objectID)
+			}
+			h.mu.Unlock()
+			return ObjectInfo{}, err
+		}
+		o.meta.Store(m)
+		o.mu.Unlock()
+		h.active.Add(1)
+		h.scheduleFirst(m, h.now())
+		h.m.lifecycle.WithLabelValues("init").Inc()
+		h.m.initLatency.Observe(time.Since(start).Seconds())
+		h.refreshGauges()
+		return h.info(o, m), nil
+	}
+}
+
+// Confirm marks the object confirmed (its catalog row exists) at least at
+// generation gen and publishes its route. Checkpoint: the index commit; a
+// failed publication is retried by the next heartbeat.
+func (h *Host) Confirm(ctx context.Context, objectID string, gen int64) (ObjectInfo, error) {
+	o, _, err := h.lookup(objectID)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	m := o.meta.Load()
+	if o.gone || m == nil {
+		return ObjectInfo{}, ErrNotFound
+	}
+	if m.deleted() {
+		return ObjectInfo{}, ErrDeleted
+	}
+	if !m.Confirmed || gen > m.RoutingGeneration {
+		n := *m
+		n.Confirmed = true
+		n.RoutingGeneration = max(gen, m.RoutingGeneration)
+		if err := h.ix.put(&n); err != nil {
+			return ObjectInfo{}, err
+		}
+		o.meta.Store(&n)
+		m = &n
+	}
+	h.publishLocked(ctx, o, m)
+	h.m.lifecycle.WithLabelValues("confirm").Inc()
+	return h.info(o, m), nil
+}
+
+// Delete marks the object deleted: from the moment it returns every query
+// is refused with ErrDeleted, whatever route brought it. Checkpoint: the
+// index commit. The file is removed by the sweeper after the retention.
+func (h *Host) Delete(ctx context.Context, objectID string, gen int64) (ObjectInfo, error) {
+	o, _, err := h.lookup(objectID)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	metas, err := h.markDeleted(ctx, []*object{o}, gen)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	if len(metas) == 0 { // swept meanwhile
+		return ObjectInfo{}, ErrNotFound
+	}
+	h.m.lifecycle.WithLabelValues("delete").Inc()
+	return h.info(o, metas[0]), nil
+}
+
+// markDeleted durably moves objects to state deleted in one index commit,
+// publishes their deleted routes and closes their handles once unused. It
+// returns the resulting metas (already deleted objects included, gone ones
+// left out).
+func (h *Host) markDeleted(ctx context.Context, objs []*object, gen int64) ([]*Meta, error) {
+	sortObjects(objs)
+	for _, o := range objs { // ordered locking: no deadlock between batches
+		o.mu.Lock()
+	}
+	defer func() {
+		for _, o := range objs {
+			o.mu.Unlock()
+		}
+	}()
+	now := h.now().UTC()
+	var changed []*Meta
+	var changedObjs []*object
+	var out []*Meta
+	for _, o := range objs {
+		m := o.meta.Load()
+		if o.gone || m == nil {
+			continue
+		}
+		if m.deleted() {
+			out = append(out, m)
+			continue
+		}
+		n := *m
+		n.State = StateDeleted
+		n.DeletedAt = now
+		n.RoutingGeneration = max(gen, m.RoutingGeneration)
+		changed = append(changed, &n)
+		changedObjs = append(changedObjs, o)
+		out = append(out, &n)
+	}
+	if len(changed) == 0 {
+		return out, nil
+	}
+	if err := h.ix.put(changed...); err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	for i, o := range changedObjs {
+		o.meta.Store(changed[i])
+		h.deleted[changed[i].ObjectID] = struct{}{}
+	}
+	h.mu.Unlock()
+	h.active.Add(-int64(len(changed)))
+	for i, o := range changedObjs {
+		h.publishLocked(ctx, o, changed[i])
+		h.handles.evict(changed[i].ObjectID)
+	}
+	h.refreshGauges()
+	return out, nil
+}
+
+// publishLocked publishes m's route; o.mu is held so publications of one
+// object happen in state order.
+func (h *Host) publishLocked(ctx context.Context, o *object, m *Meta) {
+	err := h.cfg.Routes.PublishRoute(ctx, Route{
+		DatabaseUUID: m.DatabaseUUID,
+		ObjectID:     m.ObjectID,
+		HostAddress:  h.cfg.Address,
+		AccountID:    m.AccountID,
+		State:        m.State,
+		Generation:   m.RoutingGeneration,
+	})
+	o.routeDirty.Store(err != nil)
+	if err != nil {
+		h.log.Warn("route publication failed; heartbeat will retry", "object", m.ObjectID, "err", err)
+	}
+}
+
+// Info returns the object's metadata with its file size and table count.
+// It never creates the file: a database never queried reports 0 and 0.
+func (h *Host) Info(ctx context.Context, objectID string) (ObjectInfo, error) {
+	o, m, err := h.lookup(objectID)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	info := h.info(o, m)
+	if m.deleted() {
+		return info, nil
+	}
+	if _, err := os.Stat(h.path(objectID)); errors.Is(err, os.ErrNotExist) {
+		return info, nil
+	}
+	hd, err := h.handles.acquire(objectID)
+	if err != nil {
+		return ObjectInfo{}, fmt.Errorf("open database: %w", err)
+	}
+	defer h.handles.release(hd)
+	if info.FileSize, err = hd.db.Size(); err != nil {
+		return ObjectInfo{}, err
+	}
+	if info.NumTables, err = hd.db.NumTables(); err != nil {
+		return ObjectInfo{}, err
+	}
+	h.noteSize(o, m, info.FileSize)
+	return info, nil
+}
+
+func (h *Host) info(o *object, m *Meta) ObjectInfo {
+	return ObjectInfo{
+		ObjectID:          m.ObjectID,
+		DatabaseUUID:      m.DatabaseUUID,
+		AccountID:         m.AccountID,
+		Name:              m.Name,
+		State:             m.State,
+		Confirmed:         m.Confirmed,
+		CreatedAt:         m.CreatedAt.UTC().Format(time.RFC3339Nano),
+		RoutingGeneration: m.RoutingGeneration,
+		FileSize:          o.size.Load(),
+	}
+}
+
+// Identity is who a data-plane caller believes the object is.
+type Identity struct {
+	DatabaseUUID string
+	AccountID    string
+}
+
+// Query executes a D1 request on the object. The object's own metadata is
+// the authority: an unknown object is ErrNotFound, another database or
+// account ErrWrongHost, a deleted one ErrDeleted — checked before and again
+// after the handle is acquired, so a delete that returned refuses every
+// later query even through a stale route.
+func (h *Host) Query(ctx context.Context, objectID string, id Identity, req sqlexec.Request) ([]sqlexec.StatementResult, error) {
+	if h.closed.Load() {
+		return nil, ErrClosed
+	}
+	o, m, err := h.lookup(objectID)
+	if err != nil {
+		return nil, err
+	}
+	if m.DatabaseUUID != id.DatabaseUUID || m.AccountID != id.AccountID {
+		return nil, ErrWrongHost
+	}
+	if m.deleted() {
+		return nil, ErrDeleted
+	}
+	acct := h.account(m.AccountID)
+	if acct.limitedUntil.After(h.now()) {
+		return nil, ErrRowLimit
+	}
+	// Growth is blocked while the account is over its storage total, or
+	// this database is at the account's per-database size limit (the host's
+	// own sqlexec limit, max_page_count, is the hard cap for all).
+	req.BlockGrowth = acct.blockGrowth || (acct.maxDatabaseBytes > 0 && o.size.Load() >= acct.maxDatabaseBytes)
+
+	hd, err := h.handles.acquire(objectID)
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
+	}
+	defer h.handles.release(hd)
+	if m = o.meta.Load(); m == nil || m.deleted() {
+		return nil, ErrDeleted
+	}
+	res, err := hd.db.Execute(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	var read, written int64
+	changed := false
+	for i := range res {
+		read += res[i].Meta.RowsRead
+		written += res[i].Meta.RowsWritten
+		changed = changed || res[i].Meta.ChangedDB
+	}
+	now := h.now()
+	h.cfg.Usage.RecordUsage(UsageEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, RowsRead: read, RowsWritten: written, Time: now})
+	if n := len(res); n > 0 && (changed || o.size.Load() == 0) {
+		h.noteSize(o, m, res[n-1].Meta.SizeAfter)
+	}
+	return res, nil
+}
+
+// noteSize records a database's latest size and emits it when it changed.
+func (h *Host) noteSize(o *object, m *Meta, size int64) {
+	if size <= 0 {
+		return
+	}
+	old := o.size.Swap(size)
+	if old == size {
+		return
+	}
+	h.totalBytes.Add(size - old)
+	h.m.bytesOnDisk.Set(float64(h.totalBytes.Load()))
+	h.cfg.Sizes.RecordSize(SizeEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, SizeBytes: size, Time: h.now()})
+}
+
+// account returns a copy of what the host knows about an account.
+func (h *Host) account(id string) accountState {
+	h.accMu.RLock()
+	defer h.accMu.RUnlock()
+	if a := h.accounts[id]; a != nil {
+		return *a
+	}
+	return accountState{}
+}
+
+// SetAccountLimited refuses every query of the account with ErrRowLimit
+// until the given time (the limiter's flag, expiring at the end of the UTC
+// day); a zero time lifts it.
+func (h *Host) SetAccountLimited(accountID string, until time.Time) {
+	h.accMu.Lock()
+	defer h.accMu.Unlock()
+	a := h.accounts[accountID]
+	if a == nil {
+		a = &accountState{}
+		h.accounts[accountID] = a
+	}
+	a.limitedUntil = until
+}
+
+func (h *Host) refreshGauges() {
+	h.mu.RLock()
+	del := len(h.deleted)
+	h.mu.RUnlock()
+	h.m.databases.WithLabelValues(StateActive).Set(float64(h.active.Load()))
+	h.m.databases.WithLabelValues(StateDeleted).Set(float64(del))
+	h.m.bytesOnDisk.Set(float64(h.totalBytes.Load()))
+}
+
+// Stats is a snapshot of the host's load.
+type Stats struct {
+	Active, Deleted int
+	Bytes           int64
+	OpenHandles     int
+	IndexBytes      int64
+}
+
+// Stats returns counts for load reports, benchmarks and tests.
+func (h *Host) Stats() Stats {
+	h.mu.RLock()
+	del := len(h.deleted)
+	h.mu.RUnlock()
+	return Stats{Active: int(h.active.Load()), Deleted: del, Bytes: h.totalBytes.Load(), OpenHandles: h.handles.len(), IndexBytes: h.ix.size()}
+}
+
+// hostRecord is this host as the catalog registers it.
+func (h *Host) hostRecord() fsm.RegisterHost {
+	return fsm.RegisterHost{ID: h.cfg.ID, Address: h.cfg.Address, Region: h.cfg.Region, Jurisdiction: h.cfg.Jurisdiction, Capacity: h.cfg.Capacity, State: "active"}
+}

@@ -1,0 +1,322 @@
+package objecthost
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorilla/mux"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/shoaldb/shoal/internal/binding"
+	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/objecthost/sqlexec"
+)
+
+// Headers of the internal API (see DESIGN.md, "Internal API").
+const (
+	HeaderDatabase   = "X-Shoal-Database"
+	HeaderAccount    = "X-Shoal-Account"
+	HeaderGeneration = "X-Shoal-Generation"
+)
+
+// Handler returns the internal HTTP API: lifecycle (init, confirm, delete,
+// info), queries (query, raw), binding-token queries, /healthz, /metrics.
+func (h *Host) Handler() http.Handler {
+	r := mux.NewRouter()
+	r.HandleFunc("/v1/objects/{id}/init", h.handleInit).Methods(http.MethodPost)
+	r.HandleFunc("/v1/objects/{id}/confirm", h.handleGen(h.Confirm)).Methods(http.MethodPost)
+	r.HandleFunc("/v1/objects/{id}/delete", h.handleGen(h.Delete)).Methods(http.MethodPost)
+	r.HandleFunc("/v1/objects/{id}", h.handleInfo).Methods(http.MethodGet)
+	h.dumpRoutes(r) // export/import endpoints: export.go, import.go
+	r.HandleFunc("/v1/objects/{id}/query", h.handleQuery(false)).Methods(http.MethodPost)
+	r.HandleFunc("/v1/objects/{id}/raw", h.handleQuery(true)).Methods(http.MethodPost)
+	if h.cfg.Bindings != nil {
+		r.HandleFunc("/v1/bound/query", h.handleBound(false)).Methods(http.MethodPost)
+		r.HandleFunc("/v1/bound/raw", h.handleBound(true)).Methods(http.MethodPost)
+	}
+	r.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if h.closed.Load() {
+			v4.WriteError(w, http.StatusServiceUnavailable, v4.CodeUnavailable, "closing")
+			return
+		}
+		v4.WriteResult(w, map[string]any{"id": h.cfg.ID, "databases": h.active.Load()})
+	}).Methods(http.MethodGet)
+	r.Handle("/metrics", promhttp.HandlerFor(h.m.reg, promhttp.HandlerOpts{})).Methods(http.MethodGet)
+	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		v4.WriteError(w, http.StatusNotFound, v4.CodeNotFound, "no such route")
+	})
+	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		v4.WriteError(w, http.StatusMethodNotAllowed, v4.CodeInvalidRequest, "method not allowed")
+	})
+	return &apiHandler{h: h, router: r}
+}
+
+// apiHandler serves POST /v1/objects/{id}/query and /raw — nearly every
+// request a host gets — without the router: gorilla/mux tries each route's
+// regexps in turn, which cost ~10 % of a point query's CPU. Every other
+// request (and any query path the fast match does not recognise) goes to
+// the router, which also registers the query routes, so the answers are
+// the same either way.
+type apiHandler struct {
+	h      *Host
+	router *mux.Router
+}
+
+func (a *apiHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost {
+		if id, raw, ok := queryRoute(r.URL.Path); ok {
+			a.h.serveQuery(w, r, id, Identity{DatabaseUUID: r.Header.Get(HeaderDatabase), AccountID: r.Header.Get(HeaderAccount)}, raw)
+			return
+		}
+	}
+	a.router.ServeHTTP(w, r)
+}
+
+// queryRoute matches /v1/objects/{id}/query and /v1/objects/{id}/raw with
+// {id} one non-empty path segment, as the router's pattern does; "." and
+// ".." are left to the router (it cleans and redirects such paths).
+func queryRoute(path string) (id string, raw bool, ok bool) {
+	const prefix = "/v1/objects/"
+	if !strings.HasPrefix(path, prefix) {
+		return "", false, false
+	}
+	rest := path[len(prefix):]
+	switch {
+	case strings.HasSuffix(rest, "/query"):
+		id = rest[:len(rest)-len("/query")]
+	case strings.HasSuffix(rest, "/raw"):
+		id, raw = rest[:len(rest)-len("/raw")], true
+	default:
+		return "", false, false
+	}
+	if id == "" || id == "." || id == ".." || strings.IndexByte(id, '/') >= 0 {
+		return "", false, false
+	}
+	return id, raw, true
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	status, code, msg := statusOf(err)
+	v4.WriteError(w, status, code, msg)
+}
+
+// readBody reads at most limit bytes; more is ErrTooLarge-style 413.
+func (h *Host) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	if err != nil {
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) {
+			return nil, &sqlexec.Error{Code: v4.CodeTooLarge, Message: fmt.Sprintf("request body over %d bytes", h.cfg.MaxBodyBytes), Statement: -1}
+		}
+		return nil, fmt.Errorf("%w: reading body: %v", ErrInvalid, err)
+	}
+	return b, nil
+}
+
+func (h *Host) handleInit(w http.ResponseWriter, r *http.Request) {
+	b, err := h.readBody(w, r)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	var req InitRequest
+	if err := json.Unmarshal(b, &req); err != nil {
+		writeErr(w, fmt.Errorf("%w: %v", ErrInvalid, err))
+		return
+	}
+	info, err := h.Init(r.Context(), mux.Vars(r)["id"], req)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	v4.WriteResult(w, info)
+}
+
+// checkIdentity refuses a control call whose identity headers, when
+// present, name another database or account.
+func (h *Host) checkIdentity(r *http.Request, id string) error {
+	db, acct := r.Header.Get(HeaderDatabase), r.Header.Get(HeaderAccount)
+	if db == "" && acct == "" {
+		return nil
+	}
+	_, m, err := h.lookup(id)
+	if err != nil {
+		return err
+	}
+	if (db != "" && db != m.DatabaseUUID) || (acct != "" && acct != m.AccountID) {
+		return ErrWrongHost
+	}
+	return nil
+}
+
+func (h *Host) handleGen(op func(ctx context.Context, id string, gen int64) (ObjectInfo, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := mux.Vars(r)["id"]
+		b, err := h.readBody(w, r)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		var req struct {
+			RoutingGeneration int64 `json:"routing_generation"`
+		}
+		if len(b) > 0 {
+			if err := json.Unmarshal(b, &req); err != nil {
+				writeErr(w, fmt.Errorf("%w: %v", ErrInvalid, err))
+				return
+			}
+		}
+		if err := h.checkIdentity(r, id); err != nil {
+			writeErr(w, err)
+			return
+		}
+		info, err := op(r.Context(), id, req.RoutingGeneration)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		v4.WriteResult(w, info)
+	}
+}
+
+func (h *Host) handleInfo(w http.ResponseWriter, r *http.Request) {
+	id := mux.Vars(r)["id"]
+	if err := h.checkIdentity(r, id); err != nil {
+		writeErr(w, err)
+		return
+	}
+	info, err := h.Info(r.Context(), id)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	v4.WriteResult(w, info)
+}
+
+func (h *Host) handleQuery(raw bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := Identity{DatabaseUUID: r.Header.Get(HeaderDatabase), AccountID: r.Header.Get(HeaderAccount)}
+		h.serveQuery(w, r, mux.Vars(r)["id"], id, raw)
+	}
+}
+
+// handleBound serves a query carrying a binding token: the signature and
+// expiry prove the edge issued the route; the object's own metadata must
+// agree with the claims (database, account) and the generation must match,
+// else 421 so the edge mints a fresh token.
+func (h *Host) handleBound(raw bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		tok, err := binding.FromHeader(r.Header)
+		if err != nil {
+			writeErr(w, fmt.Errorf("%w: %v", ErrBinding, err))
+			return
+		}
+		c, err := h.cfg.Bindings.Verify(tok, h.now())
+		if err != nil {
+			writeErr(w, fmt.Errorf("%w: %v", ErrBinding, err))
+			return
+		}
+		if _, m, err := h.lookup(c.ObjectID); err == nil && !m.deleted() && m.RoutingGeneration != c.Generation {
+			writeErr(w, ErrWrongHost)
+			return
+		}
+		h.serveQuery(w, r, c.ObjectID, Identity{DatabaseUUID: c.DatabaseUUID, AccountID: c.AccountID}, raw)
+	}
+}
+
+func (h *Host) serveQuery(w http.ResponseWriter, r *http.Request, objectID string, id Identity, raw bool) {
+	start := time.Now()
+	h.m.queueDepth.Inc()
+	defer h.m.queueDepth.Dec()
+	buf := h.bufs.Get().(*[]byte)
+	defer func() {
+		if cap(*buf) <= 1<<20 { // a huge result's buffer is left to the GC
+			h.bufs.Put(buf)
+		}
+	}()
+	res, err := h.query(w, r, objectID, id, raw, buf)
+	h.m.latency.Observe(time.Since(start).Seconds())
+	h.m.queryDone(outcome(err))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeResults(w, res, buf)
+}
+
+// writeResults writes the v4 envelope of a query's results in one Write
+// with its Content-Length: the same bytes v4.WriteResult writes (test
+// TestQueryEnvelopeBytes), without encoding/json's reflection and its
+// re-validation of the rows' MarshalJSON output.
+func writeResults(w http.ResponseWriter, res []sqlexec.StatementResult, buf *[]byte) {
+	b := append((*buf)[:0], `{"result":`...)
+	b = sqlexec.AppendResults(b, res)
+	b = append(b, ",\"success\":true,\"errors\":[],\"messages\":[]}\n"...)
+	*buf = b
+	hdr := w.Header()
+	hdr["Content-Type"] = []string{"application/json"}
+	hdr["Content-Length"] = []string{strconv.Itoa(len(b))}
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+}
+
+func (h *Host) query(w http.ResponseWriter, r *http.Request, objectID string, id Identity, raw bool, buf *[]byte) ([]sqlexec.StatementResult, error) {
+	b, err := h.readQueryBody(w, r, buf)
+	if err != nil {
+		return nil, err
+	}
+	req, err := sqlexec.ParseBody(b) // keeps no reference to b
+	if err != nil {
+		return nil, err
+	}
+	req.Raw = raw
+	return h.Query(r.Context(), objectID, id, req)
+}
+
+// readQueryBody is readBody into a reused buffer, sized from
+// Content-Length when the client sent one.
+func (h *Host) readQueryBody(w http.ResponseWriter, r *http.Request, buf *[]byte) ([]byte, error) {
+	if r.ContentLength < 0 || r.ContentLength > h.cfg.MaxBodyBytes {
+		return h.readBody(w, r) // unknown length, or refused with readBody's error
+	}
+	n := int(r.ContentLength)
+	if cap(*buf) < n {
+		*buf = make([]byte, n, max(n, 4096))
+	}
+	b := (*buf)[:n]
+	if _, err := io.ReadFull(r.Body, b); err != nil {
+		return nil, fmt.Errorf("%w: reading body: %v", ErrInvalid, err)
+	}
+	return b, nil
+}
+
+// outcome is the metrics label of a query's result.
+func outcome(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	_, code, _ := statusOf(err)
+	switch code {
+	case v4.CodeSQL:
+		return "sql_error"
+	case v4.CodeNotFound:
+		return "not_found"
+	case v4.CodeDatabaseDeleted:
+		return "deleted"
+	case v4.CodeWrongHost:
+		return "wrong_host"
+	case v4.CodeOverloaded:
+		return "overloaded"
+	case v4.CodeTooLarge, v4.CodeStorageLimit, v4.CodeRowLimit, v4.CodeTimeout, v4.CodeInvalidRequest:
+		return "limit"
+	default:
+		return "error"
+	}
+}

@@ -1,0 +1,319 @@
+package objecthost
+
+import (
+	"context"
+	"crypto/md5"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gorilla/mux"
+
+	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/objecthost/dump"
+)
+
+// MaxImportBytes is D1's import size limit.
+const MaxImportBytes = 5 << 30
+
+// UploadResult is the answer to an upload.
+type UploadResult struct {
+	Filename string `json:"filename"`
+	Size     int64  `json:"size"`
+	Etag     string `json:"etag"` // MD5 hex of the received bytes
+}
+
+// ImportStatus is D1's import polling answer (plus a progress object).
+type ImportStatus struct {
+	Type       string         `json:"type"`   // "import"
+	Status     string         `json:"status"` // "active" | "complete" | "error"
+	AtBookmark string         `json:"at_bookmark"`
+	Messages   []string       `json:"messages"`
+	Error      string         `json:"error,omitempty"`
+	Result     *ImportSummary `json:"result,omitempty"`
+	Progress   ImportProgress `json:"progress"`
+}
+
+// ImportSummary is the result of a completed import.
+type ImportSummary struct {
+	FinalBookmark string     `json:"final_bookmark"`
+	NumQueries    int64      `json:"num_queries"`
+	Meta          ImportMeta `json:"meta"`
+}
+
+// ImportMeta mirrors D1's meta object of an import.
+type ImportMeta struct {
+	ServedBy    string  `json:"served_by"`
+	Duration    float64 `json:"duration"`
+	Changes     int64   `json:"changes"`
+	ChangedDB   bool    `json:"changed_db"`
+	SizeAfter   int64   `json:"size_after"`
+	RowsRead    int64   `json:"rows_read"`
+	RowsWritten int64   `json:"rows_written"`
+}
+
+// ImportProgress lets clients draw a progress bar.
+type ImportProgress struct {
+	Bytes      int64 `json:"bytes"`
+	TotalBytes int64 `json:"total_bytes"`
+	Statements int64 `json:"statements"`
+}
+
+// importJob is one ingest. Fields after mu are guarded by it.
+type importJob struct {
+	filename string
+	mu       sync.Mutex
+	status   ImportStatus
+}
+
+func (j *importJob) snapshot() ImportStatus {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	s := j.status
+	s.Messages = append([]string(nil), s.Messages...)
+	return s
+}
+
+func (d *dumpAPI) uploadDir(id string) string { return filepath.Join(d.h.cfg.Dir, "imports", id) }
+
+// handleUpload streams the request body to <dir>/imports/<id>/<filename>
+// (through a .part file renamed at the end, so a cut upload never looks
+// complete), computing its MD5 on the way; memory use is one copy buffer.
+func (d *dumpAPI) handleUpload(w http.ResponseWriter, r *http.Request) {
+	id, name := mux.Vars(r)["id"], mux.Vars(r)["filename"]
+	if _, _, err := d.checkObject(r, id); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if !validFilename(name) {
+		writeErr(w, fmt.Errorf("%w: bad filename", ErrInvalid))
+		return
+	}
+	dir := d.uploadDir(id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		writeErr(w, err)
+		return
+	}
+	final := filepath.Join(dir, name)
+	f, err := os.CreateTemp(dir, name+".*.part")
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	defer os.Remove(f.Name())
+	hash := md5.New()
+	n, err := io.Copy(io.MultiWriter(f, hash), http.MaxBytesReader(w, r.Body, MaxImportBytes))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) {
+			v4.WriteError(w, http.StatusRequestEntityTooLarge, v4.CodeTooLarge, "import file over 5 GB")
+			return
+		}
+		writeErr(w, fmt.Errorf("%w: upload: %v", ErrInvalid, err))
+		return
+	}
+	etag := hex.EncodeToString(hash.Sum(nil))
+	// Checkpoint: the rename. The sidecar holds the MD5 so ingest need not
+	// re-read a 5 GB file.
+	if err := os.WriteFile(final+".md5", []byte(etag), 0o644); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if err := os.Rename(f.Name(), final); err != nil {
+		writeErr(w, err)
+		return
+	}
+	v4.WriteResult(w, UploadResult{Filename: name, Size: n, Etag: etag})
+}
+
+type ingestBody struct {
+	Etag     string `json:"etag"`
+	Filename string `json:"filename"`
+}
+
+// handleIngest verifies the uploaded file's MD5 against the client's etag
+// and starts the import job. Ingesting the file that is already running or
+// done returns that job's status (a retried request is harmless).
+func (d *dumpAPI) handleIngest(w http.ResponseWriter, r *http.Request) {
+	id := mux.Vars(r)["id"]
+	o, m, err := d.checkObject(r, id)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	b, err := d.h.readBody(w, r)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	var req ingestBody
+	if err := json.Unmarshal(b, &req); err != nil || !validFilename(req.Filename) {
+		writeErr(w, fmt.Errorf("%w: body must be {etag, filename}", ErrInvalid))
+		return
+	}
+	d.mu.Lock()
+	if j := d.jobs[id]; j != nil {
+		st := j.snapshot()
+		if j.filename == req.Filename {
+			d.mu.Unlock()
+			v4.WriteResult(w, st)
+			return
+		}
+		if st.Status == "active" {
+			d.mu.Unlock()
+			v4.WriteError(w, http.StatusConflict, v4.CodeInvalidRequest, "another import is running on this database")
+			return
+		}
+	}
+	path := filepath.Join(d.uploadDir(id), req.Filename)
+	sum, err := os.ReadFile(path + ".md5")
+	if err != nil {
+		d.mu.Unlock()
+		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "no uploaded file "+req.Filename+"; upload it first")
+		return
+	}
+	if !strings.EqualFold(strings.TrimSpace(string(sum)), strings.Trim(req.Etag, `"`)) {
+		d.mu.Unlock()
+		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "etag mismatch: the uploaded file's MD5 is "+string(sum))
+		return
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		d.mu.Unlock()
+		writeErr(w, err)
+		return
+	}
+	j := &importJob{filename: req.Filename, status: ImportStatus{
+		Type: "import", Status: "active", AtBookmark: req.Filename, Messages: []string{"Import started"},
+		Progress: ImportProgress{TotalBytes: fi.Size()},
+	}}
+	// Register the goroutine with the Host before it can close: Close sets
+	// closed, then waits for wg.
+	if d.h.closed.Load() {
+		d.mu.Unlock()
+		writeErr(w, ErrClosed)
+		return
+	}
+	d.h.wg.Add(1)
+	d.jobs[id] = j
+	d.mu.Unlock()
+	go func() {
+		defer d.h.wg.Done()
+		d.run(o, m, j, path)
+	}()
+	v4.WriteResult(w, j.snapshot())
+}
+
+// run executes one import job.
+func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := time.Now()
+	fail := func(msg string) {
+		j.mu.Lock()
+		j.status.Status, j.status.Error = "error", msg
+		j.status.Messages = append(j.status.Messages, msg)
+		j.mu.Unlock()
+		d.h.log.Warn("import failed", "object", m.ObjectID, "err", msg)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		fail("cannot open the uploaded file")
+		return
+	}
+	defer func() {
+		f.Close()
+		os.Remove(path)
+		os.Remove(path + ".md5")
+	}()
+	dbPath := d.h.path(m.ObjectID)
+	if err := os.MkdirAll(filepath.Dir(dbPath), 0o755); err != nil {
+		fail("internal error")
+		return
+	}
+	res, err := dump.Import(ctx, dbPath, f, dump.ImportOptions{
+		MaxDatabaseBytes: d.h.cfg.Limits.MaxDatabaseBytes,
+		Progress: func(p dump.Progress) {
+			if d.h.closed.Load() {
+				cancel() // Host.Close: roll back at the next check
+			}
+			j.mu.Lock()
+			j.status.Progress.Bytes, j.status.Progress.Statements = p.Bytes, p.Statements
+			j.mu.Unlock()
+		},
+	})
+	// The sqlexec handle may hold cached schema facts (column names, index
+	// info for rows_written): drop it so the next query reopens the file.
+	<-d.h.handles.evict(m.ObjectID)
+	if err != nil {
+		var se *dump.StatementError
+		switch {
+		case errors.As(err, &se):
+			fail(se.Error())
+		case errors.Is(err, context.Canceled):
+			fail("import interrupted: object host shutting down; nothing was imported")
+		case errors.Is(err, dump.ErrStatementTooLarge):
+			fail(err.Error())
+		default:
+			fail("import failed: " + err.Error())
+		}
+		return
+	}
+	now := d.h.now()
+	d.h.cfg.Usage.RecordUsage(UsageEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, RowsWritten: res.RowsWritten, Time: now})
+	if size := fileSize(dbPath); size > 0 {
+		d.h.noteSize(o, m, size)
+	}
+	j.mu.Lock()
+	j.status.Status = "complete"
+	j.status.Progress.Bytes, j.status.Progress.Statements = res.Bytes, res.Statements
+	j.status.Messages = append(j.status.Messages, fmt.Sprintf("Imported %d statements (%d bytes)", res.Statements, res.Bytes))
+	j.status.Result = &ImportSummary{FinalBookmark: j.filename, NumQueries: res.Statements, Meta: ImportMeta{
+		ServedBy: d.h.cfg.ID, Duration: float64(time.Since(start).Microseconds()) / 1000, Changes: res.RowsWritten,
+		ChangedDB: res.RowsWritten > 0 || res.Statements > 0, SizeAfter: res.SizeAfter, RowsWritten: res.RowsWritten,
+	}}
+	j.mu.Unlock()
+}
+
+type pollBody struct {
+	CurrentBookmark string `json:"current_bookmark"`
+}
+
+func (d *dumpAPI) handlePoll(w http.ResponseWriter, r *http.Request) {
+	id := mux.Vars(r)["id"]
+	if _, _, err := d.checkObject(r, id); err != nil {
+		writeErr(w, err)
+		return
+	}
+	b, err := d.h.readBody(w, r)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	var req pollBody
+	if len(b) > 0 {
+		if err := json.Unmarshal(b, &req); err != nil {
+			writeErr(w, fmt.Errorf("%w: %v", ErrInvalid, err))
+			return
+		}
+	}
+	d.mu.Lock()
+	j := d.jobs[id]
+	d.mu.Unlock()
+	if j == nil || (req.CurrentBookmark != "" && req.CurrentBookmark != j.filename) {
+		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "no import with that bookmark on this database")
+		return
+	}
+	v4.WriteResult(w, j.snapshot())
+}

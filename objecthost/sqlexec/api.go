@@ -1,0 +1,167 @@
+package sqlexec
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	v4 "github.com/shoaldb/shoal/internal/v4"
+)
+
+// Limits are the per-database limits D1 documents. Each one, when exceeded,
+// fails the whole request with an *Error and leaves the database unchanged.
+type Limits struct {
+	MaxParams        int           // bound parameters per statement (D1: 100)
+	MaxSQLBytes      int           // bytes per SQL statement (D1: 100 KB)
+	MaxValueBytes    int           // string/BLOB/row size, SQLITE_LIMIT_LENGTH (D1: 2 MB)
+	MaxColumns       int           // columns per table / result, SQLITE_LIMIT_COLUMN (D1: 100)
+	MaxLikePattern   int           // LIKE/GLOB pattern bytes (D1: 50)
+	MaxFunctionArgs  int           // arguments per SQL function (D1: 32)
+	QueryTimeout     time.Duration // per request, enforced with sqlite3_interrupt (D1: 30 s)
+	MaxDatabaseBytes int64         // per database, enforced with max_page_count (D1: 10 GB)
+	MaxQueue         int           // pending requests per database before CodeOverloaded
+}
+
+// DefaultLimits returns D1's Workers Paid limits.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxParams:        100,
+		MaxSQLBytes:      100_000,
+		MaxValueBytes:    2_000_000,
+		MaxColumns:       100,
+		MaxLikePattern:   50,
+		MaxFunctionArgs:  32,
+		QueryTimeout:     30 * time.Second,
+		MaxDatabaseBytes: 10_000_000_000,
+		MaxQueue:         64,
+	}
+}
+
+// withDefaults fills zero fields with DefaultLimits so a partly filled Limits
+// (common in tests) never means "no limit".
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits()
+	if l.MaxParams <= 0 {
+		l.MaxParams = d.MaxParams
+	}
+	if l.MaxSQLBytes <= 0 {
+		l.MaxSQLBytes = d.MaxSQLBytes
+	}
+	if l.MaxValueBytes <= 0 {
+		l.MaxValueBytes = d.MaxValueBytes
+	}
+	if l.MaxColumns <= 0 {
+		l.MaxColumns = d.MaxColumns
+	}
+	if l.MaxLikePattern <= 0 {
+		l.MaxLikePattern = d.MaxLikePattern
+	}
+	if l.MaxFunctionArgs <= 0 {
+		l.MaxFunctionArgs = d.MaxFunctionArgs
+	}
+	if l.QueryTimeout <= 0 {
+		l.QueryTimeout = d.QueryTimeout
+	}
+	if l.MaxDatabaseBytes <= 0 {
+		l.MaxDatabaseBytes = d.MaxDatabaseBytes
+	}
+	if l.MaxQueue <= 0 {
+		l.MaxQueue = d.MaxQueue
+	}
+	return l
+}
+
+// Options configure Open.
+type Options struct {
+	Limits Limits
+	// ReadConns is the number of read-only connections that run read-only
+	// requests concurrently with the single writer (WAL). 0 means 4; a
+	// negative value means none (every request goes to the writer).
+	ReadConns int
+	// Region and Host fill meta.served_by_region and meta.served_by_colo.
+	Region, Host string
+}
+
+// Request is one D1 /query or /raw call: its statements run in order as one
+// transaction.
+type Request struct {
+	Statements []Statement
+	// Raw selects the /raw result shape (RawResults) instead of row objects.
+	Raw bool
+	// BlockGrowth is set while the account is over its storage limit: a
+	// request that grows the database file is rolled back with
+	// CodeStorageLimit; reads, DELETE and DROP still work.
+	BlockGrowth bool
+}
+
+// Statement is one SQL string with its JSON-encoded parameters. The SQL may
+// hold several ';'-separated statements; params then apply only when it holds
+// exactly one (see Execute).
+type Statement struct {
+	SQL    string
+	Params []json.RawMessage
+}
+
+// StatementResult is one entry of D1's result array.
+type StatementResult struct {
+	// Results is Rows (row objects, JSON keys in column order) or
+	// *RawResults for raw requests.
+	Results any  `json:"results"`
+	Success bool `json:"success"`
+	Meta    Meta `json:"meta"`
+}
+
+// Timings is meta.timings.
+type Timings struct {
+	SQLDurationMs float64 `json:"sql_duration_ms"`
+}
+
+// Meta is D1's per-statement meta object.
+type Meta struct {
+	ServedByRegion  string  `json:"served_by_region"`
+	ServedByPrimary bool    `json:"served_by_primary"`
+	ServedByColo    string  `json:"served_by_colo"`
+	Timings         Timings `json:"timings"`
+	Duration        float64 `json:"duration"`
+	Changes         int64   `json:"changes"`
+	LastRowID       int64   `json:"last_row_id"`
+	ChangedDB       bool    `json:"changed_db"`
+	SizeAfter       int64   `json:"size_after"`
+	RowsRead        int64   `json:"rows_read"`
+	RowsWritten     int64   `json:"rows_written"`
+}
+
+// Error is a request failure with its D1 code (internal/v4). Message is
+// user-facing: SQLite's text with the result code name, like D1
+// ("no such table: t: SQLITE_ERROR"), never a file path.
+type Error struct {
+	Code      int
+	Message   string
+	Statement int // index of the failing statement in execution order, -1 if n/a
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%d: %s", e.Code, e.Message) }
+
+// Is lets errors.Is match an *Error by code against the sentinels below.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Message == "" && t.Code == e.Code
+}
+
+// Sentinels for errors.Is(err, sqlexec.ErrOverloaded) etc.; they match any
+// *Error with the same code.
+var (
+	ErrOverloaded   = &Error{Code: v4.CodeOverloaded, Statement: -1}
+	ErrTimeout      = &Error{Code: v4.CodeTimeout, Statement: -1}
+	ErrStorageLimit = &Error{Code: v4.CodeStorageLimit, Statement: -1}
+	ErrTooLarge     = &Error{Code: v4.CodeTooLarge, Statement: -1}
+	ErrInvalid      = &Error{Code: v4.CodeInvalidRequest, Statement: -1}
+	ErrSQL          = &Error{Code: v4.CodeSQL, Statement: -1}
+)
+
+// ErrClosed is returned by Execute after Close.
+var ErrClosed = errors.New("sqlexec: database closed")
+
+// TransactionMessage is D1's text for refused BEGIN/COMMIT/SAVEPOINT… statements.
+const TransactionMessage = "To execute a transaction, please use the state.storage.transaction() or state.storage.transactionSync() APIs instead of the SQL BEGIN TRANSACTION or SAVEPOINT statements. The JavaScript API is safer because it will automatically roll back on exceptions, and because it interacts correctly with Durable Objects' automatic atomic write coalescing."

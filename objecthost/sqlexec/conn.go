@@ -1,0 +1,926 @@
+package sqlexec
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	v4 "github.com/shoaldb/shoal/internal/v4"
+)
+
+// SQLite result codes we branch on.
+const (
+	rcOK        = 0
+	rcInterrupt = 9
+	rcFull      = 13
+	rcTooBig    = 18
+	rcAuth      = 23
+	rcRow       = 100
+	rcDone      = 101
+)
+
+const (
+	openReadWrite = 0x00000002
+	openCreate    = 0x00000004
+	openNoMutex   = 0x00008000
+	openNoFollow  = 0x01000000
+)
+
+const (
+	limitLength         = 0
+	limitSQLLength      = 1
+	limitColumn         = 2
+	limitFunctionArg    = 6
+	limitAttached       = 7
+	limitLikePattern    = 8
+	limitVariableNumber = 9
+)
+
+const (
+	stmtCacheSize   = 256    // prepared statements kept per connection
+	maxCachedSQLLen = 16_384 // longer SQL is prepared, run and finalized
+)
+
+// errNeedWriter tells the DB that a request routed to a reader holds a
+// statement that writes: it is re-queued on the writer. Nothing has run.
+var errNeedWriter = errors.New("sqlexec: request needs the writer")
+
+// cstmt is a prepared statement cached on one connection, keyed by the SQL
+// text it was prepared from (the remainder of the statement string).
+type cstmt struct {
+	s        *C.sqlite3_stmt
+	consumed int // bytes of the key this statement covers
+	readonly bool
+	ddl      bool
+	deferFK  bool // PRAGMA defer_foreign_keys: must not outlive its request
+	// simpleCount: a top-level SELECT count(*) FROM t answered by OP_Count
+	// (see shoal_simple_count); its result is its rows read.
+	simpleCount bool
+	nparams  int
+	cols     []string
+	colsGen  uint64 // schema generation cols were read at
+}
+
+// conn is one SQLite connection. It is used by one goroutine at a time (the
+// writer goroutine, or the caller holding a reader from the pool); only the
+// cancellation fields are touched from other goroutines, under cancelMu.
+type conn struct {
+	db     *C.sqlite3
+	sc     *C.shoal_ctx
+	writer bool
+	lim    Limits
+
+	stmts    map[string]*cstmt
+	internal map[string]*C.sqlite3_stmt
+	cells    *C.shoal_cell
+	ncells   int
+	pageSize int64
+
+	// schemaGen is shared by all connections of a DB: bumped after a request
+	// that ran DDL so cached column names and index info are refreshed.
+	schemaGen *atomic.Uint64
+	sizeHint  *atomic.Int64            // database size in bytes as the writer last measured it
+	indexInfo map[string]*tableIndexes // writer only: for rows_written
+	infoGen   uint64
+
+	cancelMu sync.Mutex
+	reqGen   uint64 // guarded by cancelMu; identifies the running request
+}
+
+func openConn(path string, writer bool, lim Limits, schemaGen *atomic.Uint64, sizeHint *atomic.Int64) (*conn, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var db *C.sqlite3
+	flags := C.int(openReadWrite | openCreate | openNoMutex | openNoFollow)
+	// unix-excl VFS: see shoal_open.
+	if rc := C.shoal_open(cpath, flags, &db); rc != rcOK {
+		msg := "unable to open database"
+		if db != nil {
+			msg = C.GoString(C.sqlite3_errmsg(db))
+			C.sqlite3_close_v2(db)
+		}
+		return nil, fmt.Errorf("sqlexec: open: %s (code %d)", msg, int(rc))
+	}
+	c := &conn{
+		db:        db,
+		sc:        C.shoal_new_ctx(),
+		writer:    writer,
+		lim:       lim,
+		stmts:     make(map[string]*cstmt),
+		internal:  make(map[string]*C.sqlite3_stmt),
+		schemaGen: schemaGen,
+		sizeHint:  sizeHint,
+	}
+	if err := c.setup(); err != nil {
+		c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *conn) setup() error {
+	writer := C.int(0)
+	if c.writer {
+		writer = 1
+	}
+	if rc := C.shoal_setup(c.db, c.sc, writer); rc != rcOK {
+		return fmt.Errorf("sqlexec: configure connection: code %d", int(rc))
+	}
+	C.sqlite3_busy_timeout(c.db, 5000)
+	C.sqlite3_limit(c.db, limitLength, C.int(c.lim.MaxValueBytes))
+	// The per-statement SQL limit is checked on each statement's own length
+	// (see runSQL): SQLite's SQL_LENGTH limit applies to the whole
+	// multi-statement string handed to prepare, which is not D1's rule.
+	C.sqlite3_limit(c.db, limitColumn, C.int(c.lim.MaxColumns))
+	C.sqlite3_limit(c.db, limitFunctionArg, C.int(c.lim.MaxFunctionArgs))
+	C.sqlite3_limit(c.db, limitAttached, 0)
+	C.sqlite3_limit(c.db, limitLikePattern, C.int(c.lim.MaxLikePattern))
+	C.sqlite3_limit(c.db, limitVariableNumber, C.int(c.lim.MaxParams))
+
+	// One cgo call, no cached statements (see shoal_configure). The pragmas
+	// it sets, and why:
+	//   journal_mode=WAL (writer; persistent in the file, readers share it).
+	//   synchronous=NORMAL (writer): in WAL mode a commit is durable against
+	//     a process crash (the WAL is written before COMMIT returns) and the
+	//     file can never be corrupted; only a power loss or kernel crash may
+	//     lose the last transactions since the previous WAL fsync
+	//     (checkpoint). FULL would fsync the WAL on every commit, capping
+	//     writes at the disk's fsync rate per database; D1's own durability
+	//     comes from replicating the WAL, not fsync.
+	//   max_page_count (writer) = MaxDatabaseBytes / page_size.
+	//   query_only=1 (readers): they can never write, even if a statement
+	//     was misclassified.
+	//   foreign keys on (all; D1 enforces them), through db_config.
+	var ps C.longlong
+	if rc := C.shoal_configure(c.db, writer, C.longlong(c.lim.MaxDatabaseBytes), &ps); rc != rcOK {
+		return fmt.Errorf("sqlexec: configure connection: %s (code %d)", C.GoString(C.sqlite3_errmsg(c.db)), int(rc))
+	}
+	c.pageSize = int64(ps)
+	return nil
+}
+
+func (c *conn) close() {
+	for _, s := range c.stmts {
+		C.sqlite3_finalize(s.s)
+	}
+	for _, s := range c.internal {
+		C.sqlite3_finalize(s)
+	}
+	c.stmts, c.internal = nil, nil
+	C.sqlite3_close_v2(c.db)
+	C.shoal_free_ctx(c.sc)
+	if c.cells != nil {
+		C.free(unsafe.Pointer(c.cells))
+		c.cells = nil
+	}
+}
+
+// internalStmt prepares (once) a statement of our own; the authorizer does
+// not apply to it (sc.user is 0 whenever internal statements run).
+func (c *conn) internalStmt(sql string) (*C.sqlite3_stmt, error) {
+	if s, ok := c.internal[sql]; ok {
+		return s, nil
+	}
+	csql := C.CString(sql)
+	defer C.free(unsafe.Pointer(csql))
+	var s *C.sqlite3_stmt
+	var consumed C.int
+	c.sc.user = 0
+	if rc := C.shoal_prepare(c.db, csql, C.int(len(sql)), &s, &consumed, 1); rc != rcOK {
+		return nil, fmt.Errorf("sqlexec: prepare %q: %s", sql, C.GoString(C.sqlite3_errmsg(c.db)))
+	}
+	c.internal[sql] = s
+	return s, nil
+}
+
+func (c *conn) execInternal(sql string) error {
+	s, err := c.internalStmt(sql)
+	if err != nil {
+		return err
+	}
+	c.sc.user = 0
+	rc := C.sqlite3_step(s)
+	for rc == rcRow {
+		rc = C.sqlite3_step(s)
+	}
+	C.sqlite3_reset(s)
+	if rc != rcDone {
+		return c.errorFor(rc, -1)
+	}
+	return nil
+}
+
+func (c *conn) queryInt(sql string) (int64, error) {
+	s, err := c.internalStmt(sql)
+	if err != nil {
+		return 0, err
+	}
+	c.sc.user = 0
+	rc := C.sqlite3_step(s)
+	var v int64
+	if rc == rcRow {
+		v = int64(C.sqlite3_column_int64(s, 0))
+		rc = C.sqlite3_step(s)
+		for rc == rcRow {
+			rc = C.sqlite3_step(s)
+		}
+	}
+	C.sqlite3_reset(s)
+	if rc != rcDone {
+		return 0, c.errorFor(rc, -1)
+	}
+	return v, nil
+}
+
+// reqCtx bounds one request: the caller's context and the deadline from
+// Limits.QueryTimeout. It replaces context.WithTimeout, whose allocations
+// and cancel-tree locking showed in the point-read profile.
+type reqCtx struct {
+	ctx      context.Context
+	deadline time.Time
+}
+
+func newReqCtx(ctx context.Context, timeout time.Duration) reqCtx {
+	return reqCtx{ctx: ctx, deadline: time.Now().Add(timeout)}
+}
+
+// err returns the request's timeout or cancellation error, nil while alive.
+func (r reqCtx) err() *Error {
+	if !time.Now().Before(r.deadline) {
+		return timeoutError()
+	}
+	if r.ctx.Err() != nil {
+		return ctxError(r.ctx)
+	}
+	return nil
+}
+
+// cancelError explains an interrupted request: its deadline, its caller's
+// cancellation, or else Close.
+func (r reqCtx) cancelError() *Error {
+	if e := r.err(); e != nil {
+		return e
+	}
+	return &Error{Code: v4.CodeTimeout, Message: "request interrupted: the database is closing: SQLITE_INTERRUPT", Statement: -1}
+}
+
+// armCancel makes the request's deadline or its context's end interrupt
+// this connection's current request, and returns the function that disarms
+// it. The request generation guards against a late callback interrupting
+// the next request.
+func (c *conn) armCancel(rq reqCtx) (disarm func()) {
+	c.cancelMu.Lock()
+	c.reqGen++
+	gen := c.reqGen
+	c.sc.cancel = 0
+	c.cancelMu.Unlock()
+	fire := func() {
+		c.cancelMu.Lock()
+		if c.reqGen == gen {
+			// The flag is read by the progress handler (it survives the
+			// reset of sqlite3_interrupt's flag between statements);
+			// sqlite3_interrupt also stops work inside long opcodes.
+			c.sc.cancel = 1
+			C.sqlite3_interrupt(c.db)
+		}
+		c.cancelMu.Unlock()
+	}
+	timer := time.AfterFunc(time.Until(rq.deadline), fire)
+	var stop func() bool
+	if rq.ctx.Done() != nil {
+		stop = context.AfterFunc(rq.ctx, fire)
+	}
+	return func() {
+		timer.Stop()
+		if stop != nil {
+			stop()
+		}
+		c.cancelMu.Lock()
+		c.reqGen++
+		c.sc.cancel = 0
+		c.cancelMu.Unlock()
+	}
+}
+
+// interrupt stops whatever the connection is running now (used by Close).
+func (c *conn) interrupt() {
+	c.cancelMu.Lock()
+	defer c.cancelMu.Unlock()
+	if c.reqGen%2 == 1 { // a request is armed
+		c.sc.cancel = 1
+		C.sqlite3_interrupt(c.db)
+	}
+}
+
+func (c *conn) canceled() bool {
+	c.cancelMu.Lock()
+	defer c.cancelMu.Unlock()
+	return c.sc.cancel != 0
+}
+
+// errorFor turns the connection's last error into an *Error with D1's
+// message shape: SQLite's text, then the result code name.
+func (c *conn) errorFor(rc C.int, stmtIdx int) *Error {
+	prim := int(rc) & 0xff
+	msg := C.GoString(C.sqlite3_errmsg(c.db))
+	e := &Error{Code: v4.CodeSQL, Statement: stmtIdx}
+	switch prim {
+	case rcAuth:
+		if c.sc.txn_denied != 0 {
+			e.Code = v4.CodeTransactionDenied
+			e.Message = TransactionMessage
+			return e
+		}
+		reason := C.GoString(&c.sc.reason[0])
+		if reason != "" {
+			msg = msg + ": " + reason
+		}
+	case rcTooBig:
+		e.Code = v4.CodeTooLarge
+	case rcFull:
+		e.Code = v4.CodeStorageLimit
+		msg = "database size limit reached: " + msg
+	case rcInterrupt:
+		e.Code = v4.CodeTimeout
+		msg = "query exceeded its time limit and was interrupted: " + msg
+	}
+	e.Message = msg + ": " + rcName(prim)
+	return e
+}
+
+func rcName(rc int) string {
+	names := [...]string{
+		0: "SQLITE_OK", 1: "SQLITE_ERROR", 2: "SQLITE_INTERNAL", 3: "SQLITE_PERM", 4: "SQLITE_ABORT",
+		5: "SQLITE_BUSY", 6: "SQLITE_LOCKED", 7: "SQLITE_NOMEM", 8: "SQLITE_READONLY", 9: "SQLITE_INTERRUPT",
+		10: "SQLITE_IOERR", 11: "SQLITE_CORRUPT", 12: "SQLITE_NOTFOUND", 13: "SQLITE_FULL", 14: "SQLITE_CANTOPEN",
+		15: "SQLITE_PROTOCOL", 16: "SQLITE_EMPTY", 17: "SQLITE_SCHEMA", 18: "SQLITE_TOOBIG", 19: "SQLITE_CONSTRAINT",
+		20: "SQLITE_MISMATCH", 21: "SQLITE_MISUSE", 22: "SQLITE_NOLFS", 23: "SQLITE_AUTH", 24: "SQLITE_FORMAT",
+		25: "SQLITE_RANGE", 26: "SQLITE_NOTADB", 27: "SQLITE_NOTICE", 28: "SQLITE_WARNING",
+	}
+	if rc >= 0 && rc < len(names) && names[rc] != "" {
+		return names[rc]
+	}
+	return fmt.Sprintf("SQLITE_%d", rc)
+}
+
+func sqlErr(code int, stmtIdx int, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...), Statement: stmtIdx}
+}
+
+// prepare returns the cached statement for sql (the remainder of a
+// statement string) or prepares one with the authorizer armed. s == nil with
+// a nil error means sql holds no statement (whitespace, comments, ';').
+func (c *conn) prepare(sql string, stmtIdx int) (*cstmt, error) {
+	if cs, ok := c.stmts[sql]; ok {
+		return cs, nil
+	}
+	c.sc.user = 1
+	c.sc.txn_denied = 0
+	c.sc.defer_fk = 0
+	c.sc.ddl = 0
+	if startsWithKeyword(sql, "ANALYZE") {
+		// ANALYZE rewrites sqlite_stat1 through nested statements that the
+		// authorizer sees before the SQLITE_ANALYZE action itself.
+		c.sc.ddl = 1
+	}
+	c.sc.reason[0] = 0
+	var s *C.sqlite3_stmt
+	var consumed C.int
+	p := (*C.char)(unsafe.Pointer(unsafe.StringData(sql)))
+	cacheable := len(sql) <= maxCachedSQLLen
+	persist := C.int(0)
+	if cacheable {
+		persist = 1
+	}
+	rc := C.shoal_prepare(c.db, p, C.int(len(sql)), &s, &consumed, persist)
+	if rc != rcOK {
+		return nil, c.errorFor(rc, stmtIdx)
+	}
+	if s == nil {
+		return &cstmt{consumed: int(consumed)}, nil
+	}
+	if n := len(strings.TrimSpace(sql[:consumed])); n > c.lim.MaxSQLBytes {
+		C.sqlite3_finalize(s)
+		return nil, sqlErr(v4.CodeTooLarge, stmtIdx, "statement too long: %d bytes, the limit is %d: SQLITE_TOOBIG", n, c.lim.MaxSQLBytes)
+	}
+	cs := &cstmt{
+		s:        s,
+		consumed: int(consumed),
+		readonly: C.sqlite3_stmt_readonly(s) != 0,
+		ddl:      c.sc.ddl != 0,
+		deferFK:  c.sc.defer_fk != 0,
+		nparams:  int(C.sqlite3_bind_parameter_count(s)),
+	}
+	if cs.readonly && containsFold(sql[:consumed], "count") {
+		c.sc.user = 0 // EXPLAIN only lists the program the authorizer already saw
+		cs.simpleCount = C.shoal_simple_count(c.db, p, consumed) != 0
+		c.sc.user = 1
+	}
+	if cacheable {
+		if len(c.stmts) >= stmtCacheSize {
+			// Evict everything: simple, and a working set larger than the
+			// cache is not the case we optimise for.
+			for _, old := range c.stmts {
+				C.sqlite3_finalize(old.s)
+			}
+			clear(c.stmts)
+		}
+		c.stmts[strings.Clone(sql)] = cs
+	}
+	return cs, nil
+}
+
+// release finalizes a statement that was not cached.
+func (c *conn) release(sql string, cs *cstmt) {
+	if cs.s == nil {
+		return
+	}
+	if cached, ok := c.stmts[sql]; ok && cached == cs {
+		C.sqlite3_reset(cs.s)
+		return
+	}
+	C.sqlite3_finalize(cs.s)
+}
+
+func (c *conn) columns(cs *cstmt) []string {
+	gen := c.schemaGen.Load()
+	n := int(C.sqlite3_column_count(cs.s))
+	if cs.cols != nil && cs.colsGen == gen && len(cs.cols) == n {
+		return cs.cols
+	}
+	cols := make([]string, n)
+	for i := range cols {
+		cols[i] = C.GoString(C.sqlite3_column_name(cs.s, C.int(i)))
+	}
+	cs.cols, cs.colsGen = cols, gen
+	return cols
+}
+
+func (c *conn) ensureCells(n int) {
+	if n <= c.ncells {
+		return
+	}
+	if c.cells != nil {
+		C.free(unsafe.Pointer(c.cells))
+	}
+	c.cells = (*C.shoal_cell)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof(C.shoal_cell{}))))
+	c.ncells = n
+}
+
+func (c *conn) bind(cs *cstmt, params []param, stmtIdx int) error {
+	if len(params) > cs.nparams {
+		return sqlErr(v4.CodeSQL, stmtIdx, "Wrong number of parameter bindings for SQL query: the statement takes %d, %d given: SQLITE_RANGE", cs.nparams, len(params))
+	}
+	if cs.nparams == 0 {
+		return nil
+	}
+	C.sqlite3_clear_bindings(cs.s)
+	for i, p := range params {
+		idx := C.int(i + 1)
+		var rc C.int
+		switch p.kind {
+		case paramNull:
+			rc = C.sqlite3_bind_null(cs.s, idx)
+		case paramInt:
+			rc = C.sqlite3_bind_int64(cs.s, idx, C.sqlite3_int64(p.i))
+		case paramFloat:
+			rc = C.sqlite3_bind_double(cs.s, idx, C.double(p.f))
+		case paramText:
+			rc = C.shoal_bind_text(cs.s, idx, (*C.char)(unsafe.Pointer(unsafe.StringData(p.s))), C.int(len(p.s)))
+		case paramBlob:
+			var ptr unsafe.Pointer
+			if len(p.b) > 0 {
+				ptr = unsafe.Pointer(&p.b[0])
+			}
+			rc = C.shoal_bind_blob(cs.s, idx, ptr, C.int(len(p.b)))
+		}
+		if rc != rcOK {
+			return c.errorFor(rc, stmtIdx)
+		}
+	}
+	return nil
+}
+
+// stepAll runs a bound statement to completion, collecting its rows.
+// Column names are read after the first step: a cached statement is
+// re-prepared inside sqlite3_step when the schema changed, and its column
+// list (SELECT *) may differ from the previous run's.
+func (c *conn) stepAll(cs *cstmt, raw bool, stmtIdx int) (any, error) {
+	rc := C.sqlite3_step(cs.s)
+	cols := c.columns(cs)
+	ncol := len(cols)
+	c.ensureCells(max(ncol, 1))
+	cells := unsafe.Slice(c.cells, max(ncol, 1))
+	var rows Rows
+	var rawRows [][]any
+	for rc == rcRow {
+		C.shoal_fill(cs.s, C.int(ncol), c.cells)
+		vals := make([]any, ncol)
+		for i := 0; i < ncol; i++ {
+			cell := &cells[i]
+			switch cell._type {
+			case 1:
+				vals[i] = int64(cell.i)
+			case 2:
+				vals[i] = float64(cell.f)
+			case 3:
+				vals[i] = C.GoStringN((*C.char)(cell.p), cell.n)
+			case 4:
+				vals[i] = Blob(C.GoBytes(cell.p, cell.n))
+			}
+		}
+		if raw {
+			rawRows = append(rawRows, vals)
+		} else {
+			rows = append(rows, Row{cols: cols, vals: vals})
+		}
+		rc = C.sqlite3_step(cs.s)
+	}
+	if rc != rcDone {
+		return nil, c.errorFor(C.sqlite3_errcode(c.db), stmtIdx)
+	}
+	if raw {
+		if rawRows == nil {
+			rawRows = [][]any{}
+		}
+		return &RawResults{Columns: cols, Rows: rawRows}, nil
+	}
+	if rows == nil {
+		rows = Rows{}
+	}
+	return rows, nil
+}
+
+// isBlank reports whether s holds no SQL: only whitespace, comments and
+// semicolons. It decides whether a statement string holds more than one
+// statement without preparing the rest (which may depend on the first).
+func isBlank(s string) bool {
+	for i := 0; i < len(s); {
+		switch ch := s[i]; {
+		case ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v' || ch == ';':
+			i++
+		case ch == '-' && i+1 < len(s) && s[i+1] == '-':
+			j := strings.IndexByte(s[i:], '\n')
+			if j < 0 {
+				return true
+			}
+			i += j + 1
+		case ch == '/' && i+1 < len(s) && s[i+1] == '*':
+			j := strings.Index(s[i+2:], "*/")
+			if j < 0 {
+				return true // an unterminated comment runs to the end
+			}
+			i += j + 4
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// startsWithKeyword reports whether the first token of sql (after
+// whitespace and comments) is kw, case-insensitively.
+func startsWithKeyword(sql, kw string) bool {
+	for i := 0; i < len(sql); {
+		switch ch := sql[i]; {
+		case ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v' || ch == ';':
+			i++
+		case ch == '-' && i+1 < len(sql) && sql[i+1] == '-':
+			j := strings.IndexByte(sql[i:], '\n')
+			if j < 0 {
+				return false
+			}
+			i += j + 1
+		case ch == '/' && i+1 < len(sql) && sql[i+1] == '*':
+			j := strings.Index(sql[i+2:], "*/")
+			if j < 0 {
+				return false
+			}
+			i += j + 4
+		default:
+			rest := sql[i:]
+			if len(rest) < len(kw) || !strings.EqualFold(rest[:len(kw)], kw) {
+				return false
+			}
+			if len(rest) == len(kw) {
+				return true
+			}
+			c := rest[len(kw)]
+			return !(c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80)
+		}
+	}
+	return false
+}
+
+// reqState is what one request needs while it runs on a connection.
+type reqState struct {
+	base      Meta
+	classify  func(sql string, readonly bool)
+	sizeKnown bool
+	size      int64
+	ddl       bool
+	deferFK   bool
+	stmtIdx   int
+}
+
+// decodeParams decodes every parameter before the database is touched.
+func (c *conn) decodeParams(req *Request) ([][]param, error) {
+	params := make([][]param, len(req.Statements))
+	for i, s := range req.Statements {
+		if len(s.Params) > c.lim.MaxParams {
+			return nil, sqlErr(v4.CodeTooLarge, i, "too many SQL variables: %d bound parameters, the limit is %d: SQLITE_ERROR", len(s.Params), c.lim.MaxParams)
+		}
+		if len(s.Params) == 0 {
+			continue
+		}
+		params[i] = make([]param, len(s.Params))
+		for j, raw := range s.Params {
+			p, err := decodeParam(raw)
+			if err != nil {
+				return nil, &Error{Code: v4.CodeInvalidRequest, Message: fmt.Sprintf("statement %d param %d: %s", i, j, err.Error()), Statement: i}
+			}
+			params[i][j] = p
+		}
+	}
+	return params, nil
+}
+
+// run executes a request as its own transaction (reader connections). On
+// any error the transaction is rolled back and no result is returned.
+func (c *conn) run(rq reqCtx, req *Request, st *reqState) ([]StatementResult, error) {
+	params, err := c.decodeParams(req)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.Statements) == 1 && c.singleCached(req.Statements[0].SQL) {
+		// One statement: SQLite's implicit transaction is the snapshot, and
+		// BEGIN/COMMIT would be two more statements per point read.
+		return c.body(rq, req, params, st)
+	}
+	if err := c.execInternal("BEGIN"); err != nil {
+		return nil, err
+	}
+	results, err := c.body(rq, req, params, st)
+	if err != nil {
+		_ = c.execInternal("ROLLBACK")
+		return nil, err
+	}
+	if err := c.execInternal("COMMIT"); err != nil {
+		_ = c.execInternal("ROLLBACK")
+		return nil, err
+	}
+	return results, nil
+}
+
+// singleCached reports whether sql is known (cached) to hold exactly one
+// statement.
+func (c *conn) singleCached(sql string) bool {
+	cs, ok := c.stmts[sql]
+	return ok && cs.s != nil && isBlank(sql[cs.consumed:])
+}
+
+// body runs a request's statements inside an open transaction (or, on the
+// writer, a savepoint). On error the caller rolls back.
+func (c *conn) body(rq reqCtx, req *Request, params [][]param, st *reqState) (results []StatementResult, err error) {
+	disarm := c.armCancel(rq)
+	defer disarm()
+	defer C.shoal_clear_recs(c.sc)
+	if e := rq.err(); e != nil {
+		return nil, e
+	}
+	var pagesBefore int64
+	if req.BlockGrowth && c.writer {
+		if pagesBefore, err = c.queryInt("PRAGMA page_count"); err != nil {
+			return nil, err
+		}
+	}
+	results = make([]StatementResult, 0, len(req.Statements))
+	for i := range req.Statements {
+		results, err = c.runSQL(rq, req, i, params[i], st, results)
+		if err != nil {
+			return nil, err
+		}
+	}
+	if req.BlockGrowth && c.writer {
+		after, err := c.queryInt("PRAGMA page_count")
+		if err != nil {
+			return nil, err
+		}
+		if after > pagesBefore {
+			return nil, sqlErr(v4.CodeStorageLimit, -1, "storage limit exceeded: the account is over its storage limit, so writes that grow the database are blocked (DELETE and DROP still work): SQLITE_FULL")
+		}
+	}
+	if c.writer && C.shoal_deferred_fks(c.db) != 0 {
+		// Deferred foreign keys are checked at COMMIT, which the writer
+		// shares among a group of requests: check this request's here so
+		// its violation fails it alone. Earlier requests of the group
+		// ended with none, so any outstanding now are this request's.
+		return nil, sqlErr(v4.CodeSQL, -1, "FOREIGN KEY constraint failed: SQLITE_CONSTRAINT")
+	}
+	if c.canceled() {
+		return nil, rq.cancelError()
+	}
+	return results, nil
+}
+
+// runSQL runs the statements of one statement string, splitting it with
+// prepare's tail so each gets its own result.
+func (c *conn) runSQL(rq reqCtx, req *Request, i int, params []param, st *reqState, results []StatementResult) ([]StatementResult, error) {
+	sql := req.Statements[i].SQL
+	if isBlank(sql) {
+		return results, sqlErr(v4.CodeSQL, st.stmtIdx, "No SQL statements detected.: SQLITE_ERROR")
+	}
+	allReadonly := true
+	first := true
+	rest := sql
+	for !isBlank(rest) {
+		if c.canceled() {
+			return results, rq.cancelError()
+		}
+		cs, err := c.prepare(rest, st.stmtIdx)
+		if err != nil {
+			return results, err
+		}
+		if cs.s == nil { // trailing text SQLite treats as blank (comments)
+			if cs.consumed <= 0 {
+				break
+			}
+			rest = rest[cs.consumed:]
+			continue
+		}
+		key := rest
+		rest = rest[cs.consumed:]
+		if first && len(params) > 0 && !isBlank(rest) {
+			c.release(key, cs)
+			return results, sqlErr(v4.CodeInvalidRequest, st.stmtIdx, "params can only be bound to a single SQL statement; this SQL holds several (use batch instead)")
+		}
+		first = false
+		if !cs.readonly {
+			allReadonly = false
+			if !c.writer {
+				c.release(key, cs)
+				if st.classify != nil {
+					st.classify(sql, false)
+				}
+				return results, errNeedWriter
+			}
+		}
+		if cs.deferFK {
+			st.deferFK = true
+		}
+		res, err := c.exec(rq, cs, params, req.Raw, st)
+		c.release(key, cs)
+		if err != nil {
+			return results, err
+		}
+		results = append(results, res)
+		st.stmtIdx++
+	}
+	if st.classify != nil {
+		st.classify(sql, allReadonly)
+	}
+	return results, nil
+}
+
+// exec binds and runs one prepared statement and builds its meta.
+func (c *conn) exec(rq reqCtx, cs *cstmt, params []param, raw bool, st *reqState) (StatementResult, error) {
+	idx := st.stmtIdx
+	if err := c.bind(cs, params, idx); err != nil {
+		return StatementResult{}, err
+	}
+	var reservedBefore int64
+	if cs.ddl {
+		st.ddl = true
+		n, err := c.reservedObjects()
+		if err != nil {
+			return StatementResult{}, err
+		}
+		reservedBefore = n
+	}
+	totalBefore := int64(C.sqlite3_total_changes64(c.db))
+	if c.writer {
+		C.shoal_clear_recs(c.sc)
+	}
+	start := time.Now()
+	c.sc.user = 1
+	c.sc.ddl = 0 // the authorizer sets it again if the statement is re-prepared
+	if cs.ddl {
+		c.sc.ddl = 1
+	}
+	out, err := c.stepAll(cs, raw, idx)
+	c.sc.user = 0
+	elapsed := time.Since(start)
+	var stats C.shoal_stats
+	C.shoal_stmt_done(c.db, cs.s, &stats) // also resets the scan counters
+	if err != nil {
+		C.sqlite3_reset(cs.s)
+		if c.canceled() {
+			return StatementResult{}, rq.cancelError()
+		}
+		return StatementResult{}, err
+	}
+	if cs.ddl {
+		n, err := c.reservedObjects()
+		if err != nil {
+			return StatementResult{}, err
+		}
+		if n > reservedBefore {
+			return StatementResult{}, sqlErr(v4.CodeSQL, idx, "not authorized: names starting with _cf_ or _shoal_ are reserved: SQLITE_AUTH")
+		}
+	}
+	m := st.base
+	ms := float64(elapsed.Nanoseconds()) / 1e6
+	m.Duration = ms
+	m.Timings.SQLDurationMs = ms
+	m.RowsRead = int64(stats.rows_read)
+	if cs.simpleCount {
+		m.RowsRead += countResult(out)
+	}
+	m.LastRowID = int64(stats.last_rowid)
+	if int64(stats.total_changes) > totalBefore {
+		m.Changes = int64(stats.changes)
+	}
+	if c.writer && !cs.readonly {
+		w, err := c.rowsWritten()
+		if err != nil {
+			return StatementResult{}, err
+		}
+		m.RowsWritten = w
+		m.ChangedDB = w > 0 || m.Changes > 0 || cs.ddl
+		st.sizeKnown = false
+	}
+	if !st.sizeKnown {
+		if !c.writer && c.sizeHint.Load() > 0 {
+			// Readers take the size the writer last saw instead of asking
+			// SQLite: a read does not change it, and it saves a statement.
+			st.size = c.sizeHint.Load()
+		} else {
+			pages, err := c.queryInt("PRAGMA page_count")
+			if err != nil {
+				return StatementResult{}, err
+			}
+			st.size = pages * c.pageSize
+			c.sizeHint.Store(st.size)
+		}
+		st.sizeKnown = true
+	}
+	m.SizeAfter = st.size
+	return StatementResult{Results: out, Success: true, Meta: m}, nil
+}
+
+// countResult is the single integer a simple count returned (0 if the
+// result is not that shape).
+func countResult(out any) int64 {
+	var v any
+	switch r := out.(type) {
+	case Rows:
+		if len(r) == 1 && len(r[0].vals) == 1 {
+			v = r[0].vals[0]
+		}
+	case *RawResults:
+		if len(r.Rows) == 1 && len(r.Rows[0]) == 1 {
+			v = r.Rows[0][0]
+		}
+	}
+	n, _ := v.(int64)
+	return max(n, 0)
+}
+
+// containsFold reports whether s contains the ASCII lower-case word w in
+// any letter case.
+func containsFold(s, w string) bool {
+	for i := 0; i+len(w) <= len(s); i++ {
+		if strings.EqualFold(s[i:i+len(w)], w) {
+			return true
+		}
+	}
+	return false
+}
+
+// reservedObjects counts schema objects with reserved names, so DDL that
+// creates one indirectly (ALTER TABLE … RENAME TO _cf_x, or a virtual
+// table's shadow tables) is caught and rolled back.
+func (c *conn) reservedObjects() (int64, error) {
+	return c.queryInt(`SELECT count(*) FROM sqlite_schema WHERE name LIKE '\_cf\_%' ESCAPE '\' OR name LIKE '\_shoal\_%' ESCAPE '\'`)
+}
+
+func timeoutError() *Error {
+	return &Error{Code: v4.CodeTimeout, Message: "query exceeded its time limit and was interrupted: SQLITE_INTERRUPT", Statement: -1}
+}
+
+func ctxError(ctx context.Context) *Error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return timeoutError()
+	}
+	return &Error{Code: v4.CodeTimeout, Message: "request canceled: SQLITE_INTERRUPT", Statement: -1}
+}

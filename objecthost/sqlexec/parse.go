@@ -1,0 +1,355 @@
+package sqlexec
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"unicode/utf8"
+
+	v4 "github.com/shoaldb/shoal/internal/v4"
+)
+
+type bodyStatement struct {
+	SQL    *string           `json:"sql"`
+	Params []json.RawMessage `json:"params"`
+}
+
+type body struct {
+	SQL    *string           `json:"sql"`
+	Params []json.RawMessage `json:"params"`
+	Batch  []bodyStatement   `json:"batch"`
+}
+
+// ParseBody decodes a D1 /query or /raw body: {"sql": "...", "params": [...]}
+// or {"batch": [{"sql": "...", "params": [...]}, ...]}. It is strict: unknown
+// fields, wrong types, both or neither of sql and batch, an empty batch, and
+// parameters that are not null, booleans, numbers, strings or arrays of byte
+// values fail with *Error CodeInvalidRequest. Raw and BlockGrowth are left
+// for the caller to set.
+func ParseBody(data []byte) (Request, error) {
+	if req, ok := parseSimple(data); ok {
+		return req, nil
+	}
+	return parseBodyDecoder(data)
+}
+
+// parseBodyDecoder is ParseBody through encoding/json: every body the fast
+// path does not take, and every error message.
+func parseBodyDecoder(data []byte) (Request, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var b body
+	if err := dec.Decode(&b); err != nil {
+		return Request{}, invalidf("invalid request body: %s", jsonErrText(err))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return Request{}, invalidf("invalid request body: trailing data after JSON object")
+	}
+	var req Request
+	switch {
+	case b.SQL != nil && b.Batch != nil:
+		return Request{}, invalidf("invalid request body: give either sql or batch, not both")
+	case b.SQL != nil:
+		req.Statements = []Statement{{SQL: *b.SQL, Params: b.Params}}
+	case b.Batch != nil:
+		if b.Params != nil {
+			return Request{}, invalidf("invalid request body: params belong inside each batch entry")
+		}
+		if len(b.Batch) == 0 {
+			return Request{}, invalidf("invalid request body: batch is empty")
+		}
+		req.Statements = make([]Statement, len(b.Batch))
+		for i, s := range b.Batch {
+			if s.SQL == nil {
+				return Request{}, invalidf("invalid request body: batch[%d].sql is required", i)
+			}
+			req.Statements[i] = Statement{SQL: *s.SQL, Params: s.Params}
+		}
+	default:
+		return Request{}, invalidf("invalid request body: sql is required")
+	}
+	for i, s := range req.Statements {
+		for j, p := range s.Params {
+			if _, err := decodeParam(p); err != nil {
+				return Request{}, invalidf("invalid request body: statement %d param %d: %s", i, j, err.Error())
+			}
+		}
+	}
+	return req, nil
+}
+
+func invalidf(format string, args ...any) *Error {
+	return &Error{Code: v4.CodeInvalidRequest, Message: fmt.Sprintf(format, args...), Statement: -1}
+}
+
+// jsonErrText keeps decoder errors short and free of Go type names.
+func jsonErrText(err error) string {
+	switch e := err.(type) {
+	case *json.UnmarshalTypeError:
+		if e.Field != "" {
+			return "wrong type for field " + strconv.Quote(e.Field)
+		}
+		return "wrong type: expected an object"
+	case *json.SyntaxError:
+		return "malformed JSON at offset " + strconv.FormatInt(e.Offset, 10)
+	}
+	if err == io.EOF {
+		return "empty body"
+	}
+	return err.Error()
+}
+
+// paramKind enumerates the SQLite storage classes a JSON parameter binds as.
+type paramKind uint8
+
+const (
+	paramNull paramKind = iota
+	paramInt
+	paramFloat
+	paramText
+	paramBlob
+)
+
+type param struct {
+	kind paramKind
+	i    int64
+	f    float64
+	s    string
+	b    []byte
+}
+
+// decodeParam maps one JSON value to a SQLite value without going through
+// float64 for integers: true/false → 1/0, integers exact within int64 (beyond
+// it, the nearest double, as JavaScript would have it), other numbers as
+// doubles, strings as TEXT, arrays of 0–255 as BLOB.
+func decodeParam(raw json.RawMessage) (param, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return param{}, fmt.Errorf("empty value")
+	}
+	switch c := raw[0]; {
+	case c == 'n':
+		if string(raw) == "null" {
+			return param{kind: paramNull}, nil
+		}
+	case c == 't':
+		if string(raw) == "true" {
+			return param{kind: paramInt, i: 1}, nil
+		}
+	case c == 'f':
+		if string(raw) == "false" {
+			return param{kind: paramInt, i: 0}, nil
+		}
+	case c == '"':
+		if s, ok := unquoteSimple(raw); ok {
+			return param{kind: paramText, s: s}, nil
+		}
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return param{}, fmt.Errorf("malformed string")
+		}
+		return param{kind: paramText, s: s}, nil
+	case c == '-' || (c >= '0' && c <= '9'):
+		if !json.Valid(raw) {
+			return param{}, fmt.Errorf("malformed number")
+		}
+		s := string(raw)
+		if bytes.IndexAny(raw, ".eE") < 0 {
+			if i, err := strconv.ParseInt(s, 10, 64); err == nil {
+				return param{kind: paramInt, i: i}, nil
+			}
+		}
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return param{}, fmt.Errorf("number out of range")
+		}
+		return param{kind: paramFloat, f: f}, nil
+	case c == '[':
+		var nums []json.Number
+		d := json.NewDecoder(bytes.NewReader(raw))
+		d.UseNumber()
+		if err := d.Decode(&nums); err != nil {
+			return param{}, fmt.Errorf("arrays must hold byte values 0-255")
+		}
+		b := make([]byte, len(nums))
+		for i, n := range nums {
+			v, err := strconv.ParseUint(string(n), 10, 8)
+			if err != nil {
+				return param{}, fmt.Errorf("arrays must hold byte values 0-255")
+			}
+			b[i] = byte(v)
+		}
+		return param{kind: paramBlob, b: b}, nil
+	}
+	return param{}, fmt.Errorf("unsupported parameter value: must be null, boolean, number, string or array of bytes")
+}
+
+// unquoteSimple handles the common string without escapes cheaply.
+func unquoteSimple(raw []byte) (string, bool) {
+	if len(raw) < 2 || raw[len(raw)-1] != '"' {
+		return "", false
+	}
+	inner := raw[1 : len(raw)-1]
+	for _, c := range inner {
+		if c == '\\' || c == '"' || c < 0x20 {
+			return "", false
+		}
+	}
+	return string(inner), true
+}
+
+// parseSimple decodes the common body, {"sql": "...", "params": [scalars]}
+// (keys in either order, params optional), without reflection. It accepts
+// a strict subset of what the decoder in ParseBody accepts and returns the
+// same Request for it: strings without escapes or control characters and
+// valid UTF-8, parameters that are strings of the same kind, numbers, true,
+// false or null, each of which decodeParam accepts, exactly-spelled keys,
+// no duplicates. Anything else reports ok == false and goes through the
+// decoder, which also produces the error messages. The result does not
+// alias data.
+func parseSimple(data []byte) (req Request, ok bool) {
+	p := simpleParser{b: data}
+	if !p.byte('{') {
+		return Request{}, false
+	}
+	var sql string
+	var params []json.RawMessage
+	seenSQL, seenParams := false, false
+	for {
+		key, ok := p.str()
+		if !ok || !p.byte(':') {
+			return Request{}, false
+		}
+		switch {
+		case string(key) == "sql" && !seenSQL:
+			v, ok := p.str()
+			if !ok {
+				return Request{}, false
+			}
+			sql, seenSQL = string(v), true
+		case string(key) == "params" && !seenParams:
+			if params, ok = p.params(); !ok {
+				return Request{}, false
+			}
+			seenParams = true
+		default:
+			return Request{}, false
+		}
+		if p.byte(',') {
+			continue
+		}
+		if !p.byte('}') {
+			return Request{}, false
+		}
+		break
+	}
+	p.ws()
+	if p.i != len(p.b) || !seenSQL {
+		return Request{}, false
+	}
+	return Request{Statements: []Statement{{SQL: sql, Params: params}}}, true
+}
+
+type simpleParser struct {
+	b []byte
+	i int
+}
+
+func (p *simpleParser) ws() {
+	for p.i < len(p.b) {
+		switch p.b[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
+
+// byte skips whitespace and consumes c if it is next.
+func (p *simpleParser) byte(c byte) bool {
+	p.ws()
+	if p.i < len(p.b) && p.b[p.i] == c {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// str consumes a string without escapes and returns its contents.
+func (p *simpleParser) str() ([]byte, bool) {
+	if !p.byte('"') {
+		return nil, false
+	}
+	start := p.i
+	for p.i < len(p.b) {
+		c := p.b[p.i]
+		switch {
+		case c == '"':
+			v := p.b[start:p.i]
+			p.i++
+			if !utf8.Valid(v) {
+				return nil, false
+			}
+			return v, true
+		case c == '\\' || c < 0x20:
+			return nil, false
+		}
+		p.i++
+	}
+	return nil, false
+}
+
+// params consumes an array of scalar parameters. The values are copied
+// into one new buffer.
+func (p *simpleParser) params() ([]json.RawMessage, bool) {
+	if !p.byte('[') {
+		return nil, false
+	}
+	if p.byte(']') {
+		return []json.RawMessage{}, true
+	}
+	var spans [][2]int
+	for {
+		p.ws()
+		start := p.i
+		if p.i < len(p.b) && p.b[p.i] == '"' {
+			if _, ok := p.str(); !ok {
+				return nil, false
+			}
+		} else {
+			for p.i < len(p.b) {
+				c := p.b[p.i]
+				if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c == '-' || c == '+' || c == '.' || c == 'E') {
+					break
+				}
+				p.i++
+			}
+			if p.i == start {
+				return nil, false
+			}
+		}
+		spans = append(spans, [2]int{start, p.i})
+		if p.byte(',') {
+			continue
+		}
+		if p.byte(']') {
+			break
+		}
+		return nil, false
+	}
+	buf := bytes.Clone(p.b[spans[0][0]:spans[len(spans)-1][1]])
+	base := spans[0][0]
+	out := make([]json.RawMessage, len(spans))
+	for k, sp := range spans {
+		out[k] = json.RawMessage(buf[sp[0]-base : sp[1]-base : sp[1]-base])
+		// Literals and numbers must be exactly what the decoder accepts;
+		// decodeParam checks both (json.Valid for numbers).
+		if _, err := decodeParam(out[k]); err != nil {
+			return nil, false
+		}
+	}
+	return out, true
+}

@@ -1,0 +1,526 @@
+package raftmeta
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// Client reaches the catalog through the nodes' internal HTTP API. Writes
+// go to the leader (learned from answers and cached; any node would forward
+// them), retried across nodes with backoff and one request ID. Reads go to
+// the nodes in the configured preference order, falling back to the others;
+// stale reads are cached for a short TTL. Safe for concurrent use.
+type Client struct {
+	addrs    []string
+	hc       *http.Client
+	attempts int
+	boBase   time.Duration
+	boMax    time.Duration
+	now      func() time.Time
+	newID    func() string
+	cache    *staleCache // nil: no cache
+
+	mu     sync.Mutex
+	leader string
+}
+
+type clientConfig struct {
+	hc         *http.Client
+	ttl        time.Duration
+	maxEntries int
+	attempts   int
+	boBase     time.Duration
+	boMax      time.Duration
+	now        func() time.Time
+	newID      func() string
+	timeout    time.Duration
+}
+
+// ClientOption configures a Client.
+type ClientOption func(*clientConfig)
+
+// WithCacheTTL sets the stale-read cache's TTL (default 2 s; 0 disables it).
+func WithCacheTTL(d time.Duration) ClientOption { return func(c *clientConfig) { c.ttl = d } }
+
+// WithCacheEntries bounds the stale-read cache (default 100,000 entries).
+func WithCacheEntries(n int) ClientOption { return func(c *clientConfig) { c.maxEntries = n } }
+
+// WithRetries sets the attempt budget per call and the backoff between
+// attempts (defaults: 10 attempts, 25 ms doubling to 800 ms, ~4 s in all —
+// enough to ride out a leader election).
+func WithRetries(attempts int, base, max time.Duration) ClientOption {
+	return func(c *clientConfig) { c.attempts, c.boBase, c.boMax = attempts, base, max }
+}
+
+// WithHTTPClient replaces the HTTP client.
+func WithHTTPClient(hc *http.Client) ClientOption { return func(c *clientConfig) { c.hc = hc } }
+
+// WithRequestTimeout bounds each HTTP request (default 15 s).
+func WithRequestTimeout(d time.Duration) ClientOption { return func(c *clientConfig) { c.timeout = d } }
+
+// WithClock injects the clock used for cache expiry and command timestamps.
+func WithClock(now func() time.Time) ClientOption { return func(c *clientConfig) { c.now = now } }
+
+// WithRequestIDs injects the request-ID generator (default random UUIDs).
+func WithRequestIDs(f func() string) ClientOption { return func(c *clientConfig) { c.newID = f } }
+
+// NewClient returns a client of the nodes at addrs (host:port of their HTTP
+// API), in preference order for reads: put the nearest first.
+func NewClient(addrs []string, opts ...ClientOption) (*Client, error) {
+	if len(addrs) == 0 {
+		return nil, errors.New("raftmeta client: no node addresses")
+	}
+	cfg := clientConfig{ttl: 2 * time.Second, maxEntries: 100_000, attempts: 10,
+		boBase: 25 * time.Millisecond, boMax: 800 * time.Millisecond, now: time.Now, newID: uuid.NewString, timeout: 15 * time.Second}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.hc == nil {
+		cfg.hc = &http.Client{Timeout: cfg.timeout, Transport: &http.Transport{
+			MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: cfg.timeout,
+		}}
+	}
+	if cfg.attempts < 1 {
+		cfg.attempts = 1
+	}
+	c := &Client{addrs: append([]string(nil), addrs...), hc: cfg.hc, attempts: cfg.attempts,
+		boBase: cfg.boBase, boMax: cfg.boMax, now: cfg.now, newID: cfg.newID}
+	if cfg.ttl > 0 {
+		c.cache = newStaleCache(cfg.ttl, cfg.maxEntries, cfg.now)
+	}
+	return c, nil
+}
+
+// Close releases idle connections.
+func (c *Client) Close() { c.hc.CloseIdleConnections() }
+
+// Leader returns the cached leader address ("" when unknown).
+func (c *Client) Leader() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leader
+}
+
+func (c *Client) setLeader(addr string) {
+	c.mu.Lock()
+	c.leader = addr
+	c.mu.Unlock()
+}
+
+func (c *Client) dropLeader(addr string) {
+	c.mu.Lock()
+	if c.leader == addr {
+		c.leader = ""
+	}
+	c.mu.Unlock()
+}
+
+func (c *Client) pause(ctx context.Context, attempt int) error {
+	d := c.boBase << attempt
+	if d > c.boMax || d <= 0 {
+		d = c.boMax
+	}
+	return sleepCtx(ctx, d)
+}
+
+// do performs one request against addr.
+func (c *Client) do(ctx context.Context, method, addr, path string, body []byte, out any) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w: %s: %v", ErrUnavailable, errTransport, addr, err)
+	}
+	defer resp.Body.Close()
+	return resp, decodeAnswer(resp, out)
+}
+
+// Apply proposes a command and returns its result. The request ID (filled
+// when empty) is kept across retries so the command applies at most once.
+func (c *Client) Apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
+	if cmd.RequestID == "" {
+		cmd.RequestID = c.newID()
+	}
+	if cmd.Time == 0 {
+		cmd.Time = c.now().UnixNano()
+	}
+	if cmd.Version == 0 {
+		cmd.Version = fsm.CommandVersion
+	}
+	body, err := json.Marshal(cmd)
+	if err != nil {
+		return fsm.Result{}, err
+	}
+	var lastErr error
+	next := 0 // rotation through addrs when the leader is unknown
+	for attempt := 0; attempt < c.attempts; attempt++ {
+		target := c.Leader()
+		if target == "" {
+			target = c.addrs[next%len(c.addrs)]
+			next++
+		}
+		var out ApplyResponse
+		resp, err := c.do(ctx, http.MethodPost, target, "/v1/apply", body, &out)
+		if resp != nil {
+			if l := resp.Header.Get(headerLeader); l != "" {
+				c.setLeader(l)
+			}
+		}
+		if err == nil {
+			return out.Result, nil
+		}
+		var nl *NotLeaderError
+		switch {
+		case errors.As(err, &nl):
+			if nl.Leader != "" && nl.Leader != target {
+				c.setLeader(nl.Leader)
+				lastErr = err
+				continue // follow the hint at once
+			}
+			c.dropLeader(target)
+		case errors.Is(err, ErrUnavailable):
+			c.dropLeader(target)
+		default:
+			return out.Result, err // a catalog refusal or a bad request
+		}
+		lastErr = err
+		if ctx.Err() != nil {
+			break
+		}
+		if err := c.pause(ctx, attempt); err != nil {
+			break
+		}
+	}
+	if ctx.Err() != nil {
+		return fsm.Result{}, fmt.Errorf("%w: %v (last error: %v)", ErrUnavailable, ctx.Err(), lastErr)
+	}
+	if errors.Is(lastErr, ErrUnavailable) {
+		return fsm.Result{}, lastErr
+	}
+	return fsm.Result{}, fmt.Errorf("%w: %v", ErrUnavailable, lastErr)
+}
+
+// applyTyped proposes a typed body and decodes Result.Value into out.
+func (c *Client) applyTyped(ctx context.Context, t fsm.CommandType, body any, out any) error {
+	cmd, err := fsm.NewCommand(t, c.newID(), c.now().UnixNano(), body)
+	if err != nil {
+		return err
+	}
+	res, err := c.Apply(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	if out != nil && len(res.Value) > 0 {
+		if err := json.Unmarshal(res.Value, out); err != nil {
+			return fmt.Errorf("decode %s result: %w", t, err)
+		}
+	}
+	return nil
+}
+
+// readAnswer is the envelope of read answers.
+type readAnswer struct {
+	Result json.RawMessage `json:"result"`
+	Meta   ReadMeta        `json:"meta"`
+}
+
+// read serves one read, through the cache for stale reads.
+func (c *Client) read(ctx context.Context, key, method, path string, q url.Values, body []byte, o ReadOptions, out any) error {
+	lvl := o.level()
+	if q == nil {
+		q = url.Values{}
+	}
+	q.Set("consistency", string(lvl))
+	if o.MaxStale > 0 {
+		q.Set("max_stale", o.MaxStale.String())
+	}
+	full := path + "?" + q.Encode()
+	if lvl != Stale || c.cache == nil || o.NoCache || key == "" {
+		a, err := c.readNodes(ctx, method, full, body, lvl)
+		if err != nil {
+			return err
+		}
+		return json.Unmarshal(a.Result, out)
+	}
+	if data, ok := c.cache.get(key, o.MaxStale); ok {
+		return json.Unmarshal(data, out)
+	}
+	// Concurrent misses of one key share one request. The shared call is
+	// detached from any one caller's cancellation but bounded.
+	ch := c.cache.group.DoChan(key, func() (any, error) {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		a, err := c.readNodes(sctx, method, full, body, lvl)
+		if err != nil {
+			return nil, err
+		}
+		c.cache.put(key, a.Result, time.Duration(a.Meta.StalenessMs)*time.Millisecond)
+		return []byte(a.Result), nil
+	})
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %v", ErrUnavailable, ctx.Err())
+	case r := <-ch:
+		if r.Err != nil {
+			return r.Err
+		}
+		return json.Unmarshal(r.Val.([]byte), out)
+	}
+}
+
+// readNodes tries nodes for a read: the leader first for linearizable and
+// leader reads (saves a hop), the preference order for stale reads, with
+// fallback to the rest and bounded rounds with backoff.
+func (c *Client) readNodes(ctx context.Context, method, full string, body []byte, lvl Consistency) (readAnswer, error) {
+	var lastErr error
+	tooStale := false
+	rounds := (c.attempts + len(c.addrs) - 1) / len(c.addrs)
+	if rounds < 2 {
+		rounds = 2
+	}
+	for round := 0; round < rounds; round++ {
+		if round > 0 {
+			if err := c.pause(ctx, round-1); err != nil {
+				break
+			}
+		}
+		order := c.addrs
+		if l := c.Leader(); l != "" && lvl != Stale {
+			order = append([]string{l}, c.addrs...)
+		}
+		tried := map[string]bool{}
+		for i := 0; i < len(order); i++ {
+			addr := order[i]
+			if tried[addr] {
+				continue
+			}
+			tried[addr] = true
+			var a readAnswer
+			_, err := c.do(ctx, method, addr, full, body, &a)
+			if err == nil {
+				return a, nil
+			}
+			lastErr = err
+			var nl *NotLeaderError
+			switch {
+			case errors.As(err, &nl):
+				if nl.Leader != "" {
+					c.setLeader(nl.Leader)
+					if !tried[nl.Leader] {
+						order = append(order[:i+1:i+1], append([]string{nl.Leader}, order[i+1:]...)...)
+					}
+				}
+			case errors.Is(err, ErrTooStale):
+				tooStale = true
+			case errors.Is(err, ErrUnavailable):
+				c.dropLeader(addr)
+			default:
+				return a, err // not found, invalid: the answer
+			}
+			if ctx.Err() != nil {
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if tooStale && lvl == Stale {
+		return readAnswer{}, fmt.Errorf("%w: no node within the staleness bound (last error: %v)", ErrTooStale, lastErr)
+	}
+	if errors.Is(lastErr, ErrUnavailable) {
+		return readAnswer{}, lastErr
+	}
+	return readAnswer{}, fmt.Errorf("%w: %v", ErrUnavailable, lastErr)
+}
+
+// Cache keys: one entry per question, shared by every caller asking it.
+func keyAccount(id string) string        { return "account:" + id }
+func keyDatabase(u string) string        { return "db:" + u }
+func keyByName(acct, name string) string { return "dbname:" + acct + "/" + name }
+func keyListPrefix(acct string) string   { return "list:" + acct + "?" }
+
+// invalidateAccount drops the cached answers a write to acct may change.
+func (c *Client) invalidate(acct, dbUUID, name string) {
+	if c.cache == nil {
+		return
+	}
+	keys := []string{}
+	if acct != "" {
+		keys = append(keys, keyAccount(acct), keyListPrefix(acct)+"*")
+		if name != "" {
+			keys = append(keys, keyByName(acct, name))
+		} else {
+			keys = append(keys, "dbname:"+acct+"/*")
+		}
+	}
+	if dbUUID != "" {
+		keys = append(keys, keyDatabase(dbUUID))
+	}
+	c.cache.invalidate(keys...)
+}
+
+// Writes.
+
+func (c *Client) CreateAccount(ctx context.Context, a fsm.CreateAccount) (fsm.Account, error) {
+	var out fsm.Account
+	err := c.applyTyped(ctx, fsm.CmdCreateAccount, a, &out)
+	c.invalidate(a.ID, "", "")
+	return out, err
+}
+
+func (c *Client) UpdateAccount(ctx context.Context, a fsm.UpdateAccount) (fsm.Account, error) {
+	var out fsm.Account
+	err := c.applyTyped(ctx, fsm.CmdUpdateAccount, a, &out)
+	c.invalidate(a.ID, "", "")
+	return out, err
+}
+
+func (c *Client) CreateToken(ctx context.Context, t fsm.CreateToken) (fsm.Token, error) {
+	var out fsm.Token
+	err := c.applyTyped(ctx, fsm.CmdCreateToken, t, &out)
+	if c.cache != nil {
+		c.cache.invalidate("token:" + t.Hash)
+	}
+	return out, err
+}
+
+func (c *Client) RevokeToken(ctx context.Context, id string) (fsm.Token, error) {
+	var out fsm.Token
+	err := c.applyTyped(ctx, fsm.CmdRevokeToken, fsm.RevokeToken{ID: id}, &out)
+	if c.cache != nil {
+		c.cache.invalidate("token:*") // the hash is not known here
+	}
+	return out, err
+}
+
+func (c *Client) RegisterHost(ctx context.Context, h fsm.RegisterHost) (fsm.Host, error) {
+	var out fsm.Host
+	err := c.applyTyped(ctx, fsm.CmdRegisterHost, h, &out)
+	if c.cache != nil {
+		c.cache.invalidate("hosts")
+	}
+	return out, err
+}
+
+func (c *Client) ReportHostLoad(ctx context.Context, h fsm.ReportHostLoad) (fsm.Host, error) {
+	var out fsm.Host
+	err := c.applyTyped(ctx, fsm.CmdReportHostLoad, h, &out)
+	if c.cache != nil {
+		c.cache.invalidate("hosts")
+	}
+	return out, err
+}
+
+func (c *Client) CreateDatabase(ctx context.Context, d fsm.CreateDatabase) (fsm.Database, error) {
+	var out fsm.Database
+	err := c.applyTyped(ctx, fsm.CmdCreateDatabase, d, &out)
+	c.invalidate(d.AccountID, d.UUID, d.Name)
+	return out, err
+}
+
+func (c *Client) DeleteDatabase(ctx context.Context, accountID, dbUUID string) (fsm.Database, error) {
+	var out fsm.Database
+	err := c.applyTyped(ctx, fsm.CmdDeleteDatabase, fsm.DeleteDatabase{AccountID: accountID, UUID: dbUUID}, &out)
+	c.invalidate(accountID, dbUUID, out.Name)
+	return out, err
+}
+
+func (c *Client) UpdateDatabase(ctx context.Context, d fsm.UpdateDatabase) (fsm.Database, error) {
+	var out fsm.Database
+	err := c.applyTyped(ctx, fsm.CmdUpdateDatabase, d, &out)
+	c.invalidate(d.AccountID, d.UUID, out.Name)
+	return out, err
+}
+
+// SetDatabaseStats records sizes; the account totals they feed change only
+// at the next drain, so no cache entry is dropped.
+func (c *Client) SetDatabaseStats(ctx context.Context, stats []fsm.DatabaseStat) (fsm.StatsResult, error) {
+	var out fsm.StatsResult
+	err := c.applyTyped(ctx, fsm.CmdSetDatabaseStats, fsm.SetDatabaseStats{Stats: stats}, &out)
+	return out, err
+}
+
+// Reads.
+
+func (c *Client) Database(ctx context.Context, dbUUID string, o ReadOptions) (fsm.Database, error) {
+	var out fsm.Database
+	err := c.read(ctx, keyDatabase(dbUUID), http.MethodGet, "/v1/databases/"+url.PathEscape(dbUUID), nil, nil, o, &out)
+	return out, err
+}
+
+func (c *Client) DatabaseByName(ctx context.Context, accountID, name string, o ReadOptions) (fsm.Database, error) {
+	var out fsm.Database
+	err := c.read(ctx, keyByName(accountID, name), http.MethodGet,
+		"/v1/accounts/"+url.PathEscape(accountID)+"/databases/by-name/"+url.PathEscape(name), nil, nil, o, &out)
+	return out, err
+}
+
+func (c *Client) ListDatabases(ctx context.Context, accountID string, lq fsm.ListQuery, o ReadOptions) ([]fsm.Database, int64, error) {
+	q := url.Values{}
+	if lq.Name != "" {
+		q.Set("name", lq.Name)
+	}
+	if lq.Page != 0 {
+		q.Set("page", strconv.Itoa(lq.Page))
+	}
+	if lq.PerPage != 0 {
+		q.Set("per_page", strconv.Itoa(lq.PerPage))
+	}
+	key := keyListPrefix(accountID) + q.Encode()
+	var out DatabaseList
+	err := c.read(ctx, key, http.MethodGet, "/v1/accounts/"+url.PathEscape(accountID)+"/databases", q, nil, o, &out)
+	return out.Databases, out.Total, err
+}
+
+func (c *Client) Account(ctx context.Context, id string, o ReadOptions) (fsm.Account, error) {
+	var out fsm.Account
+	err := c.read(ctx, keyAccount(id), http.MethodGet, "/v1/accounts/"+url.PathEscape(id), nil, nil, o, &out)
+	return out, err
+}
+
+func (c *Client) TokenByHash(ctx context.Context, hash string, o ReadOptions) (fsm.Token, error) {
+	var out fsm.Token
+	err := c.read(ctx, "token:"+hash, http.MethodGet, "/v1/tokens/"+url.PathEscape(hash), nil, nil, o, &out)
+	return out, err
+}
+
+func (c *Client) Hosts(ctx context.Context, o ReadOptions) ([]fsm.Host, error) {
+	var out []fsm.Host
+	err := c.read(ctx, "hosts", http.MethodGet, "/v1/hosts", nil, nil, o, &out)
+	return out, err
+}
+
+// Heartbeat answers a host's batch. It is never cached: batches differ per
+// host and per round, so an entry would not be shared.
+func (c *Client) Heartbeat(ctx context.Context, uuids []string, o ReadOptions) (fsm.HeartbeatAnswer, error) {
+	body, err := json.Marshal(HeartbeatRequest{UUIDs: uuids})
+	if err != nil {
+		return fsm.HeartbeatAnswer{}, err
+	}
+	var out fsm.HeartbeatAnswer
+	err = c.read(ctx, "", http.MethodPost, "/v1/heartbeat", nil, body, o, &out)
+	return out, err
+}

@@ -1,0 +1,259 @@
+package raftmeta
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+func TestClientFindsNewLeaderAfterLeaderChange(t *testing.T) {
+	tc := newTestCluster(t, 3, nil)
+	cl, err := NewClient(tc.addrs(), WithCacheTTL(0))
+	require.NoError(t, err)
+	defer cl.Close()
+	ctx := context.Background()
+
+	_, err = cl.CreateAccount(ctx, newAccount("acct", 1000))
+	require.NoError(t, err)
+	old := tc.waitLeader()
+	assert.Equal(t, old.HTTPAddr(), cl.Leader(), "client learns the leader from the first answer")
+
+	require.NoError(t, old.Close())
+	d := newDB("acct")
+	got, err := cl.CreateDatabase(ctx, d)
+	require.NoError(t, err)
+	assert.Equal(t, d.UUID, got.UUID)
+	leader := tc.waitLeader(old)
+	assert.Equal(t, leader.HTTPAddr(), cl.Leader())
+
+	// Reads at every level reach the new leader or a live follower.
+	for _, o := range []ReadOptions{LinearizableRead(), LeaderRead(), StaleRead()} {
+		require.Eventually(t, func() bool {
+			db, err := cl.Database(ctx, d.UUID, o)
+			return err == nil && db.Name == d.Name
+		}, 5*time.Second, 20*time.Millisecond, "read %s", o.Consistency)
+	}
+}
+
+func TestClientErrorsMapToSentinels(t *testing.T) {
+	tc := newTestCluster(t, 3, nil)
+	cl, err := NewClient(tc.addrs())
+	require.NoError(t, err)
+	defer cl.Close()
+	ctx := context.Background()
+
+	_, err = cl.CreateDatabase(ctx, newDB("nobody"))
+	require.ErrorIs(t, err, fsm.ErrAccountNotFound)
+
+	_, err = cl.CreateAccount(ctx, newAccount("acct", 1))
+	require.NoError(t, err)
+	_, err = cl.CreateAccount(ctx, newAccount("acct", 1))
+	require.ErrorIs(t, err, fsm.ErrExists)
+	d := newDB("acct")
+	_, err = cl.CreateDatabase(ctx, d)
+	require.NoError(t, err)
+	_, err = cl.CreateDatabase(ctx, newDB("acct"))
+	require.ErrorIs(t, err, fsm.ErrDatabaseLimit)
+
+	_, err = cl.Database(ctx, "00000000-0000-4000-8000-000000000000", LinearizableRead())
+	require.ErrorIs(t, err, fsm.ErrNotFound)
+	_, err = cl.Database(ctx, "NOT-A-UUID", StaleRead())
+	require.ErrorIs(t, err, fsm.ErrInvalid)
+	_, err = cl.Account(ctx, "ghost", LeaderRead())
+	require.ErrorIs(t, err, fsm.ErrAccountNotFound)
+
+	bad := newDB("acct")
+	bad.Name = "Has Spaces"
+	_, err = cl.CreateDatabase(ctx, bad)
+	require.ErrorIs(t, err, fsm.ErrInvalid)
+
+	dbs, total, err := cl.ListDatabases(ctx, "acct", fsm.ListQuery{}, LinearizableRead())
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, total)
+	require.Len(t, dbs, 1)
+	assert.Equal(t, d.UUID, dbs[0].UUID)
+	byName, err := cl.DatabaseByName(ctx, "acct", d.Name, StaleRead())
+	if err == nil { // stale may lag; linearizable must not
+		assert.Equal(t, d.UUID, byName.UUID)
+	}
+	byName, err = cl.DatabaseByName(ctx, "acct", d.Name, LinearizableRead())
+	require.NoError(t, err)
+	assert.Equal(t, d.UUID, byName.UUID)
+	hb, err := cl.Heartbeat(ctx, []string{d.UUID, "00000000-0000-4000-8000-000000000000"}, LinearizableRead())
+	require.NoError(t, err)
+	require.Len(t, hb.Databases, 2)
+	assert.Contains(t, hb.Accounts, "acct")
+}
+
+func TestClientUnavailableWhenAllNodesDown(t *testing.T) {
+	var addrs []string
+	for i := 0; i < 3; i++ { // ports that were free a moment ago: nothing listens
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		addrs = append(addrs, ln.Addr().String())
+		ln.Close()
+	}
+	cl, err := NewClient(addrs, WithRetries(4, time.Millisecond, 5*time.Millisecond))
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = cl.CreateAccount(ctx, newAccount("a", 1))
+	require.ErrorIs(t, err, ErrUnavailable)
+	_, err = cl.Account(ctx, "a", StaleRead())
+	require.ErrorIs(t, err, ErrUnavailable)
+	_, err = cl.Account(ctx, "a", LinearizableRead())
+	require.ErrorIs(t, err, ErrUnavailable)
+
+	// A live cluster whose nodes were all closed answers the same way.
+	tc := newTestCluster(t, 3, nil)
+	cl2, err := NewClient(tc.addrs(), WithRetries(4, time.Millisecond, 5*time.Millisecond))
+	require.NoError(t, err)
+	_, err = cl2.CreateAccount(ctx, newAccount("a", 1))
+	require.NoError(t, err)
+	for _, n := range tc.nodes {
+		require.NoError(t, n.Close())
+	}
+	_, err = cl2.CreateAccount(ctx, newAccount("b", 1))
+	require.ErrorIs(t, err, ErrUnavailable)
+	_, err = cl2.Account(ctx, "a", StaleRead())
+	require.ErrorIs(t, err, ErrUnavailable)
+}
+
+// fakeNode is an HTTP stand-in counting account reads, to observe the
+// client's cache without timing.
+type fakeNode struct {
+	reads   atomic.Int64
+	release chan struct{}
+}
+
+func (f *fakeNode) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.reads.Add(1)
+	if f.release != nil {
+		<-f.release
+	}
+	writeJSON(w, 200, map[string]any{
+		"result": fsm.Account{ID: r.URL.Path[len("/v1/accounts/"):], Tier: fsm.TierFree},
+		"meta":   ReadMeta{Node: "fake", Consistency: Consistency(r.URL.Query().Get("consistency"))},
+	})
+}
+
+func TestClientStaleCacheSharesOneEntryPerKey(t *testing.T) {
+	fn := &fakeNode{release: make(chan struct{})}
+	srv := httptest.NewServer(fn)
+	defer srv.Close()
+	var now atomic.Int64
+	now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	clock := func() time.Time { return time.Unix(0, now.Load()) }
+	cl, err := NewClient([]string{srv.Listener.Addr().String()}, WithClock(clock), WithCacheTTL(2*time.Second))
+	require.NoError(t, err)
+	defer cl.Close()
+	ctx := context.Background()
+
+	// 50 concurrent misses of one key: one request (singleflight).
+	var wg sync.WaitGroup
+	errs := make(chan error, 50)
+	for i := 0; i < 50; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a, err := cl.Account(ctx, "acct", StaleRead())
+			if err == nil && a.ID != "acct" {
+				err = assert.AnError
+			}
+			errs <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return fn.reads.Load() >= 1 }, 5*time.Second, time.Millisecond)
+	close(fn.release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	assert.EqualValues(t, 1, fn.reads.Load())
+
+	// Within the TTL: served from the entry.
+	now.Add(int64(1500 * time.Millisecond))
+	_, err = cl.Account(ctx, "acct", StaleRead())
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, fn.reads.Load())
+	// Another key is another entry.
+	_, err = cl.Account(ctx, "other", StaleRead())
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, fn.reads.Load())
+	// Linearizable and NoCache reads bypass the cache.
+	_, err = cl.Account(ctx, "acct", LinearizableRead())
+	require.NoError(t, err)
+	_, err = cl.Account(ctx, "acct", ReadOptions{Consistency: Stale, NoCache: true})
+	require.NoError(t, err)
+	assert.EqualValues(t, 4, fn.reads.Load())
+	// Past the TTL: fetched again.
+	now.Add(int64(time.Second))
+	_, err = cl.Account(ctx, "acct", StaleRead())
+	require.NoError(t, err)
+	assert.EqualValues(t, 5, fn.reads.Load())
+	// A write through the client drops the account's entry.
+	cl.invalidate("acct", "", "")
+	_, err = cl.Account(ctx, "acct", StaleRead())
+	require.NoError(t, err)
+	assert.EqualValues(t, 6, fn.reads.Load())
+}
+
+func TestClientStaleReadsPreferFirstNodeAndFallBack(t *testing.T) {
+	tc := newTestCluster(t, 3, nil)
+	leader := tc.waitLeader()
+	f := tc.follower()
+	ctx := context.Background()
+	_, err := leader.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("acct", 5)))
+	require.NoError(t, err)
+	// Preferred node first: a follower; then a dead address; then the leader.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := ln.Addr().String()
+	ln.Close()
+	cl, err := NewClient([]string{dead, f.HTTPAddr(), leader.HTTPAddr()}, WithCacheTTL(0))
+	require.NoError(t, err)
+	defer cl.Close()
+	require.Eventually(t, func() bool {
+		_, err := cl.Account(ctx, "acct", StaleRead())
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond)
+	// Every stale read lands on the preferred live node, none on the leader.
+	fBefore, lBefore := staleReads(t, f), staleReads(t, leader)
+	for i := 0; i < 10; i++ {
+		a, err := cl.Account(ctx, "acct", StaleRead())
+		require.NoError(t, err)
+		assert.Equal(t, "acct", a.ID)
+	}
+	assert.Equal(t, fBefore+10, staleReads(t, f))
+	assert.Equal(t, lBefore, staleReads(t, leader))
+}
+
+func staleReads(t *testing.T, n *Node) float64 {
+	mfs, err := n.metrics.reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "shoal_raftmeta_reads_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			lbl := map[string]string{}
+			for _, l := range m.GetLabel() {
+				lbl[l.GetName()] = l.GetValue()
+			}
+			if lbl["consistency"] == "stale" && lbl["outcome"] == "ok" {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}

@@ -1,0 +1,132 @@
+package raftmeta
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// Config configures a Node. Zero durations and counts take the defaults
+// documented on each field.
+type Config struct {
+	ID  string // Raft server ID, unique and stable for the node's life
+	Dir string // data directory: raft.db, snapshots/, fsm/
+
+	RaftAddr      string // bind address of the Raft port (Raft RPCs + node metadata)
+	RaftAdvertise string // address peers dial; default RaftAddr
+	HTTPAddr      string // bind address of the internal HTTP API
+	HTTPAdvertise string // address other nodes and clients use; default the bound address
+
+	// Bootstrap makes a node with no Raft state the single voter of a new
+	// cluster. Ignored when state exists (a restart).
+	Bootstrap bool
+	// Join lists HTTP addresses of existing members; a node with no Raft
+	// state asks them (following the leader) to add it. Ignored on restart.
+	Join []string
+	// NonVoter joins as a non-voting read follower.
+	NonVoter bool
+
+	// MaxStale bounds stale reads: a follower that has not heard from a
+	// leader for longer refuses them with ErrTooStale. Default 5 s. A request
+	// may ask for a tighter bound, never a looser one.
+	MaxStale time.Duration
+
+	SnapshotThreshold uint64        // log entries between snapshots; default 8192
+	SnapshotInterval  time.Duration // how often the threshold is checked; default 30 s
+	TrailingLogs      uint64        // entries kept after a snapshot; default 10240
+
+	HeartbeatTimeout   time.Duration // default 1 s (loopback/LAN)
+	ElectionTimeout    time.Duration // default 1 s
+	LeaderLeaseTimeout time.Duration // default 500 ms
+	CommitTimeout      time.Duration // default 10 ms: followers learn the commit index quickly
+	MaxAppendEntries   int           // default 512
+
+	ApplyTimeout  time.Duration // one proposal's enqueue+commit bound; default 10 s
+	ReadTimeout   time.Duration // default bound on waiting for a read index; 5 s
+	DrainInterval time.Duration // stats drain loop period; default 1 s; <0 disables
+	JoinTimeout   time.Duration // default 30 s
+
+	FSMOptions []fsm.Option
+
+	// Now is the clock used for staleness; default time.Now. Raft's own
+	// timers use the real clock.
+	Now func() time.Time
+	// Logger receives the node's own logs; default slog to stderr.
+	Logger *slog.Logger
+	// RaftLogOutput receives hashicorp/raft's logs (default stderr) at
+	// RaftLogLevel (default "warn").
+	RaftLogOutput io.Writer
+	RaftLogLevel  string
+}
+
+const (
+	defaultMaxStale = 5 * time.Second
+	maxBodyBytes    = 1 << 20
+)
+
+func (c *Config) withDefaults() (Config, error) {
+	cfg := *c
+	if cfg.ID == "" {
+		return cfg, errors.New("raftmeta: node ID required")
+	}
+	if cfg.Dir == "" {
+		return cfg, errors.New("raftmeta: data directory required")
+	}
+	if cfg.RaftAddr == "" {
+		return cfg, errors.New("raftmeta: raft address required")
+	}
+	if cfg.HTTPAddr == "" {
+		return cfg, errors.New("raftmeta: HTTP address required")
+	}
+	if cfg.Bootstrap && len(cfg.Join) > 0 {
+		return cfg, errors.New("raftmeta: bootstrap and join are exclusive")
+	}
+	if cfg.Bootstrap && cfg.NonVoter {
+		return cfg, errors.New("raftmeta: a non-voter cannot bootstrap a cluster")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&cfg.MaxStale, defaultMaxStale)
+	def(&cfg.SnapshotInterval, 30*time.Second)
+	def(&cfg.HeartbeatTimeout, time.Second)
+	def(&cfg.ElectionTimeout, time.Second)
+	def(&cfg.LeaderLeaseTimeout, 500*time.Millisecond)
+	def(&cfg.CommitTimeout, 10*time.Millisecond)
+	def(&cfg.ApplyTimeout, 10*time.Second)
+	def(&cfg.ReadTimeout, 5*time.Second)
+	def(&cfg.DrainInterval, time.Second)
+	def(&cfg.JoinTimeout, 30*time.Second)
+	if cfg.SnapshotThreshold == 0 {
+		cfg.SnapshotThreshold = 8192
+	}
+	if cfg.TrailingLogs == 0 {
+		cfg.TrailingLogs = 10240
+	}
+	if cfg.MaxAppendEntries == 0 {
+		cfg.MaxAppendEntries = 512
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if cfg.RaftLogOutput == nil {
+		cfg.RaftLogOutput = os.Stderr
+	}
+	if cfg.RaftLogLevel == "" {
+		cfg.RaftLogLevel = "warn"
+	}
+	if cfg.RaftAdvertise == "" {
+		cfg.RaftAdvertise = cfg.RaftAddr
+	}
+	cfg.Logger = cfg.Logger.With("node", cfg.ID)
+	return cfg, nil
+}

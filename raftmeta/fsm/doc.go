@@ -1,0 +1,49 @@
+// Package fsm is the Raft state machine of the catalog: a SQLite database
+// (dir/catalog.db) derived from the Raft log, with typed, versioned,
+// deterministic commands (command.go) and concurrent read-only queries.
+//
+// Schema. accounts (tier, limits, active_databases kept in the same
+// transaction as every create/delete, so limit checks and list totals are
+// O(1)); api_tokens (SHA-256 hashes only); hosts (address, region,
+// jurisdiction, capacity, state, reported load); databases (uuid, account,
+// name, object id, host, region, jurisdiction, read_replication, state
+// active/deleted, created/deleted timestamps, routing_generation); a partial
+// UNIQUE index on (account_id, name) WHERE state='active' (a deleted name is
+// reusable) and a partial list index on (account_id, created_at, uuid);
+// database_stats with triggers that append every size difference (also −size
+// when a database is deleted) to account_database_stats_changes;
+// account_database_stats (drained totals); requests (dedupe); meta (schema
+// version, applied index, largest command time). Every read is a primary-key
+// or index search; list pages skip OFFSET rows inside a covering index.
+//
+// Invariants. Apply never reads the wall clock or randomness: all
+// timestamps come from Command.Time, so replicas applying the same log reach
+// byte-identical catalogs (Dump). A refused command (Result.Err, a sentinel
+// code) leaves the catalog unchanged: each command runs in a SAVEPOINT
+// inside the batch's single transaction. A UUID is never reused. Failures of
+// SQLite itself (I/O, corruption) are not refusals: Apply panics so that the
+// replica restarts from snapshot + log rather than diverge.
+//
+// Dedupe. Every command carries a RequestID. Its Result (including a
+// refusal) is stored in requests in the same transaction; a retry within the
+// window is answered with the original Result and not applied. The window is
+// deterministic: the last 10 minutes of Command.Time measured back from the
+// largest time applied so far, and at most the last 200,000 log entries
+// (both configurable, and every replica must agree). Rows are in the catalog,
+// so snapshots carry them.
+//
+// Storage totals. SetDatabaseStats upserts database_stats (unknown or
+// deleted databases are skipped); the triggers record deltas; DrainStats
+// folds up to Max oldest deltas into account_database_stats with one upsert
+// per account. Change ids stay contiguous, so the pending count is O(1).
+//
+// Snapshots. Snapshot() only opens a read transaction on a read connection
+// (O(1) on the apply goroutine, pins a WAL read snapshot); Persist copies
+// that state while Apply continues, via the SQLite backup API into a temp
+// file streamed to the sink (default: flat memory) or sqlite3_serialize
+// (faster, holds the catalog in memory), framed with length and CRC-32C.
+// Restore writes the stream to a temp file, checks frame, schema version and
+// tables, then swaps the file and reopens; any failure before the swap
+// leaves the old catalog serving. The catalog runs with synchronous=OFF: the
+// Raft log and snapshots are the durable truth and New starts empty.
+package fsm

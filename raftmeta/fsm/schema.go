@@ -1,0 +1,160 @@
+package fsm
+
+// schemaVersion is stored in meta and checked by Restore: a snapshot written
+// by a build with another schema is refused rather than half-understood.
+const schemaVersion = "1"
+
+// schema is the catalog. Every read path has an index that makes it
+// O(log n) or O(log n + page):
+//   - databases by uuid (primary key), by (account, name) among active rows
+//     (partial unique index: also enforces name uniqueness per account among
+//     ACTIVE databases only, so a deleted name can be reused), and listing by
+//     (account, created_at, uuid) among active rows;
+//   - accounts carry active_databases, maintained in the same transaction as
+//     every create/delete, so limits and list totals are O(1);
+//   - account_database_stats holds each account's drained storage total.
+//
+// database_stats triggers append the size difference of every change to
+// account_database_stats_changes, so the storage pipeline can never forget a
+// delta: the change and its delta commit together.
+const schema = `
+CREATE TABLE meta (
+	key   TEXT PRIMARY KEY,
+	value TEXT NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE accounts (
+	id                     TEXT PRIMARY KEY,
+	name                   TEXT NOT NULL,
+	tier                   TEXT NOT NULL,
+	max_databases          INTEGER NOT NULL,
+	max_storage_bytes      INTEGER NOT NULL,
+	max_database_bytes     INTEGER NOT NULL,
+	rows_read_per_day      INTEGER NOT NULL,
+	rows_written_per_day   INTEGER NOT NULL,
+	heartbeat_interval_ms  INTEGER NOT NULL,
+	active_databases       INTEGER NOT NULL DEFAULT 0,
+	created_at             INTEGER NOT NULL,
+	updated_at             INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE api_tokens (
+	id          TEXT PRIMARY KEY,
+	account_id  TEXT NOT NULL,
+	hash        TEXT NOT NULL UNIQUE,
+	name        TEXT NOT NULL,
+	admin       INTEGER NOT NULL,
+	revoked     INTEGER NOT NULL DEFAULT 0,
+	created_at  INTEGER NOT NULL,
+	revoked_at  INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+
+CREATE TABLE hosts (
+	id            TEXT PRIMARY KEY,
+	address       TEXT NOT NULL,
+	region        TEXT NOT NULL,
+	jurisdiction  TEXT NOT NULL,
+	capacity      INTEGER NOT NULL,
+	state         TEXT NOT NULL,
+	databases     INTEGER NOT NULL DEFAULT 0,
+	bytes         INTEGER NOT NULL DEFAULT 0,
+	updated_at    INTEGER NOT NULL
+) WITHOUT ROWID;
+
+-- A rowid table (uuid is a UNIQUE key): rows are ~250 bytes and UUIDs are
+-- random, so a WITHOUT ROWID table would split pages of whole rows at random
+-- places on every insert; here inserts append and only the narrow uuid index
+-- takes the random insert. rowid is max+1, deterministic on every replica.
+CREATE TABLE databases (
+	id                  INTEGER PRIMARY KEY,
+	uuid                TEXT NOT NULL UNIQUE,
+	account_id          TEXT NOT NULL,
+	name                TEXT NOT NULL,
+	object_id           TEXT NOT NULL,
+	host_id             TEXT NOT NULL,
+	region              TEXT NOT NULL,
+	jurisdiction        TEXT NOT NULL,
+	read_replication    TEXT NOT NULL,
+	state               TEXT NOT NULL CHECK (state IN ('active', 'deleted')),
+	created_at          INTEGER NOT NULL,
+	deleted_at          INTEGER NOT NULL DEFAULT 0,
+	routing_generation  INTEGER NOT NULL DEFAULT 1
+);
+CREATE UNIQUE INDEX databases_active_name ON databases (account_id, name) WHERE state = 'active';
+CREATE INDEX databases_active_list ON databases (account_id, created_at, uuid) WHERE state = 'active';
+
+CREATE TABLE database_stats (
+	uuid        TEXT PRIMARY KEY,
+	account_id  TEXT NOT NULL,
+	size_bytes  INTEGER NOT NULL,
+	updated_at  INTEGER NOT NULL
+) WITHOUT ROWID;
+
+-- Append-only between drains. id is the rowid; DrainStats always deletes a
+-- prefix (id <= cutoff), so the remaining ids are contiguous and the pending
+-- count is max(id) - min(id) + 1, O(log n).
+CREATE TABLE account_database_stats_changes (
+	id          INTEGER PRIMARY KEY,
+	account_id  TEXT NOT NULL,
+	delta       INTEGER NOT NULL
+);
+
+CREATE TABLE account_database_stats (
+	account_id     TEXT PRIMARY KEY,
+	storage_bytes  INTEGER NOT NULL,
+	updated_at     INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TRIGGER database_stats_insert AFTER INSERT ON database_stats
+WHEN NEW.size_bytes != 0
+BEGIN
+	INSERT INTO account_database_stats_changes (account_id, delta) VALUES (NEW.account_id, NEW.size_bytes);
+END;
+
+CREATE TRIGGER database_stats_update AFTER UPDATE OF size_bytes ON database_stats
+WHEN NEW.size_bytes != OLD.size_bytes
+BEGIN
+	INSERT INTO account_database_stats_changes (account_id, delta) VALUES (NEW.account_id, NEW.size_bytes - OLD.size_bytes);
+END;
+
+CREATE TRIGGER database_stats_delete AFTER DELETE ON database_stats
+WHEN OLD.size_bytes != 0
+BEGIN
+	INSERT INTO account_database_stats_changes (account_id, delta) VALUES (OLD.account_id, -OLD.size_bytes);
+END;
+
+-- Recently applied request IDs and their original results (JSON of Result).
+-- A command whose request_id is here and still inside the dedupe window is
+-- answered with result and not applied again.
+-- log_index is the rowid (one command per entry), so rows append and the
+-- entry-count prune is a rowid range delete.
+CREATE TABLE requests (
+	log_index   INTEGER PRIMARY KEY,
+	request_id  TEXT NOT NULL UNIQUE,
+	ts          INTEGER NOT NULL,
+	result      BLOB NOT NULL
+);
+CREATE INDEX requests_ts ON requests (ts);
+`
+
+// dumpTables lists every table with the ORDER BY that makes Dump
+// deterministic.
+func dumpTables() []struct{ name, order string } {
+	return []struct{ name, order string }{
+		{"meta", "key"},
+		{"accounts", "id"},
+		{"api_tokens", "id"},
+		{"hosts", "id"},
+		{"databases", "uuid"},
+		{"database_stats", "uuid"},
+		{"account_database_stats_changes", "id"},
+		{"account_database_stats", "account_id"},
+		{"requests", "request_id"},
+	}
+}
+
+// pendingChangesQuery counts undrained changes in O(log n) from the ids'
+// contiguity (two separate subqueries, so each uses the min/max
+// optimisation).
+const pendingChangesQuery = `SELECT COALESCE((SELECT MAX(id) FROM account_database_stats_changes) -
+	(SELECT MIN(id) FROM account_database_stats_changes) + 1, 0)`

@@ -1,0 +1,326 @@
+package fsm
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"sync"
+
+	"github.com/hashicorp/raft"
+	sqlite3 "github.com/mattn/go-sqlite3"
+)
+
+// SnapshotMode chooses how Persist copies the catalog. Both modes read the
+// same consistent state: Snapshot opens a read transaction (a WAL read
+// snapshot) on a read connection, in O(1) on the apply goroutine, and
+// Persist copies from that transaction while Apply continues.
+type SnapshotMode int
+
+const (
+	// SnapshotBackup copies the pages with SQLite's online backup API into a
+	// temporary file next to the catalog, then streams the file to the sink.
+	// Memory stays flat; the disk writes the catalog twice.
+	SnapshotBackup SnapshotMode = iota
+	// SnapshotSerialize copies the pages with sqlite3_serialize into memory
+	// and writes them to the sink. Fastest, but holds the whole catalog in
+	// memory (twice, briefly: the C buffer and the Go copy).
+	SnapshotSerialize
+)
+
+// Snapshot stream format: magic, big-endian payload length, the SQLite
+// database file, then a big-endian CRC-32C of the payload. The checksum lets
+// Restore refuse a truncated or corrupted stream before touching the catalog.
+const snapshotMagic = "SHOALFS1"
+
+// maxSnapshotBytes bounds what Restore accepts (a corrupted length must not
+// make it fill the disk).
+const maxSnapshotBytes = 1 << 40
+
+type snapshot struct {
+	f     *FSM
+	conn  *sql.Conn
+	mode  SnapshotMode
+	index uint64
+	once  sync.Once
+}
+
+// Snapshot pins the current catalog state for Persist. It holds f.mu shared
+// until Release, so Restore (and Close) wait for an in-flight Persist rather
+// than pulling the file from under it.
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	ctx := context.Background()
+	f.mu.RLock()
+	if f.closed || f.rdb == nil {
+		f.mu.RUnlock()
+		return nil, ErrClosed
+	}
+	conn, err := f.rdb.Conn(ctx)
+	if err != nil {
+		f.mu.RUnlock()
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	s := &snapshot{f: f, conn: conn, mode: f.cfg.snapshotMode}
+	// BEGIN is deferred; the first read is what pins the WAL read snapshot.
+	// This is the checkpoint: from here on the copy sees exactly the state
+	// after the last applied entry, whatever Apply commits next.
+	var v string
+	if _, err = conn.ExecContext(ctx, `BEGIN`); err == nil {
+		err = conn.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = 'applied_index'`).Scan(&v)
+	}
+	if err != nil {
+		s.Release()
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	return s, nil
+}
+
+// Persist writes the pinned state to sink. It may run concurrently with
+// Apply. It must not take f.mu again (the snapshot already holds it shared,
+// and a waiting Restore would deadlock a second RLock).
+func (s *snapshot) Persist(sink raft.SnapshotSink) error {
+	if err := s.persist(sink); err != nil {
+		sink.Cancel() //nolint:errcheck // reporting the first error
+		return fmt.Errorf("persist snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+func (s *snapshot) persist(w io.Writer) error {
+	switch s.mode {
+	case SnapshotSerialize:
+		var data []byte
+		err := s.conn.Raw(func(dc any) error {
+			var err error
+			data, err = dc.(*sqlite3.SQLiteConn).Serialize("main")
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		return writeFramed(w, int64(len(data)), bytesReader(data))
+	default:
+		tmp, err := os.CreateTemp(s.f.dir, "snapshot-*.db")
+		if err != nil {
+			return err
+		}
+		path := tmp.Name()
+		tmp.Close()
+		defer removeDBFiles(path) //nolint:errcheck // best effort cleanup of a temp file
+		if err := s.backupTo(path); err != nil {
+			return err
+		}
+		fh, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer fh.Close()
+		st, err := fh.Stat()
+		if err != nil {
+			return err
+		}
+		return writeFramed(w, st.Size(), bufio.NewReaderSize(fh, 1<<20))
+	}
+}
+
+// backupTo copies the pinned read transaction's pages into a new file. The
+// backup API reuses the source connection's open read transaction, so the
+// copy is the pinned state even if Apply commits meanwhile.
+func (s *snapshot) backupTo(path string) error {
+	ctx := context.Background()
+	dst, err := sql.Open("sqlite3", "file:"+path+"?_synchronous=OFF")
+	if err != nil {
+		return err
+	}
+	defer dst.Close()
+	dconn, err := dst.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer dconn.Close()
+	return dconn.Raw(func(dd any) error {
+		return s.conn.Raw(func(sd any) error {
+			b, err := dd.(*sqlite3.SQLiteConn).Backup("main", sd.(*sqlite3.SQLiteConn), "main")
+			if err != nil {
+				return err
+			}
+			done, err := b.Step(-1)
+			if ferr := b.Finish(); err == nil {
+				err = ferr
+			}
+			if err == nil && !done {
+				err = errors.New("backup did not complete")
+			}
+			return err
+		})
+	})
+}
+
+// Release ends the read transaction and lets Restore proceed.
+func (s *snapshot) Release() {
+	s.once.Do(func() {
+		s.conn.ExecContext(context.Background(), `ROLLBACK`) //nolint:errcheck // ends a read txn; the conn is closed next
+		s.conn.Close()
+		s.f.mu.RUnlock()
+	})
+}
+
+type sliceReader struct{ b []byte }
+
+func bytesReader(b []byte) io.Reader { return &sliceReader{b} }
+
+func (r *sliceReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b)
+	r.b = r.b[n:]
+	return n, nil
+}
+
+func writeFramed(w io.Writer, n int64, r io.Reader) error {
+	var hdr [16]byte
+	copy(hdr[:8], snapshotMagic)
+	binary.BigEndian.PutUint64(hdr[8:], uint64(n))
+	if _, err := w.Write(hdr[:]); err != nil {
+		return err
+	}
+	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
+	copied, err := io.Copy(io.MultiWriter(w, h), io.LimitReader(r, n))
+	if err != nil {
+		return err
+	}
+	if copied != n {
+		return fmt.Errorf("snapshot source shrank: %d of %d bytes", copied, n)
+	}
+	var tail [4]byte
+	binary.BigEndian.PutUint32(tail[:], h.Sum32())
+	_, err = w.Write(tail[:])
+	return err
+}
+
+// Restore replaces the catalog with a snapshot stream. Steps: (1) write the
+// stream to a temporary file, checking length and CRC; (2) open it and check
+// the schema version and apply state; (3) swap it in under f.mu and reopen.
+// Step 3 is the checkpoint: any failure before it leaves the old catalog
+// untouched and serving.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	tmp, err := os.CreateTemp(f.dir, "restore-*.db")
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	path := tmp.Name()
+	swapped := false
+	defer func() {
+		if !swapped {
+			removeDBFiles(path) //nolint:errcheck // best effort cleanup of a temp file
+		}
+	}()
+	err = readFramed(bufio.NewReaderSize(rc, 1<<20), tmp)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	if err := validateCatalog(path); err != nil {
+		return fmt.Errorf("restore: invalid snapshot: %w", err)
+	}
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return ErrClosed
+	}
+	if err := f.closeHandles(); err != nil {
+		return fmt.Errorf("restore: close catalog: %w", err)
+	}
+	// The old WAL must not be replayed into the new file. Closing the last
+	// connection checkpointed it; remove what is left, then replace the
+	// main file atomically.
+	err = removeSidecars(f.path)
+	if err == nil {
+		err = os.Rename(path, f.path)
+	}
+	if err != nil {
+		// Still the old catalog on disk: serve it again.
+		if oerr := f.open(); oerr != nil {
+			return fmt.Errorf("restore: %w (and reopening the old catalog: %v)", err, oerr)
+		}
+		return fmt.Errorf("restore: %w", err)
+	}
+	swapped = true
+	if err := f.open(); err != nil {
+		return fmt.Errorf("restore: reopen catalog: %w", err)
+	}
+	return nil
+}
+
+func removeSidecars(path string) error {
+	for _, p := range []string{path + "-wal", path + "-shm", path + "-journal"} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+func readFramed(r io.Reader, w io.Writer) error {
+	var hdr [16]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return fmt.Errorf("read snapshot header: %w", err)
+	}
+	if string(hdr[:8]) != snapshotMagic {
+		return errors.New("not a catalog snapshot (bad magic)")
+	}
+	n := binary.BigEndian.Uint64(hdr[8:])
+	if n > maxSnapshotBytes {
+		return fmt.Errorf("snapshot length %d too large", n)
+	}
+	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
+	copied, err := io.Copy(io.MultiWriter(w, h), io.LimitReader(r, int64(n)))
+	if err != nil {
+		return fmt.Errorf("read snapshot: %w", err)
+	}
+	if uint64(copied) != n {
+		return fmt.Errorf("snapshot truncated: %d of %d bytes", copied, n)
+	}
+	var tail [4]byte
+	if _, err := io.ReadFull(r, tail[:]); err != nil {
+		return fmt.Errorf("read snapshot checksum: %w", err)
+	}
+	if binary.BigEndian.Uint32(tail[:]) != h.Sum32() {
+		return errors.New("snapshot checksum mismatch")
+	}
+	return nil
+}
+
+// validateCatalog opens a restored file and checks it is a catalog of this
+// schema version.
+func validateCatalog(path string) error {
+	db, err := sql.Open("sqlite3", writeDSN(path))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ctx := context.Background()
+	if _, _, err := loadMeta(ctx, db); err != nil {
+		return err
+	}
+	for _, t := range dumpTables() {
+		var n int
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?`, t.name).Scan(&n); err != nil {
+			return err
+		}
+		if n != 1 {
+			return fmt.Errorf("table %s missing", t.name)
+		}
+	}
+	return nil
+}

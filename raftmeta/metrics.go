@@ -1,0 +1,74 @@
+package raftmeta
+
+import (
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics is one node's Prometheus registry (no global registry: several
+// nodes share a process in tests).
+type metrics struct {
+	reg          *prometheus.Registry
+	applyLatency prometheus.Histogram
+	batchSize    prometheus.Histogram
+	snapshotDur  *prometheus.HistogramVec
+	forwarded    *prometheus.CounterVec
+	reads        *prometheus.CounterVec
+	drains       prometheus.Counter
+}
+
+func newMetrics(n *Node) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		applyLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "shoal_raftmeta_apply_seconds",
+			Help:    "Latency of proposals applied through this node's Raft (leader side), commit and FSM apply included.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "shoal_raftmeta_fsm_batch_size",
+			Help:    "Log entries per FSM ApplyBatch call (group commit).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+		}),
+		snapshotDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "shoal_raftmeta_snapshot_seconds",
+			Help:    "Duration of FSM snapshot phases (capture, persist, restore).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}, []string{"phase"}),
+		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shoal_raftmeta_forwarded_total",
+			Help: "Requests this follower forwarded to the leader, by kind and outcome.",
+		}, []string{"kind", "outcome"}),
+		reads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shoal_raftmeta_reads_total",
+			Help: "Catalog reads served, by consistency level and outcome.",
+		}, []string{"consistency", "outcome"}),
+		drains: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shoal_raftmeta_stats_drains_total",
+			Help: "Stats drain commands proposed by this node as leader.",
+		}),
+	}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
+	}
+	m.reg.MustRegister(m.applyLatency, m.batchSize, m.snapshotDur, m.forwarded, m.reads, m.drains,
+		collectors.NewGoCollector(),
+		gauge("shoal_raftmeta_state", "Raft state: 0 follower, 1 candidate, 2 leader, 3 shutdown.", func() float64 {
+			return float64(n.raft.State())
+		}),
+		gauge("shoal_raftmeta_is_leader", "1 when this node is the leader.", func() float64 {
+			if n.raft.State() == raft.Leader {
+				return 1
+			}
+			return 0
+		}),
+		gauge("shoal_raftmeta_term", "Current Raft term.", func() float64 { return float64(n.raft.CurrentTerm()) }),
+		gauge("shoal_raftmeta_commit_index", "Raft commit index known to this node.", func() float64 { return float64(n.raft.CommitIndex()) }),
+		gauge("shoal_raftmeta_applied_index", "Highest log index applied to the catalog FSM.", func() float64 { return float64(n.AppliedIndex()) }),
+		gauge("shoal_raftmeta_last_contact_seconds", "Seconds since this node last heard from a leader (0 on the leader).", func() float64 {
+			return n.staleness().Seconds()
+		}),
+	)
+	return m
+}

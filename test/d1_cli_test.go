@@ -1,0 +1,290 @@
+package test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// d1cliBuild builds the shoal binary into a temp dir.
+func d1cliBuild(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "shoal")
+	cmd := exec.Command("go", "build", "-o", bin, "../cmd/shoal")
+	cmd.Env = os.Environ()
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	return bin
+}
+
+// d1cliBasePort finds a base port p with p, p+100 and p+200 free (shoal dev
+// uses base+i for Raft, base+100+i for the catalog, base+200 for the host).
+func d1cliBasePort(t *testing.T) int {
+	t.Helper()
+	for i := 0; i < 200; i++ {
+		p := 30000 + rand.Intn(20000)
+		ok := true
+		for _, q := range []int{p, p + 100, p + 200} {
+			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", q))
+			if err != nil {
+				ok = false
+				break
+			}
+			ln.Close()
+		}
+		if ok {
+			return p
+		}
+	}
+	t.Fatal("no free port range")
+	return 0
+}
+
+// devProc is a running `shoal dev`.
+type devProc struct {
+	dir    string
+	apiURL string
+	stdout *syncWriter
+}
+
+// startDev runs `shoal dev` in the background on non-default ports and
+// waits until it is healthy and has written dev.json.
+func startDev(t *testing.T, bin string) *devProc {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "dev")
+	addr := freeAddr(t)
+	out, errb := &syncWriter{}, &syncWriter{}
+	cmd := exec.Command(bin, "dev", "--dir", dir, "--reset", "--addr", addr, "--base-port", fmt.Sprint(d1cliBasePort(t)))
+	cmd.Stdout, cmd.Stderr = out, errb
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	p := &devProc{dir: dir, apiURL: "http://" + addr, stdout: out}
+	require.Eventually(t, func() bool {
+		if _, err := os.Stat(filepath.Join(dir, "dev.json")); err != nil {
+			return false
+		}
+		resp, err := http.Get(p.apiURL + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK && strings.Contains(p.output(), "Press Ctrl-C")
+	}, 60*time.Second, 100*time.Millisecond, "shoal dev never became ready: %s", errb)
+	return p
+}
+
+func (p *devProc) output() string { return p.stdout.String() }
+
+// syncWriter guards a buffer written by a child process pipe and read by
+// the test.
+type syncWriter struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+type cliResult struct {
+	stdout, stderr string
+	code           int
+}
+
+func runCLI(t *testing.T, bin string, env []string, stdin string, args ...string) cliResult {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.Stdin = strings.NewReader(stdin)
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	return cliResult{out.String(), errb.String(), code}
+}
+
+func TestD1CLI(t *testing.T) {
+	bin := d1cliBuild(t)
+	dev := startDev(t, bin)
+	// Configuration comes from dev.json via --dev-dir; the environment must
+	// not leak a real user's settings into the test.
+	clean := []string{"SHOAL_API_URL=", "SHOAL_API_TOKEN=", "SHOAL_ACCOUNT_ID="}
+	d1 := func(stdin string, args ...string) cliResult {
+		t.Helper()
+		return runCLI(t, bin, clean, stdin, append([]string{"d1", "--dev-dir", dev.dir}, args...)...)
+	}
+	ok := func(r cliResult) cliResult {
+		t.Helper()
+		require.Equal(t, 0, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
+		require.Empty(t, r.stderr, "no progress or noise on a non-terminal")
+		return r
+	}
+
+	r := ok(d1("", "create", "cli-db"))
+	require.Contains(t, r.stdout, "cli-db")
+	var created map[string]any
+	r = ok(d1("", "create", "cli-db2", "--json"))
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &created))
+	uuid2 := created["uuid"].(string)
+	require.Len(t, uuid2, 36)
+
+	r = d1("", "create", "cli-db")
+	require.Equal(t, 1, r.code)
+	require.Regexp(t, `^error: .+ \[7502\]\n$`, r.stderr)
+
+	r = ok(d1("", "list"))
+	require.Contains(t, r.stdout, "cli-db")
+	require.Contains(t, r.stdout, uuid2)
+
+	r = ok(d1("", "execute", "cli-db", "--command",
+		"CREATE TABLE t(id INTEGER PRIMARY KEY, big INTEGER, r REAL, s TEXT, b BLOB); "+
+			"INSERT INTO t VALUES (1, 9223372036854775807, 0.1, 'héllo; ''q''', X'00FF'), (2, -9223372036854775808, NULL, NULL, NULL); "+
+			"CREATE INDEX t_s ON t(s); CREATE VIRTUAL TABLE docs USING fts5(body); INSERT INTO docs VALUES ('full text search')"))
+	r = ok(d1("", "execute", "cli-db", "--command", "SELECT id, big, s FROM t ORDER BY id"))
+	require.Contains(t, r.stdout, "9223372036854775807", "big integers are printed exactly")
+	require.Contains(t, r.stdout, "-9223372036854775808")
+	require.Contains(t, r.stdout, "héllo; 'q'")
+	r = ok(d1("", "execute", "cli-db", "--command", "SELECT count(*) AS n FROM t", "--json"))
+	var qres []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &qres))
+	require.Equal(t, true, qres[0]["success"])
+
+	r = d1("", "execute", "cli-db", "--command", "SELECT * FROM nope")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "no such table: nope")
+	require.Contains(t, r.stderr, "[7500]")
+
+	r = ok(d1("", "info", "cli-db"))
+	require.Contains(t, r.stdout, "num_tables")
+	r = ok(d1("", "info", uuid2, "--json"))
+	require.Contains(t, r.stdout, `"name": "cli-db2"`)
+
+	// Export → import into the second database → identical export.
+	dump1 := filepath.Join(t.TempDir(), "dump1.sql")
+	r = ok(d1("", "export", "cli-db", "--output", dump1))
+	require.Contains(t, r.stdout, "Exported cli-db")
+	b, err := os.ReadFile(dump1)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(string(b), "PRAGMA foreign_keys=OFF;\nBEGIN TRANSACTION;\n"))
+	require.Contains(t, string(b), "CREATE VIRTUAL TABLE docs USING fts5(body);")
+	require.NotContains(t, string(b), "docs_data")
+
+	r = ok(d1("", "import", "cli-db2", dump1))
+	require.Contains(t, r.stdout, "statements executed")
+	dump2 := filepath.Join(t.TempDir(), "dump2.sql")
+	ok(d1("", "export", uuid2, "--output", dump2))
+	b2, err := os.ReadFile(dump2)
+	require.NoError(t, err)
+	require.Equal(t, string(b), string(b2))
+	r = ok(d1("", "execute", "cli-db2", "--command", "SELECT body FROM docs WHERE docs MATCH 'text'"))
+	require.Contains(t, r.stdout, "full text search")
+
+	// Partial exports.
+	schema := filepath.Join(t.TempDir(), "schema.sql")
+	ok(d1("", "export", "cli-db", "--output", schema, "--no-data"))
+	sb, _ := os.ReadFile(schema)
+	require.Contains(t, string(sb), "CREATE TABLE t(")
+	require.NotContains(t, string(sb), `INSERT INTO "t"`)
+	r = d1("", "export", "cli-db", "--output", schema, "--table", "missing")
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Contains(t, r.stderr, "no such table: missing")
+
+	// A bad statement in the middle of an import changes nothing.
+	bad := filepath.Join(t.TempDir(), "bad.sql")
+	require.NoError(t, os.WriteFile(bad, []byte("INSERT INTO t(id) VALUES (100);\nINSERT INTO nowhere VALUES (1);\n"), 0o644))
+	r = d1("", "import", "cli-db2", bad)
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "statement 2 (line 2)")
+	r = ok(d1("", "execute", "cli-db2", "--command", "SELECT count(*) AS n FROM t"))
+	require.Regexp(t, `│\s*2\s*│`, r.stdout)
+
+	// execute --file goes through the import API too.
+	f := filepath.Join(t.TempDir(), "more.sql")
+	require.NoError(t, os.WriteFile(f, []byte("INSERT INTO t(id) VALUES (3);\nINSERT INTO t(id) VALUES (4);\n"), 0o644))
+	ok(d1("", "execute", "cli-db2", "--file", f))
+	r = ok(d1("", "execute", "cli-db2", "--command", "SELECT count(*) AS n FROM t"))
+	require.Regexp(t, `│\s*4\s*│`, r.stdout)
+
+	r = ok(d1("", "binding", "create", "cli-db", "--json"))
+	require.Contains(t, r.stdout, `"token": "v1.`)
+
+	// Exit codes.
+	r = d1("", "info", "no-such-db")
+	require.Equal(t, 3, r.code)
+	require.Equal(t, "error: database \"no-such-db\" not found [7404]\n", r.stderr)
+	r = d1("", "info")
+	require.Equal(t, 2, r.code)
+	r = d1("", "execute", "cli-db")
+	require.Equal(t, 2, r.code)
+	r = d1("", "list", "--bogus-flag")
+	require.Equal(t, 2, r.code)
+	r = d1("", "--token", "wrong-token", "list")
+	require.Equal(t, 4, r.code)
+	require.Contains(t, r.stderr, "[10000]")
+	r = d1("", "--api-url", "http://"+freeAddr(t), "list")
+	require.Equal(t, 5, r.code)
+	r = runCLI(t, bin, clean, "", "d1", "--dev-dir", filepath.Join(t.TempDir(), "none"), "list")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "missing API URL")
+
+	// Environment configuration works without dev.json.
+	var st struct {
+		APIURL    string `json:"api_url"`
+		AccountID string `json:"account_id"`
+		Token     string `json:"token"`
+	}
+	raw, err := os.ReadFile(filepath.Join(dev.dir, "dev.json"))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(raw, &st))
+	r = runCLI(t, bin, []string{"SHOAL_API_URL=" + st.APIURL, "SHOAL_API_TOKEN=" + st.Token, "SHOAL_ACCOUNT_ID=" + st.AccountID},
+		"", "d1", "--dev-dir", filepath.Join(t.TempDir(), "none"), "list")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "cli-db2")
+
+	// delete: refuses without --yes when stdin is not a terminal.
+	r = d1("y\n", "delete", "cli-db2")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "--yes")
+	ok(d1("", "info", "cli-db2"))
+	r = ok(d1("", "delete", "cli-db2", "--yes"))
+	require.Contains(t, r.stdout, "Deleted database cli-db2")
+	r = d1("", "info", uuid2)
+	require.Equal(t, 3, r.code)
+}

@@ -1,0 +1,190 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	_ "github.com/mattn/go-sqlite3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// latencies collects per-operation durations from many goroutines.
+type latencies struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (l *latencies) add(d time.Duration) { l.mu.Lock(); l.d = append(l.d, d); l.mu.Unlock() }
+
+func (l *latencies) pct(p float64) time.Duration {
+	sort.Slice(l.d, func(i, j int) bool { return l.d[i] < l.d[j] })
+	if len(l.d) == 0 {
+		return 0
+	}
+	return l.d[min(len(l.d)-1, int(float64(len(l.d))*p))]
+}
+
+// runClients runs op from n goroutines for dur and returns latencies and ops/s.
+func runClients(t *testing.T, n int, dur time.Duration, op func(worker int, rng *rand.Rand) error) (*latencies, float64) {
+	l := &latencies{}
+	var wg sync.WaitGroup
+	var errs sync.Map
+	start := time.Now()
+	for w := 0; w < n; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for time.Since(start) < dur {
+				t0 := time.Now()
+				if err := op(w, rng); err != nil {
+					errs.Store(w, err)
+					return
+				}
+				l.add(time.Since(t0))
+			}
+		}(w)
+	}
+	wg.Wait()
+	errs.Range(func(_, v any) bool { t.Fatalf("bench op failed: %v", v); return false })
+	return l, float64(len(l.d)) / time.Since(start).Seconds()
+}
+
+func postJSON(url string, hdr map[string]string, body []byte) error {
+	req, err := http.NewRequest("POST", url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := e2eHTTP.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("%d %s", resp.StatusCode, b)
+	}
+	return nil
+}
+
+// TestEdgeBench measures the figures in docs/bench/edge.md. Run with
+// SHOAL_BENCH=1; every figure is printed with its same-run baseline.
+func TestEdgeBench(t *testing.T) {
+	if os.Getenv("SHOAL_BENCH") == "" {
+		t.Skip("set SHOAL_BENCH=1")
+	}
+	const clients = 16
+	dur := 3 * time.Second
+	c := newE2ECluster(t)
+	acct, bearer := c.setupAccount(t, "paid")
+	base := c.edgeURL[0] + "/client/v4/accounts/" + acct + "/d1/database"
+	a := e2eCall(t, "POST", base, bearer, map[string]any{"name": "bench"})
+	require.Equal(t, 200, a.status, "%s", a.raw)
+	var db struct{ UUID string }
+	require.NoError(t, json.Unmarshal(a.Result, &db))
+	const rows = 1000
+	var batch []any
+	batch = append(batch, map[string]any{"sql": "CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT)"})
+	batch = append(batch, map[string]any{"sql": fmt.Sprintf("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < %d) INSERT INTO kv SELECT i, 'value-' || i FROM n", rows)})
+	a = e2eCall(t, "POST", base+"/"+db.UUID+"/query", bearer, map[string]any{"batch": batch})
+	require.Equal(t, 200, a.status, "%s", a.raw)
+
+	cl, err := raftmeta.NewClient(c.catAddrs)
+	require.NoError(t, err)
+	row, err := cl.Database(context.Background(), db.UUID, raftmeta.StaleRead())
+	require.NoError(t, err)
+
+	body := func(rng *rand.Rand) []byte {
+		b, _ := json.Marshal(map[string]any{"sql": "SELECT v FROM kv WHERE id = ?", "params": []any{1 + rng.IntN(rows)}})
+		return b
+	}
+	// 1. Point SELECT: in-process SQLite, straight to the host, through the edge.
+	sdb, err := sql.Open("sqlite3", "file:"+filepath.Join(t.TempDir(), "base.db")+"?_journal_mode=WAL&_busy_timeout=5000")
+	require.NoError(t, err)
+	defer sdb.Close()
+	sdb.SetMaxOpenConns(clients)
+	_, err = sdb.Exec("CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT)")
+	require.NoError(t, err)
+	_, err = sdb.Exec(fmt.Sprintf("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < %d) INSERT INTO kv SELECT i, 'value-' || i FROM n", rows))
+	require.NoError(t, err)
+	lSQL, qpsSQL := runClients(t, clients, dur, func(_ int, rng *rand.Rand) error {
+		var v string
+		return sdb.QueryRow("SELECT v FROM kv WHERE id = ?", 1+rng.IntN(rows)).Scan(&v)
+	})
+	hostURL := "http://" + row.HostAddress + "/v1/objects/" + row.ObjectID + "/query"
+	hostHdr := map[string]string{"X-Shoal-Database": db.UUID, "X-Shoal-Account": acct, "Content-Type": "application/json"}
+	lHost, qpsHost := runClients(t, clients, dur, func(_ int, rng *rand.Rand) error { return postJSON(hostURL, hostHdr, body(rng)) })
+	edgeHdr := map[string]string{"Authorization": bearer, "Content-Type": "application/json"}
+	lEdge, qpsEdge := runClients(t, clients, dur, func(_ int, rng *rand.Rand) error {
+		return postJSON(base+"/"+db.UUID+"/query", edgeHdr, body(rng))
+	})
+	// One client: the per-request cost of each path without queueing.
+	l1Host, _ := runClients(t, 1, time.Second, func(_ int, rng *rand.Rand) error { return postJSON(hostURL, hostHdr, body(rng)) })
+	l1Edge, _ := runClients(t, 1, time.Second, func(_ int, rng *rand.Rand) error {
+		return postJSON(base+"/"+db.UUID+"/query", edgeHdr, body(rng))
+	})
+	t.Logf("point SELECT, 1 client: host p50 %s, edge p50 %s (edge adds %s)", l1Host.pct(.5), l1Edge.pct(.5), l1Edge.pct(.5)-l1Host.pct(.5))
+	t.Logf("point SELECT, %d clients, %s each:", clients, dur)
+	t.Logf("  in-process SQLite : p50 %8s  p99 %8s  %8.0f ops/s", lSQL.pct(.5), lSQL.pct(.99), qpsSQL)
+	t.Logf("  object host direct: p50 %8s  p99 %8s  %8.0f ops/s  (%.2fx SQLite throughput)", lHost.pct(.5), lHost.pct(.99), qpsHost, qpsHost/qpsSQL)
+	t.Logf("  through the edge  : p50 %8s  p99 %8s  %8.0f ops/s  (%.2fx host throughput, p50 +%s)", lEdge.pct(.5), lEdge.pct(.99), qpsEdge, qpsEdge/qpsHost, lEdge.pct(.5)-lHost.pct(.5))
+
+	// 2. Creates at 16 clients.
+	var seq sync.Mutex
+	n := 0
+	lCreate, cps := runClients(t, clients, dur, func(_ int, _ *rand.Rand) error {
+		seq.Lock()
+		n++
+		name := fmt.Sprintf("c%05d", n)
+		seq.Unlock()
+		b, _ := json.Marshal(map[string]any{"name": name})
+		return postJSON(base, edgeHdr, b)
+	})
+	t.Logf("create, %d clients, %s: %d creates, p50 %s p99 %s, %.1f creates/s", clients, dur, len(lCreate.d), lCreate.pct(.5), lCreate.pct(.99), cps)
+
+	// 3. Route lookup: bbolt hit vs miss (bounded follower read of the catalog).
+	srv := c.edges[0]
+	ctx := context.Background()
+	_, err = srv.LookupRoute(ctx, db.UUID)
+	require.NoError(t, err)
+	const hits = 20000
+	t0 := time.Now()
+	for i := 0; i < hits; i++ {
+		if _, err := srv.LookupRoute(ctx, db.UUID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hitCost := time.Since(t0) / hits
+	list, _, err := cl.ListDatabases(ctx, acct, fsmListAll(), raftmeta.StaleRead())
+	require.NoError(t, err)
+	require.NoError(t, srv.Purge())
+	t0 = time.Now()
+	for _, d := range list {
+		if _, err := srv.LookupRoute(ctx, d.UUID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	missCost := time.Since(t0) / time.Duration(len(list))
+	t.Logf("route lookup: bbolt hit %s/op (%d lookups), miss %s/op (%d lookups, follower read + write-through), miss/hit %.0fx",
+		hitCost, hits, missCost, len(list), float64(missCost)/float64(hitCost))
+}
+
+func fsmListAll() fsm.ListQuery { return fsm.ListQuery{Page: 1, PerPage: 10000} }

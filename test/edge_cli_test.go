@@ -1,0 +1,133 @@
+package test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/shoaldb/shoal/internal/binding"
+	"github.com/shoaldb/shoal/objecthost"
+	"github.com/shoaldb/shoal/raftmeta"
+)
+
+func edgeBuildShoal(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "shoal")
+	cmd := exec.Command("go", "build", "-o", bin, "../cmd/shoal")
+	cmd.Env = os.Environ()
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	return bin
+}
+
+// TestEdgeCLI runs `shoal edge serve` as a real process against an
+// in-process catalog node and object host, and drives it with `shoal admin`.
+func TestEdgeCLI(t *testing.T) {
+	bin := edgeBuildShoal(t)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	node, err := raftmeta.NewNode(raftmeta.Config{ID: "c0", Dir: t.TempDir(), RaftAddr: freeAddr(t), HTTPAddr: freeAddr(t),
+		Bootstrap: true, Logger: quiet, RaftLogOutput: io.Discard})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = node.Close() })
+	require.Eventually(t, node.IsLeader, 20*time.Second, 20*time.Millisecond)
+	const bindingSecret = "cli-binding-secret-0123456789"
+	keys, err := binding.KeyringFromSecrets(bindingSecret)
+	require.NoError(t, err)
+	cl, err := raftmeta.NewClient([]string{node.HTTPAddr()})
+	require.NoError(t, err)
+	ln, addr := e2eListen(t)
+	h, err := objecthost.Open(objecthost.Config{ID: "h0", Dir: t.TempDir(), Address: addr, Region: "weur",
+		Capacity: 100, Catalog: objecthost.RaftmetaCatalog{C: cl}, Bindings: keys, Logger: quiet})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close() })
+	e2eServe(t, ln, h.Handler())
+
+	edgeAddr := freeAddr(t)
+	var logs bytes.Buffer
+	srv := exec.Command(bin, "edge", "serve", "--http-addr", edgeAddr, "--dir", t.TempDir(), "--region", "weur",
+		"--catalog", node.HTTPAddr(), "--log-level", "warn")
+	srv.Env = append(os.Environ(), "SHOAL_ADMIN_TOKEN=cli-admin", "SHOAL_BINDING_KEY="+bindingSecret)
+	srv.Stdout, srv.Stderr = &logs, &logs
+	require.NoError(t, srv.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- srv.Wait() }()
+	t.Cleanup(func() {
+		_ = srv.Process.Kill()
+	})
+	edgeURL := "http://" + edgeAddr
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(edgeURL + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}, 20*time.Second, 50*time.Millisecond, "edge never healthy: %s", &logs)
+
+	admin := func(args ...string) map[string]any {
+		t.Helper()
+		cmd := exec.Command(bin, append([]string{"admin", "--edge", edgeURL}, args...)...)
+		cmd.Env = append(os.Environ(), "SHOAL_ADMIN_TOKEN=cli-admin")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "shoal admin %v: %s", args, out)
+		var m map[string]any
+		require.NoError(t, json.Unmarshal(out, &m), "%s", out)
+		return m
+	}
+	acct := admin("account", "create", "--name", "cli", "--tier", "free")
+	id := acct["id"].(string)
+	assert.Len(t, id, 32)
+	tok := admin("token", "create", id, "--name", "cli")
+	secret := tok["token"].(string)
+	bearer := "Bearer " + secret
+
+	base := edgeURL + "/client/v4/accounts/" + id + "/d1/database"
+	var a e2eAnswer
+	require.Eventually(t, func() bool {
+		a = e2eCall(t, "POST", base, bearer, map[string]any{"name": "from-cli"})
+		return a.status == 200
+	}, 20*time.Second, 100*time.Millisecond, "create: %s", &a.raw)
+	var db struct{ UUID string }
+	require.NoError(t, json.Unmarshal(a.Result, &db))
+	a = e2eCall(t, "POST", base+"/"+db.UUID+"/query", bearer, map[string]any{"sql": "SELECT 40 + 2 AS answer"})
+	require.Equal(t, 200, a.status, "%s", a.raw)
+	assert.Contains(t, string(a.Result), `"answer":42`)
+	// Binding tokens work end to end with the key from the environment.
+	a = e2eCall(t, "POST", base+"/"+db.UUID+"/binding", bearer, nil)
+	require.Equal(t, 200, a.status, "%s", a.raw)
+	var mint struct{ Token string }
+	require.NoError(t, json.Unmarshal(a.Result, &mint))
+	a = e2eCall(t, "POST", edgeURL+"/client/v4/bound/query", "Binding "+mint.Token, map[string]any{"sql": "SELECT 1 AS one"})
+	require.Equal(t, 200, a.status, "%s", a.raw)
+
+	got := admin("account", "update", id, "--max-databases", "1")
+	limits := got["limits"].(map[string]any)
+	assert.EqualValues(t, 1, limits["max_databases"])
+	admin("token", "revoke", tok["id"].(string))
+	// The help output never prints the admin secret taken from the env.
+	help := exec.Command(bin, "admin", "--help")
+	help.Env = append(os.Environ(), "SHOAL_ADMIN_TOKEN=cli-admin")
+	out, err := help.CombinedOutput()
+	require.NoError(t, err)
+	assert.False(t, strings.Contains(string(out), "cli-admin"), "%s", out)
+
+	require.NoError(t, srv.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		assert.NoError(t, err, "edge exit: %s", &logs)
+	case <-time.After(20 * time.Second):
+		t.Fatalf("edge did not exit on SIGTERM: %s", &logs)
+	}
+}

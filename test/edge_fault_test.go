@@ -1,0 +1,141 @@
+package test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/shoaldb/shoal/edge"
+	"github.com/shoaldb/shoal/objecthost"
+	"github.com/shoaldb/shoal/raftmeta"
+)
+
+// TestEdgeCreateFaultsConverge injects the create flow's failpoints with real
+// components (Raft catalog, object host with heartbeats, edge) and checks the
+// system's invariants: a failed attempt's orphan object dies by heartbeat, the
+// retry uses new ids, and a create whose answer is lost after the catalog
+// write (the checkpoint) exists and is queryable.
+func TestEdgeCreateFaultsConverge(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	node, err := raftmeta.NewNode(raftmeta.Config{ID: "c0", Dir: t.TempDir(), RaftAddr: freeAddr(t), HTTPAddr: freeAddr(t),
+		Bootstrap: true, Logger: quiet, RaftLogOutput: io.Discard})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = node.Close() })
+	require.Eventually(t, node.IsLeader, 20*time.Second, 20*time.Millisecond)
+	hostCl, err := raftmeta.NewClient([]string{node.HTTPAddr()})
+	require.NoError(t, err)
+	ln, hostAddr := e2eListen(t)
+	h, err := objecthost.Open(objecthost.Config{ID: "h0", Dir: t.TempDir(), Address: hostAddr, Region: "weur", Capacity: 100,
+		Catalog: objecthost.RaftmetaCatalog{C: hostCl}, Logger: quiet,
+		HeartbeatInterval: 300 * time.Millisecond, HeartbeatTick: 50 * time.Millisecond, CreationGrace: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close() })
+	// Record every object id the edge initialises.
+	var mu sync.Mutex
+	var inits []string
+	inner := h.Handler()
+	e2eServe(t, ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/init") {
+			mu.Lock()
+			inits = append(inits, strings.Split(r.URL.Path, "/")[3])
+			mu.Unlock()
+		}
+		inner.ServeHTTP(w, r)
+	}))
+
+	var afterInitFails, afterWriteFails atomic.Int64
+	afterInitFails.Store(1)
+	edgeCl, err := raftmeta.NewClient([]string{node.HTTPAddr()})
+	require.NoError(t, err)
+	srv, err := edge.New(edge.Options{Catalog: edge.RaftmetaCatalog{C: edgeCl}, Dir: t.TempDir(), Region: "weur",
+		AdminToken: "admin", Logger: quiet, CreateBackoff: time.Millisecond,
+		Failpoint: func(step string) error {
+			switch {
+			case step == "create:after-init" && afterInitFails.Add(-1) >= 0:
+				return fmt.Errorf("%w: injected after init", edge.ErrUnavailable)
+			case step == "create:after-catalog-write" && afterWriteFails.Add(-1) >= 0:
+				return errors.New("injected: edge died after the checkpoint")
+			}
+			return nil
+		}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = srv.Close() })
+	eln, eaddr := e2eListen(t)
+	e2eServe(t, eln, srv)
+	c := &e2eCluster{t: t, admin: "admin", edgeURL: []string{"http://" + eaddr}}
+	require.Eventually(t, func() bool {
+		hs, err := edgeCl.Hosts(t.Context(), raftmeta.ReadOptions{Consistency: raftmeta.Stale, NoCache: true})
+		return err == nil && len(hs) == 1
+	}, 20*time.Second, 50*time.Millisecond)
+	acct, bearer := c.setupAccount(t, "free")
+	base := c.edgeURL[0] + "/client/v4/accounts/" + acct + "/d1/database"
+
+	// 1. Init succeeds, then the attempt fails before the checkpoint: the edge
+	// retries with new ids and answers success.
+	a := e2eCall(t, "POST", base, bearer, map[string]any{"name": "first"})
+	require.Equal(t, 200, a.status, "%s", a.raw)
+	var first struct{ UUID string }
+	require.NoError(t, json.Unmarshal(a.Result, &first))
+	mu.Lock()
+	require.Len(t, inits, 2)
+	orphan, live := inits[0], inits[1]
+	mu.Unlock()
+	require.NotEqual(t, orphan, live)
+	row, err := edgeCl.Database(t.Context(), first.UUID, raftmeta.LeaderRead())
+	require.NoError(t, err)
+	assert.Equal(t, live, row.ObjectID, "the catalog names the retry's object")
+	objectState := func(id string) (string, bool) {
+		a := e2eCall(t, "GET", "http://"+hostAddr+"/v1/objects/"+id, "", nil)
+		var info struct {
+			State     string `json:"state"`
+			Confirmed bool   `json:"confirmed"`
+		}
+		_ = json.Unmarshal(a.Result, &info)
+		return info.State, info.Confirmed
+	}
+	// The orphan converges: its heartbeat finds no catalog row after the
+	// creation grace and it marks itself deleted. The live one is confirmed.
+	require.Eventually(t, func() bool { st, _ := objectState(orphan); return st == "deleted" },
+		30*time.Second, 100*time.Millisecond, "the orphan of the failed attempt never died")
+	require.Eventually(t, func() bool { st, ok := objectState(live); return st == "active" && ok },
+		30*time.Second, 100*time.Millisecond)
+	a = e2eCall(t, "POST", base+"/"+first.UUID+"/query", bearer, map[string]any{"sql": "SELECT 1"})
+	assert.Equal(t, 200, a.status, "%s", a.raw)
+
+	// 2. The edge "dies" right after the checkpoint: the client sees an error,
+	// the database exists, is queryable, and heartbeats confirm its object.
+	afterWriteFails.Store(1)
+	a = e2eCall(t, "POST", base, bearer, map[string]any{"name": "second"})
+	require.GreaterOrEqual(t, a.status, 500, "%s", a.raw)
+	var second string
+	require.Eventually(t, func() bool {
+		a = e2eCall(t, "GET", base+"?name=second", bearer, nil)
+		var items []struct{ UUID string }
+		_ = json.Unmarshal(a.Result, &items)
+		if len(items) == 1 {
+			second = items[0].UUID
+		}
+		return second != ""
+	}, 10*time.Second, 50*time.Millisecond)
+	a = e2eCall(t, "POST", base+"/"+second+"/query", bearer, map[string]any{"sql": "SELECT 2"})
+	assert.Equal(t, 200, a.status, "%s", a.raw)
+	row, err = edgeCl.Database(t.Context(), second, raftmeta.LeaderRead())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { st, ok := objectState(row.ObjectID); return st == "active" && ok },
+		30*time.Second, 100*time.Millisecond, "heartbeats never confirmed the object the edge could not")
+	// A client retry of the lost create is refused: the name exists.
+	a = e2eCall(t, "POST", base, bearer, map[string]any{"name": "second"})
+	assert.Equal(t, 400, a.status, "%s", a.raw)
+	assert.Equal(t, 7502, a.code())
+}
