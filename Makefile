@@ -8,8 +8,10 @@ export GOFLAGS     := $(shell . ./build.env; echo "$$GOFLAGS")
 
 BIN      := bin/shoal
 DEV_ARGS ?=
-# Packages with concurrency run under the race detector in `make test`.
-RACE_PKGS ?= ./raftmeta/... ./objecthost/... ./edge/... ./internal/...
+# `make test` runs the component packages (all have concurrency) under the
+# race detector, and the multi-process / end-to-end packages without it.
+RACE_PKGS  ?= ./raftmeta/... ./objecthost/... ./edge/... ./internal/... ./d1client/...
+PLAIN_PKGS ?= ./cmd/... ./test/...
 
 .PHONY: all build dev test test-short bench fault lint deps clean
 
@@ -26,8 +28,10 @@ dev: build ## start the whole platform in one process on embedded defaults
 	./$(BIN) dev $(DEV_ARGS)
 
 test: deps lint ## every test, race detector on concurrent packages
-	go test -count=1 -timeout 20m ./...
+	@missing="$$(comm -23 <(go list ./... | sort) <(go list $(RACE_PKGS) $(PLAIN_PKGS) | sort))"; \
+	  if [ -n "$$missing" ]; then echo "packages in neither RACE_PKGS nor PLAIN_PKGS:"; echo "$$missing"; exit 1; fi
 	go test -count=1 -race -timeout 20m $(RACE_PKGS)
+	go test -count=1 -timeout 20m $(PLAIN_PKGS)
 
 test-short: deps
 	go test -count=1 -short ./...

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -266,6 +267,10 @@ func (s *Server) handleExportDownload(w http.ResponseWriter, r *http.Request) {
 		s.writeDumpErr(w, r, err)
 		return
 	}
+	if err := s.checkRate(c.Account, c.Database); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
 	q := url.Values{}
 	if c.NoData {
 		q.Set("no_data", "1")
@@ -282,10 +287,21 @@ func (s *Server) handleExportDownload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusOK {
-		w.Header().Set("Content-Disposition", `attachment; filename="`+c.Filename+`"`)
+	if resp.StatusCode != http.StatusOK {
+		s.passThrough(w, resp)
+		return
 	}
-	s.passThrough(w, resp)
+	w.Header().Set("Content-Type", "application/sql")
+	w.Header().Set("Content-Disposition", `attachment; filename="`+c.Filename+`"`)
+	w.WriteHeader(http.StatusOK)
+	buf := s.copyBufs.Get().(*[]byte)
+	_, err = io.CopyBuffer(w, resp.Body, *buf)
+	s.copyBufs.Put(buf)
+	if err != nil {
+		// The host aborted (or the client left): abort our side too, so the
+		// client sees a truncated transfer rather than a clean, short dump.
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // streamToHost sends a streaming request to the claims' database on its

@@ -113,6 +113,10 @@ func (s *Server) handleImportUpload(w http.ResponseWriter, r *http.Request) {
 		s.writeDumpErr(w, r, err)
 		return
 	}
+	if err := s.checkRate(c.Account, c.Database); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
 	if r.ContentLength > maxImportBytes {
 		v4.WriteError(w, http.StatusRequestEntityTooLarge, v4.CodeTooLarge, "import file over 5 GB")
 		return

@@ -3,7 +3,7 @@
 // state active/deleted, routing generation) in a host-local index.
 //
 // In the data plane it serves the internal HTTP API the edge forwards D1
-// queries to (see /tmp/objecthost-api.md, mirrored in DESIGN.md), executing
+// queries to (see docs/objecthost-api.md, mirrored in DESIGN.md), executing
 // SQL through objecthost/sqlexec. In the control plane it implements the
 // object side of create (init, confirm) and delete. In the background plane
 // it heartbeats the catalog in batches, kills orphans of failed creates,

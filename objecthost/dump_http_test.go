@@ -168,3 +168,79 @@ func TestImportEndpoints(t *testing.T) {
 	require.Equal(t, 3, strings.Count(body, `INSERT INTO "t"`))
 	require.False(t, bytes.Contains([]byte(body), []byte("missing")))
 }
+
+// Host.Close during an import stops the job (it is counted in the host's
+// WaitGroup) and rolls it back: after a restart nothing of it is there.
+func TestImportStoppedByClose(t *testing.T) {
+	th, srv, d := dumpTestSetup(t)
+	var b strings.Builder
+	b.WriteString("CREATE TABLE t(x);\n")
+	for i := 0; i < 200_000; i++ {
+		b.WriteString("INSERT INTO t VALUES (1);\n")
+	}
+	sql := b.String()
+	code, _ := upload(t, srv, d, "big.sql", sql)
+	require.Equal(t, http.StatusOK, code)
+	code, _ = call(t, srv.Client(), srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/ingest", &d, map[string]string{"etag": md5hex(sql), "filename": "big.sql"})
+	require.Equal(t, http.StatusOK, code)
+	require.NoError(t, th.Host.Close()) // waits for the job
+	th.open(t)
+	_, err := th.Query(context.Background(), d.obj, d.id(), sqlexec.Request{Statements: []sqlexec.Statement{{SQL: "SELECT count(*) FROM t"}}})
+	require.ErrorContains(t, err, "no such table: t")
+}
+
+// Account limits that block user writes block imports too.
+func TestImportRefusedOverStorageLimit(t *testing.T) {
+	th, srv, d := dumpTestSetup(t)
+	sql := "CREATE TABLE t(x);\n"
+	code, _ := upload(t, srv, d, "s.sql", sql)
+	require.Equal(t, http.StatusOK, code)
+	th.accMu.Lock()
+	th.accounts[d.account] = &accountState{blockGrowth: true}
+	th.accMu.Unlock()
+	code, env := call(t, srv.Client(), srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/ingest", &d, map[string]string{"etag": md5hex(sql), "filename": "s.sql"})
+	require.Equal(t, http.StatusBadRequest, code)
+	require.Equal(t, 7504, errCode(env))
+}
+
+// While an import runs, a user write to the same database waits for it
+// and succeeds after its commit (it needs the table the import creates) —
+// not a busy-timeout failure — and reads are answered meanwhile.
+func TestImportConcurrentQuery(t *testing.T) {
+	th, srv, d := dumpTestSetup(t)
+	mustExec(t, th, d, "CREATE TABLE keep(x); INSERT INTO keep VALUES (1)")
+	var b strings.Builder
+	b.WriteString("CREATE TABLE t(x);\n")
+	for i := 0; i < 200_000; i++ {
+		b.WriteString("INSERT INTO t VALUES (1);\n")
+	}
+	sql := b.String()
+	code, _ := upload(t, srv, d, "big.sql", sql)
+	require.Equal(t, http.StatusOK, code)
+	code, _ = call(t, srv.Client(), srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/ingest", &d, map[string]string{"etag": md5hex(sql), "filename": "big.sql"})
+	require.Equal(t, http.StatusOK, code)
+	// Wait until the import is under way (it holds the writer from its
+	// first statement on).
+	for {
+		_, env := call(t, srv.Client(), srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/poll", &d, map[string]string{})
+		var st ImportStatus
+		require.NoError(t, json.Unmarshal(env.Result, &st))
+		require.Equal(t, "active", st.Status, "the import ended before it was seen running: %+v", st)
+		if st.Progress.Statements > 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	res := mustExec(t, th, d, "SELECT count(*) AS n FROM keep")
+	n, _ := res[0].Results.(sqlexec.Rows)[0].Get("n")
+	require.EqualValues(t, 1, n, "reads are served during the import")
+	// Table t exists only once the import commits: this write succeeds
+	// only by waiting for it.
+	mustExec(t, th, d, "INSERT INTO t VALUES (-1)")
+	st := waitImport(t, srv, d, "big.sql")
+	require.Equal(t, "complete", st.Status, "%+v", st)
+	require.Equal(t, int64(200_000), st.Result.Meta.RowsWritten)
+	res = mustExec(t, th, d, "SELECT count(*) AS n FROM t")
+	n, _ = res[0].Results.(sqlexec.Rows)[0].Get("n")
+	require.EqualValues(t, 200_001, n)
+}

@@ -15,12 +15,13 @@ import (
 	"github.com/shoaldb/shoal/objecthost/dump"
 )
 
-// dumpAPI serves the export and import endpoints (see /tmp/objecthost-api.md,
+// dumpAPI serves the export and import endpoints (see docs/objecthost-api.md,
 // "Export and import"). Exports are stateless: the dump is streamed from a
 // read snapshot when it is downloaded. Imports are jobs: uploaded files live
 // under <dir>/imports/<object id>/ and each ingest runs in a goroutine
-// counted in the Host's WaitGroup, so Host.Close waits for it; the job
-// notices h.closed at its next progress report and rolls back.
+// started by Host.startJob, so Host.Close waits for it; the job notices
+// h.closed at its next progress report and rolls back. One dumpAPI per Host
+// (h.dump), however many times Handler is called.
 //
 // Concurrency: jobs is guarded by mu; one import runs per object at a time.
 type dumpAPI struct {
@@ -31,7 +32,7 @@ type dumpAPI struct {
 
 // dumpRoutes registers the export/import endpoints on the host's router.
 func (h *Host) dumpRoutes(r *mux.Router) {
-	d := &dumpAPI{h: h, jobs: map[string]*importJob{}}
+	d := h.dump // made by Open
 	r.HandleFunc("/v1/objects/{id}/export", d.handleExportStart).Methods(http.MethodPost)
 	r.HandleFunc("/v1/objects/{id}/export/download", d.handleExportDownload).Methods(http.MethodGet)
 	r.HandleFunc("/v1/objects/{id}/import/upload/{filename}", d.handleUpload).Methods(http.MethodPut)

@@ -151,6 +151,8 @@ type Host struct {
 
 	closeOnce sync.Once
 	closed    atomic.Bool
+	jobMu     sync.Mutex // makes startJob's closed check and wg.Add atomic with Close
+	dump      *dumpAPI   // export/import jobs, one map per host
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 }
@@ -226,6 +228,7 @@ func Open(cfg Config) (*Host, error) {
 		return nil, fmt.Errorf("load index: %w", err)
 	}
 	h.refreshGauges()
+	h.dump = &dumpAPI{h: h, jobs: map[string]*importJob{}}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
@@ -241,13 +244,31 @@ func Open(cfg Config) (*Host, error) {
 func (h *Host) Close() error {
 	var err error
 	h.closeOnce.Do(func() {
+		h.jobMu.Lock() // no startJob between this and wg.Wait
 		h.closed.Store(true)
+		h.jobMu.Unlock()
 		h.cancel()
 		h.wg.Wait()
 		h.handles.closeEverything()
 		err = h.ix.close()
 	})
 	return err
+}
+
+// startJob runs fn in a goroutine owned by the host: Close waits for it. It
+// reports false, without running fn, once Close has begun.
+func (h *Host) startJob(fn func()) bool {
+	h.jobMu.Lock()
+	defer h.jobMu.Unlock()
+	if h.closed.Load() {
+		return false
+	}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		fn()
+	}()
+	return true
 }
 
 // Registry is the host's Prometheus registry (served at /metrics).

@@ -19,6 +19,7 @@ import (
 
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/objecthost/dump"
+	"github.com/shoaldb/shoal/objecthost/sqlexec"
 )
 
 // MaxImportBytes is D1's import size limit.
@@ -102,6 +103,7 @@ func (d *dumpAPI) handleUpload(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	d.removeStale(dir)
 	final := filepath.Join(dir, name)
 	f, err := os.CreateTemp(dir, name+".*.part")
 	if err != nil {
@@ -152,6 +154,18 @@ func (d *dumpAPI) handleIngest(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	// The account limits user SQL obeys apply to imports too: an account
+	// over its storage limit cannot grow, one over its daily rows cannot write.
+	acct := d.h.account(m.AccountID)
+	if acct.limitedUntil.After(d.h.now()) {
+		writeErr(w, ErrRowLimit)
+		return
+	}
+	if acct.blockGrowth {
+		writeErr(w, &sqlexec.Error{Code: v4.CodeStorageLimit, Statement: -1,
+			Message: "the account is over its storage limit: imports are refused until usage drops"})
+		return
+	}
 	b, err := d.h.readBody(w, r)
 	if err != nil {
 		writeErr(w, err)
@@ -198,20 +212,15 @@ func (d *dumpAPI) handleIngest(w http.ResponseWriter, r *http.Request) {
 		Type: "import", Status: "active", AtBookmark: req.Filename, Messages: []string{"Import started"},
 		Progress: ImportProgress{TotalBytes: fi.Size()},
 	}}
-	// Register the goroutine with the Host before it can close: Close sets
-	// closed, then waits for wg.
-	if d.h.closed.Load() {
+	// The job is a goroutine owned by the Host: Close waits for it (and the
+	// job notices h.closed at its next progress report and rolls back).
+	if !d.h.startJob(func() { d.run(o, m, j, path) }) {
 		d.mu.Unlock()
 		writeErr(w, ErrClosed)
 		return
 	}
-	d.h.wg.Add(1)
 	d.jobs[id] = j
 	d.mu.Unlock()
-	go func() {
-		defer d.h.wg.Done()
-		d.run(o, m, j, path)
-	}()
 	v4.WriteResult(w, j.snapshot())
 }
 
@@ -237,32 +246,51 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 		os.Remove(path)
 		os.Remove(path + ".md5")
 	}()
-	dbPath := d.h.path(m.ObjectID)
-	if err := os.MkdirAll(filepath.Dir(dbPath), 0o755); err != nil {
-		fail("internal error")
+	// The import runs on the object's own sqlexec.DB (its writer, in user
+	// SQL's sandbox and limits, rows counted): the handle stays pinned for
+	// the whole import, so it is neither evicted nor reopened meanwhile.
+	hd, err := d.h.handles.acquire(m.ObjectID)
+	if err != nil {
+		fail("cannot open the database")
 		return
 	}
-	res, err := dump.Import(ctx, dbPath, f, dump.ImportOptions{
-		MaxDatabaseBytes: d.h.cfg.Limits.MaxDatabaseBytes,
+	defer d.h.handles.release(hd)
+	if m = o.meta.Load(); m == nil || m.deleted() {
+		fail("the database was deleted")
+		return
+	}
+	// Growth is blocked as for queries (see Host.Query): the account is
+	// over its storage total, or this database is at its size limit.
+	acct := d.h.account(m.AccountID)
+	blockGrowth := acct.blockGrowth || (acct.maxDatabaseBytes > 0 && o.size.Load() >= acct.maxDatabaseBytes)
+	res, err := dump.ImportDB(ctx, hd.db, f, dump.ImportOptions{
+		BlockGrowth: blockGrowth,
 		Progress: func(p dump.Progress) {
+			// Runs on the DB's writer goroutine: only cheap checks here.
 			if d.h.closed.Load() {
 				cancel() // Host.Close: roll back at the next check
+			}
+			if cur := o.meta.Load(); cur == nil || cur.deleted() {
+				// Deleted meanwhile: stop, so the purge loop (waiting for
+				// this pinned handle) is not held up by the import.
+				cancel()
 			}
 			j.mu.Lock()
 			j.status.Progress.Bytes, j.status.Progress.Statements = p.Bytes, p.Statements
 			j.mu.Unlock()
 		},
 	})
-	// The sqlexec handle may hold cached schema facts (column names, index
-	// info for rows_written): drop it so the next query reopens the file.
-	<-d.h.handles.evict(m.ObjectID)
 	if err != nil {
 		var se *dump.StatementError
 		switch {
 		case errors.As(err, &se):
 			fail(se.Error())
-		case errors.Is(err, context.Canceled):
-			fail("import interrupted: object host shutting down; nothing was imported")
+		case errors.Is(err, context.Canceled), errors.Is(err, sqlexec.ErrClosed):
+			why := "object host shutting down"
+			if cur := o.meta.Load(); cur == nil || cur.deleted() {
+				why = "the database was deleted"
+			}
+			fail("import interrupted: " + why + "; nothing was imported")
 		case errors.Is(err, dump.ErrStatementTooLarge):
 			fail(err.Error())
 		default:
@@ -271,17 +299,15 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 		return
 	}
 	now := d.h.now()
-	d.h.cfg.Usage.RecordUsage(UsageEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, RowsWritten: res.RowsWritten, Time: now})
-	if size := fileSize(dbPath); size > 0 {
-		d.h.noteSize(o, m, size)
-	}
+	d.h.cfg.Usage.RecordUsage(UsageEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, RowsRead: res.RowsRead, RowsWritten: res.RowsWritten, Time: now})
+	d.h.noteSize(o, m, res.SizeAfter)
 	j.mu.Lock()
 	j.status.Status = "complete"
 	j.status.Progress.Bytes, j.status.Progress.Statements = res.Bytes, res.Statements
 	j.status.Messages = append(j.status.Messages, fmt.Sprintf("Imported %d statements (%d bytes)", res.Statements, res.Bytes))
 	j.status.Result = &ImportSummary{FinalBookmark: j.filename, NumQueries: res.Statements, Meta: ImportMeta{
-		ServedBy: d.h.cfg.ID, Duration: float64(time.Since(start).Microseconds()) / 1000, Changes: res.RowsWritten,
-		ChangedDB: res.RowsWritten > 0 || res.Statements > 0, SizeAfter: res.SizeAfter, RowsWritten: res.RowsWritten,
+		ServedBy: d.h.cfg.ID, Duration: float64(time.Since(start).Microseconds()) / 1000, Changes: res.Changes,
+		ChangedDB: res.RowsWritten > 0 || res.Statements > 0, SizeAfter: res.SizeAfter, RowsRead: res.RowsRead, RowsWritten: res.RowsWritten,
 	}}
 	j.mu.Unlock()
 }
@@ -316,4 +342,23 @@ func (d *dumpAPI) handlePoll(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v4.WriteResult(w, j.snapshot())
+}
+
+// staleUpload is how long an uploaded file that was never ingested (or a
+// leftover .part) is kept; D1's upload URLs live one hour.
+const staleUpload = 24 * time.Hour
+
+// removeStale deletes an object's old uploads, so abandoned imports do not
+// accumulate. Files of a running job are younger than a day or already open.
+func (d *dumpAPI) removeStale(dir string) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	cutoff := d.h.now().Add(-staleUpload)
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && fi.ModTime().Before(cutoff) {
+			_ = os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }

@@ -44,6 +44,7 @@ func TestBenchRaftmeta(t *testing.T) {
 	t.Logf("baseline: raft-boltdb single-entry append+fsync: %.0f/s", fsyncs)
 
 	tc := newTestCluster(t, 3, func(_ int, c *Config) {
+		c.LogStore = os.Getenv("SHOAL_BENCH_LOG_STORE") // "wal" (default) or "bolt"
 		if s := os.Getenv("SHOAL_BENCH_COMMIT_TIMEOUT"); s != "" {
 			d, err := time.ParseDuration(s)
 			require.NoError(t, err)

@@ -14,7 +14,12 @@ import (
 // documented on each field.
 type Config struct {
 	ID  string // Raft server ID, unique and stable for the node's life
-	Dir string // data directory: raft.db, snapshots/, fsm/
+	Dir string // data directory: raft-wal/ (or raft.db), snapshots/, fsm/
+
+	// LogStore is the Raft log: LogStoreBolt (raft-boltdb/v2, the default
+	// for a new directory) or LogStoreWAL (raft-wal, opt-in). A directory that already holds one keeps it; naming
+	// the other kind for it is ErrLogStoreMismatch.
+	LogStore string
 
 	RaftAddr      string // bind address of the Raft port (Raft RPCs + node metadata)
 	RaftAdvertise string // address peers dial; default RaftAddr

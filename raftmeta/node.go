@@ -16,8 +16,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	"go.etcd.io/bbolt"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/shoaldb/shoal/raftmeta/fsm"
@@ -37,7 +35,7 @@ type Node struct {
 	cat     *fsm.FSM
 	fsm     *instrumentedFSM
 	raft    *raft.Raft
-	store   *raftboltdb.BoltStore
+	store   logStore
 	snaps   *raft.FileSnapshotStore
 	trans   *raft.NetworkTransport
 	mux     *muxLayer
@@ -94,22 +92,19 @@ func NewNode(c Config) (n *Node, err error) {
 	closers = append(closers, func() { n.cat.Close() })
 	n.fsm = newInstrumentedFSM(n.cat, func() *metrics { return n.metrics })
 
-	// NoSync false: every append is fsynced before Raft acknowledges it.
-	// NoFreelistSync (as Consul runs it): the free list is rebuilt on open
-	// instead of rewritten by every commit, which after log compaction is
-	// most of the pages a small append would otherwise write.
-	n.store, err = raftboltdb.New(raftboltdb.Options{
-		Path: filepath.Join(cfg.Dir, "raft.db"), NoSync: false,
-		BoltOptions: &bbolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bbolt.FreelistMapType},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("open raft log store: %w", err)
-	}
-	closers = append(closers, func() { n.store.Close() })
-
 	hlog := hclog.New(&hclog.LoggerOptions{
 		Name: "raft." + cfg.ID, Output: cfg.RaftLogOutput, Level: hclog.LevelFromString(cfg.RaftLogLevel),
 	})
+	kind, err := chooseLogStore(cfg.Dir, cfg.LogStore)
+	if err != nil {
+		return nil, err
+	}
+	n.store, err = openLogStore(cfg.Dir, kind, hlog)
+	if err != nil {
+		return nil, fmt.Errorf("open raft log store (%s): %w", kind, err)
+	}
+	closers = append(closers, func() { n.store.Close() })
+
 	n.snaps, err = raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, hlog)
 	if err != nil {
 		return nil, fmt.Errorf("open snapshot store: %w", err)

@@ -7,6 +7,8 @@ set -euo pipefail
 need=()
 command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v git >/dev/null 2>&1 || need+=(git)
+command -v curl >/dev/null 2>&1 || need+=(curl ca-certificates) # the README flow test runs the printed curl commands
+command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3) # dump compatibility test against the real shell
 command -v go >/dev/null 2>&1 || { [ -x /usr/local/go/bin/go ] || need+=(golang-go); }
 
 if [ ${#need[@]} -eq 0 ]; then

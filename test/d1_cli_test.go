@@ -1,7 +1,9 @@
 package test
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,22 +15,14 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-)
 
-// d1cliBuild builds the shoal binary into a temp dir.
-func d1cliBuild(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "shoal")
-	cmd := exec.Command("go", "build", "-o", bin, "../cmd/shoal")
-	cmd.Env = os.Environ()
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
-	return bin
-}
+	"github.com/shoaldb/shoal/objecthost/dump"
+)
 
 // d1cliBasePort finds a base port p with p, p+100 and p+200 free (shoal dev
 // uses base+i for Raft, base+100+i for the catalog, base+200 for the host).
@@ -58,6 +52,7 @@ type devProc struct {
 	dir    string
 	apiURL string
 	stdout *syncWriter
+	pid    int
 }
 
 // startDev runs `shoal dev` in the background on non-default ports and
@@ -81,7 +76,7 @@ func startDev(t *testing.T, bin string) *devProc {
 			<-done
 		}
 	})
-	p := &devProc{dir: dir, apiURL: "http://" + addr, stdout: out}
+	p := &devProc{dir: dir, apiURL: "http://" + addr, stdout: out, pid: cmd.Process.Pid}
 	require.Eventually(t, func() bool {
 		if _, err := os.Stat(filepath.Join(dir, "dev.json")); err != nil {
 			return false
@@ -97,6 +92,8 @@ func startDev(t *testing.T, bin string) *devProc {
 }
 
 func (p *devProc) output() string { return p.stdout.String() }
+
+func devPID(t *testing.T, p *devProc) int { t.Helper(); return p.pid }
 
 // syncWriter guards a buffer written by a child process pipe and read by
 // the test.
@@ -141,7 +138,7 @@ func runCLI(t *testing.T, bin string, env []string, stdin string, args ...string
 }
 
 func TestD1CLI(t *testing.T) {
-	bin := d1cliBuild(t)
+	bin := buildShoal(t)
 	dev := startDev(t, bin)
 	// Configuration comes from dev.json via --dev-dir; the environment must
 	// not leak a real user's settings into the test.
@@ -288,3 +285,110 @@ func TestD1CLI(t *testing.T) {
 	r = d1("", "info", uuid2)
 	require.Equal(t, 3, r.code)
 }
+
+// vmHWM reads a process's peak resident set size (kB) from /proc.
+func vmHWM(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmHWM:") {
+			var kb int64
+			_, err := fmt.Sscanf(strings.TrimSpace(strings.TrimPrefix(l, "VmHWM:")), "%d kB", &kb)
+			require.NoError(t, err)
+			return kb
+		}
+	}
+	t.Fatal("no VmHWM")
+	return 0
+}
+
+// TestD1ExportImportBench round-trips ~100 MB through the whole stack
+// (`shoal dev` + `shoal d1 import/export`) and records throughput and peak
+// RSS; in-process dump.Import/Export on the same data are the baseline.
+// SHOAL_BENCH=1 enables it (it takes more than 20 s on the 2-core VM).
+func TestD1ExportImportBench(t *testing.T) {
+	if os.Getenv("SHOAL_BENCH") != "1" {
+		t.Skip("set SHOAL_BENCH=1")
+	}
+	bin := buildShoal(t)
+	dev := startDev(t, bin)
+	pid := devPID(t, dev)
+	clean := []string{"SHOAL_API_URL=", "SHOAL_API_TOKEN=", "SHOAL_ACCOUNT_ID="}
+	d1 := func(args ...string) (cliResult, time.Duration, int64) {
+		t.Helper()
+		cmd := exec.Command(bin, append([]string{"d1", "--dev-dir", dev.dir}, args...)...)
+		cmd.Env = append(os.Environ(), clean...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		start := time.Now()
+		require.NoError(t, cmd.Run(), "%s %s", out.String(), errb.String())
+		el := time.Since(start)
+		ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+		return cliResult{out.String(), errb.String(), 0}, el, ru.Maxrss
+	}
+
+	// ~100 MB of SQL: 150,000 rows of ~680 bytes (text, blob, numbers).
+	src := filepath.Join(t.TempDir(), "big.sql")
+	f, err := os.Create(src)
+	require.NoError(t, err)
+	w := bufio.NewWriterSize(f, 1<<20)
+	fmt.Fprintln(w, "CREATE TABLE big(id INTEGER PRIMARY KEY, n INTEGER, r REAL, s TEXT, b BLOB);")
+	rng := rand.New(rand.NewSource(1))
+	buf := make([]byte, 300)
+	for i := 0; i < 150_000; i++ {
+		rng.Read(buf)
+		fmt.Fprintf(w, "INSERT INTO big VALUES(%d,%d,%v,'%x',X'%x');\n", i, rng.Int63(), rng.Float64(), buf[:200], buf[200:])
+	}
+	fmt.Fprintln(w, "CREATE INDEX big_n ON big(n);")
+	require.NoError(t, w.Flush())
+	require.NoError(t, f.Close())
+	fi, err := os.Stat(src)
+	require.NoError(t, err)
+	mb := float64(fi.Size()) / 1e6
+
+	d1("create", "bench")
+	hwm0 := vmHWM(t, pid)
+	_, impDur, impRSS := d1("import", "bench", src)
+	hwmImport := vmHWM(t, pid)
+	out := filepath.Join(t.TempDir(), "out.sql")
+	_, expDur, expRSS := d1("export", "bench", "--output", out)
+	hwmExport := vmHWM(t, pid)
+	ofi, err := os.Stat(out)
+	require.NoError(t, err)
+	outMB := float64(ofi.Size()) / 1e6
+
+	// Baseline: the same work in-process, no HTTP.
+	base := filepath.Join(t.TempDir(), "base.db")
+	in, err := os.Open(src)
+	require.NoError(t, err)
+	start := time.Now()
+	_, err = dump.Import(context.Background(), base, in, dump.ImportOptions{})
+	require.NoError(t, err)
+	baseImp := time.Since(start)
+	in.Close()
+	start = time.Now()
+	n, err := countingExport(base)
+	require.NoError(t, err)
+	baseExp := time.Since(start)
+
+	t.Logf("input %.1f MB, dump %.1f MB (in-process dump %.1f MB)", mb, outMB, float64(n)/1e6)
+	t.Logf("import: %.1f s, %.1f MB/s end to end; in-process %.1f MB/s; ratio %.2f", impDur.Seconds(), mb/impDur.Seconds(), mb/baseImp.Seconds(), baseImp.Seconds()/impDur.Seconds())
+	t.Logf("export: %.1f s, %.1f MB/s end to end; in-process %.1f MB/s; ratio %.2f", expDur.Seconds(), outMB/expDur.Seconds(), float64(n)/1e6/baseExp.Seconds(), baseExp.Seconds()/expDur.Seconds())
+	t.Logf("shoal dev peak RSS: %d MB before, %d MB after import, %d MB after export", hwm0>>10, hwmImport>>10, hwmExport>>10)
+	t.Logf("client peak RSS: import %d MB, export %d MB", impRSS>>10, expRSS>>10)
+	// Bounded memory: neither side grows with the 100 MB file.
+	require.Less(t, hwmExport-hwm0, int64(100<<10), "server peak RSS grew by %d MB", (hwmExport-hwm0)>>10)
+	require.Less(t, impRSS, int64(100<<10))
+	require.Less(t, expRSS, int64(100<<10))
+}
+
+func countingExport(path string) (int64, error) {
+	cw := &byteCounter{}
+	err := dump.Export(context.Background(), path, cw, dump.Options{}, nil)
+	return cw.n, err
+}
+
+type byteCounter struct{ n int64 }
+
+func (c *byteCounter) Write(p []byte) (int, error) { c.n += int64(len(p)); return len(p), nil }

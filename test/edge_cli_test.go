@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,20 +21,10 @@ import (
 	"github.com/shoaldb/shoal/raftmeta"
 )
 
-func edgeBuildShoal(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "shoal")
-	cmd := exec.Command("go", "build", "-o", bin, "../cmd/shoal")
-	cmd.Env = os.Environ()
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
-	return bin
-}
-
 // TestEdgeCLI runs `shoal edge serve` as a real process against an
 // in-process catalog node and object host, and drives it with `shoal admin`.
 func TestEdgeCLI(t *testing.T) {
-	bin := edgeBuildShoal(t)
+	bin := buildShoal(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	node, err := raftmeta.NewNode(raftmeta.Config{ID: "c0", Dir: t.TempDir(), RaftAddr: freeAddr(t), HTTPAddr: freeAddr(t),
 		Bootstrap: true, Logger: quiet, RaftLogOutput: io.Discard})

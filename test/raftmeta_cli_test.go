@@ -28,7 +28,7 @@ import (
 // checks `shoal cluster status`, writes through one node and reads through
 // another.
 func TestRaftmetaCLIThreeProcesses(t *testing.T) {
-	bin := raftmetaBuildShoal(t)
+	bin := buildShoal(t)
 	dir := t.TempDir()
 	type proc struct {
 		id, raftAddr, httpAddr string
@@ -136,18 +136,6 @@ func TestRaftmetaCLIThreeProcesses(t *testing.T) {
 	fi, err := os.Stat(bak)
 	require.NoError(t, err)
 	assert.Positive(t, fi.Size())
-}
-
-// raftmetaBuildShoal builds cmd/shoal with the process's build environment
-// (the shared build.env: same tags and CGO flags, so the cache is reused).
-func raftmetaBuildShoal(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "shoal")
-	cmd := exec.Command("go", "build", "-o", bin, "../cmd/shoal")
-	cmd.Env = os.Environ()
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
-	return bin
 }
 
 func raftmetaFreeAddr(t *testing.T) string {

@@ -38,10 +38,11 @@ func devBanner(t *testing.T, out string) (export string, cmds []string) {
 // copy the three printed commands (create, query, list) into a shell, and
 // see each one succeed.
 func TestReadmeFlow(t *testing.T) {
-	if _, err := exec.LookPath("curl"); err != nil {
-		t.Skip("curl not installed: the flow is the README's shell commands")
-	}
-	bin := d1cliBuild(t)
+	// The flow is the README's shell commands; scripts/deps.sh (run by
+	// `make test`) installs curl.
+	_, err := exec.LookPath("curl")
+	require.NoError(t, err, "curl is needed: run scripts/deps.sh")
+	bin := buildShoal(t)
 	dev := startDev(t, bin)
 	export, cmds := devBanner(t, dev.output())
 	require.Contains(t, export, dev.apiURL)

@@ -138,6 +138,10 @@ func (e *d1Env) deleteCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
+		// Check it exists before asking: "not found" beats a pointless prompt.
+		if _, err := c.Get(ctx, id, nil); err != nil {
+			return err
+		}
 		if !yes {
 			ok, err := e.confirm(fmt.Sprintf("Delete database %s (%s)? This cannot be undone.", args[0], id))
 			if err != nil {
@@ -270,8 +274,8 @@ func (e *d1Env) exportCmd() *cobra.Command {
 			return err
 		}
 		defer os.Remove(tmp.Name())
-		p := e.newProgress("exporting")
-		n, err := c.Export(ctx, id, d1client.DumpOptions{NoData: noData, NoSchema: noSchema, Tables: tables}, tmp, p.hooks())
+		p := e.newProgress("exporting", "preparing export")
+		n, err := c.Export(ctx, id, d1client.DumpOptions{NoData: noData, NoSchema: noSchema, Tables: tables}, &stmtCounter{w: tmp, p: p}, p.hooks())
 		p.done()
 		if cerr := tmp.Close(); err == nil {
 			err = cerr
@@ -315,7 +319,7 @@ func (e *d1Env) importFile(ctx context.Context, c *d1client.Client, name, id, pa
 	if _, err := os.Stat(path); err != nil {
 		return usagef("%v", err)
 	}
-	p := e.newProgress("uploading")
+	p := e.newProgress("uploading", "importing")
 	st, err := c.Import(ctx, id, path, p.hooks(), p.importStatus)
 	p.done()
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -15,13 +16,14 @@ import (
 type progress struct {
 	on    bool
 	e     *d1Env
-	label string
+	label string // shown while transferring
+	wait  string // shown while polling
 	bar   *progressbar.ProgressBar
 	total int64
 }
 
-func (e *d1Env) newProgress(label string) *progress {
-	return &progress{on: e.interactive(), e: e, label: label}
+func (e *d1Env) newProgress(label, wait string) *progress {
+	return &progress{on: e.interactive(), e: e, label: label, wait: wait}
 }
 
 func (p *progress) ensure(max int64, desc string) {
@@ -39,18 +41,19 @@ func (p *progress) ensure(max int64, desc string) {
 	p.bar = progressbar.NewOptions64(max,
 		progressbar.OptionSetWriter(p.e.stderr),
 		progressbar.OptionSetDescription(desc),
-		progressbar.OptionShowBytes(max != -1),
+		progressbar.OptionShowBytes(true),
 		progressbar.OptionThrottle(100*time.Millisecond),
 		progressbar.OptionSpinnerType(14),
 		progressbar.OptionClearOnFinish(),
 	)
+	_ = p.bar.RenderBlank() // show it now, not at the first throttled update
 }
 
 func (p *progress) hooks() d1client.Hooks {
 	return d1client.Hooks{
 		Polling: func(status string) {
-			if p.on && status != "complete" {
-				p.ensure(-1, p.label+": "+status)
+			if p.on && (status == "active" || status == "") {
+				p.ensure(-1, p.wait)
 				_ = p.bar.Add(1)
 			}
 		},
@@ -82,4 +85,32 @@ func (p *progress) done() {
 		_ = p.bar.Finish()
 		p.bar = nil
 	}
+}
+
+// stmtCounter counts statements (";\n" line ends) in a dump as it is
+// written, for the export progress line.
+type stmtCounter struct {
+	w    io.Writer
+	p    *progress
+	n    int64
+	last byte
+}
+
+func (c *stmtCounter) Write(b []byte) (int, error) {
+	for i, x := range b {
+		prev := c.last
+		if i > 0 {
+			prev = b[i-1]
+		}
+		if x == '\n' && prev == ';' {
+			c.n++
+		}
+	}
+	if len(b) > 0 {
+		c.last = b[len(b)-1]
+	}
+	if c.p.on && c.p.bar != nil {
+		c.p.bar.Describe(fmt.Sprintf("%s (%d statements)", c.p.label, c.n))
+	}
+	return c.w.Write(b)
 }

@@ -78,6 +78,7 @@ node joins the other catalog nodes of the file. Flags given explicitly win.`,
 	f := cmd.Flags()
 	f.StringVar(&cfg.ID, "id", "", "node ID (unique, stable)")
 	f.StringVar(&cfg.Dir, "dir", "", "data directory")
+	f.StringVar(&cfg.LogStore, "log-store", "", "Raft log store for a new data directory: bolt (raft-boltdb/v2, default) or wal (raft-wal); an existing directory keeps its own")
 	f.StringVar(&cfg.RaftAddr, "raft-addr", "", "Raft bind address host:port")
 	f.StringVar(&cfg.RaftAdvertise, "raft-advertise", "", "Raft address peers dial (default --raft-addr)")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", "", "internal HTTP API bind address host:port")
@@ -137,6 +138,9 @@ func applyClusterConfig(cmd *cobra.Command, path, id string, cfg *raftmeta.Confi
 		}
 		if !set("snapshot-interval") && cat.SnapshotInterval != "" {
 			cfg.SnapshotInterval = config.Duration(cat.SnapshotInterval)
+		}
+		if !set("log-store") && cat.LogStore != "" {
+			cfg.LogStore = cat.LogStore
 		}
 	}
 	if !cfg.Bootstrap && !set("join") {

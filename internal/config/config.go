@@ -56,6 +56,7 @@ type Catalog struct {
 	CacheTTL          string `hcl:"cache_ttl,optional"`          // client result cache for stale reads; default 2s
 	SnapshotThreshold int    `hcl:"snapshot_threshold,optional"` // log entries between snapshots; default 8192
 	SnapshotInterval  string `hcl:"snapshot_interval,optional"`  // default 30s
+	LogStore          string `hcl:"log_store,optional"`          // "bolt" (raft-boltdb/v2, default) or "wal" (raft-wal), for new data dirs
 }
 
 // Node is one process of the cluster.
@@ -222,6 +223,13 @@ func (c *Cluster) validate(body *hclsyntax.Body) error {
 	}
 	if c.Catalog.SnapshotThreshold == 0 {
 		c.Catalog.SnapshotThreshold = 8192
+	}
+	switch c.Catalog.LogStore {
+	case "":
+		c.Catalog.LogStore = "bolt"
+	case "bolt", "wal":
+	default:
+		v.fail("catalog", "", "log_store", "unknown log store %q (bolt or wal)", c.Catalog.LogStore)
 	}
 	if c.Catalog.SnapshotThreshold < 0 {
 		v.fail("catalog", "", "snapshot_threshold", "must be positive")

@@ -6,12 +6,13 @@
 // .dump-compatible SQL, dumping virtual tables (FTS5) as their CREATE
 // VIRTUAL TABLE and rows rather than their shadow tables. Import splits the
 // input with a streaming, sqlite3_complete-equivalent tokenizer (Splitter)
-// and runs every statement in one transaction on its own connection under
-// an authorizer equivalent to user SQL's, so an import is all-or-nothing and
-// uses memory bounded by the largest statement, not the file.
+// and runs every statement in one transaction on the database's sqlexec
+// writer (sqlexec.DB.ExecScript), in exactly user SQL's sandbox, so an
+// import is all-or-nothing and uses memory bounded by the largest
+// statement, not the file.
 //
 // Concurrency: Export and Import are safe to call concurrently on different
-// files; on one file, Imports must be serialised by the caller (a second one
-// waits for the first one's write lock, up to the busy timeout). A Splitter
-// is used by one goroutine.
+// files; on one database an import holds the writer, so other writes (and
+// other imports) queue behind it while reads continue. A Splitter is used
+// by one goroutine.
 package dump

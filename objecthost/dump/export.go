@@ -76,7 +76,7 @@ func Export(ctx context.Context, path string, w io.Writer, opts Options, progres
 		e.line("COMMIT;")
 		return e.err
 	}
-	db := openDB(path, nil, true)
+	db := openDB(path, true)
 	defer db.Close()
 	conn, err := db.Conn(ctx)
 	if err != nil {
@@ -449,7 +449,7 @@ func Tables(ctx context.Context, path string) ([]string, error) {
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
-	db := openDB(path, nil, true)
+	db := openDB(path, true)
 	defer db.Close()
 	conn, err := db.Conn(ctx)
 	if err != nil {

@@ -77,7 +77,8 @@ type Options struct {
 	Limits Limits
 	// ReadConns is the number of read-only connections that run read-only
 	// requests concurrently with the single writer (WAL). 0 means 4; a
-	// negative value means none (every request goes to the writer).
+	// negative value means none (every request goes to the writer). They
+	// are opened lazily, by reads that find none idle.
 	ReadConns int
 	// Region and Host fill meta.served_by_region and meta.served_by_colo.
 	Region, Host string

@@ -17,7 +17,7 @@ const maxClassifiedEntries = 8192 // read-only classification cache bound
 
 // DB executes user SQL against one SQLite file with D1 semantics.
 //
-// Concurrency contract: Execute, Size, NumTables and Close are safe for
+// Concurrency contract: Execute, ExecScript, Size, NumTables and Close are safe for
 // concurrent use. Requests that may write run one at a time on the single
 // writer connection, in arrival order (a FIFO queue served by one
 // goroutine, with group commit, see group.go); requests known to be
@@ -59,18 +59,28 @@ type DB struct {
 	connsMu     sync.Mutex // guards readerConns (appended by lazy opens)
 	readerConns []*conn
 
+	// carry is a script dequeued while a group was being gathered; it runs
+	// next (writer goroutine only).
+	carry *job
+	// scripts counts ExecScript calls queued or running: while > 0, requests
+	// of unknown SQL try a reader first instead of queueing behind the
+	// script (a reader hands writes back untouched, errNeedWriter).
+	scripts atomic.Int64
+
 	maxGroupTime time.Duration // group commit window (tests widen it)
 	commits      atomic.Int64  // group commits, for tests
 	lostTxns     atomic.Int64  // transactions SQLite rolled back under a group, for tests
 }
 
 type job struct {
-	rq   reqCtx
-	req  *Request
-	fn   func(*conn) error // internal jobs (NumTables) instead of req
-	res  []StatementResult
-	err  error
-	done chan struct{}
+	rq  reqCtx
+	req *Request
+	fn  func(*conn) error // internal jobs (NumTables) instead of req
+	// script, when set, makes this an ExecScript job (run alone).
+	script *scriptJob
+	res    []StatementResult
+	err    error
+	done   chan struct{}
 }
 
 // Open opens (creating if missing) the SQLite file at path in WAL mode with
@@ -115,8 +125,11 @@ func (db *DB) Execute(ctx context.Context, req Request) ([]StatementResult, erro
 		return nil, invalidf("no statements")
 	}
 	rq := newReqCtx(ctx, db.lim.QueryTimeout)
-	if db.readers != nil && db.isReadonly(&req) {
-		res, err := db.read(rq, &req, nil)
+	if ro := db.readers != nil && db.isReadonly(&req); ro || db.readers != nil && db.scripts.Load() > 0 {
+		// While a script holds the writer, SQL not yet known to be
+		// read-only tries a reader first (speculative): writes, and
+		// statements a reader cannot even prepare, come back untouched.
+		res, err := db.read(rq, &req, nil, !ro)
 		if !errors.Is(err, errNeedWriter) {
 			return res, err
 		}
@@ -133,7 +146,7 @@ func (db *DB) Execute(ctx context.Context, req Request) ([]StatementResult, erro
 
 // read runs a read-only request (or fn) on a reader connection in the
 // caller's goroutine.
-func (db *DB) read(rq reqCtx, req *Request, fn func(*conn) error) ([]StatementResult, error) {
+func (db *DB) read(rq reqCtx, req *Request, fn func(*conn) error, speculative bool) ([]StatementResult, error) {
 	db.mu.RLock()
 	if db.closed {
 		db.mu.RUnlock()
@@ -186,7 +199,7 @@ func (db *DB) read(rq reqCtx, req *Request, fn func(*conn) error) ([]StatementRe
 	if fn != nil {
 		return nil, fn(c)
 	}
-	st := reqState{base: db.base, classify: db.classify}
+	st := reqState{base: db.base, classify: db.classify, speculative: speculative}
 	return c.run(rq, req, &st)
 }
 
@@ -294,7 +307,7 @@ func (db *DB) NumTables() (int, error) {
 	}
 	rq := newReqCtx(context.Background(), db.lim.QueryTimeout)
 	if db.readers != nil {
-		_, err := db.read(rq, nil, fn)
+		_, err := db.read(rq, nil, fn, false)
 		if !errors.Is(err, errNeedWriter) {
 			return int(n), err
 		}

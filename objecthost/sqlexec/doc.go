@@ -29,8 +29,11 @@
 // TestRowsReadCounters fails loudly on a build without it. A full scan of N
 // rows reads N, a primary-key or indexed-equality lookup reads 1, an
 // indexed range reads the rows in the range. Loops of trigger programs are
-// not included, and queries answered without a loop (SELECT count(*) uses
-// OP_Count) read 0.
+// not included. A top-level SELECT count(*) FROM t, which SQLite answers
+// with OP_Count on the b-tree and no loop, reads its result (the table's
+// row count, as D1 reports); it is recognised once per cached statement by
+// reading its program with EXPLAIN (shoal_simple_count). A count inside a
+// subquery or compound SELECT is not recognised and reads 0.
 //
 // rows_written comes from the preupdate hook (build tag
 // sqlite_preupdate_hook) on the writer: every row INSERTed or DELETEd counts
@@ -56,4 +59,13 @@
 // is untrusted, and load_extension is compiled out. VACUUM cannot run
 // inside the request's transaction. testdata/hostile.sql is the corpus
 // TestHostileCorpus and FuzzExecute's seeds check.
+//
+// # Scripts
+//
+// DB.ExecScript runs a stream of statements (an import) on the writer as
+// one transaction, alone (never grouped), through the same sandbox, limits
+// and counters; see ScriptOptions for its three opt-in differences
+// (deferred foreign keys, statement length, sqlite_sequence writes). Its
+// statements are never cached. TestExecScriptHostileCorpus runs the
+// hostile corpus through it.
 package sqlexec

@@ -2,6 +2,8 @@ package sqlexec
 
 import (
 	"context"
+	"database/sql"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -110,4 +112,56 @@ func FuzzParseSimple(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) { checkParseAgrees(t, data) })
+}
+
+// Databases open through the unix-excl VFS with a persistent WAL: other
+// connections of this process (mattn/go-sqlite3, as the dump package uses)
+// still read and write them while a DB is open, in either opening order;
+// a closed database leaves an empty -wal and no -shm.
+func TestSameProcessConnectionsShareTheFile(t *testing.T) {
+	db, path := openTest(t, Options{ReadConns: 1})
+	run(t, db, stmt("CREATE TABLE t (v)"), stmt("INSERT INTO t VALUES (1)"))
+
+	other, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=5000")
+	require.NoError(t, err)
+	defer other.Close()
+	var n int
+	require.NoError(t, other.QueryRow("SELECT count(*) FROM t").Scan(&n))
+	assert.Equal(t, 1, n, "sees the DB's committed write")
+	_, err = other.Exec("INSERT INTO t VALUES (2)")
+	require.NoError(t, err)
+	for i := 0; i < 2; i++ { // writer, then a reader once known read-only
+		res := run(t, db, stmt("SELECT count(*) AS n FROM t"))
+		assert.EqualValues(t, 2, res[0].Results.(Rows)[0].Values()[0])
+	}
+	require.NoError(t, other.Close())
+	require.NoError(t, db.Close())
+
+	fi, err := os.Stat(path + "-wal")
+	require.NoError(t, err, "the WAL file is kept")
+	assert.Zero(t, fi.Size(), "and checkpointed empty")
+	_, err = os.Stat(path + "-shm")
+	assert.True(t, os.IsNotExist(err), "no -shm file: the WAL index is in memory")
+
+	// The other connection first, then a DB.
+	other, err = sql.Open("sqlite3", "file:"+path+"?_busy_timeout=5000")
+	require.NoError(t, err)
+	defer other.Close()
+	require.NoError(t, other.QueryRow("SELECT count(*) FROM t").Scan(&n))
+	db2, err := Open(path, Options{ReadConns: 1})
+	require.NoError(t, err)
+	defer db2.Close()
+	assert.Equal(t, 2, n)
+	run(t, db2, stmt("INSERT INTO t VALUES (3)"))
+	require.NoError(t, other.QueryRow("SELECT count(*) FROM t").Scan(&n))
+	assert.Equal(t, 3, n)
+	// The other connection closing last may leave the WAL uncheckpointed;
+	// nothing is lost.
+	require.NoError(t, db2.Close())
+	require.NoError(t, other.Close())
+	db3, err := Open(path, Options{ReadConns: 1})
+	require.NoError(t, err)
+	defer db3.Close()
+	res := run(t, db3, stmt("SELECT count(*) AS n FROM t"))
+	assert.EqualValues(t, 3, res[0].Results.(Rows)[0].Values()[0])
 }

@@ -38,11 +38,26 @@ const (
 	defaultMaxGroupTime = 2 * time.Millisecond
 )
 
-// writer is the writer connection's loop.
+// writer is the writer connection's loop. A script (ExecScript) never
+// joins a group: it runs alone, in its own transaction, and a script met
+// while a group is being gathered ends the gathering and runs right after
+// that group's COMMIT (db.carry), so arrival order is kept.
 func (db *DB) writer(c *conn) {
 	defer db.wg.Done()
 	group := make([]*job, 0, maxGroup)
-	for j := range db.writeQ {
+	for {
+		j := db.carry
+		db.carry = nil
+		if j == nil {
+			var ok bool
+			if j, ok = <-db.writeQ; !ok {
+				return
+			}
+		}
+		if j.script != nil {
+			db.runScript(c, j)
+			continue
+		}
 		group = append(group[:0], j)
 		db.runGroup(c, group)
 	}
@@ -172,10 +187,16 @@ func (db *DB) runInSavepoint(c *conn, j *job) ([]StatementResult, bool, error) {
 	return res, st.ddl, nil
 }
 
+// tryDequeueWrite returns the next queued request to add to the group, or
+// nil. A script ends the group: it is kept in db.carry for the writer loop.
 func (db *DB) tryDequeueWrite() *job {
 	select {
 	case j, ok := <-db.writeQ:
 		if !ok {
+			return nil
+		}
+		if j.script != nil {
+			db.carry = j
 			return nil
 		}
 		return j

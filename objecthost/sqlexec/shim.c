@@ -74,7 +74,12 @@ static int shoal_auth(void *p, int code, const char *a1, const char *a2, const c
 		// ANALYZE sqlite_stat1/4, through nested statements authorized here
 		// after the DDL itself (c->ddl is set by then); user DML on them is
 		// refused.
-		if (has_prefix_ci(a1, "sqlite_") && !is_schema_table(a1) && !c->ddl)
+		// The one exception: a script (ExecScript with AllowSequenceWrites,
+		// i.e. an import) may write sqlite_sequence, as .dump output does
+		// to restore AUTOINCREMENT counters. Such statements are never
+		// cached, so they cannot run again outside the script.
+		if (has_prefix_ci(a1, "sqlite_") && !is_schema_table(a1) && !c->ddl &&
+			!(c->allow_seq && strcasecmp(a1, "sqlite_sequence") == 0))
 			return deny(c, "writes to internal table not allowed:", a1);
 		if (is_schema_table(a1)) c->ddl = 1;
 		return SHOAL_OK;

@@ -123,6 +123,7 @@ typedef struct {
 	int txn_denied;        // the authorizer refused BEGIN/COMMIT/SAVEPOINT…
 	int ddl;               // the authorizer saw schema-changing DDL
 	int defer_fk;          // the authorizer saw PRAGMA defer_foreign_keys
+	int allow_seq;         // a script restoring AUTOINCREMENT counters: DML on sqlite_sequence allowed
 	char reason[160];      // why the authorizer denied, for the error message
 	shoal_wrec *recs;
 	int nrec, cap;

@@ -128,10 +128,12 @@ func (f *FSM) dedupeThresholds(index uint64) (tsMin int64, idxMax uint64) {
 // error only for fatal failures; refusals are in Result.Err.
 func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 	res := Result{Index: l.Index}
-	var cmd Command
-	if err := json.Unmarshal(l.Data, &cmd); err != nil {
-		res.Err = ToError(fmt.Errorf("%w: malformed command: %v", ErrInvalid, err))
-		return res, nil
+	cmd, pre, fast := decodeCreateFast(l.Data)
+	if !fast {
+		if err := json.Unmarshal(l.Data, &cmd); err != nil {
+			res.Err = ToError(fmt.Errorf("%w: malformed command: %v", ErrInvalid, err))
+			return res, nil
+		}
 	}
 	// Envelope checks. These refusals are a pure function of the entry, so
 	// they are not remembered: a retry gets the same answer anyway.
@@ -169,7 +171,12 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 	if _, err := s.savepoint.ExecContext(ctx); err != nil {
 		return res, &fatalError{err}
 	}
-	value, err := f.dispatch(ctx, &cmd)
+	var value any
+	if fast { // the body is decoded already
+		value, err = f.createDatabaseBody(ctx, &cmd, pre)
+	} else {
+		value, err = f.dispatch(ctx, &cmd)
+	}
 	var fe *fatalError
 	switch {
 	case errors.As(err, &fe):
@@ -180,7 +187,13 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 		}
 		res.Err = ToError(err)
 	case value != nil:
-		b, err := json.Marshal(value)
+		var b []byte
+		var err error
+		if db, ok := value.(Database); ok {
+			b, err = encodeDatabase(db)
+		} else {
+			b, err = json.Marshal(value)
+		}
 		if err != nil {
 			return res, &fatalError{err}
 		}
@@ -189,7 +202,7 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 	if _, err := s.release.ExecContext(ctx); err != nil {
 		return res, &fatalError{err}
 	}
-	b, err := json.Marshal(res)
+	b, err := encodeResult(res)
 	if err != nil {
 		return res, &fatalError{err}
 	}
@@ -197,6 +210,24 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 		return res, &fatalError{err}
 	}
 	return res, nil
+}
+
+// encodeResult is json.Marshal(res) byte for byte (the stored bytes are part
+// of the catalog every replica must agree on), written directly for an
+// accepted command: json.Marshal would re-scan Value, which json.Marshal
+// produced compact and escaped a moment ago. Refusals take the slow path.
+func encodeResult(res Result) ([]byte, error) {
+	if res.Err != nil {
+		return json.Marshal(res)
+	}
+	b := make([]byte, 0, len(res.Value)+40)
+	b = append(b, `{"index":`...)
+	b = strconv.AppendUint(b, res.Index, 10)
+	if len(res.Value) > 0 {
+		b = append(b, `,"value":`...)
+		b = append(b, res.Value...)
+	}
+	return append(b, '}'), nil
 }
 
 func checkEnvelope(c *Command) error {
@@ -491,6 +522,12 @@ func (f *FSM) createDatabase(ctx context.Context, c *Command) (any, error) {
 	if err := decodeBody(c, &b); err != nil {
 		return nil, err
 	}
+	return f.createDatabaseBody(ctx, c, b)
+}
+
+// createDatabaseBody is createDatabase after the body is decoded (by
+// decodeBody or by decodeCreateFast).
+func (f *FSM) createDatabaseBody(ctx context.Context, c *Command, b CreateDatabase) (any, error) {
 	if b.ReadReplication == "" {
 		b.ReadReplication = ReadReplicationDisabled
 	}

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -140,4 +141,26 @@ func TestApplyBatchRefusalDoesNotUndoOthers(t *testing.T) {
 	a, err := f.Account(ctx, "a1")
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), a.ActiveDatabases)
+}
+
+// encodeResult must store exactly what json.Marshal would: replicas running
+// builds with and without the fast path must keep byte-identical catalogs.
+func TestEncodeResultMatchesJSONMarshal(t *testing.T) {
+	db := Database{UUID: uuidN(7), AccountID: "a<b>&c", Name: "n", ObjectID: "o", HostID: "h",
+		HostAddress: "10.0.0.1:80", Region: "weur", Jurisdiction: "eu\u2028x", ReadReplication: ReadReplicationDisabled,
+		State: StateActive, CreatedAt: 12345, RoutingGeneration: 1}
+	v, err := json.Marshal(db)
+	require.NoError(t, err)
+	for _, r := range []Result{
+		{Index: 1},
+		{Index: 1<<63 + 5, Value: v},
+		{Index: 3, Value: json.RawMessage(`{"applied":1,"skipped":0}`)},
+		{Index: 4, Err: &Error{Code: CodeNameTaken, Message: `"x" <taken>`}},
+	} {
+		want, err := json.Marshal(r)
+		require.NoError(t, err)
+		got, err := encodeResult(r)
+		require.NoError(t, err)
+		require.Equal(t, string(want), string(got))
+	}
 }

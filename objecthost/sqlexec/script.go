@@ -1,0 +1,279 @@
+package sqlexec
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	v4 "github.com/shoaldb/shoal/internal/v4"
+)
+
+// ScriptOptions configure ExecScript.
+type ScriptOptions struct {
+	// Progress, when set, is called on the writer goroutine every
+	// ProgressEvery statements with the number run so far. It must return
+	// quickly and must not call into this DB (the writer is busy with the
+	// script: that would deadlock).
+	Progress func(statements int)
+	// ProgressEvery defaults to 1000.
+	ProgressEvery int
+	// DeferForeignKeys runs the script with PRAGMA defer_foreign_keys=ON:
+	// foreign keys are checked once, at the end, so a dump may insert child
+	// rows before their parents.
+	DeferForeignKeys bool
+	// BlockGrowth is Request.BlockGrowth for the whole script: a script that
+	// grows the file is rolled back with CodeStorageLimit.
+	BlockGrowth bool
+	// MaxStatementBytes, when > 0, replaces Limits.MaxSQLBytes for the
+	// script's statements. It is the one limit a script may relax: a dump
+	// carries values as literals (a 2 MB blob is a 4 MB statement) that user
+	// SQL would bind as parameters. Every other limit is the DB's.
+	MaxStatementBytes int
+	// AllowSequenceWrites lets the script INSERT, UPDATE and DELETE rows of
+	// sqlite_sequence, which .dump output does to restore AUTOINCREMENT
+	// counters (and SQLite documents as legitimate); user SQL may not. It
+	// is the sandbox's only script-specific rule (shim.c, allow_seq).
+	AllowSequenceWrites bool
+}
+
+// ScriptResult is what a committed script did.
+type ScriptResult struct {
+	Statements  int   // statements run (blank strings are not counted)
+	RowsRead    int64 // D1's rows_read, summed over the statements
+	RowsWritten int64 // D1's rows_written (rows + index entries), summed
+	Changes     int64 // sqlite3_changes, summed
+	SizeAfter   int64 // database bytes after the COMMIT (page_count × page_size)
+}
+
+// ScriptError is an ExecScript failure. Nothing of the script was kept.
+type ScriptError struct {
+	// Statement is the 1-based number of the failing statement (the
+	// Statement-th non-blank string next returned), 0 when the failure is
+	// the script's as a whole: deferred foreign keys at the end,
+	// BlockGrowth, the COMMIT, or cancellation before it started.
+	Statement int
+	// Err is an *Error for SQL failures and limits, ErrClosed, or the error
+	// next returned.
+	Err error
+	// canceled is the caller's context error when the script was
+	// interrupted by it (errors.Is(err, context.Canceled) then holds).
+	canceled error
+}
+
+func (e *ScriptError) Error() string {
+	if e.Statement > 0 {
+		return fmt.Sprintf("statement %d: %v", e.Statement, e.Err)
+	}
+	return e.Err.Error()
+}
+
+// Unwrap exposes Err and, when the caller canceled, its context's error.
+func (e *ScriptError) Unwrap() []error {
+	if e.canceled != nil {
+		return []error{e.Err, e.canceled}
+	}
+	return []error{e.Err}
+}
+
+type scriptJob struct {
+	ctx  context.Context
+	next func() (string, error)
+	opt  ScriptOptions
+	res  ScriptResult
+}
+
+// scriptQueueRetry is how often ExecScript retries to queue while the
+// writer queue is full: a script is a long job whose caller (an import)
+// would rather wait for room than fail with CodeOverloaded.
+const scriptQueueRetry = 5 * time.Millisecond
+
+// ExecScript runs a stream of statements on the writer connection as ONE
+// transaction, under exactly the sandbox of user SQL (the same authorizer,
+// defensive mode, limits and max_page_count) and counting rows read and
+// written as Execute does. next returns the statements one at a time
+// (each string may hold several; blank ones are skipped) and io.EOF at the
+// end; it runs on the writer goroutine and must not call into this DB.
+//
+// The script is queued like any write (in arrival order; while the queue is
+// full ExecScript waits for room) and then runs alone, never sharing a
+// transaction with other requests: writes that arrive meanwhile wait behind
+// it in the queue (each within its own QueryTimeout) and run after its
+// COMMIT; reads keep running on the reader connections and see the
+// database as it was before the script until it commits (WAL).
+//
+// All or nothing: a failing statement, a limit, the deferred foreign-key
+// check, ctx's end (SQLite is interrupted) or Close rolls everything back
+// and returns a *ScriptError. Each statement is bounded by
+// Limits.QueryTimeout; the script as a whole only by ctx.
+func (db *DB) ExecScript(ctx context.Context, next func() (string, error), opt ScriptOptions) (ScriptResult, error) {
+	if opt.ProgressEvery <= 0 {
+		opt.ProgressEvery = 1000
+	}
+	sj := &scriptJob{ctx: ctx, next: next, opt: opt}
+	j := &job{script: sj, done: make(chan struct{})}
+	db.scripts.Add(1)
+	defer db.scripts.Add(-1)
+	for {
+		err := db.enqueue(j)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrOverloaded) {
+			return ScriptResult{}, err
+		}
+		select {
+		case <-ctx.Done():
+			return ScriptResult{}, &ScriptError{Err: ctxError(ctx), canceled: ctx.Err()}
+		case <-time.After(scriptQueueRetry):
+		}
+	}
+	<-j.done
+	return sj.res, j.err
+}
+
+// runScript runs a script job on the writer and finishes it.
+func (db *DB) runScript(c *conn, j *job) {
+	res, err := db.script(c, j.script)
+	j.script.res = res
+	j.finish(nil, err)
+}
+
+// script is ExecScript's body on the writer connection. Checkpoint: the
+// COMMIT; before it nothing of the script is visible or durable.
+func (db *DB) script(c *conn, sj *scriptJob) (res ScriptResult, err error) {
+	ctx, opt := sj.ctx, sj.opt
+	fail := func(n int, e error) (ScriptResult, error) {
+		se := &ScriptError{Statement: n, Err: e}
+		if ctx.Err() != nil {
+			se.canceled = ctx.Err()
+			if _, ok := e.(*Error); ok {
+				se.Err = ctxError(ctx)
+			}
+		}
+		return ScriptResult{}, se
+	}
+	if db.isClosed() {
+		return ScriptResult{}, ErrClosed
+	}
+	if ctx.Err() != nil {
+		return fail(0, ctxError(ctx))
+	}
+	if err := c.execInternal("BEGIN IMMEDIATE"); err != nil {
+		return fail(0, err)
+	}
+	// Statements prepared from here on are never cached (scriptNoCache):
+	// that is also what keeps allow_seq from outliving the script.
+	c.scriptNoCache, c.scriptSQLBytes = true, opt.MaxStatementBytes
+	if opt.AllowSequenceWrites {
+		c.sc.allow_seq = 1
+	}
+	st := reqState{base: db.base, discard: true}
+	committed := false
+	defer func() {
+		c.scriptNoCache, c.scriptSQLBytes = false, 0
+		c.sc.allow_seq = 0
+		C.shoal_clear_recs(c.sc)
+		if !committed && C.sqlite3_get_autocommit(c.db) == 0 {
+			_ = c.execInternal("ROLLBACK")
+		}
+		if st.ddl {
+			// Cached column names and index info (rows_written) are
+			// refreshed, whether the script committed or not.
+			c.schemaGen.Add(1)
+		}
+	}()
+	if opt.DeferForeignKeys {
+		if err := c.execInternal("PRAGMA defer_foreign_keys=ON"); err != nil {
+			return fail(0, err)
+		}
+	}
+	var pagesBefore int64
+	if opt.BlockGrowth {
+		if pagesBefore, err = c.queryInt("PRAGMA page_count"); err != nil {
+			return fail(0, err)
+		}
+	}
+	var results []StatementResult
+	for {
+		if db.isClosed() {
+			return fail(res.Statements, ErrClosed)
+		}
+		sql, err := sj.next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fail(res.Statements, err)
+		}
+		if isBlank(sql) {
+			continue
+		}
+		res.Statements++
+		rq := newReqCtx(ctx, db.lim.QueryTimeout)
+		if e := rq.err(); e != nil {
+			return fail(res.Statements, e)
+		}
+		req := Request{Statements: []Statement{{SQL: sql}}}
+		st.stmtIdx = 0
+		c.armCancel(rq)
+		results, err = c.runSQL(rq, &req, 0, nil, &st, results[:0])
+		if err == nil && c.canceled() {
+			err = rq.cancelError()
+		}
+		c.disarmCancel()
+		if err == nil && C.sqlite3_get_autocommit(c.db) != 0 {
+			// Cannot happen for statements the authorizer lets through;
+			// never commit half a script if it somehow does.
+			err = sqlErr(v4.CodeSQL, -1, "the script's transaction ended early: SQLITE_ERROR")
+		}
+		if err != nil {
+			return fail(res.Statements, err)
+		}
+		for i := range results {
+			m := &results[i].Meta
+			res.RowsRead += m.RowsRead
+			res.RowsWritten += m.RowsWritten
+			res.Changes += m.Changes
+		}
+		if opt.Progress != nil && res.Statements%opt.ProgressEvery == 0 {
+			opt.Progress(res.Statements)
+		}
+	}
+	if opt.BlockGrowth {
+		after, err := c.queryInt("PRAGMA page_count")
+		if err != nil {
+			return fail(0, err)
+		}
+		if after > pagesBefore {
+			return fail(0, sqlErr(v4.CodeStorageLimit, -1, "storage limit exceeded: the account is over its storage limit, so writes that grow the database are blocked (DELETE and DROP still work): SQLITE_FULL"))
+		}
+	}
+	if C.shoal_deferred_fks(c.db) != 0 {
+		// COMMIT would fail too, but leave the transaction open; say it
+		// the way a request's deferred check does.
+		return fail(0, sqlErr(v4.CodeSQL, -1, "FOREIGN KEY constraint failed: SQLITE_CONSTRAINT"))
+	}
+	if st.ddl {
+		c.schemaGen.Add(1) // before COMMIT too: see runGroup
+	}
+	if err := c.execInternal("COMMIT"); err != nil { // the checkpoint
+		return fail(0, err)
+	}
+	committed = true
+	db.commits.Add(1)
+	if pages, err := c.queryInt("PRAGMA page_count"); err == nil {
+		res.SizeAfter = pages * c.pageSize
+		c.sizeHint.Store(res.SizeAfter)
+	}
+	if opt.Progress != nil && res.Statements%opt.ProgressEvery != 0 {
+		opt.Progress(res.Statements)
+	}
+	return res, nil
+}
