@@ -399,7 +399,7 @@ func TestBenchHeartbeatSchedule(t *testing.T) {
 	if s := os.Getenv("SHOAL_BENCH_HB_DBS"); s != "" {
 		n, _ = strconv.Atoi(s)
 	}
-	for _, chunk := range []int{1000, 10000} {
+	for _, chunk := range []int{1000, 5000, 10000} { // 5,000 is the default
 		cat := &countingCatalog{}
 		th := newTestHost(t, func(c *Config) { c.Catalog = cat; c.HeartbeatBatch = chunk })
 		// Simulate n objects in memory only (no index rows, no files): the

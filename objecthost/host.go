@@ -34,7 +34,7 @@ type Config struct {
 
 	HeartbeatInterval  time.Duration // default 30 s
 	HeartbeatTick      time.Duration // how often due heartbeats are sent (default 1 s)
-	HeartbeatBatch     int           // UUIDs per catalog call (default 1,000)
+	HeartbeatBatch     int           // UUIDs per catalog call (default 5,000; the catalog accepts up to 10,000)
 	HeartbeatRetry     time.Duration // retry delay after a failed catalog call (default 5 s)
 	CreationGrace      time.Duration // unknown-to-catalog orphans die after this age (default 2 min)
 	DeletedRetention   time.Duration // deleted files are swept after this (default 24 h)
@@ -78,7 +78,7 @@ func (c *Config) setDefaults() {
 		c.HeartbeatTick = time.Second
 	}
 	if c.HeartbeatBatch <= 0 {
-		c.HeartbeatBatch = 1000
+		c.HeartbeatBatch = 5000
 	}
 	if c.HeartbeatRetry <= 0 {
 		c.HeartbeatRetry = 5 * time.Second

@@ -337,6 +337,11 @@ func randomHex(n int) string {
 
 func printDevBanner(out io.Writer, st *devState, o devOptions) {
 	base := st.APIURL + "/client/v4/accounts/" + st.AccountID + "/d1/database"
+	// The client command as this binary was invoked (bin/shoal under make dev).
+	d1 := os.Args[0] + " d1"
+	if o.dir != ".shoal" {
+		d1 += " --dev-dir " + o.dir
+	}
 	fmt.Fprintf(out, `
 Shoal is running (catalog voters: %d, data in %s).
 
@@ -359,7 +364,13 @@ Try it:
   # list databases
   curl -s "%s" -H "Authorization: Bearer $SHOAL_API_TOKEN"
 
+Or with the wrangler-like client (it reads %s/dev.json):
+
+  %s create my-second-db
+  %s execute my-second-db --command "CREATE TABLE t(x); INSERT INTO t VALUES (1); SELECT * FROM t"
+  %s list
+
 Press Ctrl-C to stop; data survives restarts (--reset wipes it).
 `, o.nodes, o.dir, st.APIURL, st.AccountID, st.Token, st.AdminToken, st.APIURL,
-		st.APIURL, st.AccountID, st.Token, base, base, base)
+		st.APIURL, st.AccountID, st.Token, base, base, base, o.dir, d1, d1, d1)
 }

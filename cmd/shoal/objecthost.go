@@ -158,7 +158,7 @@ given explicitly win.`,
 	f.IntVar(&cfg.MaxOpen, "max-open", 1000, "open database handles kept (LRU)")
 	f.IntVar(&cfg.ReadConns, "read-conns", 1, "read connections per open database (-1: none)")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 30*time.Second, "default heartbeat interval per database")
-	f.IntVar(&cfg.HeartbeatBatch, "heartbeat-batch", 1000, "databases per heartbeat call to the catalog")
+	f.IntVar(&cfg.HeartbeatBatch, "heartbeat-batch", 5000, "databases per heartbeat call to the catalog (the catalog accepts up to 10,000)")
 	f.DurationVar(&cfg.CreationGrace, "creation-grace", 2*time.Minute, "age after which a database unknown to the catalog is an orphan")
 	f.DurationVar(&cfg.DeletedRetention, "deleted-retention", 24*time.Hour, "how long deleted databases' files are kept")
 	f.DurationVar(&cfg.SweepInterval, "sweep-interval", time.Minute, "how often deleted databases are swept")
