@@ -49,7 +49,7 @@ type authenticator struct {
 	group       singleflight.Group
 
 	mu sync.Mutex
-	m  map[string]tokenEntry
+	m  map[[sha256.Size]byte]tokenEntry // keyed by the raw digest: no hex string per request
 }
 
 type tokenEntry struct {
@@ -68,13 +68,13 @@ func (a *authenticator) authenticate(ctx context.Context, authz string) (princip
 	if a.adminHash != nil && subtle.ConstantTimeCompare(sum[:], a.adminHash) == 1 {
 		return principal{admin: true}, nil
 	}
-	hash := hex.EncodeToString(sum[:])
 	now := a.now()
 	a.mu.Lock()
-	e, cached := a.m[hash]
+	e, cached := a.m[sum]
 	a.mu.Unlock()
 	fresh := cached && ((e.found && now.Sub(e.fetched) < a.ttl) || (!e.found && now.Sub(e.fetched) < a.negativeTTL))
 	if !fresh {
+		hash := hex.EncodeToString(sum[:])
 		v, err, _ := a.group.Do(hash, func() (any, error) {
 			var tok fsm.Token
 			err := a.fb.do(ctx, func(ctx context.Context) error {
@@ -93,7 +93,7 @@ func (a *authenticator) authenticate(ctx context.Context, authz string) (princip
 		switch {
 		case err == nil:
 			e = v.(tokenEntry)
-			a.store(hash, e)
+			a.store(sum, e)
 		case cached && e.found && now.Sub(e.fetched) < a.staleGrace:
 			// Catalog unreachable: keep serving the last answer (see type doc).
 		default:
@@ -106,7 +106,7 @@ func (a *authenticator) authenticate(ctx context.Context, authz string) (princip
 	return principal{admin: e.tok.Admin, accountID: e.tok.AccountID, tokenID: e.tok.ID}, nil
 }
 
-func (a *authenticator) store(hash string, e tokenEntry) {
+func (a *authenticator) store(hash [sha256.Size]byte, e tokenEntry) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if len(a.m) >= a.max {
@@ -124,9 +124,14 @@ func (a *authenticator) store(hash string, e tokenEntry) {
 	a.m[hash] = e
 }
 
-// forget drops a token from the cache (after a revoke through this edge).
+// forget drops a token from the cache (after a revoke through this edge);
+// hash is hex SHA-256 as HashToken returns it.
 func (a *authenticator) forget(hash string) {
-	a.mu.Lock()
-	delete(a.m, hash)
-	a.mu.Unlock()
+	var k [sha256.Size]byte
+	if b, err := hex.DecodeString(hash); err == nil && len(b) == len(k) {
+		copy(k[:], b)
+		a.mu.Lock()
+		delete(a.m, k)
+		a.mu.Unlock()
+	}
 }

@@ -107,9 +107,8 @@ func (s *Server) ownDatabase(ctx context.Context, acct, id string) (fsm.Database
 }
 
 func (s *Server) pathDatabase(r *http.Request) (acct, id string, err error) {
-	v := mux.Vars(r)
-	id, err = canonicalUUID(v["database_id"])
-	return v["account_id"], id, err
+	id, err = canonicalUUID(pathVar(r, "database_id"))
+	return pathVar(r, "account_id"), id, err
 }
 
 // account returns the account row for limit checks: a follower read cached
@@ -268,7 +267,9 @@ func (s *Server) failpoint(step string) error {
 func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBody) (fsm.Database, error) {
 	// (1) Limit check. Stale by design; the catalog write enforces the limit
 	// authoritatively in the same transaction that counts the database.
+	t0 := time.Now()
 	a, err := s.accountRow(ctx, acct)
+	s.m.stepAccount.Observe(time.Since(t0).Seconds())
 	if err != nil {
 		return fsm.Database{}, err
 	}
@@ -296,7 +297,9 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 		// (2) Fresh ids for this attempt.
 		id, objectID := uuid.NewString(), newObjectID()
 		// (3) Placement.
+		t0 = time.Now()
 		host, err := s.pickHost(ctx, jur, hint, exclude)
+		s.m.stepPlace.Observe(time.Since(t0).Seconds())
 		if err != nil {
 			// No candidate host: the (cached) host list will not change
 			// within this request's backoff, so waiting buys nothing.
@@ -304,10 +307,12 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 			return fsm.Database{}, err
 		}
 		// (4) Init on the object.
+		t0 = time.Now()
 		_, err = s.hosts.Init(ctx, host.Address, objectID, InitRequest{
 			DatabaseUUID: id, AccountID: acct, Name: *body.Name, Region: host.Region, Jurisdiction: jur,
 			RoutingGeneration: initialGeneration, Options: InitOptions{HeartbeatIntervalMs: a.Limits.HeartbeatIntervalMs},
 		})
+		s.m.stepInit.Observe(time.Since(t0).Seconds())
 		if err == nil {
 			err = s.failpoint("create:after-init")
 		}
@@ -324,6 +329,7 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 		}
 		// (5) THE CREATION CHECKPOINT: the catalog write through Raft.
 		var d fsm.Database
+		t0 = time.Now()
 		err = s.catalogWrite(ctx, func(ctx context.Context) error {
 			var err error
 			d, err = s.catalog.CreateDatabase(ctx, fsm.CreateDatabase{
@@ -332,6 +338,7 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 			})
 			return err
 		})
+		s.m.stepCatalog.Observe(time.Since(t0).Seconds())
 		if err == nil {
 			s.m.createTries.WithLabelValues("created").Inc()
 			if d.HostAddress == "" {
@@ -342,7 +349,9 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 			if fp := s.failpoint("create:after-catalog-write"); fp != nil {
 				return fsm.Database{}, fp
 			}
+			t0 = time.Now()
 			s.afterCreate(d)
+			s.m.stepAfter.Observe(time.Since(t0).Seconds())
 			return d, nil
 		}
 		if errors.Is(err, fsm.ErrNameTaken) && len(unknown) > 0 {

@@ -193,15 +193,14 @@ type ExportResult struct {
 	SignedURL string `json:"signed_url"`
 }
 
-// handleExport serves POST /{id}/export. Our export needs no preparation:
-// the dump is streamed from a read snapshot of the database when the signed
-// URL is fetched, so the first call already answers "complete" (a D1 client
-// polling with current_bookmark gets the same answer again). at_bookmark is
-// the instant the URL was issued; the snapshot is taken at download time.
-func (s *Server) handleExport(w http.ResponseWriter, r *http.Request, _ principal) {
+// dumpRequest does what every export and import call starts with: signed
+// URLs must be configured, the path names a database of the caller's
+// account, the rate limits allow it, and the (small) JSON body decodes
+// strictly into dst. It has answered the client when ok is false.
+func (s *Server) dumpRequest(w http.ResponseWriter, r *http.Request, dst any) (acct, id string, ok bool) {
 	if _, err := s.urlKey(); err != nil {
 		s.writeDumpErr(w, r, err)
-		return
+		return "", "", false
 	}
 	acct, id, err := s.pathDatabase(r)
 	if err == nil {
@@ -209,16 +208,28 @@ func (s *Server) handleExport(w http.ResponseWriter, r *http.Request, _ principa
 	}
 	if err != nil {
 		s.writeErr(w, r, err)
-		return
+		return "", "", false
 	}
 	b, err := readBody(r.Body, 64<<10)
+	if err == nil {
+		err = decodeStrict(b, dst)
+	}
 	if err != nil {
 		s.writeErr(w, r, err)
-		return
+		return "", "", false
 	}
+	return acct, id, true
+}
+
+// handleExport serves POST /{id}/export. Our export needs no preparation:
+// the dump is streamed from a read snapshot of the database when the signed
+// URL is fetched, so the first call already answers "complete" (a D1 client
+// polling with current_bookmark gets the same answer again). at_bookmark is
+// the instant the URL was issued; the snapshot is taken at download time.
+func (s *Server) handleExport(w http.ResponseWriter, r *http.Request, _ principal) {
 	var body exportBody
-	if err := decodeStrict(b, &body); err != nil {
-		s.writeErr(w, r, err)
+	acct, id, ok := s.dumpRequest(w, r, &body)
+	if !ok {
 		return
 	}
 	if body.OutputFormat != "polling" {

@@ -66,3 +66,46 @@ func FuzzCreateBody(f *testing.F) {
 		}
 	})
 }
+
+// FuzzValidateQueryBody: the allocation-free scan of the query path accepts
+// only bodies parseQueryBody accepts, and validateQueryBody gives the same
+// verdict as parseQueryBody on every input.
+func FuzzValidateQueryBody(f *testing.F) {
+	for _, s := range []string{
+		`{"sql":"SELECT 1"}`, `{"sql":"SELECT ?","params":[1,"a",null,true,false,-1.5e+3]}`,
+		` { "params" : [ 2 ] , "sql" : "SELECT ?" } `, `{"sql":"SELECT ?","params":[01]}`,
+		`{"sql":"SELECT ?","params":[nul]}`, `{"sql":"SELECT ?","params":[1,]}`, `{"sql":"  "}`,
+		`{"sql":"x","sql":"y"}`, `{"SQL":"x"}`, `{"sql":"x\n"}`, `{"sql":"x"}x`, `{"sql":"\u00e9"}`,
+		`{"sql":"x","params":[[1,2]]}`, `{"batch":[{"sql":"SELECT 1"}]}`, `{"sql":"x","params":[-]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	l := Limits{MaxSQLBytes: 16, MaxParams: 3, MaxParamString: 4}
+	l.defaults()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, full := parseQueryBody(b, l)
+		if validSimpleQuery(b, l) {
+			require.NoError(t, full, "fast path accepted %q", b)
+		}
+		require.Equal(t, full == nil, validateQueryBody(b, l) == nil)
+	})
+}
+
+// TestValidateQueryBodyFastPath: the common bodies take the scan (no
+// allocation) and the limits hold on it.
+func TestValidateQueryBodyFastPath(t *testing.T) {
+	var l Limits
+	l.defaults()
+	for _, b := range []string{`{"sql":"SELECT v FROM kv WHERE id = ?","params":[42]}`,
+		`{"params":["a",null,true,1.5],"sql":"SELECT ?"}`, `{"sql":"SELECT 1"}`, `{"sql":"SELECT 1","params":[]}`} {
+		body := []byte(b)
+		require.True(t, validSimpleQuery(body, l), b)
+		require.Zero(t, testing.AllocsPerRun(10, func() { _ = validateQueryBody(body, l) }), b)
+	}
+	small := Limits{MaxSQLBytes: 5, MaxParams: 1, MaxParamString: 2}
+	small.defaults()
+	for _, b := range []string{`{"sql":"SELECT 1"}`, `{"sql":"x","params":[1,2]}`, `{"sql":"x","params":["abc"]}`} {
+		require.False(t, validSimpleQuery([]byte(b), small), b)
+		require.Error(t, validateQueryBody([]byte(b), small), b)
+	}
+}

@@ -85,7 +85,9 @@ func neverSent(err error) bool {
 // HostClient calls object hosts over pooled keep-alive HTTP. Safe for
 // concurrent use.
 type HostClient struct {
-	http *http.Client
+	http    *http.Client
+	tr      *http.Transport // forward's round trips skip http.Client (see forward)
+	timeout time.Duration
 }
 
 // NewHostClient returns a client with a connection pool sized for an edge
@@ -102,7 +104,7 @@ func NewHostClient(timeout time.Duration) *HostClient {
 		IdleConnTimeout:     90 * time.Second,
 		ForceAttemptHTTP2:   false,
 	}
-	return &HostClient{http: &http.Client{Transport: tr, Timeout: timeout}}
+	return &HostClient{http: &http.Client{Transport: tr, Timeout: timeout}, tr: tr, timeout: timeout}
 }
 
 // Close drops idle connections.
@@ -213,13 +215,7 @@ func (c *HostClient) forward(ctx context.Context, url string, hdr http.Header, b
 			case <-time.After(time.Duration(attempt) * 50 * time.Millisecond):
 			}
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-		if err != nil {
-			return nil, err
-		}
-		req.Header = hdr.Clone()
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := c.http.Do(req)
+		resp, err := c.roundTrip(ctx, url, hdr, body)
 		if err == nil {
 			return resp, nil
 		}
@@ -229,4 +225,41 @@ func (c *HostClient) forward(ctx context.Context, url string, hdr http.Header, b
 		}
 	}
 	return nil, lastErr
+}
+
+// roundTrip is one forward attempt straight on the transport: http.Client's
+// header copier, redirect machinery and deadline timer were a third of the
+// forwarding CPU in the bench profile, and a host never redirects (a 3xx
+// would be passed through untouched). The client timeout is kept as a
+// context deadline, released when the caller closes the response body.
+func (c *HostClient) roundTrip(ctx context.Context, url string, hdr http.Header, body []byte) (*http.Response, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	// The transport does not modify request headers, so every attempt can
+	// share hdr (no clone per request).
+	hdr.Set("Content-Type", "application/json")
+	req.Header = hdr
+	resp, err := c.tr.RoundTrip(req)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// cancelBody releases a round trip's deadline when its body is closed.
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }

@@ -35,26 +35,9 @@ type ImportInit struct {
 // (the host verifies the file's MD5 against etag and starts the job) and
 // poll (the job's status, passed through from the host).
 func (s *Server) handleImport(w http.ResponseWriter, r *http.Request, _ principal) {
-	if _, err := s.urlKey(); err != nil {
-		s.writeDumpErr(w, r, err)
-		return
-	}
-	acct, id, err := s.pathDatabase(r)
-	if err == nil {
-		err = s.checkRate(acct, id)
-	}
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	b, err := readBody(r.Body, 64<<10)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
 	var body importBody
-	if err := decodeStrict(b, &body); err != nil {
-		s.writeErr(w, r, err)
+	acct, id, ok := s.dumpRequest(w, r, &body)
+	if !ok {
 		return
 	}
 	etag := strings.Trim(body.Etag, `"`)

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +18,12 @@ type metrics struct {
 	staleRoutes prometheus.Counter
 	createTries *prometheus.CounterVec
 	bgDropped   prometheus.Counter
+	// createSteps times the create flow's steps: account (limit check),
+	// placement, init (object host round trip, its durable index commit
+	// included), catalog_write (the Raft write, the checkpoint), after (route
+	// write-through, scheduling the confirm). Observers resolved once.
+	createSteps                                              *prometheus.HistogramVec
+	stepAccount, stepPlace, stepInit, stepCatalog, stepAfter prometheus.Observer
 }
 
 func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
@@ -33,14 +40,22 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 			Help: "Create attempts by outcome."}, []string{"outcome"}),
 		bgDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "shoal_edge_background_dropped_total",
 			Help: "Best-effort background tasks shed because too many were running."}),
+		createSteps: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "shoal_edge_create_step_seconds",
+			Help:    "Time in each step of the create flow (account, placement, init, catalog_write, after).",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16)}, []string{"step"}),
 	}
+	m.stepAccount = m.createSteps.WithLabelValues("account")
+	m.stepPlace = m.createSteps.WithLabelValues("placement")
+	m.stepInit = m.createSteps.WithLabelValues("init")
+	m.stepCatalog = m.createSteps.WithLabelValues("catalog_write")
+	m.stepAfter = m.createSteps.WithLabelValues("after")
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
 	counter := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
 	}
-	reg.MustRegister(m.requests, m.duration, m.rateLimited, m.staleRoutes, m.createTries, m.bgDropped,
+	reg.MustRegister(m.requests, m.duration, m.rateLimited, m.staleRoutes, m.createTries, m.bgDropped, m.createSteps,
 		counter("shoal_edge_route_cache_hits_total", "Route lookups served by the local cache.", func() float64 { return float64(s.cache.hits.Load()) }),
 		counter("shoal_edge_route_cache_misses_total", "Route lookups that missed the local cache.", func() float64 { return float64(s.cache.misses.Load()) }),
 		counter("shoal_edge_route_cache_negative_hits_total", "Lookups answered by a negative entry.", func() float64 { return float64(s.cache.negHits.Load()) }),
@@ -80,13 +95,48 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.ResponseWriter.WriteHeader(code)
 }
 
+// commonStatuses get a counter resolved once per endpoint: WithLabelValues
+// (label hashing, a map lookup under a lock) on every request showed up in
+// the hot path's profile.
+var commonStatuses = [...]int{200, 400, 401, 403, 404, 413, 429, 500, 503}
+
+type counterBox struct{ c prometheus.Counter }
+
+type observerBox struct{ o prometheus.Observer }
+
+// instrument counts and times h under endpoint name. The histogram observer
+// and the counter of a common status are resolved on first use and kept (so
+// /metrics still shows only series that happened); other statuses go
+// through WithLabelValues.
 func (s *Server) instrument(name string, h http.Handler) http.Handler {
+	var dur atomic.Pointer[observerBox]
+	var counters [len(commonStatuses)]atomic.Pointer[counterBox]
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 		h.ServeHTTP(rec, r)
-		s.m.requests.WithLabelValues(name, strconv.Itoa(rec.status)).Inc()
-		s.m.duration.WithLabelValues(name).Observe(time.Since(start).Seconds())
+		counted := false
+		for i, st := range commonStatuses {
+			if st == rec.status {
+				cb := counters[i].Load()
+				if cb == nil {
+					cb = &counterBox{c: s.m.requests.WithLabelValues(name, strconv.Itoa(st))}
+					counters[i].Store(cb)
+				}
+				cb.c.Inc()
+				counted = true
+				break
+			}
+		}
+		if !counted {
+			s.m.requests.WithLabelValues(name, strconv.Itoa(rec.status)).Inc()
+		}
+		ob := dur.Load()
+		if ob == nil {
+			ob = &observerBox{o: s.m.duration.WithLabelValues(name)}
+			dur.Store(ob)
+		}
+		ob.o.Observe(time.Since(start).Seconds())
 	})
 }
 

@@ -22,24 +22,28 @@ func (s *Server) query(kind string) http.Handler {
 	bearer := s.account(kind, func(w http.ResponseWriter, r *http.Request, _ principal) {
 		s.handleQuery(w, r, kind)
 	})
+	// Built once, not per request: instrument keeps its resolved metric
+	// observers in its closure.
+	bound := s.instrument("bound_"+kind, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tok, _ := binding.FromHeader(r.Header)
+		acct, id, err := s.pathDatabase(r)
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		s.serveBound(w, r, kind, tok, func(c binding.Claims) error {
+			if c.AccountID != acct {
+				return errForbidden
+			}
+			if c.DatabaseUUID != id {
+				return ErrDatabaseNotFound
+			}
+			return nil
+		})
+	}))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if tok, err := binding.FromHeader(r.Header); err == nil {
-			s.instrument("bound_"+kind, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				acct, id, err := s.pathDatabase(r)
-				if err != nil {
-					s.writeErr(w, r, err)
-					return
-				}
-				s.serveBound(w, r, kind, tok, func(c binding.Claims) error {
-					if c.AccountID != acct {
-						return errForbidden
-					}
-					if c.DatabaseUUID != id {
-						return ErrDatabaseNotFound
-					}
-					return nil
-				})
-			})).ServeHTTP(w, r)
+		if _, err := binding.FromHeader(r.Header); err == nil {
+			bound.ServeHTTP(w, r)
 			return
 		}
 		bearer.ServeHTTP(w, r)
@@ -57,7 +61,7 @@ func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request, kind string
 	}
 	body, err := readBody(r.Body, s.o.Limits.MaxBodyBytes)
 	if err == nil {
-		_, err = parseQueryBody(body, s.o.Limits)
+		err = validateQueryBody(body, s.o.Limits)
 	}
 	if err != nil {
 		s.writeErr(w, r, err)
@@ -124,7 +128,7 @@ func (e *staleError) Unwrap() error { return ErrStaleRoute }
 // the host's response for pass-through, or a *staleError, or ErrUnavailable
 // when the host cannot be reached.
 func (s *Server) forwardQuery(r *http.Request, rt Route, kind string, body []byte) (*http.Response, error) {
-	h := http.Header{}
+	h := make(http.Header, 5)
 	setRouteHeaders(h, rt)
 	h.Set(HeaderRequestID, requestIDFrom(r.Context()))
 	resp, err := s.hosts.forward(r.Context(), "http://"+rt.HostAddress+"/v1/objects/"+rt.ObjectID+"/"+kind, h, body)
@@ -195,13 +199,13 @@ func (s *Server) serveBound(w http.ResponseWriter, r *http.Request, kind, tok st
 	}
 	body, err := readBody(r.Body, s.o.Limits.MaxBodyBytes)
 	if err == nil {
-		_, err = parseQueryBody(body, s.o.Limits)
+		err = validateQueryBody(body, s.o.Limits)
 	}
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	h := http.Header{}
+	h := make(http.Header, 6)
 	setRouteHeaders(h, Route{DatabaseUUID: c.DatabaseUUID, AccountID: c.AccountID, Generation: c.Generation})
 	binding.SetHeader(h, tok)
 	h.Set(HeaderRequestID, requestIDFrom(r.Context()))

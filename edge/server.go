@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -113,6 +114,10 @@ type Server struct {
 	bgMu      sync.Mutex // orders bgWG.Add against Close's Wait
 	bgClosing bool
 
+	// queryQuery and queryRaw are the full handler chains of the two query
+	// routes, shared by mux and the hand-matched fast path.
+	queryQuery, queryRaw http.Handler
+
 	// copyBufs recycles pass-through buffers: io.Copy's own 32 KB buffer per
 	// request showed up in profiles as large allocations.
 	copyBufs sync.Pool
@@ -149,7 +154,7 @@ func New(o Options) (*Server, error) {
 		bgSem: semaphore.NewWeighted(256),
 	}
 	s.auth = &authenticator{catalog: o.Catalog, fb: fb, ttl: o.TokenTTL, negativeTTL: o.TokenNegativeTTL,
-		staleGrace: o.TokenStaleGrace, max: 100_000, now: o.Now, m: make(map[string]tokenEntry)}
+		staleGrace: o.TokenStaleGrace, max: 100_000, now: o.Now, m: make(map[[sha256.Size]byte]tokenEntry)}
 	if o.AdminToken != "" {
 		h := HashToken(o.AdminToken)
 		s.auth.adminHash = mustHex(h)
@@ -207,10 +212,60 @@ func setDefaults(o *Options) {
 }
 
 // Handler returns the HTTP handler of the public and admin APIs.
-func (s *Server) Handler() http.Handler { return s.router }
+func (s *Server) Handler() http.Handler { return s }
 
-// ServeHTTP serves the public and admin APIs.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.router.ServeHTTP(w, r) }
+// ServeHTTP serves the public and admin APIs. POST …/{database_id}/query and
+// …/raw, the hot path, are matched by hand before gorilla/mux: its regexp
+// matching and the map of path variables were ~20% of the edge's handler CPU
+// in the bench profile (docs/bench/edge.md). Every other request, and any
+// query path that is not exactly in canonical form, goes through mux, so the
+// answers are the same either way.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost {
+		if acct, db, kind, ok := matchQueryPath(r.URL.Path); ok {
+			h := s.queryRaw
+			if kind == "query" {
+				h = s.queryQuery
+			}
+			s.serveWithVars(w, r, acct, db, h)
+			return
+		}
+	}
+	s.router.ServeHTTP(w, r)
+}
+
+const queryPathPrefix = "/client/v4/accounts/"
+
+// matchQueryPath recognises /client/v4/accounts/{a}/d1/database/{id}/query
+// (or /raw) with non-empty segments that mux would match unchanged (no '/',
+// not "." or "..", which mux would clean and redirect).
+func matchQueryPath(p string) (acct, db, kind string, ok bool) {
+	rest, found := strings.CutPrefix(p, queryPathPrefix)
+	if !found {
+		return "", "", "", false
+	}
+	i := strings.IndexByte(rest, '/')
+	if i <= 0 {
+		return "", "", "", false
+	}
+	acct, rest = rest[:i], rest[i:]
+	rest, found = strings.CutPrefix(rest, "/d1/database/")
+	if !found {
+		return "", "", "", false
+	}
+	i = strings.IndexByte(rest, '/')
+	if i <= 0 {
+		return "", "", "", false
+	}
+	db, kind = rest[:i], rest[i+1:]
+	if kind != "query" && kind != "raw" {
+		return "", "", "", false
+	}
+	if acct == "." || acct == ".." || db == "." || db == ".." {
+		return "", "", "", false
+	}
+	return acct, db, kind, true
+}
 
 // Purge drops every cached route (operator action; the purge test).
 func (s *Server) Purge() error { return s.cache.Purge() }
@@ -287,8 +342,9 @@ func (s *Server) routes() *mux.Router {
 	d1 := r.PathPrefix("/client/v4/accounts/{account_id}/d1/database").Subrouter()
 	// The query routes first: mux tries routes in order and regexp matching
 	// showed up in profiles of the hot path.
-	d1.Handle("/{database_id}/query", s.query("query")).Methods(http.MethodPost)
-	d1.Handle("/{database_id}/raw", s.query("raw")).Methods(http.MethodPost)
+	s.queryQuery, s.queryRaw = s.query("query"), s.query("raw")
+	d1.Handle("/{database_id}/query", s.queryQuery).Methods(http.MethodPost)
+	d1.Handle("/{database_id}/raw", s.queryRaw).Methods(http.MethodPost)
 	d1.Handle("", s.account("create", s.handleCreate)).Methods(http.MethodPost)
 	d1.Handle("", s.account("list", s.handleList)).Methods(http.MethodGet)
 	d1.Handle("/{database_id}", s.account("get", s.handleGet)).Methods(http.MethodGet)
@@ -322,17 +378,54 @@ type ctxKey int
 
 const requestIDKey ctxKey = 0
 
+// reqInfo is the one context value the edge adds to a request: its request
+// id and, on the hand-matched query path, the path variables mux would have
+// extracted (one allocation instead of mux's map and second context).
+type reqInfo struct {
+	id       string
+	vars     bool // account and database are set: the request bypassed mux
+	account  string
+	database string
+}
+
+// serveWithVars runs h as the requestID middleware would, with the path
+// variables of the hand-matched query path.
+func (s *Server) serveWithVars(w http.ResponseWriter, r *http.Request, acct, db string, h http.Handler) {
+	info := &reqInfo{id: incomingRequestID(r), vars: true, account: acct, database: db}
+	w.Header().Set(HeaderRequestID, info.id)
+	h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, info)))
+}
+
 // requestID accepts a sane incoming X-Request-ID or makes one, echoes it and
 // propagates it to object hosts.
 func (s *Server) requestID(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get(HeaderRequestID)
-		if !saneRequestID(id) {
-			id = uuid.NewString()
-		}
-		w.Header().Set(HeaderRequestID, id)
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+		info := &reqInfo{id: incomingRequestID(r)}
+		w.Header().Set(HeaderRequestID, info.id)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, info)))
 	})
+}
+
+func incomingRequestID(r *http.Request) string {
+	id := r.Header.Get(HeaderRequestID)
+	if !saneRequestID(id) {
+		id = uuid.NewString()
+	}
+	return id
+}
+
+// pathVar returns the path variable name ("account_id" or "database_id"),
+// from the hand-matched query path or from mux.
+func pathVar(r *http.Request, name string) string {
+	if info, _ := r.Context().Value(requestIDKey).(*reqInfo); info != nil && info.vars {
+		switch name {
+		case "account_id":
+			return info.account
+		case "database_id":
+			return info.database
+		}
+	}
+	return mux.Vars(r)[name]
 }
 
 func saneRequestID(id string) bool {
@@ -349,8 +442,10 @@ func saneRequestID(id string) bool {
 }
 
 func requestIDFrom(ctx context.Context) string {
-	id, _ := ctx.Value(requestIDKey).(string)
-	return id
+	if info, _ := ctx.Value(requestIDKey).(*reqInfo); info != nil {
+		return info.id
+	}
+	return ""
 }
 
 type authedHandler func(w http.ResponseWriter, r *http.Request, p principal)
@@ -359,7 +454,7 @@ type authedHandler func(w http.ResponseWriter, r *http.Request, p principal)
 // the bearer token and checks that it belongs to that account (or is admin).
 func (s *Server) account(name string, h authedHandler) http.Handler {
 	return s.instrument(name, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		acct := mux.Vars(r)["account_id"]
+		acct := pathVar(r, "account_id")
 		if err := checkAccountID(acct); err != nil {
 			s.writeErr(w, r, err)
 			return

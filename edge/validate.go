@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -298,4 +299,169 @@ func checkAccountID(s string) error {
 		}
 	}
 	return nil
+}
+
+// validateQueryBody is parseQueryBody for the query path, which forwards the
+// original bytes and needs no tree: the common body, {"sql": "...",
+// "params": [scalars]}, is checked by a single scan (validSimpleQuery) that
+// allocates nothing; anything it does not recognise — and every error, so the
+// messages are the decoder's — goes through parseQueryBody. The scan accepts
+// a strict subset of what parseQueryBody accepts (FuzzValidateQueryBody).
+func validateQueryBody(b []byte, l Limits) error {
+	if validSimpleQuery(b, l) {
+		return nil
+	}
+	_, err := parseQueryBody(b, l)
+	return err
+}
+
+// validSimpleQuery reports whether b is one JSON object with exactly the key
+// "sql" (a string without escapes or control characters, valid UTF-8, not
+// blank, within MaxSQLBytes) and optionally "params" (at most MaxParams
+// values, each a string of the same kind within MaxParamString, a valid JSON
+// number, true, false or null), keys spelled exactly, no duplicates, nothing
+// after the object but whitespace. false means "not sure", not "invalid".
+func validSimpleQuery(b []byte, l Limits) bool {
+	p := scanner{b: b}
+	if !p.byte('{') {
+		return false
+	}
+	seenSQL, seenParams := false, false
+	for {
+		key, ok := p.str()
+		if !ok || !p.byte(':') {
+			return false
+		}
+		switch {
+		case string(key) == "sql" && !seenSQL:
+			v, ok := p.str()
+			if !ok || len(v) > l.MaxSQLBytes || len(bytes.TrimSpace(v)) == 0 {
+				return false
+			}
+			seenSQL = true
+		case string(key) == "params" && !seenParams:
+			if !p.params(l) {
+				return false
+			}
+			seenParams = true
+		default:
+			return false
+		}
+		if p.byte(',') {
+			continue
+		}
+		if !p.byte('}') {
+			return false
+		}
+		break
+	}
+	p.ws()
+	return p.i == len(p.b) && seenSQL
+}
+
+// scanner is the minimal JSON scanner of validSimpleQuery.
+type scanner struct {
+	b []byte
+	i int
+}
+
+func (p *scanner) ws() {
+	for p.i < len(p.b) {
+		switch p.b[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
+
+// byte skips whitespace and consumes c if it is next.
+func (p *scanner) byte(c byte) bool {
+	p.ws()
+	if p.i < len(p.b) && p.b[p.i] == c {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// str consumes a string without escapes or control characters and returns
+// its contents (which are then its decoded value).
+func (p *scanner) str() ([]byte, bool) {
+	if !p.byte('"') {
+		return nil, false
+	}
+	start := p.i
+	for p.i < len(p.b) {
+		c := p.b[p.i]
+		switch {
+		case c == '"':
+			v := p.b[start:p.i]
+			p.i++
+			if !utf8.Valid(v) {
+				return nil, false
+			}
+			return v, true
+		case c == '\\' || c < 0x20:
+			return nil, false
+		}
+		p.i++
+	}
+	return nil, false
+}
+
+// params consumes an array of scalar parameters within the limits.
+func (p *scanner) params(l Limits) bool {
+	if !p.byte('[') {
+		return false
+	}
+	if p.byte(']') {
+		return true
+	}
+	n := 0
+	for {
+		n++
+		if n > l.MaxParams {
+			return false
+		}
+		p.ws()
+		if p.i < len(p.b) && p.b[p.i] == '"' {
+			v, ok := p.str()
+			if !ok || len(v) > l.MaxParamString {
+				return false
+			}
+		} else {
+			start := p.i
+			for p.i < len(p.b) {
+				c := p.b[p.i]
+				if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c == '-' || c == '+' || c == '.' || c == 'E') {
+					break
+				}
+				p.i++
+			}
+			if !scalarLiteral(p.b[start:p.i]) {
+				return false
+			}
+		}
+		if p.byte(',') {
+			continue
+		}
+		return p.byte(']')
+	}
+}
+
+// scalarLiteral accepts exactly true, false, null and JSON numbers.
+func scalarLiteral(v []byte) bool {
+	if len(v) == 0 {
+		return false
+	}
+	switch string(v) {
+	case "true", "false", "null":
+		return true
+	}
+	if v[0] != '-' && (v[0] < '0' || v[0] > '9') {
+		return false
+	}
+	return json.Valid(v)
 }

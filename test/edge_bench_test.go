@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -159,6 +161,27 @@ func TestEdgeBench(t *testing.T) {
 		return postJSON(base, edgeHdr, b)
 	})
 	t.Logf("create, %d clients, %s: %d creates, p50 %s p99 %s, %.1f creates/s", clients, dur, len(lCreate.d), lCreate.pct(.5), lCreate.pct(.99), cps)
+	// Where a create's time goes: the edge's per-step histogram (mean per
+	// step) and the hosts' own init latency (index group commit included).
+	edgeM := scrapeMetrics(t, c.edgeURL[0]+"/metrics")
+	for _, step := range []string{"account", "placement", "init", "catalog_write", "after"} {
+		k := `shoal_edge_create_step_seconds_%s{step="` + step + `"}`
+		sum, cnt := edgeM[fmt.Sprintf(k, "sum")], edgeM[fmt.Sprintf(k, "count")]
+		if cnt > 0 {
+			t.Logf("  create step %-13s mean %8s (%v observations)", step, time.Duration(sum/cnt*float64(time.Second)), cnt)
+		}
+	}
+	hs, err := cl.Hosts(context.Background(), raftmeta.ReadOptions{Consistency: raftmeta.Stale, NoCache: true})
+	require.NoError(t, err)
+	var hSum, hCnt float64
+	for _, h := range hs {
+		m := scrapeMetrics(t, "http://"+h.Address+"/metrics")
+		hSum += m["shoal_objecthost_init_duration_seconds_sum"]
+		hCnt += m["shoal_objecthost_init_duration_seconds_count"]
+	}
+	if hCnt > 0 {
+		t.Logf("  host-side init (validation + index fsync) mean %s (%v inits)", time.Duration(hSum/hCnt*float64(time.Second)), hCnt)
+	}
 
 	// 3. Route lookup: bbolt hit vs miss (bounded follower read of the catalog).
 	srv := c.edges[0]
@@ -185,6 +208,30 @@ func TestEdgeBench(t *testing.T) {
 	missCost := time.Since(t0) / time.Duration(len(list))
 	t.Logf("route lookup: bbolt hit %s/op (%d lookups), miss %s/op (%d lookups, follower read + write-through), miss/hit %.0fx",
 		hitCost, hits, missCost, len(list), float64(missCost)/float64(hitCost))
+}
+
+// scrapeMetrics reads a Prometheus text exposition into name{labels} → value.
+func scrapeMetrics(t *testing.T, url string) map[string]float64 {
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out
 }
 
 func fsmListAll() fsm.ListQuery { return fsm.ListQuery{Page: 1, PerPage: 10000} }
