@@ -26,13 +26,16 @@ import (
 
 // d1cliBasePort finds a base port p with p, p+100 and p+200 free (shoal dev
 // uses base+i for Raft, base+100+i for the catalog, base+200 for the host).
-func d1cliBasePort(t *testing.T) int {
+func d1cliBasePort(t *testing.T) int { return freePortBase(t, 0, 100, 200) }
+
+// freePortBase finds a base port p with p+off free for every offset.
+func freePortBase(t *testing.T, offsets ...int) int {
 	t.Helper()
 	for i := 0; i < 200; i++ {
 		p := 30000 + rand.Intn(20000)
 		ok := true
-		for _, q := range []int{p, p + 100, p + 200} {
-			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", q))
+		for _, off := range offsets {
+			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+off))
 			if err != nil {
 				ok = false
 				break
@@ -47,7 +50,6 @@ func d1cliBasePort(t *testing.T) int {
 	return 0
 }
 
-// devProc is a running `shoal dev`.
 type devProc struct {
 	dir    string
 	apiURL string

@@ -2,8 +2,6 @@ package test
 
 import (
 	"fmt"
-	"math/rand"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,26 +17,7 @@ import (
 
 // devBasePort3 finds a base port whose ranges for a 3-voter `shoal dev`
 // (base..base+2 Raft, base+100..102 catalog, base+200 host) are free.
-func devBasePort3(t *testing.T) int {
-	t.Helper()
-	for i := 0; i < 200; i++ {
-		p := 30000 + rand.Intn(20000)
-		ok := true
-		for _, q := range []int{p, p + 1, p + 2, p + 100, p + 101, p + 102, p + 200} {
-			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", q))
-			if err != nil {
-				ok = false
-				break
-			}
-			ln.Close()
-		}
-		if ok {
-			return p
-		}
-	}
-	t.Fatal("no free port range")
-	return 0
-}
+func devBasePort3(t *testing.T) int { return freePortBase(t, 0, 1, 2, 100, 101, 102, 200) }
 
 // runDevUntilReady starts `shoal dev` with args and waits until it serves.
 func runDevUntilReady(t *testing.T, bin, apiURL string, args ...string) (*exec.Cmd, *syncWriter) {
