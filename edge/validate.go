@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/shoaldb/shoal/internal/d1body"
 )
 
 // Limits applied before any work is done. D1's published limits by default.
@@ -322,133 +322,18 @@ func validateQueryBody(b []byte, l Limits) error {
 // number, true, false or null), keys spelled exactly, no duplicates, nothing
 // after the object but whitespace. false means "not sure", not "invalid".
 func validSimpleQuery(b []byte, l Limits) bool {
-	p := scanner{b: b}
-	if !p.byte('{') {
-		return false
-	}
-	seenSQL, seenParams := false, false
-	for {
-		key, ok := p.str()
-		if !ok || !p.byte(':') {
-			return false
-		}
-		switch {
-		case string(key) == "sql" && !seenSQL:
-			v, ok := p.str()
-			if !ok || len(v) > l.MaxSQLBytes || len(bytes.TrimSpace(v)) == 0 {
-				return false
-			}
-			seenSQL = true
-		case string(key) == "params" && !seenParams:
-			if !p.params(l) {
-				return false
-			}
-			seenParams = true
-		default:
-			return false
-		}
-		if p.byte(',') {
-			continue
-		}
-		if !p.byte('}') {
-			return false
-		}
-		break
-	}
-	p.ws()
-	return p.i == len(p.b) && seenSQL
-}
-
-// scanner is the minimal JSON scanner of validSimpleQuery.
-type scanner struct {
-	b []byte
-	i int
-}
-
-func (p *scanner) ws() {
-	for p.i < len(p.b) {
-		switch p.b[p.i] {
-		case ' ', '\t', '\n', '\r':
-			p.i++
-		default:
-			return
-		}
-	}
-}
-
-// byte skips whitespace and consumes c if it is next.
-func (p *scanner) byte(c byte) bool {
-	p.ws()
-	if p.i < len(p.b) && p.b[p.i] == c {
-		p.i++
-		return true
-	}
-	return false
-}
-
-// str consumes a string without escapes or control characters and returns
-// its contents (which are then its decoded value).
-func (p *scanner) str() ([]byte, bool) {
-	if !p.byte('"') {
-		return nil, false
-	}
-	start := p.i
-	for p.i < len(p.b) {
-		c := p.b[p.i]
-		switch {
-		case c == '"':
-			v := p.b[start:p.i]
-			p.i++
-			if !utf8.Valid(v) {
-				return nil, false
-			}
-			return v, true
-		case c == '\\' || c < 0x20:
-			return nil, false
-		}
-		p.i++
-	}
-	return nil, false
-}
-
-// params consumes an array of scalar parameters within the limits.
-func (p *scanner) params(l Limits) bool {
-	if !p.byte('[') {
-		return false
-	}
-	if p.byte(']') {
-		return true
-	}
 	n := 0
-	for {
+	sql, _, ok := d1body.Scan(b, func(start, end int, isString bool) bool {
 		n++
 		if n > l.MaxParams {
 			return false
 		}
-		p.ws()
-		if p.i < len(p.b) && p.b[p.i] == '"' {
-			v, ok := p.str()
-			if !ok || len(v) > l.MaxParamString {
-				return false
-			}
-		} else {
-			start := p.i
-			for p.i < len(p.b) {
-				c := p.b[p.i]
-				if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c == '-' || c == '+' || c == '.' || c == 'E') {
-					break
-				}
-				p.i++
-			}
-			if !scalarLiteral(p.b[start:p.i]) {
-				return false
-			}
+		if isString {
+			return end-start-2 <= l.MaxParamString // quotes excluded
 		}
-		if p.byte(',') {
-			continue
-		}
-		return p.byte(']')
-	}
+		return scalarLiteral(b[start:end])
+	})
+	return ok && len(sql) <= l.MaxSQLBytes && len(bytes.TrimSpace(sql)) > 0
 }
 
 // scalarLiteral accepts exactly true, false, null and JSON numbers.

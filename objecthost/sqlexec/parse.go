@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"unicode/utf8"
 
+	"github.com/shoaldb/shoal/internal/d1body"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 )
 
@@ -210,146 +210,32 @@ func unquoteSimple(raw []byte) (string, bool) {
 // decoder, which also produces the error messages. The result does not
 // alias data.
 func parseSimple(data []byte) (req Request, ok bool) {
-	p := simpleParser{b: data}
-	if !p.byte('{') {
-		return Request{}, false
-	}
-	var sql string
-	var params []json.RawMessage
-	seenSQL, seenParams := false, false
-	for {
-		key, ok := p.str()
-		if !ok || !p.byte(':') {
-			return Request{}, false
-		}
-		switch {
-		case string(key) == "sql" && !seenSQL:
-			v, ok := p.str()
-			if !ok {
-				return Request{}, false
-			}
-			sql, seenSQL = string(v), true
-		case string(key) == "params" && !seenParams:
-			if params, ok = p.params(); !ok {
-				return Request{}, false
-			}
-			seenParams = true
-		default:
-			return Request{}, false
-		}
-		if p.byte(',') {
-			continue
-		}
-		if !p.byte('}') {
-			return Request{}, false
-		}
-		break
-	}
-	p.ws()
-	if p.i != len(p.b) || !seenSQL {
-		return Request{}, false
-	}
-	return Request{Statements: []Statement{{SQL: sql, Params: params}}}, true
-}
-
-type simpleParser struct {
-	b []byte
-	i int
-}
-
-func (p *simpleParser) ws() {
-	for p.i < len(p.b) {
-		switch p.b[p.i] {
-		case ' ', '\t', '\n', '\r':
-			p.i++
-		default:
-			return
-		}
-	}
-}
-
-// byte skips whitespace and consumes c if it is next.
-func (p *simpleParser) byte(c byte) bool {
-	p.ws()
-	if p.i < len(p.b) && p.b[p.i] == c {
-		p.i++
-		return true
-	}
-	return false
-}
-
-// str consumes a string without escapes and returns its contents.
-func (p *simpleParser) str() ([]byte, bool) {
-	if !p.byte('"') {
-		return nil, false
-	}
-	start := p.i
-	for p.i < len(p.b) {
-		c := p.b[p.i]
-		switch {
-		case c == '"':
-			v := p.b[start:p.i]
-			p.i++
-			if !utf8.Valid(v) {
-				return nil, false
-			}
-			return v, true
-		case c == '\\' || c < 0x20:
-			return nil, false
-		}
-		p.i++
-	}
-	return nil, false
-}
-
-// params consumes an array of scalar parameters. The values are copied
-// into one new buffer.
-func (p *simpleParser) params() ([]json.RawMessage, bool) {
-	if !p.byte('[') {
-		return nil, false
-	}
-	if p.byte(']') {
-		return []json.RawMessage{}, true
-	}
 	var spans [][2]int
-	for {
-		p.ws()
-		start := p.i
-		if p.i < len(p.b) && p.b[p.i] == '"' {
-			if _, ok := p.str(); !ok {
-				return nil, false
-			}
-		} else {
-			for p.i < len(p.b) {
-				c := p.b[p.i]
-				if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c == '-' || c == '+' || c == '.' || c == 'E') {
-					break
-				}
-				p.i++
-			}
-			if p.i == start {
-				return nil, false
-			}
-		}
-		spans = append(spans, [2]int{start, p.i})
-		if p.byte(',') {
-			continue
-		}
-		if p.byte(']') {
-			break
-		}
-		return nil, false
+	sql, hasParams, ok := d1body.Scan(data, func(start, end int, _ bool) bool {
+		spans = append(spans, [2]int{start, end})
+		return true
+	})
+	if !ok {
+		return Request{}, false
 	}
-	buf := bytes.Clone(p.b[spans[0][0]:spans[len(spans)-1][1]])
-	base := spans[0][0]
-	out := make([]json.RawMessage, len(spans))
-	for k, sp := range spans {
-		out[k] = json.RawMessage(buf[sp[0]-base : sp[1]-base : sp[1]-base])
-		// Literals and numbers must be exactly what the decoder accepts;
-		// decodeParam checks both (json.Valid for numbers).
-		if _, err := decodeParam(out[k]); err != nil {
-			return nil, false
+	var params []json.RawMessage
+	if hasParams {
+		params = []json.RawMessage{}
+	}
+	if len(spans) > 0 {
+		// The values are copied into one new buffer, so the Request does
+		// not alias data.
+		base := spans[0][0]
+		buf := bytes.Clone(data[base:spans[len(spans)-1][1]])
+		params = make([]json.RawMessage, len(spans))
+		for k, sp := range spans {
+			params[k] = json.RawMessage(buf[sp[0]-base : sp[1]-base : sp[1]-base])
+			// Literals and numbers must be exactly what the decoder accepts;
+			// decodeParam checks both (json.Valid for numbers).
+			if _, err := decodeParam(params[k]); err != nil {
+				return Request{}, false
+			}
 		}
 	}
-	return out, true
+	return Request{Statements: []Statement{{SQL: string(sql), Params: params}}}, true
 }
