@@ -68,13 +68,8 @@ func randomHex(n int) string {
 }
 
 func (s *Server) handleAdminCreateAccount(w http.ResponseWriter, r *http.Request, _ principal) {
-	b, err := readBody(r.Body, 64<<10)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
 	var body createAccountBody
-	if err := decodeStrict(b, &body); err != nil {
+	if err := readJSON(r.Body, smallBodyBytes, &body); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -97,7 +92,7 @@ func (s *Server) handleAdminCreateAccount(w http.ResponseWriter, r *http.Request
 		limits = *body.Limits
 	}
 	var a fsm.Account
-	err = s.catalogWrite(r.Context(), func(ctx context.Context) error {
+	err := s.catalogWrite(r.Context(), func(ctx context.Context) error {
 		var err error
 		a, err = s.catalog.CreateAccount(ctx, fsm.CreateAccount{ID: body.ID, Name: body.Name, Tier: body.Tier, Limits: limits})
 		return err
@@ -129,13 +124,8 @@ func (s *Server) handleAdminUpdateAccount(w http.ResponseWriter, r *http.Request
 		s.writeErr(w, r, err)
 		return
 	}
-	b, err := readBody(r.Body, 64<<10)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
 	var body updateAccountBody
-	if err := decodeStrict(b, &body); err != nil {
+	if err := readJSON(r.Body, smallBodyBytes, &body); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -151,7 +141,7 @@ func (s *Server) handleAdminUpdateAccount(w http.ResponseWriter, r *http.Request
 		}
 	}
 	var a fsm.Account
-	err = s.catalogWrite(r.Context(), func(ctx context.Context) error {
+	err := s.catalogWrite(r.Context(), func(ctx context.Context) error {
 		var err error
 		a, err = s.catalog.UpdateAccount(ctx, cmd)
 		return err
@@ -172,7 +162,7 @@ func (s *Server) handleAdminCreateToken(w http.ResponseWriter, r *http.Request, 
 		s.writeErr(w, r, err)
 		return
 	}
-	b, err := readBody(r.Body, 64<<10)
+	b, err := readBody(r.Body, smallBodyBytes)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

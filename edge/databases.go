@@ -111,6 +111,16 @@ func (s *Server) pathDatabase(r *http.Request) (acct, id string, err error) {
 	return pathVar(r, "account_id"), id, err
 }
 
+// databaseRequest starts every per-database endpoint: the path's account
+// and canonical database UUID, then the account's and database's rate limits.
+func (s *Server) databaseRequest(r *http.Request) (acct, id string, err error) {
+	acct, id, err = s.pathDatabase(r)
+	if err == nil {
+		err = s.checkRate(acct, id)
+	}
+	return acct, id, err
+}
+
 // account returns the account row for limit checks: a follower read cached
 // per account (many creates in one account share one read).
 func (s *Server) accountRow(ctx context.Context, id string) (fsm.Account, error) {
@@ -489,10 +499,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, _ principal)
 }
 
 func (s *Server) handleGet(w http.ResponseWriter, r *http.Request, _ principal) {
-	acct, id, err := s.pathDatabase(r)
-	if err == nil {
-		err = s.checkRate(acct, id)
-	}
+	acct, id, err := s.databaseRequest(r)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -524,10 +531,7 @@ func (s *Server) liveJSON(ctx context.Context, d fsm.Database) databaseJSON {
 }
 
 func (s *Server) handleUpdate(w http.ResponseWriter, r *http.Request, _ principal) {
-	acct, id, err := s.pathDatabase(r)
-	if err == nil {
-		err = s.checkRate(acct, id)
-	}
+	acct, id, err := s.databaseRequest(r)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -562,10 +566,7 @@ func (s *Server) handleUpdate(w http.ResponseWriter, r *http.Request, _ principa
 // handleDelete: the catalog write is the checkpoint; the object learns at
 // once (best effort, background) and from its heartbeat otherwise.
 func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, _ principal) {
-	acct, id, err := s.pathDatabase(r)
-	if err == nil {
-		err = s.checkRate(acct, id)
-	}
+	acct, id, err := s.databaseRequest(r)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

@@ -202,19 +202,12 @@ func (s *Server) dumpRequest(w http.ResponseWriter, r *http.Request, dst any) (a
 		s.writeDumpErr(w, r, err)
 		return "", "", false
 	}
-	acct, id, err := s.pathDatabase(r)
-	if err == nil {
-		err = s.checkRate(acct, id)
-	}
+	acct, id, err := s.databaseRequest(r)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return "", "", false
 	}
-	b, err := readBody(r.Body, 64<<10)
-	if err == nil {
-		err = decodeStrict(b, dst)
-	}
-	if err != nil {
+	if err := readJSON(r.Body, smallBodyBytes, dst); err != nil {
 		s.writeErr(w, r, err)
 		return "", "", false
 	}

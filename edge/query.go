@@ -51,10 +51,7 @@ func (s *Server) query(kind string) http.Handler {
 }
 
 func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request, kind string) {
-	acct, id, err := s.pathDatabase(r)
-	if err == nil {
-		err = s.checkRate(acct, id)
-	}
+	acct, id, err := s.databaseRequest(r)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -237,10 +234,7 @@ func (s *Server) handleMintBinding(w http.ResponseWriter, r *http.Request, _ pri
 		v4.WriteError(w, http.StatusNotImplemented, v4.CodeInvalidRequest, "binding tokens are not enabled on this edge")
 		return
 	}
-	acct, id, err := s.pathDatabase(r)
-	if err == nil {
-		err = s.checkRate(acct, id)
-	}
+	acct, id, err := s.databaseRequest(r)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

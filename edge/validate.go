@@ -73,6 +73,19 @@ func readBody(r io.Reader, max int64) ([]byte, error) {
 	return b, nil
 }
 
+// smallBodyBytes bounds the bodies of control calls (admin, export, import),
+// which are a few small fields.
+const smallBodyBytes = 64 << 10
+
+// readJSON reads a body of at most max bytes and decodes it strictly into v.
+func readJSON(r io.Reader, max int64, v any) error {
+	b, err := readBody(r, max)
+	if err != nil {
+		return err
+	}
+	return decodeStrict(b, v)
+}
+
 // decodeStrict decodes exactly one JSON value into v, refusing unknown fields
 // and trailing data.
 func decodeStrict(b []byte, v any) error {
