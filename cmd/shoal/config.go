@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -38,4 +39,24 @@ func countVoters(c *config.Cluster) int {
 		}
 	}
 	return n
+}
+
+// loadNode reads the cluster file for a role's `serve --config FILE --node ID`
+// and returns the cluster and that node, which must take role.
+func loadNode(path, id, role string) (*config.Cluster, *config.Node, error) {
+	if id == "" {
+		return nil, nil, errors.New("--config needs --node ID")
+	}
+	c, err := config.Load(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	n, err := c.Node(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !n.Has(role) {
+		return nil, nil, fmt.Errorf("%s: node %q has no %s role", path, id, role)
+	}
+	return c, n, nil
 }

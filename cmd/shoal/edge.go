@@ -58,19 +58,9 @@ secrets come from the file; flags given explicitly win.`,
 			}
 			var tiers map[string]fsm.Limits
 			if configPath != "" {
-				c, err := config.Load(configPath)
+				c, n, err := loadNode(configPath, nodeID, config.RoleEdge)
 				if err != nil {
 					return err
-				}
-				if nodeID == "" {
-					return errors.New("--config needs --node ID")
-				}
-				n, err := c.Node(nodeID)
-				if err != nil {
-					return err
-				}
-				if !n.Has(config.RoleEdge) {
-					return fmt.Errorf("%s: node %q has no edge role", configPath, nodeID)
 				}
 				if !set("http-addr") {
 					httpAddr = n.EdgeAddr

@@ -52,19 +52,9 @@ given explicitly win.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			set := func(flag string) bool { return cmd.Flags().Changed(flag) }
 			if configPath != "" {
-				if nodeID == "" {
-					return errors.New("--config needs --node ID")
-				}
-				c, err := config.Load(configPath)
+				c, n, err := loadNode(configPath, nodeID, config.RoleObjecthost)
 				if err != nil {
 					return err
-				}
-				n, err := c.Node(nodeID)
-				if err != nil {
-					return err
-				}
-				if !n.Has(config.RoleObjecthost) {
-					return fmt.Errorf("%s: node %q has no objecthost role", configPath, nodeID)
 				}
 				if !set("id") {
 					cfg.ID = n.ID

@@ -99,19 +99,9 @@ node joins the other catalog nodes of the file. Flags given explicitly win.`,
 // applyClusterConfig fills cfg from the node's block in cluster.hcl, except
 // where a flag was given explicitly.
 func applyClusterConfig(cmd *cobra.Command, path, id string, cfg *raftmeta.Config, join *[]string) error {
-	if id == "" {
-		return errors.New("--config needs --node ID")
-	}
-	c, err := config.Load(path)
+	c, n, err := loadNode(path, id, config.RoleRaftmeta)
 	if err != nil {
 		return err
-	}
-	n, err := c.Node(id)
-	if err != nil {
-		return err
-	}
-	if !n.Has(config.RoleRaftmeta) {
-		return fmt.Errorf("%s: node %q has no raftmeta role", path, id)
 	}
 	set := func(flag string) bool { return cmd.Flags().Changed(flag) }
 	if !set("id") {
