@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,8 +32,8 @@ func newAdminCmd() *cobra.Command {
 		if token == "" {
 			return errors.New("--admin-token (or $SHOAL_ADMIN_TOKEN) is required")
 		}
-		res, err := adminCall(edgeURL, token, method, path, body)
-		if err != nil {
+		var res any
+		if err := adminCall(cmd.Context(), edgeURL, token, method, path, body, &res); err != nil {
 			return err
 		}
 		out, _ := json.MarshalIndent(res, "", "  ")
@@ -67,8 +68,8 @@ func newAdminCmd() *cobra.Command {
 			}
 			if cmd.Flags().Changed("max-databases") {
 				// Read-modify-write: the API replaces the limits as a whole.
-				cur, err := adminCall(edgeURL, token, http.MethodGet, "/admin/v1/accounts/"+args[0], nil)
-				if err != nil {
+				var cur any
+				if err := adminCall(cmd.Context(), edgeURL, token, http.MethodGet, "/admin/v1/accounts/"+args[0], nil, &cur); err != nil {
 					return err
 				}
 				limits, _ := cur.(map[string]any)["limits"].(map[string]any)
@@ -124,42 +125,45 @@ func envOr(name, def string) string {
 
 // adminCall sends one admin request and returns the envelope's result, or an
 // error carrying the envelope's first error.
-func adminCall(base, token, method, path string, body any) (any, error) {
+// adminCall calls the edge's admin API and decodes the v4 envelope's result
+// into out; an unsuccessful envelope becomes an error with its message and
+// code. Used by `shoal admin` and by `shoal dev` for its default account.
+func adminCall(ctx context.Context, base, token, method, path string, body, out any) error {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequest(method, strings.TrimRight(base, "/")+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(base, "/")+path, rd)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer resp.Body.Close()
 	var env struct {
-		Result  any  `json:"result"`
-		Success bool `json:"success"`
+		Result  json.RawMessage `json:"result"`
+		Success bool            `json:"success"`
 		Errors  []struct {
 			Code    int    `json:"code"`
 			Message string `json:"message"`
 		} `json:"errors"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
-		return nil, fmt.Errorf("%s %s: HTTP %d, not a v4 envelope", method, path, resp.StatusCode)
+		return fmt.Errorf("%s %s: HTTP %d, not a v4 envelope", method, path, resp.StatusCode)
 	}
 	if !env.Success {
 		if len(env.Errors) > 0 {
-			return nil, fmt.Errorf("%s %s: HTTP %d: %s [code: %d]", method, path, resp.StatusCode, env.Errors[0].Message, env.Errors[0].Code)
+			return fmt.Errorf("%s %s: HTTP %d: %s [code: %d]", method, path, resp.StatusCode, env.Errors[0].Message, env.Errors[0].Code)
 		}
-		return nil, fmt.Errorf("%s %s: HTTP %d", method, path, resp.StatusCode)
+		return fmt.Errorf("%s %s: HTTP %d", method, path, resp.StatusCode)
 	}
-	return env.Result, nil
+	return json.Unmarshal(env.Result, out)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -251,48 +250,15 @@ func waitHostRegistered(ctx context.Context, c *raftmeta.Client) error {
 
 func createDevAccount(ctx context.Context, st *devState) error {
 	var acct edge.AccountJSON
-	if err := devAdminCall(ctx, st, http.MethodPost, "/admin/v1/accounts", map[string]any{"name": "dev", "tier": "paid"}, &acct); err != nil {
+	if err := adminCall(ctx, st.APIURL, st.AdminToken, http.MethodPost, "/admin/v1/accounts", map[string]any{"name": "dev", "tier": "paid"}, &acct); err != nil {
 		return fmt.Errorf("create default account: %w", err)
 	}
 	var tok edge.TokenJSON
-	if err := devAdminCall(ctx, st, http.MethodPost, "/admin/v1/accounts/"+acct.ID+"/tokens", map[string]any{"name": "dev"}, &tok); err != nil {
+	if err := adminCall(ctx, st.APIURL, st.AdminToken, http.MethodPost, "/admin/v1/accounts/"+acct.ID+"/tokens", map[string]any{"name": "dev"}, &tok); err != nil {
 		return fmt.Errorf("create default token: %w", err)
 	}
 	st.AccountID, st.Token = acct.ID, tok.Token
 	return nil
-}
-
-func devAdminCall(ctx context.Context, st *devState, method, path string, body, result any) error {
-	b, _ := json.Marshal(body)
-	req, err := http.NewRequestWithContext(ctx, method, st.APIURL+path, bytes.NewReader(b))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+st.AdminToken)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	var env struct {
-		Result  json.RawMessage `json:"result"`
-		Success bool            `json:"success"`
-		Errors  []struct {
-			Code    int    `json:"code"`
-			Message string `json:"message"`
-		} `json:"errors"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
-		return fmt.Errorf("%s %s: HTTP %d: %w", method, path, resp.StatusCode, err)
-	}
-	if !env.Success {
-		if len(env.Errors) > 0 {
-			return fmt.Errorf("%s %s: %s (code %d)", method, path, env.Errors[0].Message, env.Errors[0].Code)
-		}
-		return fmt.Errorf("%s %s: HTTP %d", method, path, resp.StatusCode)
-	}
-	return json.Unmarshal(env.Result, result)
 }
 
 func loadDevState(dir string) (*devState, error) {
