@@ -22,11 +22,11 @@ func TestScan(t *testing.T) {
 		{` { "params" : [ "a" , 1.5e3, true,null ,-2 ] , "sql" : "SELECT ?" } `, true, "SELECT ?", true,
 			[]param{{`"a"`, true}, {"1.5e3", false}, {"true", false}, {"null", false}, {"-2", false}}},
 		{`{"sql":"x","params":[]}`, true, "x", true, nil},
-		{`{"sql":"a\"b"}`, false, "", false, nil},            // escapes go to the decoder
-		{`{"sql":"x","sql":"y"}`, false, "", false, nil},     // duplicate key
-		{`{"sql":"x","batch":[]}`, false, "", false, nil},    // other keys
-		{`{"params":[]}`, false, "", false, nil},             // no sql
-		{`{"sql":"x"} x`, false, "", false, nil},             // trailing data
+		{`{"sql":"a\"b"}`, false, "", false, nil},             // escapes go to the decoder
+		{`{"sql":"x","sql":"y"}`, false, "", false, nil},      // duplicate key
+		{`{"sql":"x","batch":[]}`, false, "", false, nil},     // other keys
+		{`{"params":[]}`, false, "", false, nil},              // no sql
+		{`{"sql":"x"} x`, false, "", false, nil},              // trailing data
 		{`{"sql":"x","params":[[1]]}`, false, "", false, nil}, // nested values
 		{`{"sql":"x","params":[1,]}`, false, "", false, nil},
 		{"{\"sql\":\"\xff\"}", false, "", false, nil}, // invalid UTF-8
