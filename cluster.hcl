@@ -17,7 +17,7 @@ catalog {
   cache_ttl          = "2s"   # client-side cache of stale reads, keyed per account
   snapshot_threshold = 8192   # log entries between snapshots
   snapshot_interval  = "30s"
-  log_store          = "bolt" # Raft log for new data dirs: "bolt" (raft-boltdb/v2) or "wal" (raft-wal, faster appends)
+  log_store          = "wal"  # Raft log for new data dirs: "wal" (raft-wal, default, one fsync per batch) or "bolt" (raft-boltdb/v2)
 }
 
 node "n1" {

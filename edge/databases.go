@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/gorilla/mux"
 
+	"github.com/shoaldb/shoal/internal/ids"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
@@ -305,7 +305,7 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 			}
 		}
 		// (2) Fresh ids for this attempt.
-		id, objectID := uuid.NewString(), newObjectID()
+		id, objectID := ids.New(), newObjectID()
 		// (3) Placement.
 		t0 = time.Now()
 		host, err := s.pickHost(ctx, jur, hint, exclude)

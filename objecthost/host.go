@@ -202,6 +202,9 @@ func Open(cfg Config) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
+	ix.lazyFailed = func(n int) {
+		h.log.Warn("index commit failed; lazily stored confirmations dropped (the next heartbeat confirms them again)", "records", n)
+	}
 	h.ix = ix
 	h.bufs.New = func() any { b := make([]byte, 0, 4096); return &b }
 	h.handles = newHandleCache(cfg.MaxOpen, h.openDB, func(n int) { h.m.openHandles.Set(float64(n)) })
@@ -424,8 +427,12 @@ func (h *Host) Init(ctx context.Context, objectID string, req InitRequest) (Obje
 }
 
 // Confirm marks the object confirmed (its catalog row exists) at least at
-// generation gen and publishes its route. Checkpoint: the index commit; a
-// failed publication is retried by the next heartbeat.
+// generation gen and publishes its route. The record is stored lazily (it
+// rides in the index's next commit, within defaultLazyDelay, instead of
+// costing an fsync of its own): if the host crashes first, the object comes
+// back unconfirmed and the next heartbeat confirms it again from the
+// catalog, which is the checkpoint of record. A failed publication is
+// retried by the next heartbeat too.
 func (h *Host) Confirm(ctx context.Context, objectID string, gen int64) (ObjectInfo, error) {
 	o, _, err := h.lookup(objectID)
 	if err != nil {
@@ -444,7 +451,7 @@ func (h *Host) Confirm(ctx context.Context, objectID string, gen int64) (ObjectI
 		n := *m
 		n.Confirmed = true
 		n.RoutingGeneration = max(gen, m.RoutingGeneration)
-		if err := h.ix.put(&n); err != nil {
+		if err := h.ix.putLazy(&n); err != nil {
 			return ObjectInfo{}, err
 		}
 		o.meta.Store(&n)

@@ -10,9 +10,9 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/hashicorp/raft"
 
+	"github.com/shoaldb/shoal/internal/ids"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -68,7 +68,7 @@ func checkCommand(cmd *fsm.Command, now time.Time) error {
 		return &fsm.Error{Code: fsm.CodeInvalid, Message: "command type missing"}
 	}
 	if cmd.RequestID == "" {
-		cmd.RequestID = uuid.NewString()
+		cmd.RequestID = ids.New()
 	}
 	if len(cmd.RequestID) > 128 {
 		return &fsm.Error{Code: fsm.CodeInvalid, Message: "request id longer than 128 bytes"}

@@ -251,7 +251,7 @@ func TestBenchRaftmetaStages(t *testing.T) {
 	}
 	cat.ApplyBatch([]*raft.Log{mk(fsm.CmdCreateAccount, newAccount("bench", 1<<40))})
 	var logs [][]*raft.Log
-	for i := 0; i < 250; i++ {
+	for i := 0; i < 2500; i++ {
 		var b []*raft.Log
 		for j := 0; j < batch; j++ {
 			b = append(b, mk(fsm.CmdCreateDatabase, newDB("bench")))
@@ -264,7 +264,7 @@ func TestBenchRaftmetaStages(t *testing.T) {
 			require.Nil(t, r.(fsm.Result).Err)
 		}
 	}
-	fsmRate := float64(250*batch) / time.Since(start).Seconds()
+	fsmRate := float64(2500*batch) / time.Since(start).Seconds()
 
 	s, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(t.TempDir(), "raft.db")})
 	require.NoError(t, err)
@@ -273,7 +273,7 @@ func TestBenchRaftmetaStages(t *testing.T) {
 	for _, b := range logs {
 		require.NoError(t, s.StoreLogs(b))
 	}
-	boltRate := float64(250*batch) / time.Since(start).Seconds()
+	boltRate := float64(2500*batch) / time.Since(start).Seconds()
 	t.Logf("FSM ApplyBatch, create-database in batches of %d: %.0f entries/s (%.3f ms CPU+IO per entry)", batch, fsmRate, 1000/fsmRate)
 	t.Logf("raft-boltdb StoreLogs with fsync, batches of %d: %.0f entries/s (%.0f fsynced batches/s)", batch, boltRate, boltRate/batch)
 }

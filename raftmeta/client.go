@@ -13,8 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-
+	"github.com/shoaldb/shoal/internal/ids"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -74,7 +73,7 @@ func WithRequestTimeout(d time.Duration) ClientOption { return func(c *clientCon
 // WithClock injects the clock used for cache expiry and command timestamps.
 func WithClock(now func() time.Time) ClientOption { return func(c *clientConfig) { c.now = now } }
 
-// WithRequestIDs injects the request-ID generator (default random UUIDs).
+// WithRequestIDs injects the request-ID generator (default time-ordered UUIDs, see internal/ids).
 func WithRequestIDs(f func() string) ClientOption { return func(c *clientConfig) { c.newID = f } }
 
 // NewClient returns a client of the nodes at addrs (host:port of their HTTP
@@ -84,7 +83,7 @@ func NewClient(addrs []string, opts ...ClientOption) (*Client, error) {
 		return nil, errors.New("raftmeta client: no node addresses")
 	}
 	cfg := clientConfig{ttl: 2 * time.Second, maxEntries: 100_000, attempts: 10,
-		boBase: 25 * time.Millisecond, boMax: 800 * time.Millisecond, now: time.Now, newID: uuid.NewString, timeout: 15 * time.Second}
+		boBase: 25 * time.Millisecond, boMax: 800 * time.Millisecond, now: time.Now, newID: ids.New, timeout: 15 * time.Second}
 	for _, o := range opts {
 		o(&cfg)
 	}

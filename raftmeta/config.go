@@ -16,9 +16,10 @@ type Config struct {
 	ID  string // Raft server ID, unique and stable for the node's life
 	Dir string // data directory: raft-wal/ (or raft.db), snapshots/, fsm/
 
-	// LogStore is the Raft log: LogStoreBolt (raft-boltdb/v2, the default
-	// for a new directory) or LogStoreWAL (raft-wal, opt-in). A directory that already holds one keeps it; naming
-	// the other kind for it is ErrLogStoreMismatch.
+	// LogStore is the Raft log: LogStoreWAL (raft-wal, the default for a
+	// new directory) or LogStoreBolt (raft-boltdb/v2). A directory that
+	// already holds one keeps it; naming the other kind for it is
+	// ErrLogStoreMismatch.
 	LogStore string
 
 	RaftAddr      string // bind address of the Raft port (Raft RPCs + node metadata)
@@ -69,6 +70,10 @@ type Config struct {
 }
 
 const (
+	// logCacheEntries is how many of the newest Raft log entries are kept
+	// in memory for replication: comfortably more than a few batches in
+	// flight (MaxAppendEntries is 512).
+	logCacheEntries = 4096
 	defaultMaxStale = 5 * time.Second
 	maxBodyBytes    = 1 << 20
 )

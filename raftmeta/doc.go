@@ -1,6 +1,7 @@
 // Package raftmeta is Shoal's transactional catalog service: a HashiCorp Raft
-// group (raft-boltdb/v2 log and stable store, file snapshots, TCP transport)
-// whose state machine is the SQLite catalog of package raftmeta/fsm.
+// group (raft-wal or raft-boltdb/v2 log and stable store, file snapshots,
+// TCP transport) whose state machine is the SQLite catalog of package
+// raftmeta/fsm.
 //
 // It owns the Raft node ([Node]): leader forwarding of writes, the three read
 // consistency levels (linearizable, leader, stale with a max-staleness bound),

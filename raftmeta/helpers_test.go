@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/shoaldb/shoal/internal/ids"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -152,7 +153,7 @@ func (tc *testCluster) addrs() []string {
 var testSeq atomic.Int64
 
 func cmd(t testing.TB, typ fsm.CommandType, body any) fsm.Command {
-	c, err := fsm.NewCommand(typ, uuid.NewString(), time.Now().UnixNano(), body)
+	c, err := fsm.NewCommand(typ, ids.New(), time.Now().UnixNano(), body)
 	require.NoError(t, err)
 	return c
 }
@@ -163,7 +164,7 @@ func newAccount(id string, maxDBs int64) fsm.CreateAccount {
 
 func newDB(acct string) fsm.CreateDatabase {
 	s := testSeq.Add(1)
-	return fsm.CreateDatabase{UUID: uuid.NewString(), AccountID: acct, Name: fmt.Sprintf("db-%d", s),
+	return fsm.CreateDatabase{UUID: ids.New(), AccountID: acct, Name: fmt.Sprintf("db-%d", s),
 		ObjectID: uuid.NewString(), HostID: "h1", Region: "weur", Jurisdiction: "", ReadReplication: fsm.ReadReplicationDisabled}
 }
 

@@ -18,16 +18,17 @@ import (
 
 // Log store kinds for Config.LogStore.
 const (
-	// LogStoreBolt is raft-boltdb/v2 (bbolt): two fsyncs per appended batch
-	// (pages, then the meta page). The default for new data directories:
-	// the catalog's specification names it (issue #2), and it is the store
-	// rqlite and Consul run by default.
-	LogStoreBolt = "bolt"
 	// LogStoreWAL is hashicorp/raft-wal: append-only segment files, one
-	// fsync per appended batch. Opt-in (cluster.hcl catalog.log_store =
-	// "wal", or --log-store wal): measured 1.05–1.6x more creates/s here
-	// (docs/bench/raftmeta.md), but younger than bbolt.
+	// fsync per appended batch. The default for new data directories: on
+	// this machine type a 3-voter cluster with it makes 1.3–1.4x the
+	// creates/s of raft-boltdb/v2, and only with it does the catalog reach
+	// its throughput targets (docs/benchmarks.md, raftmeta/DESIGN.md).
 	LogStoreWAL = "wal"
+	// LogStoreBolt is raft-boltdb/v2 (bbolt): two fsyncs per appended batch
+	// (pages, then the meta page). Fully supported: pick it with
+	// catalog.log_store = "bolt" (or --log-store bolt) for new directories;
+	// a directory created with it keeps it.
+	LogStoreBolt = "bolt"
 )
 
 const (
@@ -78,7 +79,7 @@ func chooseLogStore(dir, want string) (string, error) {
 	case hasWAL:
 		return LogStoreWAL, nil
 	case want == "":
-		return LogStoreBolt, nil
+		return LogStoreWAL, nil
 	case want == LogStoreWAL, want == LogStoreBolt:
 		return want, nil
 	}

@@ -26,7 +26,7 @@ func TestChooseLogStore(t *testing.T) {
 		dir, want, got string
 		mismatch       bool
 	}{
-		{empty, "", LogStoreBolt, false},
+		{empty, "", LogStoreWAL, false},
 		{empty, LogStoreBolt, LogStoreBolt, false},
 		{empty, LogStoreWAL, LogStoreWAL, false},
 		{withBolt, "", LogStoreBolt, false}, // an existing store wins over the default

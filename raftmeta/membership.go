@@ -13,9 +13,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/hashicorp/raft"
 
+	"github.com/shoaldb/shoal/internal/ids"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -323,7 +323,7 @@ func (n *Node) Restore(ctx context.Context, r io.Reader) error {
 	}
 	// Raft ends a restore with its own no-op, which the catalog never sees;
 	// a catalog no-op moves the applied index past it for read-index waits.
-	cmd, _ := fsm.NewCommand(fsm.CmdNoop, uuid.NewString(), n.cfg.Now().UnixNano(), struct{}{})
+	cmd, _ := fsm.NewCommand(fsm.CmdNoop, ids.New(), n.cfg.Now().UnixNano(), struct{}{})
 	if _, err := n.applyLocal(ctx, cmd); err != nil {
 		return fmt.Errorf("restore applied, post-restore no-op failed: %w", err)
 	}

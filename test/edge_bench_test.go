@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -95,6 +97,12 @@ func TestEdgeBench(t *testing.T) {
 	}
 	const clients = 16
 	dur := 3 * time.Second
+	// Every component runs in this process, as in `shoal dev`: give it the
+	// garbage-collector setting the shoal binary's server roles run with
+	// (cmd/shoal/runtime.go), unless GOGC is set.
+	if os.Getenv("GOGC") == "" {
+		defer debug.SetGCPercent(debug.SetGCPercent(400))
+	}
 	c := newE2ECluster(t)
 	acct, bearer := c.setupAccount(t, "paid")
 	base := c.edgeURL[0] + "/client/v4/accounts/" + acct + "/d1/database"
@@ -135,9 +143,11 @@ func TestEdgeBench(t *testing.T) {
 	hostHdr := map[string]string{"X-Shoal-Database": db.UUID, "X-Shoal-Account": acct, "Content-Type": "application/json"}
 	lHost, qpsHost := runClients(t, clients, dur, func(_ int, rng *rand.Rand) error { return postJSON(hostURL, hostHdr, body(rng)) })
 	edgeHdr := map[string]string{"Authorization": bearer, "Content-Type": "application/json"}
+	stopProfile := benchProfile(t, "query")
 	lEdge, qpsEdge := runClients(t, clients, dur, func(_ int, rng *rand.Rand) error {
 		return postJSON(base+"/"+db.UUID+"/query", edgeHdr, body(rng))
 	})
+	stopProfile()
 	// One client: the per-request cost of each path without queueing.
 	l1Host, _ := runClients(t, 1, time.Second, func(_ int, rng *rand.Rand) error { return postJSON(hostURL, hostHdr, body(rng)) })
 	l1Edge, _ := runClients(t, 1, time.Second, func(_ int, rng *rand.Rand) error {
@@ -150,6 +160,7 @@ func TestEdgeBench(t *testing.T) {
 	t.Logf("  through the edge  : p50 %8s  p99 %8s  %8.0f ops/s  (%.2fx host throughput, p50 +%s)", lEdge.pct(.5), lEdge.pct(.99), qpsEdge, qpsEdge/qpsHost, lEdge.pct(.5)-lHost.pct(.5))
 
 	// 2. Creates at 16 clients.
+	stopProfile = benchProfile(t, "create")
 	var seq sync.Mutex
 	n := 0
 	lCreate, cps := runClients(t, clients, dur, func(_ int, _ *rand.Rand) error {
@@ -160,6 +171,7 @@ func TestEdgeBench(t *testing.T) {
 		b, _ := json.Marshal(map[string]any{"name": name})
 		return postJSON(base, edgeHdr, b)
 	})
+	stopProfile()
 	t.Logf("create, %d clients, %s: %d creates, p50 %s p99 %s, %.1f creates/s", clients, dur, len(lCreate.d), lCreate.pct(.5), lCreate.pct(.99), cps)
 	// Where a create's time goes: the edge's per-step histogram (mean per
 	// step) and the hosts' own init latency (index group commit included).
@@ -208,6 +220,20 @@ func TestEdgeBench(t *testing.T) {
 	missCost := time.Since(t0) / time.Duration(len(list))
 	t.Logf("route lookup: bbolt hit %s/op (%d lookups), miss %s/op (%d lookups, follower read + write-through), miss/hit %.0fx",
 		hitCost, hits, missCost, len(list), float64(missCost)/float64(hitCost))
+}
+
+// benchProfile starts a CPU profile of one phase when SHOAL_BENCH_CPUPROFILE
+// is set (FILE.phase is written; every component runs in this process) and
+// returns its stop function.
+func benchProfile(t *testing.T, phase string) func() {
+	f := os.Getenv("SHOAL_BENCH_CPUPROFILE")
+	if f == "" {
+		return func() {}
+	}
+	out, err := os.Create(f + "." + phase)
+	require.NoError(t, err)
+	require.NoError(t, pprof.StartCPUProfile(out))
+	return func() { pprof.StopCPUProfile(); out.Close() }
 }
 
 // scrapeMetrics reads a Prometheus text exposition into name{labels} → value.

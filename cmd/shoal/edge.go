@@ -47,6 +47,7 @@ With --config cluster.hcl --node ID the address, data dir, region, catalog nodes
 secrets come from the file; flags given explicitly win.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			serverRuntime()
 			set := func(flag string) bool { return cmd.Flags().Changed(flag) }
 			// Secrets from the environment, read here rather than as flag
 			// defaults so --help never prints them.

@@ -50,6 +50,7 @@ data dir, capacity, catalog nodes and binding key come from the file; flags
 given explicitly win.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			serverRuntime()
 			set := func(flag string) bool { return cmd.Flags().Changed(flag) }
 			if configPath != "" {
 				c, n, err := loadNode(configPath, nodeID, config.RoleObjecthost)

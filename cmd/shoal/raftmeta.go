@@ -43,6 +43,7 @@ and catalog settings come from the file; without --bootstrap or --join the
 node joins the other catalog nodes of the file. Flags given explicitly win.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			serverRuntime()
 			if configPath != "" {
 				if err := applyClusterConfig(cmd, configPath, nodeID, &cfg, &join); err != nil {
 					return err
@@ -78,7 +79,7 @@ node joins the other catalog nodes of the file. Flags given explicitly win.`,
 	f := cmd.Flags()
 	f.StringVar(&cfg.ID, "id", "", "node ID (unique, stable)")
 	f.StringVar(&cfg.Dir, "dir", "", "data directory")
-	f.StringVar(&cfg.LogStore, "log-store", "", "Raft log store for a new data directory: bolt (raft-boltdb/v2, default) or wal (raft-wal); an existing directory keeps its own")
+	f.StringVar(&cfg.LogStore, "log-store", "", "Raft log store for a new data directory: wal (raft-wal, default) or bolt (raft-boltdb/v2); an existing directory keeps its own")
 	f.StringVar(&cfg.RaftAddr, "raft-addr", "", "Raft bind address host:port")
 	f.StringVar(&cfg.RaftAdvertise, "raft-advertise", "", "Raft address peers dial (default --raft-addr)")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", "", "internal HTTP API bind address host:port")

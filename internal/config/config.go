@@ -56,7 +56,7 @@ type Catalog struct {
 	CacheTTL          string `hcl:"cache_ttl,optional"`          // client result cache for stale reads; default 2s
 	SnapshotThreshold int    `hcl:"snapshot_threshold,optional"` // log entries between snapshots; default 8192
 	SnapshotInterval  string `hcl:"snapshot_interval,optional"`  // default 30s
-	LogStore          string `hcl:"log_store,optional"`          // "bolt" (raft-boltdb/v2, default) or "wal" (raft-wal), for new data dirs
+	LogStore          string `hcl:"log_store,optional"`          // "wal" (raft-wal, default) or "bolt" (raft-boltdb/v2), for new data dirs
 }
 
 // Node is one process of the cluster.

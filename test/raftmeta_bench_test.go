@@ -1,0 +1,137 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/shoaldb/shoal/internal/ids"
+	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// TestRaftmetaBenchProcesses measures catalog creates on the deployment
+// shape: three `shoal raftmeta serve` processes (Raft over loopback TCP,
+// fsync on), driven from this process by N independent raftmeta.Clients.
+// Run with:
+//
+//	SHOAL_BENCH=1 go test ./test -run TestRaftmetaBenchProcesses -v -count=1
+//
+// SHOAL_BENCH_LOG_STORE=bolt|wal picks the log store (default: the
+// binary's default), SHOAL_BENCH_WORKERS=1,16,64 the client counts,
+// SHOAL_BENCH_SECONDS the length of each run.
+func TestRaftmetaBenchProcesses(t *testing.T) {
+	if os.Getenv("SHOAL_BENCH") == "" {
+		t.Skip("set SHOAL_BENCH=1")
+	}
+	dur := 5 * time.Second
+	if s := os.Getenv("SHOAL_BENCH_SECONDS"); s != "" {
+		n, err := strconv.Atoi(s)
+		require.NoError(t, err)
+		dur = time.Duration(n) * time.Second
+	}
+	levels := []int{1, 16, 64}
+	if s := os.Getenv("SHOAL_BENCH_WORKERS"); s != "" {
+		levels = nil
+		for _, f := range strings.Split(s, ",") {
+			n, err := strconv.Atoi(f)
+			require.NoError(t, err)
+			levels = append(levels, n)
+		}
+	}
+	bin := buildShoal(t)
+	dir := t.TempDir()
+	var procs []*exec.Cmd
+	var httpAddrs []string
+	start := func(id string, extra ...string) string {
+		httpAddr := raftmetaFreeAddr(t)
+		args := []string{"raftmeta", "serve", "--id", id, "--dir", filepath.Join(dir, id),
+			"--raft-addr", raftmetaFreeAddr(t), "--http-addr", httpAddr}
+		if ls := os.Getenv("SHOAL_BENCH_LOG_STORE"); ls != "" {
+			args = append(args, "--log-store", ls)
+		}
+		cmd := exec.Command(bin, append(args, extra...)...)
+		log := &bytes.Buffer{}
+		cmd.Stdout, cmd.Stderr = log, log
+		require.NoError(t, cmd.Start())
+		procs = append(procs, cmd)
+		httpAddrs = append(httpAddrs, httpAddr)
+		t.Cleanup(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Wait()
+			if t.Failed() {
+				t.Logf("--- %s log:\n%s", id, log.String())
+			}
+		})
+		return httpAddr
+	}
+	n1 := start("n1", "--bootstrap")
+	raftmetaWaitReady(t, n1)
+	raftmetaWaitReady(t, start("n2", "--join", n1))
+	raftmetaWaitReady(t, start("n3", "--join", n1))
+
+	ctx := context.Background()
+	admin, err := raftmeta.NewClient(httpAddrs)
+	require.NoError(t, err)
+	defer admin.Close()
+	_, err = admin.CreateAccount(ctx, fsm.CreateAccount{ID: "bench", Name: "bench", Tier: fsm.TierPaid,
+		Limits: fsm.Limits{MaxDatabases: 1 << 40, MaxStorageBytes: 1 << 40, MaxDatabaseBytes: 1 << 30}})
+	require.NoError(t, err)
+
+	var seq atomic.Int64
+	for _, n := range levels {
+		clients := make([]*raftmeta.Client, n)
+		for i := range clients {
+			clients[i], err = raftmeta.NewClient(httpAddrs, raftmeta.WithCacheTTL(0))
+			require.NoError(t, err)
+			defer clients[i].Close()
+		}
+		cpu0, self0 := procsCPU(t, procs), selfCPU()
+		lat, rate := runClients(t, n, dur, func(w int, _ *rand.Rand) error {
+			_, err := clients[w].CreateDatabase(ctx, fsm.CreateDatabase{UUID: ids.New(), AccountID: "bench",
+				Name: fmt.Sprintf("db-%d", seq.Add(1)), ObjectID: ids.New(), HostID: "h1", Region: "weur",
+				ReadReplication: fsm.ReadReplicationDisabled})
+			return err
+		})
+		ops := float64(len(lat.d))
+		cpu, self := procsCPU(t, procs)-cpu0, selfCPU()-self0
+		t.Logf("create-database, 3 processes, %2d clients: %6.0f/s  p50 %6.2f ms  p99 %6.2f ms  (catalog CPU %3.0f µs/create, load generator %3.0f µs/create)",
+			n, rate, ms(lat.pct(0.50)), ms(lat.pct(0.99)), float64(cpu.Microseconds())/ops, float64(self.Microseconds())/ops)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// procsCPU sums user+system CPU of the processes from /proc (clock ticks of
+// 10 ms).
+func procsCPU(t *testing.T, procs []*exec.Cmd) time.Duration {
+	var total time.Duration
+	for _, p := range procs {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Process.Pid))
+		require.NoError(t, err)
+		// Fields after the command name, which is in parentheses.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		total += time.Duration(ut+st) * 10 * time.Millisecond
+	}
+	return total
+}
+
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
