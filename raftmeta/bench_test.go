@@ -19,6 +19,7 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"github.com/stretchr/testify/require"
 
+	"github.com/shoaldb/shoal/internal/srvruntime"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -40,11 +41,14 @@ func TestBenchRaftmeta(t *testing.T) {
 		require.NoError(t, err)
 		dur = d
 	}
+	// The three nodes run in this process: give it the runtime settings
+	// `shoal raftmeta serve` runs with (GOGC/GOMAXPROCS in the environment win).
+	defer srvruntime.Apply(true)()
 	fsyncs := benchBoltFsyncs(t, 2*time.Second)
 	t.Logf("baseline: raft-boltdb single-entry append+fsync: %.0f/s", fsyncs)
 
 	tc := newTestCluster(t, 3, func(_ int, c *Config) {
-		c.LogStore = os.Getenv("SHOAL_BENCH_LOG_STORE") // "wal" (default) or "bolt"
+		c.LogStore = os.Getenv("SHOAL_BENCH_LOG_STORE") // "wal" (the default) or "bolt"
 		if s := os.Getenv("SHOAL_BENCH_COMMIT_TIMEOUT"); s != "" {
 			d, err := time.ParseDuration(s)
 			require.NoError(t, err)

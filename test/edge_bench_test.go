@@ -11,8 +11,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"runtime/pprof"
+	"runtime/trace"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,6 +23,7 @@ import (
 	_ "github.com/mattn/go-sqlite3"
 	"github.com/stretchr/testify/require"
 
+	"github.com/shoaldb/shoal/internal/srvruntime"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
@@ -98,11 +99,9 @@ func TestEdgeBench(t *testing.T) {
 	const clients = 16
 	dur := 3 * time.Second
 	// Every component runs in this process, as in `shoal dev`: give it the
-	// garbage-collector setting the shoal binary's server roles run with
-	// (cmd/shoal/runtime.go), unless GOGC is set.
-	if os.Getenv("GOGC") == "" {
-		defer debug.SetGCPercent(debug.SetGCPercent(400))
-	}
+	// runtime settings `shoal dev` runs with (internal/srvruntime; GOGC and
+	// GOMAXPROCS in the environment win).
+	defer srvruntime.Apply(true)()
 	c := newE2ECluster(t)
 	acct, bearer := c.setupAccount(t, "paid")
 	base := c.edgeURL[0] + "/client/v4/accounts/" + acct + "/d1/database"
@@ -223,9 +222,16 @@ func TestEdgeBench(t *testing.T) {
 }
 
 // benchProfile starts a CPU profile of one phase when SHOAL_BENCH_CPUPROFILE
-// is set (FILE.phase is written; every component runs in this process) and
-// returns its stop function.
+// is set, or an execution trace when SHOAL_BENCH_TRACE is (FILE.phase is
+// written; every component runs in this process), and returns its stop
+// function.
 func benchProfile(t *testing.T, phase string) func() {
+	if f := os.Getenv("SHOAL_BENCH_TRACE"); f != "" {
+		out, err := os.Create(f + "." + phase)
+		require.NoError(t, err)
+		require.NoError(t, trace.Start(out))
+		return func() { trace.Stop(); out.Close() }
+	}
 	f := os.Getenv("SHOAL_BENCH_CPUPROFILE")
 	if f == "" {
 		return func() {}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/shoaldb/shoal/edge"
 	"github.com/shoaldb/shoal/internal/binding"
+	"github.com/shoaldb/shoal/internal/srvruntime"
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/raftmeta"
 )
@@ -56,7 +57,7 @@ D1-compatible API on --addr. Data lives under --dir and survives restarts;
 created and saved in DIR/dev.json. Stop with Ctrl-C (or SIGTERM).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			serverRuntime()
+			srvruntime.Apply(true)
 			if nodes != 1 && nodes != 3 {
 				return errors.New("--nodes must be 1 or 3")
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/shoaldb/shoal/edge"
 	"github.com/shoaldb/shoal/internal/binding"
 	"github.com/shoaldb/shoal/internal/config"
+	"github.com/shoaldb/shoal/internal/srvruntime"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
@@ -47,7 +48,7 @@ With --config cluster.hcl --node ID the address, data dir, region, catalog nodes
 secrets come from the file; flags given explicitly win.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			serverRuntime()
+			srvruntime.Apply(false)
 			set := func(flag string) bool { return cmd.Flags().Changed(flag) }
 			// Secrets from the environment, read here rather than as flag
 			// defaults so --help never prints them.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/shoaldb/shoal/internal/binding"
 	"github.com/shoaldb/shoal/internal/config"
+	"github.com/shoaldb/shoal/internal/srvruntime"
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/raftmeta"
 )
@@ -50,7 +51,7 @@ data dir, capacity, catalog nodes and binding key come from the file; flags
 given explicitly win.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			serverRuntime()
+			srvruntime.Apply(true)
 			set := func(flag string) bool { return cmd.Flags().Changed(flag) }
 			if configPath != "" {
 				c, n, err := loadNode(configPath, nodeID, config.RoleObjecthost)

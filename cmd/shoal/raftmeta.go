@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shoaldb/shoal/internal/config"
+	"github.com/shoaldb/shoal/internal/srvruntime"
 	"github.com/shoaldb/shoal/raftmeta"
 )
 
@@ -43,7 +44,7 @@ and catalog settings come from the file; without --bootstrap or --join the
 node joins the other catalog nodes of the file. Flags given explicitly win.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			serverRuntime()
+			srvruntime.Apply(true)
 			if configPath != "" {
 				if err := applyClusterConfig(cmd, configPath, nodeID, &cfg, &join); err != nil {
 					return err
