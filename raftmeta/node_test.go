@@ -73,8 +73,15 @@ func TestWriteThroughFollowerIsForwardedAndReadLinearizablyElsewhere(t *testing.
 	}, 10*time.Second, 20*time.Millisecond)
 }
 
+// Both log stores: raft-wal (the default) and raft-boltdb/v2.
 func TestLeaderKilledUnderLoadLosesNoAcknowledgedWrite(t *testing.T) {
-	tc := newTestCluster(t, 3, nil)
+	for _, kind := range []string{LogStoreWAL, LogStoreBolt} {
+		t.Run(kind, func(t *testing.T) { leaderKilledUnderLoad(t, kind) })
+	}
+}
+
+func leaderKilledUnderLoad(t *testing.T, logStore string) {
+	tc := newTestCluster(t, 3, func(_ int, c *Config) { c.LogStore = logStore })
 	cl, err := NewClient(tc.addrs(), WithCacheTTL(0), WithRetries(20, 25*time.Millisecond, 500*time.Millisecond))
 	require.NoError(t, err)
 	defer cl.Close()
@@ -137,8 +144,16 @@ func TestLeaderKilledUnderLoadLosesNoAcknowledgedWrite(t *testing.T) {
 	t.Logf("acknowledged %d creates, %d calls failed, new leader %s", len(acked), failures.Load(), leader.ID())
 }
 
+// Both log stores: raft-wal (the default) and raft-boltdb/v2.
 func TestRestartedFollowerCatchesUpFromSnapshotAndLog(t *testing.T) {
+	for _, kind := range []string{LogStoreWAL, LogStoreBolt} {
+		t.Run(kind, func(t *testing.T) { restartedFollowerCatchesUp(t, kind) })
+	}
+}
+
+func restartedFollowerCatchesUp(t *testing.T, logStore string) {
 	tc := newTestCluster(t, 3, func(i int, c *Config) {
+		c.LogStore = logStore
 		c.SnapshotThreshold = 32
 		c.TrailingLogs = 8
 		c.SnapshotInterval = 200 * time.Millisecond

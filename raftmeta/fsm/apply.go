@@ -96,13 +96,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 // but is not yet pruned is never used.
 func (f *FSM) finishTx(ctx context.Context, applied uint64) error {
 	s := f.stmts
-	tsMin, idxMax := f.dedupeThresholds(applied)
-	if _, err := s.reqPruneTs.ExecContext(ctx, tsMin); err != nil {
-		return err
-	}
-	if _, err := s.reqPruneIdx.ExecContext(ctx, int64(idxMax)); err != nil {
-		return err
-	}
+	f.dd.prune(f.dedupeThresholds(applied))
 	if _, err := s.metaSet.ExecContext(ctx, "applied_index", strconv.FormatUint(applied, 10)); err != nil {
 		return err
 	}
@@ -147,27 +141,18 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 	s := f.stmts
 
 	// Dedupe: a retried command is answered with the original Result.
-	var (
-		prevIndex int64
-		prevTs    int64
-		prevRes   []byte
-	)
-	err := s.reqGet.QueryRowContext(ctx, cmd.RequestID).Scan(&prevIndex, &prevTs, &prevRes)
-	switch {
-	case err == nil:
+	if prev := f.dd.get(cmd.RequestID); prev != nil {
 		tsMin, idxMax := f.dedupeThresholds(l.Index)
-		if prevTs >= tsMin && uint64(prevIndex) > idxMax {
+		if prev.ts >= tsMin && prev.index > idxMax {
 			var orig Result
-			if err := json.Unmarshal(prevRes, &orig); err != nil {
+			if err := json.Unmarshal(prev.result, &orig); err != nil {
 				return res, &fatalError{fmt.Errorf("decode remembered result of %q: %w", cmd.RequestID, err)}
 			}
 			return orig, nil
 		}
-	case errors.Is(err, sql.ErrNoRows):
-	default:
-		return res, &fatalError{err}
 	}
 
+	var err error
 	if _, err := s.savepoint.ExecContext(ctx); err != nil {
 		return res, &fatalError{err}
 	}
@@ -206,8 +191,10 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 	if err != nil {
 		return res, &fatalError{err}
 	}
-	if _, err := s.reqPut.ExecContext(ctx, cmd.RequestID, int64(l.Index), cmd.Time, b); err != nil {
-		return res, &fatalError{err}
+	// An entry whose time is already outside the window (a proposer with a
+	// slow clock) would never be used: not remembering it is the same.
+	if tsMin, _ := f.dedupeThresholds(l.Index); cmd.Time >= tsMin {
+		f.dd.put(&reqEntry{id: cmd.RequestID, index: l.Index, ts: cmd.Time, result: b})
 	}
 	return res, nil
 }

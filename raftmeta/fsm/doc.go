@@ -12,7 +12,8 @@
 // reusable) and a partial list index on (account_id, created_at, uuid);
 // database_stats with triggers that append every size difference (also −size
 // when a database is deleted) to account_database_stats_changes;
-// account_database_stats (drained totals); requests (dedupe); meta (schema
+// account_database_stats (drained totals); requests (remembered request IDs,
+// filled only in snapshots); meta (schema
 // version, applied index, largest command time). Every read is a primary-key
 // or index search; list pages skip OFFSET rows inside a covering index.
 //
@@ -25,12 +26,13 @@
 // replica restarts from snapshot + log rather than diverge.
 //
 // Dedupe. Every command carries a RequestID. Its Result (including a
-// refusal) is stored in requests in the same transaction; a retry within the
-// window is answered with the original Result and not applied. The window is
-// deterministic: the last 10 minutes of Command.Time measured back from the
-// largest time applied so far, and at most the last 200,000 log entries
-// (both configurable, and every replica must agree). Rows are in the catalog,
-// so snapshots carry them.
+// refusal) is remembered in memory by the apply goroutine (dedupe.go); a
+// retry within the window is answered with the original Result and not
+// applied. The window is deterministic: the last 10 minutes of Command.Time
+// measured back from the largest time applied so far, and at most the last
+// 200,000 log entries (both configurable, and every replica must agree).
+// Snapshots carry the remembered IDs in the copy's requests table (the live
+// table stays empty); Restore loads them back.
 //
 // Storage totals. SetDatabaseStats upserts database_stats (unknown or
 // deleted databases are skipped); the triggers record deltas; DrainStats

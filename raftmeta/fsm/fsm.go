@@ -80,6 +80,8 @@ type FSM struct {
 	// applied is atomic so AppliedIndex can be read from any goroutine.
 	applied atomic.Uint64
 	maxTime int64
+	// dd remembers request IDs (apply goroutine only; see dedupe).
+	dd *dedupe
 }
 
 var (
@@ -107,7 +109,7 @@ func New(dir string, opts ...Option) (*FSM, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create fsm dir: %w", err)
 	}
-	f := &FSM{cfg: cfg, dir: dir, path: filepath.Join(dir, "catalog.db")}
+	f := &FSM{cfg: cfg, dir: dir, path: filepath.Join(dir, "catalog.db"), dd: newDedupe()}
 	if err := removeDBFiles(f.path); err != nil {
 		return nil, err
 	}

@@ -14,15 +14,12 @@ import (
 func TestReadQueriesUseIndexes(t *testing.T) {
 	f := newFSM(t)
 	queries := map[string]string{
-		"database":       `SELECT ` + databaseCols + ` FROM ` + databaseFrom + ` WHERE d.uuid = 'x'`,
-		"database name":  `SELECT ` + databaseCols + ` FROM ` + databaseFrom + ` WHERE d.account_id = 'a' AND d.name = 'b' AND d.state = 'active'`,
-		"account":        `SELECT ` + accountCols + ` FROM ` + accountFrom + ` WHERE a.id = 'x'`,
-		"name taken":     `SELECT 1 FROM databases WHERE account_id = 'a' AND name = 'b' AND state = 'active'`,
-		"token by hash":  `SELECT ` + tokenCols + ` FROM api_tokens WHERE hash = 'x'`,
-		"pending":        pendingChangesQuery,
-		"prune ts":       `DELETE FROM requests WHERE ts < 5`,
-		"prune index":    `DELETE FROM requests WHERE log_index <= 5`,
-		"request lookup": `SELECT log_index, ts, result FROM requests WHERE request_id = 'x'`,
+		"database":      `SELECT ` + databaseCols + ` FROM ` + databaseFrom + ` WHERE d.uuid = 'x'`,
+		"database name": `SELECT ` + databaseCols + ` FROM ` + databaseFrom + ` WHERE d.account_id = 'a' AND d.name = 'b' AND d.state = 'active'`,
+		"account":       `SELECT ` + accountCols + ` FROM ` + accountFrom + ` WHERE a.id = 'x'`,
+		"name taken":    `SELECT 1 FROM databases WHERE account_id = 'a' AND name = 'b' AND state = 'active'`,
+		"token by hash": `SELECT ` + tokenCols + ` FROM api_tokens WHERE hash = 'x'`,
+		"pending":       pendingChangesQuery,
 		"list page": `SELECT ` + databaseCols + ` FROM ` + databaseFrom + ` WHERE d.id IN (
 			SELECT d.id FROM databases d WHERE d.account_id = 'a' AND d.state = 'active'
 			ORDER BY d.created_at, d.uuid LIMIT 100 OFFSET 100) ORDER BY d.created_at, d.uuid`,

@@ -124,8 +124,8 @@ BEGIN
 END;
 
 -- Recently applied request IDs and their original results (JSON of Result).
--- A command whose request_id is here and still inside the dedupe window is
--- answered with result and not applied again.
+-- The live catalog keeps them in memory (dedupe.go) and this table empty;
+-- snapshots write them here, and Restore loads them back and empties it.
 -- log_index is the rowid (one command per entry), so rows append and the
 -- entry-count prune is a rowid range delete.
 CREATE TABLE requests (

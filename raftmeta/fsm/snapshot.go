@@ -48,6 +48,9 @@ type snapshot struct {
 	mode  SnapshotMode
 	index uint64
 	once  sync.Once
+	// requests are the remembered request IDs at the pinned state (see
+	// dedupe); Persist writes them into the copy's requests table.
+	requests []*reqEntry
 }
 
 // Snapshot pins the current catalog state for Persist. It holds f.mu shared
@@ -65,7 +68,7 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 		f.mu.RUnlock()
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	s := &snapshot{f: f, conn: conn, mode: f.cfg.snapshotMode}
+	s := &snapshot{f: f, conn: conn, mode: f.cfg.snapshotMode, requests: f.dd.live()}
 	// BEGIN is deferred; the first read is what pins the WAL read snapshot.
 	// This is the checkpoint: from here on the copy sees exactly the state
 	// after the last applied entry, whatever Apply commits next.
@@ -101,6 +104,9 @@ func (s *snapshot) persist(w io.Writer) error {
 			return err
 		})
 		if err != nil {
+			return err
+		}
+		if data, err = withRequests(data, s.requests); err != nil {
 			return err
 		}
 		return writeFramed(w, int64(len(data)), bytesReader(data))
@@ -142,8 +148,7 @@ func (s *snapshot) backupTo(path string) error {
 	if err != nil {
 		return err
 	}
-	defer dconn.Close()
-	return dconn.Raw(func(dd any) error {
+	err = dconn.Raw(func(dd any) error {
 		return s.conn.Raw(func(sd any) error {
 			b, err := dd.(*sqlite3.SQLiteConn).Backup("main", sd.(*sqlite3.SQLiteConn), "main")
 			if err != nil {
@@ -159,6 +164,57 @@ func (s *snapshot) backupTo(path string) error {
 			return err
 		})
 	})
+	if cerr := dconn.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return writeRequests(ctx, dst, s.requests)
+}
+
+// withRequests returns the serialized catalog data with entries written
+// into its requests table (through a private in-memory copy).
+func withRequests(data []byte, entries []*reqEntry) ([]byte, error) {
+	if len(entries) == 0 {
+		return data, nil
+	}
+	ctx := context.Background()
+	mem, err := sql.Open("sqlite3", ":memory:")
+	if err != nil {
+		return nil, err
+	}
+	defer mem.Close()
+	mem.SetMaxOpenConns(1) // one connection: a private in-memory database is per connection
+	conn, err := mem.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The image is a WAL-mode database, which an in-memory database cannot
+	// open: mark it rollback-journal (file format bytes 18 and 19). Restore
+	// opens the file in WAL mode again.
+	if len(data) > 19 {
+		data[18], data[19] = 1, 1
+	}
+	err = conn.Raw(func(dc any) error { return dc.(*sqlite3.SQLiteConn).Deserialize(data, "main") })
+	conn.Close()
+	if err != nil {
+		return nil, err
+	}
+	if err := writeRequests(ctx, mem, entries); err != nil {
+		return nil, err
+	}
+	if conn, err = mem.Conn(ctx); err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	var out []byte
+	err = conn.Raw(func(dc any) error {
+		var err error
+		out, err = dc.(*sqlite3.SQLiteConn).Serialize("main")
+		return err
+	})
+	return out, err
 }
 
 // Release ends the read transaction and lets Restore proceed.
@@ -258,6 +314,9 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	swapped = true
 	if err := f.open(); err != nil {
 		return fmt.Errorf("restore: reopen catalog: %w", err)
+	}
+	if err := f.loadDedupe(context.Background()); err != nil {
+		return fmt.Errorf("restore: %w", err)
 	}
 	return nil
 }

@@ -66,8 +66,7 @@ type stmts struct {
 
 	begin, commit, rollback, savepoint, rollbackTo, release *sql.Stmt
 
-	metaSet                                 *sql.Stmt
-	reqGet, reqPut, reqPruneTs, reqPruneIdx *sql.Stmt
+	metaSet *sql.Stmt
 
 	accountGet, accountInsert, accountUpdate, accountIncr *sql.Stmt
 	tokenGet, tokenHashExists, tokenInsert, tokenRevoke   *sql.Stmt
@@ -102,10 +101,6 @@ func prepareStmts(ctx context.Context, c *sql.Conn) (*stmts, error) {
 	s.release = prep(`RELEASE cmd`)
 
 	s.metaSet = prep(`UPDATE meta SET value = ?2 WHERE key = ?1`)
-	s.reqGet = prep(`SELECT log_index, ts, result FROM requests WHERE request_id = ?`)
-	s.reqPut = prep(`INSERT OR REPLACE INTO requests (request_id, log_index, ts, result) VALUES (?, ?, ?, ?)`)
-	s.reqPruneTs = prep(`DELETE FROM requests WHERE ts < ?`)
-	s.reqPruneIdx = prep(`DELETE FROM requests WHERE log_index <= ?`)
 
 	s.accountGet = prep(`SELECT ` + accountCols + ` FROM ` + accountFrom + ` WHERE a.id = ?`)
 	s.accountInsert = prep(`INSERT INTO accounts (id, name, tier, max_databases, max_storage_bytes,
