@@ -50,7 +50,7 @@ type snapshot struct {
 	once  sync.Once
 	// requests are the remembered request IDs at the pinned state (see
 	// dedupe); Persist writes them into the copy's requests table.
-	requests []*reqEntry
+	requests dedupeView
 }
 
 // Snapshot pins the current catalog state for Persist. It holds f.mu shared
@@ -68,7 +68,7 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 		f.mu.RUnlock()
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	s := &snapshot{f: f, conn: conn, mode: f.cfg.snapshotMode, requests: f.dd.live()}
+	s := &snapshot{f: f, conn: conn, mode: f.cfg.snapshotMode, requests: f.dd.view()}
 	// BEGIN is deferred; the first read is what pins the WAL read snapshot.
 	// This is the checkpoint: from here on the copy sees exactly the state
 	// after the last applied entry, whatever Apply commits next.
@@ -175,8 +175,8 @@ func (s *snapshot) backupTo(path string) error {
 
 // withRequests returns the serialized catalog data with entries written
 // into its requests table (through a private in-memory copy).
-func withRequests(data []byte, entries []*reqEntry) ([]byte, error) {
-	if len(entries) == 0 {
+func withRequests(data []byte, entries dedupeView) ([]byte, error) {
+	if len(entries.q) == 0 {
 		return data, nil
 	}
 	ctx := context.Background()

@@ -1,0 +1,95 @@
+package fsm
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The in-memory dedupe against a plain map model: puts, replacements,
+// pruning by index and time, chunk reclamation, compaction, and a view
+// that stays readable after the live structure moved on.
+func TestDedupeMatchesModel(t *testing.T) {
+	d := newDedupe()
+	type ent struct {
+		index  uint64
+		ts     int64
+		result string
+	}
+	model := map[string]ent{}
+	var order []string // ids in put order (for the model's prune)
+	put := func(id string, index uint64, ts int64, result string) {
+		d.put(&reqEntry{id: id, index: index, ts: ts, result: []byte(result)})
+		model[id] = ent{index, ts, result}
+		order = append(order, id)
+	}
+	check := func() {
+		t.Helper()
+		require.Equal(t, len(model), d.len())
+		for id, e := range model {
+			got := d.get(id)
+			require.NotNil(t, got, id)
+			require.Equal(t, e.index, got.index)
+			require.Equal(t, e.ts, got.ts)
+			require.Equal(t, e.result, string(got.result))
+		}
+	}
+	idx := uint64(0)
+	big := strings.Repeat("x", dedupeChunk+10) // larger than a chunk
+	for i := 0; i < 20000; i++ {
+		idx++
+		res := fmt.Sprintf(`{"index":%d,"value":"%s"}`, idx, strings.Repeat("v", i%300))
+		if i == 777 {
+			res = big
+		}
+		put(fmt.Sprintf("rid-%d", i%15000), idx, int64(idx), res) // the last 5,000 replace earlier ids
+	}
+	check()
+	require.Nil(t, d.get("never"))
+
+	v := d.view() // taken before pruning: must stay readable
+	n := 0
+	require.NoError(t, v.each(func(id string, index uint64, ts int64, result []byte) error {
+		n++
+		require.True(t, strings.HasPrefix(id, "rid-"))
+		return nil
+	}))
+	require.Equal(t, 20000, n)
+
+	// Prune by index: everything at or below 12,000 goes.
+	d.prune(0, 12000)
+	for id, e := range model {
+		if e.index <= 12000 {
+			delete(model, id)
+		}
+	}
+	check()
+	require.Less(t, len(d.chunks), 8, "chunks of pruned entries are freed")
+	// Prune by time: ts below 16,000.
+	d.prune(16000, 0)
+	for id, e := range model {
+		if e.ts < 16000 {
+			delete(model, id)
+		}
+	}
+	check()
+	// More puts after compaction keep working.
+	for i := 0; i < 3000; i++ {
+		idx++
+		put(fmt.Sprintf("new-%d", i), idx, int64(idx), "r")
+	}
+	check()
+	d.prune(1<<62, 0)
+	require.Equal(t, 0, d.len())
+	require.Nil(t, d.get("new-1"))
+
+	// The old view still reads the bytes it captured.
+	bigSeen := false
+	require.NoError(t, v.each(func(_ string, _ uint64, _ int64, result []byte) error {
+		bigSeen = bigSeen || len(result) == len(big)
+		return nil
+	}))
+	require.True(t, bigSeen)
+}
