@@ -106,32 +106,77 @@ func (s *snapshot) persist(w io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if data, err = withRequests(data, s.requests); err != nil {
-			return err
+		if len(s.requests.q) == 0 {
+			return writeFramed(w, int64(len(data)), bytesReader(data))
 		}
-		return writeFramed(w, int64(len(data)), bytesReader(data))
-	default:
-		tmp, err := os.CreateTemp(s.f.dir, "snapshot-*.db")
+		// The remembered request IDs go into the copy's requests table,
+		// which needs a file (an in-memory copy cannot grow): write the
+		// image out, add them, and stream the file as backup mode does.
+		path, err := s.tempCopy(func(path string) error { return os.WriteFile(path, data, 0o600) })
 		if err != nil {
 			return err
 		}
-		path := tmp.Name()
-		tmp.Close()
 		defer removeDBFiles(path) //nolint:errcheck // best effort cleanup of a temp file
-		if err := s.backupTo(path); err != nil {
-			return err
-		}
-		fh, err := os.Open(path)
+		return streamFile(w, path)
+	default:
+		path, err := s.tempCopy(s.backupTo)
 		if err != nil {
 			return err
 		}
-		defer fh.Close()
-		st, err := fh.Stat()
-		if err != nil {
-			return err
-		}
-		return writeFramed(w, st.Size(), bufio.NewReaderSize(fh, 1<<20))
+		defer removeDBFiles(path) //nolint:errcheck // best effort cleanup of a temp file
+		return streamFile(w, path)
 	}
+}
+
+// tempCopy makes a temporary copy of the pinned catalog with fill, adds the
+// remembered request IDs to it, and returns its path (the caller removes
+// it).
+func (s *snapshot) tempCopy(fill func(path string) error) (string, error) {
+	tmp, err := os.CreateTemp(s.f.dir, "snapshot-*.db")
+	if err != nil {
+		return "", err
+	}
+	path := tmp.Name()
+	tmp.Close()
+	err = fill(path)
+	if err == nil {
+		err = addRequests(path, s.requests)
+	}
+	if err != nil {
+		removeDBFiles(path) //nolint:errcheck // best effort cleanup of a temp file
+		return "", err
+	}
+	return path, nil
+}
+
+// addRequests writes the view's entries into the requests table of the
+// catalog file at path.
+func addRequests(path string, v dedupeView) error {
+	if len(v.q) == 0 {
+		return nil
+	}
+	// Rollback-journal mode: the rows must be in the main file, which is
+	// what gets streamed (the copy of a WAL-mode catalog would otherwise
+	// write them into a -wal file beside it). Restore opens it in WAL mode.
+	db, err := sql.Open("sqlite3", "file:"+path+"?_synchronous=OFF&_journal_mode=DELETE")
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return writeRequests(context.Background(), db, v)
+}
+
+func streamFile(w io.Writer, path string) error {
+	fh, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil {
+		return err
+	}
+	return writeFramed(w, st.Size(), bufio.NewReaderSize(fh, 1<<20))
 }
 
 // backupTo copies the pinned read transaction's pages into a new file. The
@@ -167,54 +212,7 @@ func (s *snapshot) backupTo(path string) error {
 	if cerr := dconn.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return err
-	}
-	return writeRequests(ctx, dst, s.requests)
-}
-
-// withRequests returns the serialized catalog data with entries written
-// into its requests table (through a private in-memory copy).
-func withRequests(data []byte, entries dedupeView) ([]byte, error) {
-	if len(entries.q) == 0 {
-		return data, nil
-	}
-	ctx := context.Background()
-	mem, err := sql.Open("sqlite3", ":memory:")
-	if err != nil {
-		return nil, err
-	}
-	defer mem.Close()
-	mem.SetMaxOpenConns(1) // one connection: a private in-memory database is per connection
-	conn, err := mem.Conn(ctx)
-	if err != nil {
-		return nil, err
-	}
-	// The image is a WAL-mode database, which an in-memory database cannot
-	// open: mark it rollback-journal (file format bytes 18 and 19). Restore
-	// opens the file in WAL mode again.
-	if len(data) > 19 {
-		data[18], data[19] = 1, 1
-	}
-	err = conn.Raw(func(dc any) error { return dc.(*sqlite3.SQLiteConn).Deserialize(data, "main") })
-	conn.Close()
-	if err != nil {
-		return nil, err
-	}
-	if err := writeRequests(ctx, mem, entries); err != nil {
-		return nil, err
-	}
-	if conn, err = mem.Conn(ctx); err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	var out []byte
-	err = conn.Raw(func(dc any) error {
-		var err error
-		out, err = dc.(*sqlite3.SQLiteConn).Serialize("main")
-		return err
-	})
-	return out, err
+	return err
 }
 
 // Release ends the read transaction and lets Restore proceed.
