@@ -39,11 +39,12 @@
 // folds up to Max oldest deltas into account_database_stats with one upsert
 // per account. Change ids stay contiguous, so the pending count is O(1).
 //
-// Snapshots. Snapshot() only opens a read transaction on a read connection
-// (O(1) on the apply goroutine, pins a WAL read snapshot); Persist copies
-// that state while Apply continues, via the SQLite backup API into a temp
-// file streamed to the sink (default: flat memory) or sqlite3_serialize
-// (faster, holds the catalog in memory), framed with length and CRC-32C.
+// Snapshots. Snapshot() opens a read transaction on a read connection (pins
+// a WAL read snapshot) and copies the remembered request IDs' records (one
+// memcpy, ~2 ms at 110,000 entries, on the apply goroutine); Persist copies
+// that state while Apply continues, via the SQLite backup API (default) or
+// sqlite3_serialize into a temp file, adds the request IDs to the copy's
+// requests table, and streams the file framed with length and CRC-32C.
 // Restore writes the stream to a temp file, checks frame, schema version and
 // tables, then swaps the file and reopens; any failure before the swap
 // leaves the old catalog serving. The catalog runs with synchronous=OFF: the

@@ -18,8 +18,10 @@ import (
 
 // SnapshotMode chooses how Persist copies the catalog. Both modes read the
 // same consistent state: Snapshot opens a read transaction (a WAL read
-// snapshot) on a read connection, in O(1) on the apply goroutine, and
-// Persist copies from that transaction while Apply continues.
+// snapshot) on a read connection and copies the remembered request IDs'
+// fixed-size records (one memcpy: ~2 ms at 110,000 entries), and Persist
+// copies from that transaction, then adds the request IDs to the copy,
+// while Apply continues.
 type SnapshotMode int
 
 const (
