@@ -10,7 +10,9 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime/pprof"
 	"runtime/trace"
 	"sort"
@@ -147,6 +149,12 @@ func TestEdgeBench(t *testing.T) {
 		return postJSON(base+"/"+db.UUID+"/query", edgeHdr, body(rng))
 	})
 	stopProfile()
+	// The same point SELECTs from wrk (a C load generator in its own
+	// process, 2 threads, 16 connections), when it is installed: the Go
+	// clients above run in this process and take a share of the two cores
+	// that real, remote clients would not.
+	wrkEdge, wrkEdgeOK := runWrkQuery(t, base+"/"+db.UUID+"/query", map[string]string{"Authorization": bearer}, rows)
+	wrkHost, wrkHostOK := runWrkQuery(t, hostURL, map[string]string{"X-Shoal-Database": db.UUID, "X-Shoal-Account": acct}, rows)
 	// One client: the per-request cost of each path without queueing.
 	l1Host, _ := runClients(t, 1, time.Second, func(_ int, rng *rand.Rand) error { return postJSON(hostURL, hostHdr, body(rng)) })
 	l1Edge, _ := runClients(t, 1, time.Second, func(_ int, rng *rand.Rand) error {
@@ -157,6 +165,11 @@ func TestEdgeBench(t *testing.T) {
 	t.Logf("  in-process SQLite : p50 %8s  p99 %8s  %8.0f ops/s", lSQL.pct(.5), lSQL.pct(.99), qpsSQL)
 	t.Logf("  object host direct: p50 %8s  p99 %8s  %8.0f ops/s  (%.2fx SQLite throughput)", lHost.pct(.5), lHost.pct(.99), qpsHost, qpsHost/qpsSQL)
 	t.Logf("  through the edge  : p50 %8s  p99 %8s  %8.0f ops/s  (%.2fx host throughput, p50 +%s)", lEdge.pct(.5), lEdge.pct(.99), qpsEdge, qpsEdge/qpsHost, lEdge.pct(.5)-lHost.pct(.5))
+	if wrkEdgeOK && wrkHostOK {
+		t.Logf("point SELECT from wrk (2 threads, %d connections, 3s each):", clients)
+		t.Logf("  object host direct: p50 %8s  p99 %8s  %8.0f ops/s", wrkHost.p50, wrkHost.p99, wrkHost.rate)
+		t.Logf("  through the edge  : p50 %8s  p99 %8s  %8.0f ops/s  (%.2fx host throughput)", wrkEdge.p50, wrkEdge.p99, wrkEdge.rate, wrkEdge.rate/wrkHost.rate)
+	}
 
 	// 2. Creates at 16 clients.
 	stopProfile = benchProfile(t, "create")
@@ -219,6 +232,46 @@ func TestEdgeBench(t *testing.T) {
 	missCost := time.Since(t0) / time.Duration(len(list))
 	t.Logf("route lookup: bbolt hit %s/op (%d lookups), miss %s/op (%d lookups, follower read + write-through), miss/hit %.0fx",
 		hitCost, hits, missCost, len(list), float64(missCost)/float64(hitCost))
+}
+
+type wrkResult struct {
+	rate     float64
+	p50, p99 time.Duration
+}
+
+// runWrkQuery runs wrk for 3 s against a query URL with random point
+// SELECTs; ok is false when wrk is not installed (the figure is skipped).
+func runWrkQuery(t *testing.T, url string, hdr map[string]string, rows int) (wrkResult, bool) {
+	if _, err := exec.LookPath("wrk"); err != nil {
+		t.Log("wrk not installed: skipping the wrk figures")
+		return wrkResult{}, false
+	}
+	var lua strings.Builder
+	lua.WriteString("wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\n")
+	for k, v := range hdr {
+		fmt.Fprintf(&lua, "wrk.headers[%q] = %q\n", k, v)
+	}
+	fmt.Fprintf(&lua, "request = function()\n  return wrk.format(nil, nil, nil, '{\"sql\":\"SELECT v FROM kv WHERE id = ?\",\"params\":[' .. math.random(%d) .. ']}')\nend\n", rows)
+	p := filepath.Join(t.TempDir(), "q.lua")
+	require.NoError(t, os.WriteFile(p, []byte(lua.String()), 0o644))
+	out, err := exec.Command("wrk", "-t2", "-c16", "-d3s", "--latency", "-s", p, url).CombinedOutput()
+	require.NoError(t, err, string(out))
+	require.NotContains(t, string(out), "Non-2xx", string(out))
+	m := regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`).FindSubmatch(out)
+	require.NotNil(t, m, string(out))
+	var r wrkResult
+	r.rate, _ = strconv.ParseFloat(string(m[1]), 64)
+	for _, q := range regexp.MustCompile(`(?m)^\s+(50|99)%\s+([0-9.]+)(us|ms|s)\s*$`).FindAllSubmatch(out, -1) {
+		d, err := time.ParseDuration(string(q[2]) + strings.Replace(string(q[3]), "us", "µs", 1))
+		require.NoError(t, err)
+		if string(q[1]) == "50" {
+			r.p50 = d
+		} else {
+			r.p99 = d
+		}
+	}
+	require.NotZero(t, r.p99, string(out))
+	return r, true
 }
 
 // benchProfile starts a CPU profile of one phase when SHOAL_BENCH_CPUPROFILE
