@@ -7,8 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -19,6 +17,7 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"github.com/stretchr/testify/require"
 
+	"github.com/shoaldb/shoal/internal/benchenv"
 	"github.com/shoaldb/shoal/internal/srvruntime"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
@@ -35,12 +34,8 @@ func TestBenchRaftmeta(t *testing.T) {
 	if os.Getenv("SHOAL_BENCH") == "" {
 		t.Skip("set SHOAL_BENCH=1")
 	}
-	dur := 5 * time.Second
-	if s := os.Getenv("SHOAL_BENCH_SECONDS"); s != "" {
-		d, err := time.ParseDuration(s + "s")
-		require.NoError(t, err)
-		dur = d
-	}
+	dur, err := benchenv.Duration(5 * time.Second)
+	require.NoError(t, err)
 	// The three nodes run in this process: give it the runtime settings
 	// `shoal raftmeta serve` runs with (GOGC/GOMAXPROCS in the environment win).
 	defer srvruntime.Apply(true)()
@@ -57,18 +52,11 @@ func TestBenchRaftmeta(t *testing.T) {
 	})
 	leader := tc.waitLeader()
 	ctx := context.Background()
-	_, err := leader.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("bench", 1<<40)))
+	_, err = leader.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("bench", 1<<40)))
 	require.NoError(t, err)
 
-	levels := []int{1, 16, 64}
-	if s := os.Getenv("SHOAL_BENCH_WORKERS"); s != "" { // e.g. "16" or "16,64"
-		levels = nil
-		for _, f := range strings.Split(s, ",") {
-			n, err := strconv.Atoi(f)
-			require.NoError(t, err)
-			levels = append(levels, n)
-		}
-	}
+	levels, err := benchenv.Workers(1, 16, 64)
+	require.NoError(t, err)
 	for _, workers := range levels {
 		batchesBefore, entriesBefore := batchStats(t, leader)
 		r := benchRun(workers, dur, func(i int) func(context.Context) error {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/shoaldb/shoal/internal/benchenv"
 	"github.com/shoaldb/shoal/internal/ids"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
@@ -36,21 +37,10 @@ func TestRaftmetaBenchProcesses(t *testing.T) {
 	if os.Getenv("SHOAL_BENCH") == "" {
 		t.Skip("set SHOAL_BENCH=1")
 	}
-	dur := 5 * time.Second
-	if s := os.Getenv("SHOAL_BENCH_SECONDS"); s != "" {
-		n, err := strconv.Atoi(s)
-		require.NoError(t, err)
-		dur = time.Duration(n) * time.Second
-	}
-	levels := []int{1, 16, 64}
-	if s := os.Getenv("SHOAL_BENCH_WORKERS"); s != "" {
-		levels = nil
-		for _, f := range strings.Split(s, ",") {
-			n, err := strconv.Atoi(f)
-			require.NoError(t, err)
-			levels = append(levels, n)
-		}
-	}
+	dur, err := benchenv.Duration(5 * time.Second)
+	require.NoError(t, err)
+	levels, err := benchenv.Workers(1, 16, 64)
+	require.NoError(t, err)
 	bin := buildShoal(t)
 	dir := t.TempDir()
 	var procs []*exec.Cmd
