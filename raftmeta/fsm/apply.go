@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 
 	"github.com/hashicorp/raft"
@@ -96,6 +97,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 // but is not yet pruned is never used.
 func (f *FSM) finishTx(ctx context.Context, applied uint64) error {
 	s := f.stmts
+	if err := f.flushActive(ctx); err != nil {
+		return err
+	}
 	f.dd.prune(f.dedupeThresholds(applied))
 	if _, err := s.metaSet.ExecContext(ctx, "applied_index", strconv.FormatUint(applied, 10)); err != nil {
 		return err
@@ -153,6 +157,14 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 	}
 
 	var err error
+	if !fast {
+		// Any other command may read or write active_databases: it sees
+		// the creates before it. (Before the savepoint: a refusal's
+		// rollback must not undo them.)
+		if err := f.flushActive(ctx); err != nil {
+			return res, &fatalError{err}
+		}
+	}
 	if _, err := s.savepoint.ExecContext(ctx); err != nil {
 		return res, &fatalError{err}
 	}
@@ -197,6 +209,29 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 		f.dd.put(&reqEntry{id: cmd.RequestID, index: l.Index, ts: cmd.Time, result: b})
 	}
 	return res, nil
+}
+
+// flushActive writes the active-database counts that consecutive creates
+// accumulated in activeDelta: one UPDATE per account instead of one per
+// create (a platform creating thousands of databases puts up to hundreds of
+// its own creates in one batch). It runs before any other command and at
+// the end of every batch, inside the batch's transaction, in account order.
+func (f *FSM) flushActive(ctx context.Context) error {
+	if len(f.activeDelta) == 0 {
+		return nil
+	}
+	ids := make([]string, 0, len(f.activeDelta))
+	for id := range f.activeDelta {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		if _, err := exec(ctx, f.stmts.accountIncr, id, f.activeDelta[id]); err != nil {
+			return err
+		}
+	}
+	clear(f.activeDelta)
+	return nil
 }
 
 // encodeResult is json.Marshal(res) byte for byte (the stored bytes are part
@@ -550,6 +585,7 @@ func (f *FSM) createDatabaseBody(ctx context.Context, c *Command, b CreateDataba
 	if nameTaken {
 		return nil, fmt.Errorf("%w: %q", ErrNameTaken, b.Name)
 	}
+	active += f.activeDelta[b.AccountID] // creates earlier in this run of creates
 	if active >= maxDBs {
 		return nil, fmt.Errorf("%w: %d of %d", ErrDatabaseLimit, active, maxDBs)
 	}
@@ -557,9 +593,9 @@ func (f *FSM) createDatabaseBody(ctx context.Context, c *Command, b CreateDataba
 		b.Jurisdiction, b.ReadReplication, c.Time); err != nil {
 		return nil, err
 	}
-	if _, err := exec(ctx, s.accountIncr, b.AccountID, 1); err != nil {
-		return nil, err
-	}
+	// The account's active count is bumped once per run of consecutive
+	// creates (flushActive), not once per create.
+	f.activeDelta[b.AccountID]++
 	// The new row is exactly the command's fields (a fresh database has no
 	// stats and generation 1) plus the host address read above. This saves
 	// re-reading the row on the hottest command.

@@ -1,10 +1,12 @@
 package fsm
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/hashicorp/raft"
 	"github.com/stretchr/testify/require"
 )
 
@@ -119,4 +121,47 @@ func TestManyRequestIDsSurviveSnapshotRestore(t *testing.T) {
 		require.NoError(t, g.rdb.QueryRow(`SELECT count(*) FROM requests`).Scan(&n))
 		require.Zero(t, n, "the live table stays empty after a restore")
 	}
+}
+
+// Consecutive creates in one batch bump the account's active count once
+// (flushActive); the limit, a delete in the middle, a refusal of another
+// kind and the end of the batch all see the right count.
+func TestActiveCountInsideABatch(t *testing.T) {
+	ctx := context.Background()
+	f := newFSM(t)
+	var logs []*raft.Log
+	add := func(typ CommandType, body any) {
+		logs = append(logs, &raft.Log{Index: uint64(len(logs) + 1), Type: raft.LogCommand,
+			Data: encode(t, typ, fmt.Sprintf("r%d", len(logs)), baseTime+int64(len(logs)), body)})
+	}
+	l := bigLimits()
+	l.MaxDatabases = 3
+	add(CmdCreateAccount, CreateAccount{ID: "a1", Name: "a", Tier: TierFree, Limits: l})
+	add(CmdCreateDatabase, createDB(uuidN(1), "a1", "one"))
+	add(CmdCreateDatabase, createDB(uuidN(2), "a1", "two"))
+	add(CmdCreateDatabase, createDB(uuidN(3), "a1", "three"))
+	add(CmdCreateDatabase, createDB(uuidN(4), "a1", "four"))                 // over the limit of 3
+	add(CmdDeleteDatabase, DeleteDatabase{AccountID: "a1", UUID: uuidN(2)})  // flushes, then 2 active
+	add(CmdDeleteDatabase, DeleteDatabase{AccountID: "a1", UUID: uuidN(99)}) // refused: must not undo the flush
+	add(CmdCreateDatabase, createDB(uuidN(5), "a1", "five"))                 // 3 active
+	add(CmdCreateDatabase, createDB(uuidN(6), "a1", "six"))                  // over the limit again
+	out := f.ApplyBatch(logs)
+	errs := make([]error, len(out))
+	for i, o := range out {
+		if e := o.(Result).Err; e != nil {
+			errs[i] = e
+		}
+	}
+	require.NoError(t, errs[1])
+	require.NoError(t, errs[2])
+	require.NoError(t, errs[3])
+	require.ErrorIs(t, errs[4], ErrDatabaseLimit)
+	require.NoError(t, errs[5])
+	require.ErrorIs(t, errs[6], ErrNotFound)
+	require.NoError(t, errs[7])
+	require.ErrorIs(t, errs[8], ErrDatabaseLimit)
+	a, err := f.Account(ctx, "a1")
+	require.NoError(t, err)
+	require.Equal(t, int64(3), a.ActiveDatabases)
+	require.Empty(t, f.activeDelta, "nothing left pending between batches")
 }

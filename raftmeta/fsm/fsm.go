@@ -82,6 +82,9 @@ type FSM struct {
 	maxTime int64
 	// dd remembers request IDs (apply goroutine only; see dedupe).
 	dd *dedupe
+	// activeDelta holds creates not yet added to accounts.active_databases
+	// (apply goroutine only; see flushActive). Empty between batches.
+	activeDelta map[string]int64
 }
 
 var (
@@ -109,7 +112,8 @@ func New(dir string, opts ...Option) (*FSM, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create fsm dir: %w", err)
 	}
-	f := &FSM{cfg: cfg, dir: dir, path: filepath.Join(dir, "catalog.db"), dd: newDedupe()}
+	f := &FSM{cfg: cfg, dir: dir, path: filepath.Join(dir, "catalog.db"), dd: newDedupe(),
+		activeDelta: map[string]int64{}}
 	if err := removeDBFiles(f.path); err != nil {
 		return nil, err
 	}
