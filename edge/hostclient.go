@@ -86,7 +86,8 @@ func neverSent(err error) bool {
 // concurrent use.
 type HostClient struct {
 	http    *http.Client
-	tr      *http.Transport // forward's round trips skip http.Client (see forward)
+	tr      *http.Transport
+	raw     *hostConns // forward's round trips (see hostConns)
 	timeout time.Duration
 }
 
@@ -104,11 +105,15 @@ func NewHostClient(timeout time.Duration) *HostClient {
 		IdleConnTimeout:     90 * time.Second,
 		ForceAttemptHTTP2:   false,
 	}
-	return &HostClient{http: &http.Client{Transport: tr, Timeout: timeout}, tr: tr, timeout: timeout}
+	return &HostClient{http: &http.Client{Transport: tr, Timeout: timeout}, tr: tr,
+		raw: newHostConns(256), timeout: timeout}
 }
 
 // Close drops idle connections.
-func (c *HostClient) Close() { c.http.CloseIdleConnections() }
+func (c *HostClient) Close() {
+	c.http.CloseIdleConnections()
+	c.raw.close()
+}
 
 func (c *HostClient) call(ctx context.Context, addr, method, path string, rt *Route, body any, out any) error {
 	var rd io.Reader
@@ -227,39 +232,9 @@ func (c *HostClient) forward(ctx context.Context, url string, hdr http.Header, b
 	return nil, lastErr
 }
 
-// roundTrip is one forward attempt straight on the transport: http.Client's
-// header copier, redirect machinery and deadline timer were a third of the
-// forwarding CPU in the bench profile, and a host never redirects (a 3xx
-// would be passed through untouched). The client timeout is kept as a
-// context deadline, released when the caller closes the response body.
+// roundTrip is one forward attempt on the edge's own HTTP/1.1 connections
+// (hostConns): the whole exchange runs on the caller's goroutine.
 func (c *HostClient) roundTrip(ctx context.Context, url string, hdr http.Header, body []byte) (*http.Response, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	// The transport does not modify request headers, so every attempt can
-	// share hdr (no clone per request).
 	hdr.Set("Content-Type", "application/json")
-	req.Header = hdr
-	resp, err := c.tr.RoundTrip(req)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
-	return resp, nil
-}
-
-// cancelBody releases a round trip's deadline when its body is closed.
-type cancelBody struct {
-	io.ReadCloser
-	cancel context.CancelFunc
-}
-
-func (b *cancelBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.cancel()
-	return err
+	return c.raw.roundTrip(ctx, url, hdr, body, c.timeout)
 }
