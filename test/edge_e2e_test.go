@@ -63,7 +63,7 @@ func newE2ECluster(t *testing.T) *e2eCluster {
 	c := &e2eCluster{t: t, admin: "e2e-admin-token"}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for i := 0; i < 3; i++ {
-		cfg := raftmeta.Config{ID: fmt.Sprintf("c%d", i), Dir: t.TempDir(), RaftAddr: freeAddr(t), HTTPAddr: freeAddr(t),
+		cfg := raftmeta.Config{ID: fmt.Sprintf("c%d", i), Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 			Logger: quiet, RaftLogOutput: io.Discard, JoinTimeout: 30 * time.Second}
 		if i == 0 {
 			cfg.Bootstrap = true

@@ -28,7 +28,7 @@ import (
 // write (the checkpoint) exists and is queryable.
 func TestEdgeCreateFaultsConverge(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	node, err := raftmeta.NewNode(raftmeta.Config{ID: "c0", Dir: t.TempDir(), RaftAddr: freeAddr(t), HTTPAddr: freeAddr(t),
+	node, err := raftmeta.NewNode(raftmeta.Config{ID: "c0", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 		Bootstrap: true, Logger: quiet, RaftLogOutput: io.Discard})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = node.Close() })

@@ -29,7 +29,7 @@ func startCatalog3(t *testing.T) *raftmeta.Client {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var addrs []string
 	for i := 0; i < 3; i++ {
-		cfg := raftmeta.Config{ID: fmt.Sprintf("oc%d", i), Dir: t.TempDir(), RaftAddr: freeAddr(t), HTTPAddr: freeAddr(t),
+		cfg := raftmeta.Config{ID: fmt.Sprintf("oc%d", i), Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 			Logger: quiet, RaftLogOutput: io.Discard}
 		if i == 0 {
 			cfg.Bootstrap = true
