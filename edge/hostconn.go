@@ -42,7 +42,7 @@ type hostConns struct {
 type hostConn struct {
 	nc  net.Conn
 	br  *bufio.Reader
-	buf []byte // request bytes, reused
+	buf []byte // request head, reused
 }
 
 func newHostConns(maxIdle int) *hostConns {
@@ -167,8 +167,11 @@ func (p *hostConns) roundTrip(ctx context.Context, url string, hdr http.Header, 
 		_ = c.nc.SetDeadline(deadline)
 		stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(time.Unix(1, 0)) })
 
-		c.buf = appendRequest(c.buf[:0], addr, path, hdr, body)
-		if _, err := c.nc.Write(c.buf); err != nil {
+		// Head and body in one writev: the body is not copied, and the
+		// buffer a connection keeps stays header-sized.
+		c.buf = appendRequestHead(c.buf[:0], addr, path, hdr, len(body))
+		bufs := net.Buffers{c.buf, body}
+		if _, err := bufs.WriteTo(c.nc); err != nil {
 			stop()
 			c.nc.Close()
 			if reused && attempt == 0 && ctx.Err() == nil {
@@ -190,13 +193,13 @@ func (p *hostConns) roundTrip(ctx context.Context, url string, hdr http.Header, 
 	}
 }
 
-func appendRequest(b []byte, host, path string, hdr http.Header, body []byte) []byte {
+func appendRequestHead(b []byte, host, path string, hdr http.Header, bodyLen int) []byte {
 	b = append(b, "POST "...)
 	b = append(b, path...)
 	b = append(b, " HTTP/1.1\r\nHost: "...)
 	b = append(b, host...)
 	b = append(b, "\r\nContent-Length: "...)
-	b = strconv.AppendInt(b, int64(len(body)), 10)
+	b = strconv.AppendInt(b, int64(bodyLen), 10)
 	b = append(b, "\r\n"...)
 	for k, vs := range hdr {
 		for _, v := range vs {
@@ -206,8 +209,7 @@ func appendRequest(b []byte, host, path string, hdr http.Header, body []byte) []
 			b = append(b, "\r\n"...)
 		}
 	}
-	b = append(b, "\r\n"...)
-	return append(b, body...)
+	return append(b, "\r\n"...)
 }
 
 // hostBody gives the connection back when the response was read to its
