@@ -139,17 +139,20 @@ func (d *dedupe) prune(tsMin int64, idxMax uint64) {
 		d.chunkBase += keep
 	}
 	if d.head > 1024 && d.head*2 > len(d.q) { // reclaim the dead prefix
-		n := copy(d.q, d.q[d.head:])
-		d.q = d.q[:n]
+		// Into a new array, never in place: a snapshot's view may still be
+		// reading the old one.
+		d.q = append(make([]reqRec, 0, 2*(len(d.q)-d.head)+1024), d.q[d.head:]...)
 		d.seq0 += uint64(d.head)
 		d.head = 0
 	}
 }
 
-// dedupeView is a point-in-time copy of the live entries for a snapshot:
-// the records (pointer-free, one memcpy) and the chunk headers. The chunks
-// are append-only and stay alive while referenced, so Persist can read the
-// view from another goroutine while apply goes on.
+// dedupeView is a point-in-time view of the live entries for a snapshot,
+// taken in O(chunks): the records are shared, not copied, because the live
+// structure never writes a record it has already published (put appends
+// past the view's end, prune only moves head, compaction copies into a new
+// array), and the chunks are append-only and stay alive while referenced.
+// So Persist can read the view from another goroutine while apply goes on.
 type dedupeView struct {
 	q         []reqRec
 	chunks    [][]byte
@@ -157,7 +160,7 @@ type dedupeView struct {
 }
 
 func (d *dedupe) view() dedupeView {
-	return dedupeView{q: append([]reqRec(nil), d.q[d.head:]...),
+	return dedupeView{q: d.q[d.head:len(d.q):len(d.q)],
 		chunks: append([][]byte(nil), d.chunks...), chunkBase: d.chunkBase}
 }
 

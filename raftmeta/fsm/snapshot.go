@@ -18,10 +18,9 @@ import (
 
 // SnapshotMode chooses how Persist copies the catalog. Both modes read the
 // same consistent state: Snapshot opens a read transaction (a WAL read
-// snapshot) on a read connection and copies the remembered request IDs'
-// fixed-size records (one memcpy: ~2 ms at 110,000 entries), and Persist
-// copies from that transaction, then adds the request IDs to the copy,
-// while Apply continues.
+// snapshot) on a read connection and takes a view of the remembered request
+// IDs (shared records, see dedupeView), and Persist copies from that
+// transaction, then adds the request IDs to the copy, while Apply continues.
 type SnapshotMode int
 
 const (
