@@ -37,6 +37,7 @@ test-short: deps
 	go test -count=1 -short ./...
 
 bench: deps ## figures for docs/benchmarks.md (minutes; not part of make test)
+	@SHOAL_DEPS_BENCH=1 ./scripts/deps.sh
 	SHOAL_BENCH=1 go test -count=1 -timeout 60m -run 'Bench|Figure' -bench . -benchtime 3s ./...
 
 fault: deps ## long fault schedules (make test runs their short versions)

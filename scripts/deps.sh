@@ -10,6 +10,9 @@ command -v git >/dev/null 2>&1 || need+=(git)
 command -v curl >/dev/null 2>&1 || need+=(curl ca-certificates) # the README flow test runs the printed curl commands
 command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3) # dump compatibility test against the real shell
 command -v go >/dev/null 2>&1 || { [ -x /usr/local/go/bin/go ] || need+=(golang-go); }
+# make bench: wrk drives the edge and the object host from its own process
+# (the benches skip those figures without it).
+if [ "${SHOAL_DEPS_BENCH:-}" = 1 ]; then command -v wrk >/dev/null 2>&1 || need+=(wrk); fi
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
