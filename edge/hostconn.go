@@ -240,6 +240,15 @@ func (b *hostBody) Close() error {
 		return nil
 	}
 	b.done = true
+	if !b.eof {
+		// Closed before the end (the client went away, a copy failed):
+		// drop the connection first, so net/http's body does not drain
+		// the rest of the answer from the host.
+		b.c.nc.Close()
+		b.stop()
+		_ = b.ReadCloser.Close()
+		return nil
+	}
 	err := b.ReadCloser.Close()
 	// stop reports false if the context's cancellation already fired (the
 	// deadline was moved into the past): that connection is not reusable.
