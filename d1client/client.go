@@ -120,6 +120,14 @@ func (c *Client) do(ctx context.Context, method, u string, body any, out any, ra
 	return decode(resp, out, raw)
 }
 
+// Call sends a JSON request to any v4 endpoint under BaseURL (path from
+// the root, e.g. "/admin/v1/accounts") and decodes the envelope's result
+// into out; a failed envelope is an *APIError.
+func (c *Client) Call(ctx context.Context, method, path string, body, out any) error {
+	_, err := c.do(ctx, method, strings.TrimRight(c.BaseURL, "/")+path, body, out, nil)
+	return err
+}
+
 func shortNetErr(err error) string {
 	var ue *url.Error
 	if errors.As(err, &ue) {

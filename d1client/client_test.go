@@ -179,3 +179,35 @@ func TestImportProtocol(t *testing.T) {
 	}
 	require.Equal(t, []any{"init", "ingest", "poll"}, actions)
 }
+
+// Call reaches any v4 endpoint under BaseURL (the admin API uses it) with
+// the same envelope handling as the D1 calls.
+func TestCallAnyEndpoint(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer tok" {
+			fail(w, http.StatusUnauthorized, 10000, "bad token")
+			return
+		}
+		if r.URL.Path == "/admin/v1/accounts" && r.Method == http.MethodPost {
+			ok(w, map[string]any{"id": "a1", "max": int64(1) << 62})
+			return
+		}
+		fail(w, http.StatusNotFound, 7404, "no such thing")
+	}))
+	defer srv.Close()
+	c := &Client{BaseURL: srv.URL + "/", Token: "tok"}
+	var out struct {
+		ID  string `json:"id"`
+		Max int64  `json:"max"`
+	}
+	require.NoError(t, c.Call(context.Background(), http.MethodPost, "/admin/v1/accounts", map[string]any{"name": "x"}, &out))
+	require.Equal(t, "a1", out.ID)
+	require.Equal(t, int64(1)<<62, out.Max)
+	err := c.Call(context.Background(), http.MethodGet, "/admin/v1/nope", nil, nil)
+	var ae *APIError
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, 7404, ae.Code)
+	require.ErrorIs(t, err, ErrNotFound)
+	c.Token = "wrong"
+	require.ErrorIs(t, c.Call(context.Background(), http.MethodGet, "/admin/v1/accounts", nil, nil), ErrAuth)
+}

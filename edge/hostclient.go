@@ -85,9 +85,8 @@ func neverSent(err error) bool {
 // HostClient calls object hosts over pooled keep-alive HTTP. Safe for
 // concurrent use.
 type HostClient struct {
-	http    *http.Client
-	tr      *http.Transport
-	raw     *hostConns // forward's round trips (see hostConns)
+	http    *http.Client // control calls (init, confirm, delete, info, dumps)
+	raw     *hostConns   // forward's round trips (see hostConns)
 	timeout time.Duration
 }
 
@@ -105,7 +104,7 @@ func NewHostClient(timeout time.Duration) *HostClient {
 		IdleConnTimeout:     90 * time.Second,
 		ForceAttemptHTTP2:   false,
 	}
-	return &HostClient{http: &http.Client{Transport: tr, Timeout: timeout}, tr: tr,
+	return &HostClient{http: &http.Client{Transport: tr, Timeout: timeout},
 		raw: newHostConns(256), timeout: timeout}
 }
 

@@ -56,10 +56,7 @@ func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request, kind string
 		s.writeErr(w, r, err)
 		return
 	}
-	body, err := readBody(r.Body, s.o.Limits.MaxBodyBytes)
-	if err == nil {
-		err = validateQueryBody(body, s.o.Limits)
-	}
+	body, err := s.queryBody(r)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -120,6 +117,16 @@ type staleError struct{ status int }
 
 func (e *staleError) Error() string { return fmt.Sprintf("object host answered %d", e.status) }
 func (e *staleError) Unwrap() error { return ErrStaleRoute }
+
+// queryBody reads a query request's body within the size limit and
+// validates it (both the bearer and the binding-token paths).
+func (s *Server) queryBody(r *http.Request) ([]byte, error) {
+	body, err := readBody(r.Body, s.o.Limits.MaxBodyBytes)
+	if err != nil {
+		return nil, err
+	}
+	return body, validateQueryBody(body, s.o.Limits)
+}
 
 // forwardQuery sends the validated body to the route's object host. It returns
 // the host's response for pass-through, or a *staleError, or ErrUnavailable
@@ -194,10 +201,7 @@ func (s *Server) serveBound(w http.ResponseWriter, r *http.Request, kind, tok st
 		s.writeErr(w, r, err)
 		return
 	}
-	body, err := readBody(r.Body, s.o.Limits.MaxBodyBytes)
-	if err == nil {
-		err = validateQueryBody(body, s.o.Limits)
-	}
+	body, err := s.queryBody(r)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

@@ -1,17 +1,15 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
-	"strings"
 	"time"
 
+	"github.com/shoaldb/shoal/d1client"
 	"github.com/spf13/cobra"
 )
 
@@ -125,45 +123,20 @@ func envOr(name, def string) string {
 
 // adminCall sends one admin request and returns the envelope's result, or an
 // error carrying the envelope's first error.
-// adminCall calls the edge's admin API and decodes the v4 envelope's result
-// into out; an unsuccessful envelope becomes an error with its message and
-// code. Used by `shoal admin` and by `shoal dev` for its default account.
+// adminCall calls the edge's admin API through d1client's v4 envelope
+// handling and decodes the result into out; a refusal becomes an error
+// naming the call, the HTTP status, the message and the code. Used by
+// `shoal admin` and by `shoal dev` for its default account.
 func adminCall(ctx context.Context, base, token, method, path string, body, out any) error {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
+	c := &d1client.Client{BaseURL: base, Token: token, HTTP: &http.Client{Timeout: 30 * time.Second}}
+	err := c.Call(ctx, method, path, body, out)
+	var ae *d1client.APIError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ae):
+		return fmt.Errorf("%s %s: HTTP %d: %s [code: %d]", method, path, ae.Status, ae.Message, ae.Code)
+	default:
+		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(base, "/")+path, rd)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	var env struct {
-		Result  json.RawMessage `json:"result"`
-		Success bool            `json:"success"`
-		Errors  []struct {
-			Code    int    `json:"code"`
-			Message string `json:"message"`
-		} `json:"errors"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
-		return fmt.Errorf("%s %s: HTTP %d, not a v4 envelope", method, path, resp.StatusCode)
-	}
-	if !env.Success {
-		if len(env.Errors) > 0 {
-			return fmt.Errorf("%s %s: HTTP %d: %s [code: %d]", method, path, resp.StatusCode, env.Errors[0].Message, env.Errors[0].Code)
-		}
-		return fmt.Errorf("%s %s: HTTP %d", method, path, resp.StatusCode)
-	}
-	return json.Unmarshal(env.Result, out)
 }

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -15,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shoaldb/shoal/edge"
-	"github.com/shoaldb/shoal/internal/binding"
 	"github.com/shoaldb/shoal/internal/config"
 	"github.com/shoaldb/shoal/internal/srvruntime"
 	"github.com/shoaldb/shoal/raftmeta"
@@ -110,18 +107,13 @@ secrets come from the file; flags given explicitly win.`,
 			if httpAddr == "" || dir == "" || len(catalog) == 0 {
 				return errors.New("--http-addr, --dir and --catalog are required (or --config with --node)")
 			}
-			var lvl slog.Level
-			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
+			logger, err := roleLogger(logLevel)
+			if err != nil {
+				return err
 			}
-			logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-			var keys *binding.Keyring
-			if bindingKey != "" {
-				k, err := binding.KeyringFromSecrets(bindingKey)
-				if err != nil {
-					return fmt.Errorf("--binding-key: %w", err)
-				}
-				keys = k
+			keys, err := bindingKeys(bindingKey)
+			if err != nil {
+				return err
 			}
 			client, err := raftmeta.NewClient(catalog)
 			if err != nil {
@@ -138,27 +130,12 @@ secrets come from the file; flags given explicitly win.`,
 			if err != nil {
 				return err
 			}
-			ln, err := net.Listen("tcp", httpAddr)
-			if err != nil {
-				_ = srv.Close()
-				return err
-			}
-			hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
-			served := make(chan error, 1)
-			go func() { served <- hs.Serve(ln) }()
-			fmt.Fprintf(cmd.OutOrStdout(), "edge: http %s, region %s, catalog %v\n", ln.Addr(), region, catalog)
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			select {
-			case <-ctx.Done():
-			case err := <-served:
-				_ = srv.Close()
-				return err
-			}
-			shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			err = hs.Shutdown(shutdownCtx)
-			return errors.Join(err, srv.Close())
+			hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+			return serveRole(ctx, httpAddr, hs, func(a net.Addr) {
+				fmt.Fprintf(cmd.OutOrStdout(), "edge: http %s, region %s, catalog %v\n", a, region, catalog)
+			}, srv.Close)
 		},
 	}
 	f := cmd.Flags()

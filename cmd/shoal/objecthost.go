@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/shoaldb/shoal/internal/binding"
 	"github.com/shoaldb/shoal/internal/config"
 	"github.com/shoaldb/shoal/internal/srvruntime"
 	"github.com/shoaldb/shoal/objecthost"
@@ -89,17 +86,12 @@ given explicitly win.`,
 			if cfg.Address == "" {
 				cfg.Address = httpAddr
 			}
-			var lvl slog.Level
-			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
+			var err error
+			if cfg.Logger, err = roleLogger(logLevel); err != nil {
+				return err
 			}
-			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-			if bindingKey != "" {
-				k, err := binding.KeyringFromSecrets(bindingKey)
-				if err != nil {
-					return fmt.Errorf("--binding-key: %w", err)
-				}
-				cfg.Bindings = k
+			if cfg.Bindings, err = bindingKeys(bindingKey); err != nil {
+				return err
 			}
 			client, err := raftmeta.NewClient(catalog)
 			if err != nil {
@@ -114,27 +106,12 @@ given explicitly win.`,
 			if err != nil {
 				return err
 			}
-			ln, err := net.Listen("tcp", httpAddr)
-			if err != nil {
-				_ = h.Close()
-				return err
-			}
 			srv := &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 10 * time.Second}
-			served := make(chan error, 1)
-			go func() { served <- srv.Serve(ln) }()
-			st := h.Stats()
-			fmt.Fprintf(cmd.OutOrStdout(), "objecthost %s: http %s, %d active / %d deleted databases\n", cfg.ID, ln.Addr(), st.Active, st.Deleted)
-			select {
-			case <-ctx.Done():
-			case err = <-served:
-			}
-			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx) // in-flight queries finish before the files close
-			if cerr := h.Close(); err == nil || errors.Is(err, http.ErrServerClosed) {
-				err = cerr
-			}
-			return err
+			// In-flight queries finish before the files close.
+			return serveRole(ctx, httpAddr, srv, func(a net.Addr) {
+				st := h.Stats()
+				fmt.Fprintf(cmd.OutOrStdout(), "objecthost %s: http %s, %d active / %d deleted databases\n", cfg.ID, a, st.Active, st.Deleted)
+			}, h.Close)
 		},
 	}
 	f := cmd.Flags()

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -51,11 +50,11 @@ node joins the other catalog nodes of the file. Flags given explicitly win.`,
 				}
 			}
 			cfg.Join = join
-			var lvl slog.Level
-			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
+			logger, err := roleLogger(logLevel)
+			if err != nil {
+				return err
 			}
-			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			cfg.Logger = logger
 			if cfg.ID == "" || cfg.Dir == "" || cfg.RaftAddr == "" || cfg.HTTPAddr == "" {
 				return errors.New("--id, --dir, --raft-addr and --http-addr are required (or --config with --node)")
 			}

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/shoaldb/shoal/internal/binding"
+)
+
+// roleLogger is the serve commands' logger: text on stderr at --log-level.
+func roleLogger(level string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
+}
+
+// bindingKeys is the keyring of --binding-key, or nil when it is empty
+// (binding tokens disabled).
+func bindingKeys(secret string) (*binding.Keyring, error) {
+	if secret == "" {
+		return nil, nil
+	}
+	k, err := binding.KeyringFromSecrets(secret)
+	if err != nil {
+		return nil, fmt.Errorf("--binding-key: %w", err)
+	}
+	return k, nil
+}
+
+// serveRole serves srv on addr until ctx ends (a signal) or serving fails,
+// then shuts the HTTP server down (in-flight requests finish, up to 30 s)
+// and only then closes the role (closeRole), so nothing still running
+// uses what it closes. started is told the bound address.
+func serveRole(ctx context.Context, addr string, srv *http.Server, started func(net.Addr), closeRole func() error) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return errors.Join(err, closeRole())
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	started(ln.Addr())
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return errors.Join(err, closeRole())
+}
