@@ -65,7 +65,7 @@ type Node struct {
 // NewNode opens (or creates) the node's state in cfg.Dir, starts Raft and
 // the HTTP API, bootstraps or joins as configured, and returns. On error
 // everything started is stopped again.
-func NewNode(c Config) (n *Node, err error) {
+func NewNode(c Config) (_ *Node, err error) {
 	cfg, err := c.withDefaults()
 	if err != nil {
 		return nil, err
@@ -74,7 +74,9 @@ func NewNode(c Config) (n *Node, err error) {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	n = &Node{cfg: cfg, log: cfg.Logger, meta: map[string]nodeMeta{}, ctx: ctx, cancel: cancel}
+	// n is a local, not the named result: `return nil, err` clears the
+	// result before the deferred cleanup, whose closers still need n.
+	n := &Node{cfg: cfg, log: cfg.Logger, meta: map[string]nodeMeta{}, ctx: ctx, cancel: cancel}
 	var closers []func()
 	defer func() {
 		if err != nil {
