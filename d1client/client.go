@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Client calls one account's D1 API.
@@ -294,6 +295,9 @@ type RawResult struct {
 // Raw runs SQL (possibly several statements) through /raw, which keeps
 // column order; raw receives the API's result.
 func (c *Client) Raw(ctx context.Context, uuid, sql string, raw *json.RawMessage) ([]RawResult, error) {
+	if err := checkSQLText(sql); err != nil {
+		return nil, err
+	}
 	var out []RawResult
 	_, err := c.do(ctx, http.MethodPost, c.dbURL(uuid, "raw"), map[string]any{"sql": sql}, &out, raw)
 	return out, err
@@ -301,9 +305,32 @@ func (c *Client) Raw(ctx context.Context, uuid, sql string, raw *json.RawMessage
 
 // Query runs SQL through /query; raw receives the API's result.
 func (c *Client) Query(ctx context.Context, uuid, sql string, raw *json.RawMessage) ([]QueryResult, error) {
+	if err := checkSQLText(sql); err != nil {
+		return nil, err
+	}
 	var out []QueryResult
 	_, err := c.do(ctx, http.MethodPost, c.dbURL(uuid, "query"), map[string]any{"sql": sql}, &out, raw)
 	return out, err
+}
+
+// ErrInvalidText is returned for SQL that cannot be sent exactly: JSON
+// encoding would replace invalid UTF-8 with U+FFFD, silently changing it.
+var ErrInvalidText = errors.New("SQL is not valid UTF-8")
+
+// checkSQLText refuses SQL json.Marshal would change (invalid UTF-8, say a
+// Latin-1 file) before anything is sent; the server refuses NUL itself.
+func checkSQLText(sql string) error {
+	if utf8.ValidString(sql) {
+		return nil
+	}
+	for i := 0; i < len(sql); {
+		r, n := utf8.DecodeRuneInString(sql[i:])
+		if r == utf8.RuneError && n == 1 {
+			return fmt.Errorf("%w: byte offset %d (convert the file to UTF-8)", ErrInvalidText, i)
+		}
+		i += n
+	}
+	return ErrInvalidText
 }
 
 // Binding is a minted binding token.

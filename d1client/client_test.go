@@ -211,3 +211,18 @@ func TestCallAnyEndpoint(t *testing.T) {
 	c.Token = "wrong"
 	require.ErrorIs(t, c.Call(context.Background(), http.MethodGet, "/admin/v1/accounts", nil, nil), ErrAuth)
 }
+
+// SQL that JSON encoding would change (invalid UTF-8 becomes U+FFFD) is
+// refused before anything is sent.
+func TestQueryRefusesInvalidUTF8BeforeSending(t *testing.T) {
+	var hits int
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { hits++; ok(w, []any{}) }))
+	defer srv.Close()
+	c := &Client{BaseURL: srv.URL, Token: "tok", AccountID: "acct"}
+	_, err := c.Query(context.Background(), "u", "SELECT 'caf\xe9'", nil)
+	require.ErrorIs(t, err, ErrInvalidText)
+	require.Contains(t, err.Error(), "byte offset 11")
+	_, err = c.Raw(context.Background(), "u", "SELECT '\xff'", nil)
+	require.ErrorIs(t, err, ErrInvalidText)
+	require.Zero(t, hits)
+}

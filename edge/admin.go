@@ -187,6 +187,9 @@ func (s *Server) handleAdminCreateToken(w http.ResponseWriter, r *http.Request, 
 		s.writeAdminErr(w, r, err)
 		return
 	}
+	// No negative entry of this edge may outlive the mint (it cannot exist
+	// for a fresh random secret, but the rule is cheap to keep exactly).
+	s.auth.forget(HashToken(secret))
 	v4.WriteResult(w, TokenJSON{ID: t.ID, AccountID: t.AccountID, Name: t.Name, Token: secret})
 }
 

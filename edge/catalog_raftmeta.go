@@ -41,7 +41,7 @@ func (r RaftmetaCatalog) UpdateDatabase(ctx context.Context, cmd fsm.UpdateDatab
 // negative cache.
 func (r RaftmetaCatalog) Database(ctx context.Context, uuid string) (fsm.Database, error) {
 	d, err := r.C.Database(ctx, uuid, raftmeta.ReadOptions{Consistency: raftmeta.Stale, NoCache: true})
-	if errors.Is(err, fsm.ErrNotFound) {
+	if isNotFound(err) {
 		return r.C.Database(ctx, uuid, raftmeta.ReadOptions{Consistency: raftmeta.Leader, NoCache: true})
 	}
 	return d, err
@@ -55,12 +55,33 @@ func (r RaftmetaCatalog) ListDatabases(ctx context.Context, accountID string, q 
 	return r.C.ListDatabases(ctx, accountID, q, raftmeta.StaleRead())
 }
 
+// Account reads an account from a follower (through the client's per-account
+// cache). Read-your-writes: an account the follower does not know may have
+// been created a moment ago through another edge, so a not-found is
+// confirmed with a linearizable read before the edge refuses anything with it.
 func (r RaftmetaCatalog) Account(ctx context.Context, id string) (fsm.Account, error) {
-	return r.C.Account(ctx, id, raftmeta.StaleRead())
+	a, err := r.C.Account(ctx, id, raftmeta.StaleRead())
+	if isNotFound(err) {
+		return r.C.Account(ctx, id, raftmeta.ReadOptions{Consistency: raftmeta.Linearizable, NoCache: true})
+	}
+	return a, err
 }
 
+// TokenByHash reads a token from a follower. Read-your-writes: a token just
+// minted (through any edge) may not have reached that follower, so a
+// not-found is confirmed with a linearizable read before the edge answers
+// 401 or caches the miss; a negative entry therefore always predates the
+// mint of that token.
 func (r RaftmetaCatalog) TokenByHash(ctx context.Context, hash string) (fsm.Token, error) {
-	return r.C.TokenByHash(ctx, hash, raftmeta.ReadOptions{Consistency: raftmeta.Stale, NoCache: true})
+	t, err := r.C.TokenByHash(ctx, hash, raftmeta.ReadOptions{Consistency: raftmeta.Stale, NoCache: true})
+	if isNotFound(err) {
+		return r.C.TokenByHash(ctx, hash, raftmeta.ReadOptions{Consistency: raftmeta.Linearizable, NoCache: true})
+	}
+	return t, err
+}
+
+func isNotFound(err error) bool {
+	return errors.Is(err, fsm.ErrNotFound) || errors.Is(err, fsm.ErrAccountNotFound)
 }
 
 func (r RaftmetaCatalog) Hosts(ctx context.Context) ([]fsm.Host, error) {

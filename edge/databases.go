@@ -471,8 +471,8 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, _ principal)
 		perPage = min(max(n, 10), 10_000) // D1's documented bounds
 	}
 	name := q.Get("name")
-	if len(name) > 256 {
-		s.writeErr(w, r, invalid("Invalid property: name => too long"))
+	if err := checkNameFilter(name); err != nil {
+		s.writeErr(w, r, err)
 		return
 	}
 	type listed struct {

@@ -340,13 +340,14 @@ type fakeHost struct {
 	srv  *httptest.Server
 	keys *binding.Keyring
 
-	mu       sync.Mutex
-	objects  map[string]*fakeObject
-	inits    []InitRequest
-	initIDs  []string
-	failInit int // next N inits answer 503
-	queries  atomic.Int64
-	lastHdr  http.Header
+	mu        sync.Mutex
+	objects   map[string]*fakeObject
+	inits     []InitRequest
+	initIDs   []string
+	failInit  int // next N inits answer 503
+	queries   atomic.Int64
+	lastHdr   http.Header
+	lastQuery []byte // body of the last query or raw request
 }
 
 type fakeObject struct {
@@ -382,6 +383,9 @@ func (h *fakeHost) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	h.mu.Lock()
 	h.lastHdr = r.Header.Clone()
+	if strings.HasSuffix(r.URL.Path, "/query") || strings.HasSuffix(r.URL.Path, "/raw") {
+		h.lastQuery = body
+	}
 	h.mu.Unlock()
 	switch {
 	case len(parts) == 3 && parts[1] == "bound":

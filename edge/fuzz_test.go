@@ -5,15 +5,21 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/shoaldb/shoal/internal/d1body"
 )
 
 // FuzzQueryBody: parseQueryBody never panics, and whatever it accepts is a
-// body the object host can decode into one or more statements within limits.
+// body the object host can decode into one or more statements within limits,
+// whose SQL holds no NUL (SQLite would stop there) and which decodes to
+// exactly what was sent (d1body.CheckText).
 func FuzzQueryBody(f *testing.F) {
 	for _, s := range []string{
 		`{"sql":"SELECT 1"}`, `{"sql":"SELECT ?","params":[1,"a",null,true,[1,2]]}`,
 		`{"batch":[{"sql":"SELECT 1"},{"sql":"SELECT ?","params":["x"]}]}`, `{"sql":1}`, `{}`, `[]`, `null`,
 		`{"sql":"x","params":{}}`, `{"batch":[]}`, `{"sql":"x"} {}`,
+		`{"sql":"SELECT 1;\u0000SELECT 2"}`, `{"batch":[{"sql":"x\u0000"}]}`, "{\"sql\":\"\xff\"}",
+		`{"sql":"SELECT ?","params":["\u0000"]}`, `{"sql":"\ud800"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -29,17 +35,20 @@ func FuzzQueryBody(f *testing.F) {
 		}
 		var again QueryBody
 		require.NoError(t, json.Unmarshal(b, &again))
+		require.Nil(t, d1body.CheckText(b), "accepted %q", b)
 		n := len(q.Batch)
 		if q.Batch == nil {
 			n = 1
 			require.NotNil(t, q.SQL)
 			require.LessOrEqual(t, len(*q.SQL), l.MaxSQLBytes)
 			require.LessOrEqual(t, len(q.Params), l.MaxParams)
+			require.Nil(t, d1body.CheckString(*q.SQL), "accepted SQL %q", *q.SQL)
 		}
 		require.GreaterOrEqual(t, n, 1)
 		for _, st := range q.Batch {
 			require.NotNil(t, st.SQL)
 			require.LessOrEqual(t, len(st.Params), l.MaxParams)
+			require.Nil(t, d1body.CheckString(*st.SQL), "accepted SQL %q", *st.SQL)
 		}
 	})
 }
@@ -77,6 +86,7 @@ func FuzzValidateQueryBody(f *testing.F) {
 		`{"sql":"SELECT ?","params":[nul]}`, `{"sql":"SELECT ?","params":[1,]}`, `{"sql":"  "}`,
 		`{"sql":"x","sql":"y"}`, `{"SQL":"x"}`, `{"sql":"x\n"}`, `{"sql":"x"}x`, `{"sql":"\u00e9"}`,
 		`{"sql":"x","params":[[1,2]]}`, `{"batch":[{"sql":"SELECT 1"}]}`, `{"sql":"x","params":[-]}`,
+		`{"sql":"a\u0000"}`, "{\"sql\":\"a\x00\"}", "{\"sql\":\"\xc3\"}", `{"sql":"x","params":["\u0000"]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -86,6 +96,8 @@ func FuzzValidateQueryBody(f *testing.F) {
 		_, full := parseQueryBody(b, l)
 		if validSimpleQuery(b, l) {
 			require.NoError(t, full, "fast path accepted %q", b)
+			sql, _, _ := d1body.Scan(b, func(int, int, bool) bool { return true })
+			require.Nil(t, d1body.CheckString(string(sql)), "fast path accepted SQL %q", sql)
 		}
 		require.Equal(t, full == nil, validateQueryBody(b, l) == nil)
 	})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/google/uuid"
@@ -87,8 +88,14 @@ func readJSON(r io.Reader, max int64, v any) error {
 }
 
 // decodeStrict decodes exactly one JSON value into v, refusing unknown fields
-// and trailing data.
+// and trailing data, and text the decoder would not keep exactly (raw NUL,
+// invalid UTF-8, unpaired surrogate escapes: d1body.CheckText) — it would
+// replace the last two with U+FFFD without a word, changing SQL, parameters
+// or names.
 func decodeStrict(b []byte, v any) error {
+	if terr := d1body.CheckText(b); terr != nil {
+		return invalid("malformed JSON body: %s: %s", terr, terr.Problem.BodyHint())
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	dec.UseNumber()
@@ -165,6 +172,11 @@ func parseQueryBody(b []byte, l Limits) (QueryBody, error) {
 func checkStatement(sql *string, params []json.RawMessage, l Limits, where string) error {
 	if sql == nil {
 		return invalid("Invalid property: %ssql => required", where)
+	}
+	if terr := d1body.CheckString(*sql); terr != nil {
+		// SQLite would stop at a NUL and drop the rest of the request
+		// without an error: refuse it, and say where it is.
+		return invalid("Invalid property: %ssql => contains %s: %s", where, terr, terr.Problem.SQLHint())
 	}
 	if strings.TrimSpace(*sql) == "" {
 		return invalid("Invalid property: %ssql => must not be empty", where)
@@ -259,8 +271,34 @@ func checkName(name string, l Limits) error {
 		c := name[i]
 		ok := (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || ((c == '-' || c == '_') && i > 0)
 		if !ok {
-			return invalid("Invalid property: name => use lowercase letters, digits, '-' and '_' (starting with a letter or digit)")
+			return invalid("Invalid property: name => use lowercase letters, digits, '-' and '_' (starting with a letter or digit); byte offset %d is %s", i, nameByte(c))
 		}
+	}
+	return nil
+}
+
+// nameByte describes a byte a name may not hold, without echoing control
+// characters or broken UTF-8 back.
+func nameByte(c byte) string {
+	switch {
+	case c == 0:
+		return "a NUL character (U+0000)"
+	case c < 0x20 || c == 0x7f:
+		return fmt.Sprintf("the control character 0x%02x", c)
+	case c >= 0x80:
+		return "not ASCII"
+	}
+	return strconv.Quote(string(c))
+}
+
+// checkNameFilter validates the name filter of a list: any text, but
+// exactly as sent (no NUL, valid UTF-8).
+func checkNameFilter(name string) error {
+	if len(name) > 256 {
+		return invalid("Invalid property: name => too long")
+	}
+	if terr := d1body.CheckString(name); terr != nil {
+		return invalid("Invalid property: name => contains %s", terr)
 	}
 	return nil
 }

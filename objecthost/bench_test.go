@@ -390,6 +390,9 @@ func (c *countingCatalog) Heartbeat(_ context.Context, uuids []string) (fsm.Hear
 	}
 	return ans, nil
 }
+func (c *countingCatalog) ConfirmHeartbeat(ctx context.Context, uuids []string) (fsm.HeartbeatAnswer, error) {
+	return c.Heartbeat(ctx, uuids)
+}
 func (c *countingCatalog) RegisterHost(context.Context, fsm.RegisterHost) error     { return nil }
 func (c *countingCatalog) ReportHostLoad(context.Context, fsm.ReportHostLoad) error { return nil }
 

@@ -7,21 +7,36 @@ import (
 )
 
 // Catalog is what an object host needs from the Raft catalog. raftmeta's
-// client satisfies it (the binary adapts it in cmd/shoal if signatures
-// drift).
+// client satisfies it through RaftmetaCatalog.
 //
 // Concurrency contract: methods may be called concurrently from the host's
 // background goroutines; the host never calls the catalog on the query path,
 // so queries keep working when every catalog node is down. Implementations
 // should answer Heartbeat from a follower (stale reads are fine) and cache
 // account rows per account, not per database.
+//
+// Destruction contract: a stale answer may repair a route, confirm a
+// database or tell that one was deleted (deletion is final in the catalog
+// and a UUID is never reused, so a stale "deleted" is still true), but it
+// never kills an object on its own. The host deletes an object the catalog
+// does not know only when ConfirmHeartbeat — a linearizable read, which
+// observes every catalog write acknowledged before it — also answers
+// unknown, the object is past the creation grace and was never confirmed
+// active, and the pass is not a mass of such verdicts (see Config.
+// OrphanMassFloor). Anything else is held and raises an alarm.
 type Catalog interface {
 	// Heartbeat returns the state of each UUID (Known=false for a UUID the
-	// catalog has no row for) and, once per account seen, the account's
-	// limits and drained storage total. The host sends at most
-	// Config.HeartbeatBatch UUIDs per call. A UUID missing from the answer
-	// is treated as "no news", never as unknown.
+	// catalog has no row for, as far as the serving replica knows) and, once
+	// per account seen, the account's limits and drained storage total. It
+	// may be served by a follower, bounded in time and log position. The
+	// host sends at most Config.HeartbeatBatch UUIDs per call. A UUID
+	// missing from the answer is treated as "no news", never as unknown.
 	Heartbeat(ctx context.Context, uuids []string) (fsm.HeartbeatAnswer, error)
+	// ConfirmHeartbeat answers like Heartbeat but linearizably: Known=false
+	// means no catalog row exists for the UUID as of a moment after the call
+	// started. The host calls it only for the UUIDs a Heartbeat answered
+	// unknown past the creation grace, before it deletes anything.
+	ConfirmHeartbeat(ctx context.Context, uuids []string) (fsm.HeartbeatAnswer, error)
 	// RegisterHost records this host (address, region, jurisdiction,
 	// capacity). Called at start until it succeeds; must be idempotent.
 	RegisterHost(ctx context.Context, h fsm.RegisterHost) error

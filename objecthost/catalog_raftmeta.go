@@ -8,7 +8,9 @@ import (
 )
 
 // RaftmetaCatalog adapts a raftmeta.Client to Catalog: heartbeats are stale
-// (follower) reads — the design brief's "served from followers" — and
+// (follower) reads — the design brief's "served from followers", bounded in
+// time and log position by the serving node — confirmations of unknown
+// UUIDs are linearizable reads, and
 // registration and load reports are writes whose returned rows the host does
 // not need.
 type RaftmetaCatalog struct {
@@ -19,6 +21,10 @@ var _ Catalog = RaftmetaCatalog{}
 
 func (a RaftmetaCatalog) Heartbeat(ctx context.Context, uuids []string) (fsm.HeartbeatAnswer, error) {
 	return a.C.Heartbeat(ctx, uuids, raftmeta.StaleRead())
+}
+
+func (a RaftmetaCatalog) ConfirmHeartbeat(ctx context.Context, uuids []string) (fsm.HeartbeatAnswer, error) {
+	return a.C.Heartbeat(ctx, uuids, raftmeta.LinearizableRead())
 }
 
 func (a RaftmetaCatalog) RegisterHost(ctx context.Context, h fsm.RegisterHost) error {

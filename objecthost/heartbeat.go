@@ -117,7 +117,10 @@ type HeartbeatReport struct {
 	Sent           int // databases included in catalog calls
 	Calls          int // catalog calls made
 	Failed         int // databases whose call failed (rescheduled sooner)
-	OrphansKilled  int // unknown to the catalog after the grace period
+	Confirmations  int // unknown-on-a-stale-read databases re-asked linearizably
+	OrphansKilled  int // unknown to the catalog (confirmed) after the grace period
+	OrphansHeld    int // confirmed orphans kept: the pass had a mass of them (alarm)
+	LostHeld       int // unknown to the catalog although once confirmed active: kept (alarm)
 	Deleted        int // deleted in the catalog
 	RoutesRepaired int // republished (unconfirmed, stale generation or failed publication)
 }
@@ -126,10 +129,14 @@ type HeartbeatReport struct {
 // per catalog call, and applies the answers. The background loop calls it
 // every HeartbeatTick; tests call it directly with a moved clock.
 //
-// Answers: unknown after CreationGrace → deleted (the orphan of a failed
-// create dies); deleted in the catalog → deleted; active and unconfirmed,
-// at a newer generation or with a failed publication → confirmed and route
-// republished. Accounts' limits update BlockGrowth and intervals.
+// Answers: deleted in the catalog → deleted; active and unconfirmed, at a
+// newer generation or with a failed publication → confirmed and route
+// republished. Accounts' limits update BlockGrowth and intervals. Unknown
+// after CreationGrace is only a suspicion: it is re-asked with a
+// linearizable read, and only a confirmed unknown that was never confirmed
+// active is an orphan (the leftover of a failed create), killed at the end
+// of the pass unless the pass found a mass of them (see killOrphans and the
+// destruction contract on Catalog).
 func (h *Host) RunHeartbeats(ctx context.Context) HeartbeatReport {
 	var rep HeartbeatReport
 	if h.cfg.Catalog == nil {
@@ -137,18 +144,22 @@ func (h *Host) RunHeartbeats(ctx context.Context) HeartbeatReport {
 	}
 	now := h.now()
 	ids := h.sched.popDue(now)
+	var orphans []*object
 	for start := 0; start < len(ids); start += h.cfg.HeartbeatBatch {
 		if ctx.Err() != nil {
 			// Shutting down: nothing is lost, the schedule is rebuilt on Open.
 			return rep
 		}
 		end := min(start+h.cfg.HeartbeatBatch, len(ids))
-		h.heartbeatChunk(ctx, ids[start:end], now, &rep)
+		orphans = append(orphans, h.heartbeatChunk(ctx, ids[start:end], now, &rep)...)
 	}
+	h.killOrphans(ctx, orphans, &rep)
 	return rep
 }
 
-func (h *Host) heartbeatChunk(ctx context.Context, ids []string, now time.Time, rep *HeartbeatReport) {
+// heartbeatChunk sends one catalog call and applies its answer; it returns
+// the confirmed orphans for the pass to kill.
+func (h *Host) heartbeatChunk(ctx context.Context, ids []string, now time.Time, rep *HeartbeatReport) []*object {
 	// byUUID is a multimap only for robustness: the create flow never gives
 	// one UUID two objects, but if it happened both must stay scheduled.
 	byUUID := make(map[string][]*object, len(ids))
@@ -166,7 +177,7 @@ func (h *Host) heartbeatChunk(ctx context.Context, ids []string, now time.Time, 
 		live = append(live, o)
 	}
 	if len(uuids) == 0 {
-		return
+		return nil
 	}
 	rep.Calls++
 	rep.Sent += len(uuids)
@@ -182,46 +193,52 @@ func (h *Host) heartbeatChunk(ctx context.Context, ids []string, now time.Time, 
 			h.sched.push(m.ObjectID, now.Add(h.cfg.HeartbeatRetry+jitter(m.DatabaseUUID, h.cfg.HeartbeatRetry)))
 		}
 		h.log.Warn("heartbeat call failed", "databases", len(uuids), "err", err)
-		return
+		return nil
 	}
 	h.m.catalogCalls.WithLabelValues("heartbeat", "ok").Inc()
 	h.applyAccounts(ans.Accounts)
 
-	var orphans, gone, repair []*object
+	var suspects, orphans, gone, repair []*object
 	answered := make(map[*object]bool, len(ans.Databases))
 	gens := make(map[*object]int64)
+	apply := func(st fsm.HeartbeatState, o *object) {
+		m := o.meta.Load()
+		switch {
+		case st.State == fsm.StateDeleted:
+			gone = append(gone, o)
+		case st.State == fsm.StateActive:
+			if !m.Confirmed || st.RoutingGeneration > m.RoutingGeneration || o.routeDirty.Load() {
+				repair = append(repair, o)
+				gens[o] = st.RoutingGeneration
+			}
+		}
+	}
 	for _, st := range ans.Databases {
 		for _, o := range byUUID[st.UUID] {
 			if answered[o] {
 				continue // duplicate entry in the answer
 			}
 			answered[o] = true
-			m := o.meta.Load()
 			switch {
 			case !st.Known:
-				if now.Sub(m.CreatedAt) >= h.cfg.CreationGrace {
-					orphans = append(orphans, o)
+				if now.Sub(o.meta.Load().CreatedAt) >= h.cfg.CreationGrace {
+					suspects = append(suspects, o)
 				}
-			case st.State == fsm.StateDeleted:
-				gone = append(gone, o)
-			case st.State == fsm.StateActive:
-				if !m.Confirmed || st.RoutingGeneration > m.RoutingGeneration || o.routeDirty.Load() {
-					repair = append(repair, o)
-					gens[o] = st.RoutingGeneration
-				}
+			default:
+				apply(st, o)
 			}
 		}
 	}
-	if len(orphans)+len(gone) > 0 {
-		all := append(append([]*object(nil), orphans...), gone...)
-		if _, err := h.markDeleted(ctx, all, 0); err != nil {
+	if len(suspects) > 0 {
+		orphans = h.confirmUnknown(ctx, suspects, rep, apply)
+	}
+	if len(gone) > 0 {
+		if _, err := h.markDeleted(ctx, gone, 0, "deleted in the catalog (heartbeat)"); err != nil {
 			h.log.Error("marking deleted from heartbeat failed; retrying next beat", "err", err)
-			orphans, gone = nil, nil
+			gone = nil
 		}
 	}
-	rep.OrphansKilled += len(orphans)
 	rep.Deleted += len(gone)
-	h.m.heartbeats.WithLabelValues("orphan_killed").Add(float64(len(orphans)))
 	h.m.heartbeats.WithLabelValues("deleted").Add(float64(len(gone)))
 	if len(repair) > 0 {
 		n := h.repairRoutes(ctx, repair, gens)
@@ -242,6 +259,7 @@ func (h *Host) heartbeatChunk(ctx context.Context, ids []string, now time.Time, 
 		h.scheduleNext(m, now)
 	}
 	h.m.heartbeats.WithLabelValues("ok").Add(float64(ok))
+	return orphans
 }
 
 // repairRoutes confirms the objects at the catalog's generation in one

@@ -53,6 +53,10 @@ type fakeCatalog struct {
 	hosts    []fsm.RegisterHost
 	loads    []fsm.ReportHostLoad
 	perUUID  map[string]int
+
+	staleUnknown map[string]bool // UUIDs a stale Heartbeat answers unknown
+	confirmFail  bool            // ConfirmHeartbeat fails
+	confirms     []string        // UUIDs ConfirmHeartbeat was asked about
 }
 
 // seen returns how many heartbeats each UUID sent.
@@ -72,6 +76,8 @@ func newFakeCatalog() *fakeCatalog {
 
 var errCatalogDown = errors.New("catalog down")
 
+// Heartbeat answers as a stale replica would: from stale where it has an
+// entry for the UUID (staleUnknown: as if it had no row), else the truth.
 func (c *fakeCatalog) Heartbeat(_ context.Context, uuids []string) (fsm.HeartbeatAnswer, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -86,10 +92,28 @@ func (c *fakeCatalog) Heartbeat(_ context.Context, uuids []string) (fsm.Heartbea
 	if c.fail {
 		return fsm.HeartbeatAnswer{}, errCatalogDown
 	}
+	return c.answerLocked(uuids, true), nil
+}
+
+// ConfirmHeartbeat answers linearizably: always the truth.
+func (c *fakeCatalog) ConfirmHeartbeat(_ context.Context, uuids []string) (fsm.HeartbeatAnswer, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.confirms = append(c.confirms, uuids...)
+	if c.fail || c.confirmFail {
+		return fsm.HeartbeatAnswer{}, errCatalogDown
+	}
+	return c.answerLocked(uuids, false), nil
+}
+
+func (c *fakeCatalog) answerLocked(uuids []string, stale bool) fsm.HeartbeatAnswer {
 	ans := fsm.HeartbeatAnswer{Accounts: map[string]fsm.Account{}}
 	for _, u := range uuids {
 		st, ok := c.dbs[u]
 		if !ok {
+			st = fsm.HeartbeatState{UUID: u, Known: false}
+		}
+		if stale && c.staleUnknown[u] {
 			st = fsm.HeartbeatState{UUID: u, Known: false}
 		}
 		ans.Databases = append(ans.Databases, st)
@@ -97,7 +121,7 @@ func (c *fakeCatalog) Heartbeat(_ context.Context, uuids []string) (fsm.Heartbea
 			ans.Accounts[st.AccountID] = a
 		}
 	}
-	return ans, nil
+	return ans
 }
 
 func (c *fakeCatalog) RegisterHost(_ context.Context, h fsm.RegisterHost) error {

@@ -32,11 +32,16 @@ type Config struct {
 	ReadConns int            // sqlexec read connections per handle (default 1; -1 none)
 	Limits    sqlexec.Limits // per-database SQL limits (default sqlexec.DefaultLimits)
 
-	HeartbeatInterval  time.Duration // default 30 s
-	HeartbeatTick      time.Duration // how often due heartbeats are sent (default 1 s)
-	HeartbeatBatch     int           // UUIDs per catalog call (default 5,000; the catalog accepts up to 10,000)
-	HeartbeatRetry     time.Duration // retry delay after a failed catalog call (default 5 s)
-	CreationGrace      time.Duration // unknown-to-catalog orphans die after this age (default 2 min)
+	HeartbeatInterval time.Duration // default 30 s
+	HeartbeatTick     time.Duration // how often due heartbeats are sent (default 1 s)
+	HeartbeatBatch    int           // UUIDs per catalog call (default 5,000; the catalog accepts up to 10,000)
+	HeartbeatRetry    time.Duration // retry delay after a failed catalog call (default 5 s)
+	CreationGrace     time.Duration // unknown-to-catalog orphans die after this age (default 2 min)
+	// A heartbeat pass whose confirmed orphans number more than
+	// max(OrphanMassFloor, OrphanMassFraction × databases sent) deletes none
+	// of them and raises the mass-orphan alarm (defaults 10 and 0.01).
+	OrphanMassFloor    int
+	OrphanMassFraction float64
 	DeletedRetention   time.Duration // deleted files are swept after this (default 24 h)
 	SweepInterval      time.Duration // default 1 min
 	LoadReportInterval time.Duration // default 10 s
@@ -85,6 +90,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.CreationGrace <= 0 {
 		c.CreationGrace = 2 * time.Minute
+	}
+	if c.OrphanMassFloor <= 0 {
+		c.OrphanMassFloor = 10
+	}
+	if c.OrphanMassFraction <= 0 {
+		c.OrphanMassFraction = 0.01
 	}
 	if c.DeletedRetention <= 0 {
 		c.DeletedRetention = 24 * time.Hour
@@ -141,6 +152,8 @@ type Host struct {
 
 	accMu    sync.RWMutex
 	accounts map[string]*accountState
+
+	alarms alarmSet // destructive verdicts held (see orphans.go)
 
 	active     atomic.Int64 // objects in state active
 	totalBytes atomic.Int64 // sum of objects' last known sizes
@@ -206,6 +219,9 @@ func Open(cfg Config) (*Host, error) {
 		h.log.Warn("index commit failed; lazily stored confirmations dropped (the next heartbeat confirms them again)", "records", n)
 	}
 	h.ix = ix
+	h.m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "shoal_objecthost_alarms", Help: "Alarms raised (mass of orphan verdicts, databases the catalog lost); see /v1/status.",
+	}, func() float64 { return float64(len(h.Alarms())) }))
 	h.bufs.New = func() any { b := make([]byte, 0, 4096); return &b }
 	h.handles = newHandleCache(cfg.MaxOpen, h.openDB, func(n int) { h.m.openHandles.Set(float64(n)) })
 
@@ -470,7 +486,7 @@ func (h *Host) Delete(ctx context.Context, objectID string, gen int64) (ObjectIn
 	if err != nil {
 		return ObjectInfo{}, err
 	}
-	metas, err := h.markDeleted(ctx, []*object{o}, gen)
+	metas, err := h.markDeleted(ctx, []*object{o}, gen, "deleted through the API (catalog delete)")
 	if err != nil {
 		return ObjectInfo{}, err
 	}
@@ -482,10 +498,11 @@ func (h *Host) Delete(ctx context.Context, objectID string, gen int64) (ObjectIn
 }
 
 // markDeleted durably moves objects to state deleted in one index commit,
-// publishes their deleted routes and closes their handles once unused. It
+// publishes their deleted routes and closes their handles once unused. Each
+// object it deletes is logged with its database, account and reason. It
 // returns the resulting metas (already deleted objects included, gone ones
 // left out).
-func (h *Host) markDeleted(ctx context.Context, objs []*object, gen int64) ([]*Meta, error) {
+func (h *Host) markDeleted(ctx context.Context, objs []*object, gen int64, reason string) ([]*Meta, error) {
 	sortObjects(objs)
 	for _, o := range objs { // ordered locking: no deadlock between batches
 		o.mu.Lock()
@@ -530,7 +547,9 @@ func (h *Host) markDeleted(ctx context.Context, objs []*object, gen int64) ([]*M
 	h.mu.Unlock()
 	h.active.Add(-int64(len(changed)))
 	for i, o := range changedObjs {
-		h.publishLocked(ctx, o, changed[i])
+		m := changed[i]
+		h.log.Info("database marked deleted", "database", m.DatabaseUUID, "account", m.AccountID, "object", m.ObjectID, "reason", reason)
+		h.publishLocked(ctx, o, m)
 		h.handles.evict(changed[i].ObjectID)
 	}
 	h.refreshGauges()

@@ -48,6 +48,9 @@ func (h *Host) Handler() http.Handler {
 		}
 		v4.WriteResult(w, map[string]any{"id": h.cfg.ID, "databases": h.active.Load()})
 	}).Methods(http.MethodGet)
+	r.HandleFunc("/v1/status", func(w http.ResponseWriter, _ *http.Request) {
+		v4.WriteResult(w, h.Status())
+	}).Methods(http.MethodGet)
 	r.Handle("/metrics", promhttp.HandlerFor(h.m.reg, promhttp.HandlerOpts{})).Methods(http.MethodGet)
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		v4.WriteError(w, http.StatusNotFound, v4.CodeNotFound, "no such route")

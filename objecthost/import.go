@@ -282,9 +282,12 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 	})
 	if err != nil {
 		var se *dump.StatementError
+		var te *dump.TextError
 		switch {
 		case errors.As(err, &se):
 			fail(se.Error())
+		case errors.As(err, &te):
+			fail(te.Error())
 		case errors.Is(err, context.Canceled), errors.Is(err, sqlexec.ErrClosed):
 			why := "object host shutting down"
 			if cur := o.meta.Load(); cur == nil || cur.deleted() {

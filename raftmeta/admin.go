@@ -9,7 +9,10 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
 // Admin performs cluster operations against one node's HTTP API (the
@@ -114,7 +117,31 @@ func (a *Admin) Backup(ctx context.Context, w io.Writer) (uint64, int64, error) 
 	return idx, n, nil
 }
 
-// Restore uploads a backup to the node, which must be the leader.
+// Restore uploads a backup to the node, which must be the leader. The node
+// checks the whole file before anything changes; a file it refuses
+// (truncated, corrupted, not a catalog, another schema version) is an error
+// wrapping ErrInvalidBackup whose message says what is wrong, and the
+// catalog is unchanged.
 func (a *Admin) Restore(ctx context.Context, r io.Reader) error {
-	return a.call(ctx, http.MethodPost, "/v1/cluster/restore", r, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+a.addr+"/v1/cluster/restore", r)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := a.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w: cannot reach a raftmeta node at %s: %v", ErrUnavailable, a.addr, err)
+	}
+	defer resp.Body.Close()
+	err = decodeAnswer(resp, nil)
+	var fe *fsm.Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &fe) && fe.Code == CodeInvalidBackup:
+		return fmt.Errorf("%w: %s", ErrInvalidBackup, strings.TrimPrefix(fe.Message, ErrInvalidBackup.Error()+": "))
+	case errors.Is(err, errTransport):
+		return fmt.Errorf("%s does not answer like a raftmeta node: %w", a.addr, err)
+	}
+	return err
 }

@@ -19,11 +19,19 @@ import (
 
 // Client reaches the catalog through the nodes' internal HTTP API. Writes
 // go to the leader (learned from answers and cached; any node would forward
-// them), retried across nodes with backoff and one request ID. Reads go to
-// the nodes in the configured preference order, falling back to the others;
-// stale reads are cached for a short TTL. Safe for concurrent use.
+// them), retried across nodes with backoff and one request ID. Linearizable
+// and leader reads go to the leader first; stale reads are spread
+// round-robin over the nodes, and a node that answers "too stale" or "not
+// ready" is skipped for the next one. Every attempt has its own timeout,
+// shorter than callers' budgets, and a node that times out or refuses
+// connections is demoted (tried last) for a while, so one hung node never
+// takes the catalog down for a client. Stale reads are cached for a short
+// TTL. Safe for concurrent use.
 type Client struct {
 	addrs    []string
+	nodes    *nodeOrder
+	readTO   time.Duration // per attempt
+	writeTO  time.Duration // per attempt
 	hc       *http.Client
 	attempts int
 	boBase   time.Duration
@@ -46,6 +54,9 @@ type clientConfig struct {
 	now        func() time.Time
 	newID      func() string
 	timeout    time.Duration
+	readTO     time.Duration
+	writeTO    time.Duration
+	demoteFor  time.Duration
 }
 
 // ClientOption configures a Client.
@@ -67,8 +78,22 @@ func WithRetries(attempts int, base, max time.Duration) ClientOption {
 // WithHTTPClient replaces the HTTP client.
 func WithHTTPClient(hc *http.Client) ClientOption { return func(c *clientConfig) { c.hc = hc } }
 
-// WithRequestTimeout bounds each HTTP request (default 15 s).
+// WithRequestTimeout bounds each HTTP request (default 15 s): the ceiling
+// over the per-attempt timeouts.
 func WithRequestTimeout(d time.Duration) ClientOption { return func(c *clientConfig) { c.timeout = d } }
+
+// WithAttemptTimeouts bounds one attempt against one node: reads (default
+// 750 ms) and writes (default 2 s). An attempt that times out moves on to the
+// next node and demotes the one that did not answer. Keep them below the
+// callers' budgets (the edge gives a catalog read 2 s), so a hung node costs
+// one attempt, not the request.
+func WithAttemptTimeouts(read, write time.Duration) ClientOption {
+	return func(c *clientConfig) { c.readTO, c.writeTO = read, write }
+}
+
+// WithDemotion sets how long a node that timed out or refused connections is
+// tried last (default 5 s; a fifth of it for "too stale" / "not ready").
+func WithDemotion(d time.Duration) ClientOption { return func(c *clientConfig) { c.demoteFor = d } }
 
 // WithClock injects the clock used for cache expiry and command timestamps.
 func WithClock(now func() time.Time) ClientOption { return func(c *clientConfig) { c.now = now } }
@@ -77,13 +102,15 @@ func WithClock(now func() time.Time) ClientOption { return func(c *clientConfig)
 func WithRequestIDs(f func() string) ClientOption { return func(c *clientConfig) { c.newID = f } }
 
 // NewClient returns a client of the nodes at addrs (host:port of their HTTP
-// API), in preference order for reads: put the nearest first.
+// API). Writes and linearizable reads find the leader; stale reads are
+// spread over all of them (see nodeOrder).
 func NewClient(addrs []string, opts ...ClientOption) (*Client, error) {
 	if len(addrs) == 0 {
 		return nil, errors.New("raftmeta client: no node addresses")
 	}
 	cfg := clientConfig{ttl: 2 * time.Second, maxEntries: 100_000, attempts: 10,
-		boBase: 25 * time.Millisecond, boMax: 800 * time.Millisecond, now: time.Now, newID: ids.New, timeout: 15 * time.Second}
+		boBase: 25 * time.Millisecond, boMax: 800 * time.Millisecond, now: time.Now, newID: ids.New, timeout: 15 * time.Second,
+		readTO: 750 * time.Millisecond, writeTO: 2 * time.Second, demoteFor: 5 * time.Second}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -96,7 +123,8 @@ func NewClient(addrs []string, opts ...ClientOption) (*Client, error) {
 		cfg.attempts = 1
 	}
 	c := &Client{addrs: append([]string(nil), addrs...), hc: cfg.hc, attempts: cfg.attempts,
-		boBase: cfg.boBase, boMax: cfg.boMax, now: cfg.now, newID: cfg.newID}
+		boBase: cfg.boBase, boMax: cfg.boMax, now: cfg.now, newID: cfg.newID, readTO: cfg.readTO, writeTO: cfg.writeTO}
+	c.nodes = newNodeOrder(c.addrs, cfg.now, cfg.demoteFor)
 	if cfg.ttl > 0 {
 		c.cache = newStaleCache(cfg.ttl, cfg.maxEntries, cfg.now)
 	}
@@ -135,8 +163,23 @@ func (c *Client) pause(ctx context.Context, attempt int) error {
 	return sleepCtx(ctx, d)
 }
 
-// do performs one request against addr.
-func (c *Client) do(ctx context.Context, method, addr, path string, body []byte, out any) (*http.Response, error) {
+// do performs one attempt against addr, bounded by timeout (0: only ctx).
+// An attempt that timed out, or could not connect, demotes addr.
+func (c *Client) do(ctx context.Context, timeout time.Duration, method, addr, path string, body []byte, out any) (*http.Response, error) {
+	actx := ctx
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	resp, err := c.doOnce(actx, method, addr, path, body, out)
+	if err != nil && errors.Is(err, errTransport) && ctx.Err() == nil {
+		c.nodes.demote(addr, c.nodes.demoteFor)
+	}
+	return resp, err
+}
+
+func (c *Client) doOnce(ctx context.Context, method, addr, path string, body []byte, out any) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -173,15 +216,17 @@ func (c *Client) Apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error)
 		return fsm.Result{}, err
 	}
 	var lastErr error
-	next := 0 // rotation through addrs when the leader is unknown
+	var order []string // rotation through the nodes when the leader is unknown
 	for attempt := 0; attempt < c.attempts; attempt++ {
 		target := c.Leader()
 		if target == "" {
-			target = c.addrs[next%len(c.addrs)]
-			next++
+			if len(order) == 0 {
+				order = c.nodes.order("", true)
+			}
+			target, order = order[0], order[1:]
 		}
 		var out ApplyResponse
-		resp, err := c.do(ctx, http.MethodPost, target, "/v1/apply", body, &out)
+		resp, err := c.do(ctx, c.writeTO, http.MethodPost, target, "/v1/apply", body, &out)
 		if resp != nil {
 			if l := resp.Header.Get(headerLeader); l != "" {
 				c.setLeader(l)
@@ -290,8 +335,9 @@ func (c *Client) read(ctx context.Context, key, method, path string, q url.Value
 }
 
 // readNodes tries nodes for a read: the leader first for linearizable and
-// leader reads (saves a hop), the preference order for stale reads, with
-// fallback to the rest and bounded rounds with backoff.
+// leader reads (saves a hop), the healthy nodes round-robin for stale reads
+// (see nodeOrder), falling back to the rest, in bounded rounds with backoff.
+// A node answering "too stale" or "not ready" is tried last for a while.
 func (c *Client) readNodes(ctx context.Context, method, full string, body []byte, lvl Consistency) (readAnswer, error) {
 	var lastErr error
 	tooStale := false
@@ -305,9 +351,11 @@ func (c *Client) readNodes(ctx context.Context, method, full string, body []byte
 				break
 			}
 		}
-		order := c.addrs
-		if l := c.Leader(); l != "" && lvl != Stale {
-			order = append([]string{l}, c.addrs...)
+		var order []string
+		if lvl == Stale {
+			order = c.nodes.order("", true)
+		} else {
+			order = c.nodes.order(c.Leader(), false)
 		}
 		tried := map[string]bool{}
 		for i := 0; i < len(order); i++ {
@@ -317,8 +365,9 @@ func (c *Client) readNodes(ctx context.Context, method, full string, body []byte
 			}
 			tried[addr] = true
 			var a readAnswer
-			_, err := c.do(ctx, method, addr, full, body, &a)
+			_, err := c.do(ctx, c.readTO, method, addr, full, body, &a)
 			if err == nil {
+				c.nodes.restore(addr)
 				return a, nil
 			}
 			lastErr = err
@@ -331,8 +380,9 @@ func (c *Client) readNodes(ctx context.Context, method, full string, body []byte
 						order = append(order[:i+1:i+1], append([]string{nl.Leader}, order[i+1:]...)...)
 					}
 				}
-			case errors.Is(err, ErrTooStale):
+			case errors.Is(err, ErrTooStale), errors.Is(err, ErrNotReady):
 				tooStale = true
+				c.nodes.demote(addr, c.nodes.demoteBrief)
 			case errors.Is(err, ErrUnavailable):
 				c.dropLeader(addr)
 			default:
@@ -347,7 +397,7 @@ func (c *Client) readNodes(ctx context.Context, method, full string, body []byte
 		}
 	}
 	if tooStale && lvl == Stale {
-		return readAnswer{}, fmt.Errorf("%w: no node within the staleness bound (last error: %v)", ErrTooStale, lastErr)
+		return readAnswer{}, fmt.Errorf("%w: no node within the staleness bound and caught up (last error: %v)", ErrTooStale, lastErr)
 	}
 	if errors.Is(lastErr, ErrUnavailable) {
 		return readAnswer{}, lastErr

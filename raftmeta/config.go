@@ -36,10 +36,18 @@ type Config struct {
 	// NonVoter joins as a non-voting read follower.
 	NonVoter bool
 
-	// MaxStale bounds stale reads: a follower that has not heard from a
-	// leader for longer refuses them with ErrTooStale. Default 5 s. A request
-	// may ask for a tighter bound, never a looser one.
+	// MaxStale bounds stale reads in time: a follower whose last
+	// AppendEntries from the leader (which carries the leader's commit
+	// index) is older refuses them with ErrTooStale. Default 5 s. A request
+	// may ask for a tighter bound, never a looser one. Stale reads are also
+	// bounded in log position: see StaleCatchUp.
 	MaxStale time.Duration
+	// StaleCatchUp is how long a stale read waits for the node to apply the
+	// commit index the leader last told it before refusing with
+	// ErrNotReady (a node replaying its log after a restart, or catching up
+	// after a partition). Default 100 ms: in steady state the gap is one
+	// batch in flight and closes in well under that.
+	StaleCatchUp time.Duration
 
 	SnapshotThreshold uint64        // log entries between snapshots; default 8192
 	SnapshotInterval  time.Duration // how often the threshold is checked; default 30 s
@@ -104,6 +112,7 @@ func (c *Config) withDefaults() (Config, error) {
 		}
 	}
 	def(&cfg.MaxStale, defaultMaxStale)
+	def(&cfg.StaleCatchUp, 100*time.Millisecond)
 	def(&cfg.SnapshotInterval, 30*time.Second)
 	def(&cfg.HeartbeatTimeout, time.Second)
 	def(&cfg.ElectionTimeout, time.Second)

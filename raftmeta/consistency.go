@@ -2,6 +2,7 @@ package raftmeta
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -67,9 +68,13 @@ type ReadMeta struct {
 	Node         string      `json:"node"`
 	Consistency  Consistency `json:"consistency"`
 	AppliedIndex uint64      `json:"applied_index"`
-	// StalenessMs is how long before the read this node last heard from a
-	// leader (0 on the leader and for linearizable reads).
+	// StalenessMs is how long before the read this node last received the
+	// leader's commit index (0 on the leader and for linearizable reads).
 	StalenessMs int64 `json:"staleness_ms"`
+	// CommitIndex is, for a stale read, the commit index the node knew
+	// (the leader's, as of StalenessMs ago) and had applied before serving:
+	// the read reflects every write committed up to it.
+	CommitIndex uint64 `json:"commit_index,omitempty"`
 }
 
 // ReadBarrier blocks until the local catalog may serve a read at the given
@@ -87,20 +92,7 @@ func (n *Node) ReadBarrier(ctx context.Context, o ReadOptions) (ReadMeta, error)
 			err = n.notLeader()
 		}
 	case Stale:
-		bound := n.cfg.MaxStale
-		if o.MaxStale > 0 && o.MaxStale < bound {
-			bound = o.MaxStale
-		}
-		s := n.staleness()
-		if s > bound {
-			if s > 1000*time.Hour {
-				err = fmt.Errorf("%w: node %s has not heard from a leader", ErrTooStale, n.cfg.ID)
-			} else {
-				err = fmt.Errorf("%w: node %s last heard from a leader %s ago (max %s)", ErrTooStale, n.cfg.ID, s.Round(time.Millisecond), bound)
-			}
-		} else {
-			meta.StalenessMs = s.Milliseconds()
-		}
+		meta.CommitIndex, meta.StalenessMs, err = n.staleBarrier(ctx, o.MaxStale)
 	default:
 		err = fmt.Errorf("unknown consistency %q", lvl)
 	}
@@ -114,6 +106,45 @@ func (n *Node) ReadBarrier(ctx context.Context, o ReadOptions) (ReadMeta, error)
 	}
 	meta.AppliedIndex = n.AppliedIndex()
 	return meta, nil
+}
+
+// staleBarrier admits a stale read when the node's catalog is fresh in both
+// time and log position: the leader's commit index reached this node within
+// the bound (the leader itself is always fresh), and the node has applied
+// at least that index — waiting up to StaleCatchUp for the usual in-flight
+// batch. A node still replaying after a start, or catching up after a
+// partition, answers ErrNotReady and never "unknown" for rows it has not
+// applied yet. Returns the index the read is bounded by and the staleness.
+func (n *Node) staleBarrier(ctx context.Context, reqBound time.Duration) (uint64, int64, error) {
+	bound := n.cfg.MaxStale
+	if reqBound > 0 && reqBound < bound {
+		bound = reqBound
+	}
+	target := n.raft.CommitIndex()
+	var staleness time.Duration
+	if n.raft.State() != raft.Leader {
+		commit, at := n.trans.last()
+		if at.IsZero() {
+			return 0, 0, fmt.Errorf("%w: node %s has not heard from a leader since it started", ErrTooStale, n.cfg.ID)
+		}
+		staleness = max(n.cfg.Now().Sub(at), 0)
+		if staleness > bound {
+			return 0, 0, fmt.Errorf("%w: node %s last heard the leader's commit index %s ago (max %s)", ErrTooStale, n.cfg.ID, staleness.Round(time.Millisecond), bound)
+		}
+		target = max(target, commit)
+	}
+	if n.AppliedIndex() < target {
+		wctx, cancel := context.WithTimeout(ctx, n.cfg.StaleCatchUp)
+		err := n.waitApplied(wctx, target)
+		cancel()
+		if errors.Is(err, ErrClosed) {
+			return 0, 0, err
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("%w: node %s has applied index %d of %d committed (replaying or catching up)", ErrNotReady, n.cfg.ID, n.AppliedIndex(), target)
+		}
+	}
+	return target, staleness.Milliseconds(), nil
 }
 
 func (n *Node) linearizableBarrier(ctx context.Context) error {

@@ -18,6 +18,12 @@ var (
 	// ErrTooStale means a stale read was refused because the node has not
 	// heard from a leader within the allowed staleness.
 	ErrTooStale = errors.New("catalog replica too stale")
+	// ErrNotReady means a stale read was refused because the node has not
+	// applied the commit index the leader last told it: it is replaying its
+	// log after a start, or catching up. Its catalog may lack rows the
+	// cluster committed long ago, so it answers nothing rather than
+	// "unknown"; clients move on to another node.
+	ErrNotReady = errors.New("catalog replica not ready")
 	// ErrNotLeader means a leader-only operation reached a follower. The
 	// error carries the leader's HTTP address when one is known
 	// (see NotLeaderError).
@@ -30,6 +36,7 @@ var (
 const (
 	CodeNotLeader   = "not_leader"
 	CodeTooStale    = "too_stale"
+	CodeNotReady    = "not_ready"
 	CodeUnavailable = "unavailable"
 	CodeInternal    = "internal"
 	CodeTooLarge    = "too_large"
@@ -67,6 +74,8 @@ func toWire(err error) (int, wireError) {
 		return 421, wireError{Code: CodeNotLeader, Message: err.Error(), Leader: nl.Leader, LeaderID: nl.LeaderID}
 	case errors.Is(err, ErrTooStale):
 		return 503, wireError{Code: CodeTooStale, Message: err.Error()}
+	case errors.Is(err, ErrNotReady):
+		return 503, wireError{Code: CodeNotReady, Message: err.Error()}
 	case errors.Is(err, ErrUnavailable), errors.Is(err, ErrClosed):
 		return 503, wireError{Code: CodeUnavailable, Message: err.Error()}
 	}
@@ -104,6 +113,8 @@ func fromWire(w wireError) error {
 		return &NotLeaderError{Leader: w.Leader, LeaderID: w.LeaderID}
 	case CodeTooStale:
 		return fmt.Errorf("%w: %s", ErrTooStale, w.Message)
+	case CodeNotReady:
+		return fmt.Errorf("%w: %s", ErrNotReady, w.Message)
 	case CodeUnavailable:
 		return fmt.Errorf("%w: %s", ErrUnavailable, w.Message)
 	case CodeInternal, "":

@@ -27,6 +27,10 @@ type instrumentedFSM struct {
 
 	applied atomic.Uint64
 
+	// beforeApply, when set (tests only), runs before each batch: a test
+	// blocks in it to hold a replica behind the commit index it knows.
+	beforeApply atomic.Pointer[func()]
+
 	mu     sync.Mutex
 	wakeCh chan struct{} // closed and replaced after every apply
 }
@@ -45,6 +49,9 @@ func (f *instrumentedFSM) Apply(l *raft.Log) interface{} {
 }
 
 func (f *instrumentedFSM) ApplyBatch(logs []*raft.Log) []interface{} {
+	if hook := f.beforeApply.Load(); hook != nil {
+		(*hook)()
+	}
 	out := make([]interface{}, len(logs))
 	cmds := make([]*raft.Log, 0, len(logs))
 	pos := make([]int, 0, len(logs))

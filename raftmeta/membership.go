@@ -239,8 +239,8 @@ func (n *Node) Snapshot() (uint64, error) {
 	f := n.raft.Snapshot()
 	if err := f.Error(); err != nil {
 		if errors.Is(err, raft.ErrNothingNewToSnapshot) {
-			if metas, lerr := n.snaps.List(); lerr == nil && len(metas) > 0 {
-				return metas[0].Index, nil
+			if meta, lerr := n.lastSnapshotMeta(); lerr == nil {
+				return meta.Index, nil
 			}
 		}
 		return 0, fmt.Errorf("snapshot: %w", err)
@@ -283,24 +283,25 @@ func (n *Node) OpenBackup(ctx context.Context) (*raft.SnapshotMeta, io.ReadClose
 	if !errors.Is(err, raft.ErrNothingNewToSnapshot) {
 		return nil, nil, fmt.Errorf("backup snapshot: %w", err)
 	}
-	metas, err := n.snaps.List()
+	meta, err := n.lastSnapshotMeta()
 	if err != nil {
 		return nil, nil, fmt.Errorf("backup snapshot: %w", err)
 	}
-	if len(metas) == 0 {
-		return nil, nil, errors.New("backup snapshot: no snapshot available")
-	}
-	return n.snaps.Open(metas[0].ID)
+	return n.snaps.Open(meta.ID)
 }
 
 // Restore replaces the whole catalog with a backup (Raft user restore on
-// the leader; followers receive it as an InstallSnapshot). The checkpoint
-// is raft.Restore returning: the restored state is then committed.
+// the leader; followers receive it as an InstallSnapshot). The upload is
+// spooled to a temp file in the data dir (raft needs the size up front) and
+// checked whole (checkBackup: frame, checksum, a catalog of this schema
+// version, integrity) before raft sees a byte: a bad file is refused with
+// CodeInvalidBackup and nothing changes. Only then does raft get the same
+// bytes. The checkpoint is raft.Restore returning: the restored state is
+// then committed.
 func (n *Node) Restore(ctx context.Context, r io.Reader) error {
 	if n.raft.State() != raft.Leader {
 		return n.notLeader()
 	}
-	// Raft needs the size up front; spool to a temp file in the data dir.
 	tmp, err := os.CreateTemp(n.cfg.Dir, "restore-*.tmp")
 	if err != nil {
 		return err
@@ -309,10 +310,15 @@ func (n *Node) Restore(ctx context.Context, r io.Reader) error {
 	defer tmp.Close()
 	size, err := io.Copy(tmp, r)
 	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return &fsm.Error{Code: CodeTooLarge, Message: fmt.Sprintf("backup larger than %d bytes", mbe.Limit)}
+		}
 		return fmt.Errorf("receive backup: %w", err)
 	}
-	if size == 0 {
-		return &fsm.Error{Code: fsm.CodeInvalid, Message: "empty backup"}
+	info, err := n.checkBackup(ctx, io.NewSectionReader(tmp, 0, size), size)
+	if err != nil {
+		return err
 	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return err
@@ -321,6 +327,7 @@ func (n *Node) Restore(ctx context.Context, r io.Reader) error {
 	if err := n.raft.Restore(meta, tmp, 2*n.cfg.ApplyTimeout); err != nil {
 		return n.leaderOpErr("restore", err)
 	}
+	n.log.Info("catalog restored from a backup", "bytes", size, "backup_index", info.AppliedIndex)
 	// Raft ends a restore with its own no-op, which the catalog never sees;
 	// a catalog no-op moves the applied index past it for read-index waits.
 	cmd, _ := fsm.NewCommand(fsm.CmdNoop, ids.New(), n.cfg.Now().UnixNano(), struct{}{})

@@ -37,7 +37,7 @@ type Node struct {
 	raft    *raft.Raft
 	store   logStore
 	snaps   *raft.FileSnapshotStore
-	trans   *raft.NetworkTransport
+	trans   *commitWatch // Raft's NetworkTransport, watching leader commit indexes
 	mux     *muxLayer
 	metrics *metrics
 
@@ -137,9 +137,9 @@ func NewNode(c Config) (_ *Node, err error) {
 		return nil, err
 	}
 	closers = append(closers, func() { n.mux.Close() })
-	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+	n.trans = newCommitWatch(raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: n.mux, MaxPool: 8, Timeout: 10 * time.Second, Logger: hlog,
-	})
+	}), cfg.Now)
 	closers = append(closers, func() { n.trans.Close() })
 
 	rc := raft.DefaultConfig()
@@ -170,12 +170,21 @@ func NewNode(c Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("log cache: %w", err)
 	}
+	// Metrics before Raft: the FSM goroutine (replaying the log at start)
+	// records batch sizes through n.metrics. Its gauges read n.raft only
+	// when scraped, after the HTTP server starts below.
+	n.metrics = newMetrics(n)
+	tried, err := n.snaps.List() // what Raft will try to restore (restore.go)
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
 	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, n.snaps, n.trans)
 	if err != nil {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	closers = append(closers, func() { _ = n.raft.Shutdown().Error() })
-	n.metrics = newMetrics(n)
+	n.setAsideFailedSnapshots(tried)
+	n.trans.raft.Store(n.raft)
 	n.hc = &http.Client{
 		Timeout:   cfg.ApplyTimeout + 2*time.Second,
 		Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second},
@@ -422,7 +431,18 @@ func (n *Node) trackReadyTarget() {
 	if addr, _ := n.raft.LeaderWithID(); addr == "" {
 		return
 	}
-	if ci := n.raft.CommitIndex(); ci > 0 {
+	// A follower's own commit index is capped by its log and is not moved by
+	// heartbeats, so the target is the leader's commit index as carried by
+	// the first AppendEntries since start (see commitWatch).
+	ci := n.raft.CommitIndex()
+	if n.raft.State() != raft.Leader {
+		commit, at := n.trans.last()
+		if at.IsZero() {
+			return
+		}
+		ci = max(ci, commit)
+	}
+	if ci > 0 {
 		n.readyTarget.Store(ci)
 		n.readySeen.Store(true)
 	}

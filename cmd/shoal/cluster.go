@@ -110,20 +110,25 @@ initial membership (list the node itself too).`,
 	var asJSON bool
 	status := &cobra.Command{
 		Use:   "status",
-		Short: "Show members, suffrage, leader, term, commit/applied index and last contact",
+		Short: "Show members, suffrage, leader, term, commit/applied index and last contact, and object hosts' alarms",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st, err := admin().Status(cmd.Context())
 			if err != nil {
 				return explain(err)
 			}
+			hosts := objectHostStatuses(cmd.Context(), addr)
 			out := cmd.OutOrStdout()
 			if asJSON {
 				enc := json.NewEncoder(out)
 				enc.SetIndent("", "  ")
-				return enc.Encode(st)
+				return enc.Encode(struct {
+					raftmeta.ClusterStatus
+					Hosts []hostView `json:"hosts"`
+				}{st, hosts})
 			}
 			printStatus(out, st)
+			printHosts(out, hosts)
 			return nil
 		},
 	}

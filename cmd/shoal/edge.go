@@ -142,7 +142,7 @@ secrets come from the file; flags given explicitly win.`,
 	f.StringVar(&httpAddr, "http-addr", "", "public HTTP bind address host:port")
 	f.StringVar(&dir, "dir", "", "data directory (the bbolt route cache)")
 	f.StringVar(&region, "region", "weur", "this edge's region: placement default (wnam, enam, weur, eeur, apac, oc)")
-	f.StringSliceVar(&catalog, "catalog", nil, "catalog (raftmeta) node HTTP addresses, nearest first")
+	f.StringSliceVar(&catalog, "catalog", nil, "catalog (raftmeta) node HTTP addresses; stale reads are spread over all of them")
 	f.StringVar(&adminToken, "admin-token", "", "operator token for /admin/v1 (default $SHOAL_ADMIN_TOKEN)")
 	f.StringVar(&bindingKey, "binding-key", "", "secret for binding tokens, shared with object hosts (default $SHOAL_BINDING_KEY)")
 	f.DurationVar(&tokenTTL, "token-ttl", 10*time.Second, "how long a token check is trusted (revocation delay)")

@@ -122,7 +122,7 @@ given explicitly win.`,
 	f.StringVar(&cfg.Region, "region", "", "region (wnam, enam, weur, eeur, apac, oc)")
 	f.StringVar(&cfg.Jurisdiction, "jurisdiction", "", "jurisdiction (eu, fedramp, us), if any")
 	f.Int64Var(&cfg.Capacity, "capacity", 100000, "databases this host accepts")
-	f.StringSliceVar(&catalog, "catalog", nil, "catalog nodes' HTTP addresses, nearest first (ADDR[,ADDR])")
+	f.StringSliceVar(&catalog, "catalog", nil, "catalog nodes' HTTP addresses (ADDR[,ADDR]); stale reads are spread over all of them")
 	f.StringVar(&bindingKey, "binding-key", "", "binding token secret (enables /v1/bound/*); shared with every edge")
 	f.IntVar(&cfg.MaxOpen, "max-open", 1000, "open database handles kept (LRU)")
 	f.IntVar(&cfg.ReadConns, "read-conns", 1, "read connections per open database (-1: none)")

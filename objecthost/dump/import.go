@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/shoaldb/shoal/internal/d1body"
 	"github.com/shoaldb/shoal/objecthost/sqlexec"
 )
 
@@ -59,6 +60,25 @@ func (e *StatementError) Error() string {
 
 func (e *StatementError) Unwrap() error { return e.Err }
 
+// TextError is an import refused because its input is not text SQLite would
+// run exactly as written: a NUL byte (SQLite stops reading a statement at
+// one, so the rest would be dropped without an error) or bytes that are not
+// UTF-8. It is found before the statement holding it runs, and nothing of
+// the import is kept.
+type TextError struct {
+	Problem d1body.Problem // d1body.NUL or d1body.InvalidUTF8
+	Line    int            // 1-based line of the input
+	Offset  int64          // byte offset in the input
+}
+
+func (e *TextError) Error() string {
+	hint := "SQL cannot hold NUL (write such values as blob literals, X'00', or CAST(X'..' AS TEXT))"
+	if e.Problem == d1body.InvalidUTF8 {
+		hint = "the file must be UTF-8 (write other bytes as blob literals, X'..')"
+	}
+	return fmt.Sprintf("import refused: %s at line %d (byte offset %d of the file): %s; nothing was imported", e.Problem, e.Line, e.Offset, hint)
+}
+
 // skipRe matches the transaction and foreign-key lines that sqlite3's .dump
 // and our Export write around a dump: the import already runs in one
 // transaction with foreign keys deferred to its commit.
@@ -67,7 +87,8 @@ var skipRe = regexp.MustCompile(`(?is)^\s*(BEGIN(\s+(DEFERRED|IMMEDIATE|EXCLUSIV
 // ImportDB executes the SQL read from r against db in ONE transaction on
 // db's writer connection (sqlexec.DB.ExecScript): either every statement
 // applies or none does (a failing statement rolls everything back and is
-// reported as a *StatementError). The statements run in sqlexec's sandbox
+// reported as a *StatementError; input holding a NUL byte or invalid UTF-8,
+// anywhere, as a *TextError). The statements run in sqlexec's sandbox
 // for user SQL — the same authorizer (no ATTACH, no transaction control,
 // PRAGMA allowlist, no temp objects, no reserved names), defensive mode,
 // limits and max_page_count — and their rows read and written are
@@ -85,12 +106,20 @@ func ImportDB(ctx context.Context, db *sqlexec.DB, r io.Reader, o ImportOptions)
 	sp := NewSplitter(r, o.MaxStatementBytes)
 	var res ImportResult
 	var last Statement // the statement next returned last: the one running
+	var offset int64   // of the next piece: the pieces concatenate to the input
+	line := 1
 	next := func() (string, error) {
 		for {
 			st, err := sp.Next()
 			if err != nil {
 				return "", err // io.EOF ends the script
 			}
+			// Every piece, comments included: the file is refused whole.
+			if terr := d1body.CheckString(st.Raw); terr != nil {
+				return "", &TextError{Problem: terr.Problem, Line: line + strings.Count(st.Raw[:terr.Offset], "\n"), Offset: offset + int64(terr.Offset)}
+			}
+			offset += int64(len(st.Raw))
+			line += strings.Count(st.Raw, "\n")
 			if st.Blank {
 				continue
 			}
@@ -120,6 +149,10 @@ func ImportDB(ctx context.Context, db *sqlexec.DB, r io.Reader, o ImportOptions)
 	})
 	res.Bytes = sp.Offset()
 	if err != nil {
+		var te *TextError
+		if errors.As(err, &te) {
+			return res, te
+		}
 		var se *sqlexec.ScriptError
 		if errors.As(err, &se) {
 			res.Statements = int64(se.Statement)

@@ -98,7 +98,8 @@ type Request struct {
 
 // Statement is one SQL string with its JSON-encoded parameters. The SQL may
 // hold several ';'-separated statements; params then apply only when it holds
-// exactly one (see Execute).
+// exactly one (see Execute). It must be UTF-8 without NUL (a NUL inside a
+// string parameter is fine: parameters are bound, not parsed).
 type Statement struct {
 	SQL    string
 	Params []json.RawMessage

@@ -118,11 +118,18 @@ func Open(path string, opts Options) (*DB, error) {
 
 // Execute runs req as one transaction and returns one result per statement
 // executed. Every failure is an *Error (or ErrClosed) and leaves the
-// database as it was. The request is bounded by Limits.QueryTimeout and by
-// ctx; either ending interrupts SQLite and rolls back.
+// database as it was. SQL holding a NUL or invalid UTF-8 is refused
+// (CodeInvalidRequest) before anything runs: SQLite would stop reading at
+// the NUL and silently drop the rest of the request. The request is
+// bounded by Limits.QueryTimeout and by ctx; either ending interrupts
+// SQLite and rolls back.
 func (db *DB) Execute(ctx context.Context, req Request) ([]StatementResult, error) {
 	if len(req.Statements) == 0 {
 		return nil, invalidf("no statements")
+	}
+	// Before anything runs: SQLite would silently stop reading at a NUL.
+	if err := checkStatements(req.Statements); err != nil {
+		return nil, err
 	}
 	rq := newReqCtx(ctx, db.lim.QueryTimeout)
 	if ro := db.readers != nil && db.isReadonly(&req); ro || db.readers != nil && db.scripts.Load() > 0 {

@@ -26,8 +26,12 @@ type body struct {
 // or {"batch": [{"sql": "...", "params": [...]}, ...]}. It is strict: unknown
 // fields, wrong types, both or neither of sql and batch, an empty batch, and
 // parameters that are not null, booleans, numbers, strings or arrays of byte
-// values fail with *Error CodeInvalidRequest. Raw and BlockGrowth are left
-// for the caller to set.
+// values fail with *Error CodeInvalidRequest. So does text that would not
+// reach SQLite exactly as sent (see checkSQL): a NUL in SQL, and anywhere
+// in the body invalid UTF-8 or an unpaired surrogate escape (which a JSON
+// decoder would replace with U+FFFD); a NUL inside a parameter string is
+// data and binds as sent. Raw and BlockGrowth are left for the caller to
+// set.
 func ParseBody(data []byte) (Request, error) {
 	if req, ok := parseSimple(data); ok {
 		return req, nil
@@ -38,6 +42,9 @@ func ParseBody(data []byte) (Request, error) {
 // parseBodyDecoder is ParseBody through encoding/json: every body the fast
 // path does not take, and every error message.
 func parseBodyDecoder(data []byte) (Request, error) {
+	if terr := d1body.CheckText(data); terr != nil {
+		return Request{}, invalidf("invalid request body: %s: %s", terr, terr.Problem.BodyHint())
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var b body
@@ -70,6 +77,9 @@ func parseBodyDecoder(data []byte) (Request, error) {
 	default:
 		return Request{}, invalidf("invalid request body: sql is required")
 	}
+	if err := checkStatements(req.Statements); err != nil {
+		return Request{}, err
+	}
 	for i, s := range req.Statements {
 		for j, p := range s.Params {
 			if _, err := decodeParam(p); err != nil {
@@ -78,6 +88,31 @@ func parseBodyDecoder(data []byte) (Request, error) {
 		}
 	}
 	return req, nil
+}
+
+// checkSQL refuses SQL that SQLite would not run exactly as given
+// (CodeInvalidRequest): SQLite reads SQL text only up to its first NUL, so
+// the rest would be dropped without an error; and text that is not UTF-8
+// cannot have come through JSON unchanged. The message says at which byte.
+func checkSQL(sql string) *Error {
+	terr := d1body.CheckString(sql)
+	if terr == nil {
+		return nil
+	}
+	return &Error{Code: v4.CodeInvalidRequest, Statement: -1,
+		Message: fmt.Sprintf("SQL contains %s: %s", terr, terr.Problem.SQLHint())}
+}
+
+// checkStatements is checkSQL for every statement of a request, before any
+// runs; the message names the statement (0-based, as in Request.Statements).
+func checkStatements(stmts []Statement) error {
+	for i := range stmts {
+		if e := checkSQL(stmts[i].SQL); e != nil {
+			e.Statement, e.Message = i, fmt.Sprintf("statement %d: %s", i, e.Message)
+			return e
+		}
+	}
+	return nil
 }
 
 func invalidf(format string, args ...any) *Error {

@@ -108,6 +108,9 @@ const scriptQueueRetry = 5 * time.Millisecond
 // COMMIT; reads keep running on the reader connections and see the
 // database as it was before the script until it commits (WAL).
 //
+// Statements holding a NUL or invalid UTF-8 fail (CodeInvalidRequest) as
+// for Execute, instead of running up to the NUL.
+//
 // All or nothing: a failing statement, a limit, the deferred foreign-key
 // check, ctx's end (SQLite is interrupted) or Close rolls everything back
 // and returns a *ScriptError. Each statement is bounded by
@@ -216,6 +219,10 @@ func (db *DB) script(c *conn, sj *scriptJob) (res ScriptResult, err error) {
 			continue
 		}
 		res.Statements++
+		if e := checkSQL(sql); e != nil {
+			// SQLite would run the text before a NUL and drop the rest.
+			return fail(res.Statements, e)
+		}
 		rq := newReqCtx(ctx, db.lim.QueryTimeout)
 		if e := rq.err(); e != nil {
 			return fail(res.Statements, e)

@@ -47,7 +47,11 @@
 // sqlite3_serialize into a temp file, adds the request IDs to the copy's
 // requests table, and streams the file framed with length and CRC-32C.
 // Restore writes the stream to a temp file, checks frame, schema version and
-// tables, then swaps the file and reopens; any failure before the swap
-// leaves the old catalog serving. The catalog runs with synchronous=OFF: the
+// schema objects, then swaps the file in and opens it, putting the old
+// catalog back on any failure; bad input is an error wrapping
+// ErrInvalidSnapshot, never a panic. CheckSnapshot runs the same checks plus
+// integrity_check and a column type scan on a copy, without touching the
+// catalog: raftmeta runs it on an uploaded backup before Raft sees it
+// (snapshotcheck.go). The catalog runs with synchronous=OFF: the
 // Raft log and snapshots are the durable truth and New starts empty.
 package fsm

@@ -260,10 +260,16 @@ func writeFramed(w io.Writer, n int64, r io.Reader) error {
 }
 
 // Restore replaces the catalog with a snapshot stream. Steps: (1) write the
-// stream to a temporary file, checking length and CRC; (2) open it and check
-// the schema version and apply state; (3) swap it in under f.mu and reopen.
-// Step 3 is the checkpoint: any failure before it leaves the old catalog
-// untouched and serving.
+// stream to a temporary file, checking the frame (length, CRC-32C, nothing
+// after it); (2) check the file is a catalog of this schema version
+// (checkCatalogFile, without the integrity check: see CheckSnapshot);
+// (3) under f.mu, move the old catalog aside, move the new one in, open it
+// and load its request IDs; (4) remove the old one. Any failure before (4)
+// puts the old catalog back and leaves it serving; bad input is always an error
+// wrapping ErrInvalidSnapshot, never a panic. Raft calls Restore at start
+// (newest snapshot first, skipping ones that fail), for InstallSnapshot and
+// for a user restore (where an error makes raft panic, which is why
+// raftmeta's restore runs CheckSnapshot before handing raft the bytes).
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	tmp, err := os.CreateTemp(f.dir, "restore-*.db")
@@ -277,15 +283,20 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 			removeDBFiles(path) //nolint:errcheck // best effort cleanup of a temp file
 		}
 	}()
-	err = readFramed(bufio.NewReaderSize(rc, 1<<20), tmp)
+	_, err = readFramed(bufio.NewReaderSize(rc, 1<<20), tmp)
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
-	if err := validateCatalog(path); err != nil {
-		return fmt.Errorf("restore: invalid snapshot: %w", err)
+	if _, err := checkCatalogFile(context.Background(), path, false); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	// Opening a WAL-mode payload for the checks can leave -wal/-shm files
+	// beside it, which the rename below would orphan.
+	if err := removeSidecars(path); err != nil {
+		return fmt.Errorf("restore: %w", err)
 	}
 
 	f.mu.Lock()
@@ -296,26 +307,64 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err := f.closeHandles(); err != nil {
 		return fmt.Errorf("restore: close catalog: %w", err)
 	}
-	// The old WAL must not be replayed into the new file. Closing the last
-	// connection checkpointed it; remove what is left, then replace the
-	// main file atomically.
-	err = removeSidecars(f.path)
-	if err == nil {
-		err = os.Rename(path, f.path)
+	// Closing the last connection checkpointed the WAL; the old catalog
+	// (and any WAL left) moves aside under a name SQLite pairs the same
+	// way, so it can come back if the new file does not open.
+	old := f.path + ".pre-restore"
+	if err := removeDBFiles(old); err != nil {
+		return f.reopenAfter(fmt.Errorf("restore: %w", err))
 	}
-	if err != nil {
-		// Still the old catalog on disk: serve it again.
-		if oerr := f.open(); oerr != nil {
-			return fmt.Errorf("restore: %w (and reopening the old catalog: %v)", err, oerr)
+	if err := moveDBFiles(f.path, old); err != nil {
+		if berr := moveDBFiles(old, f.path); berr != nil {
+			return fmt.Errorf("restore: %w (and moving the old catalog back: %v)", err, berr)
 		}
-		return fmt.Errorf("restore: %w", err)
+		return f.reopenAfter(fmt.Errorf("restore: %w", err))
+	}
+	if err := os.Rename(path, f.path); err != nil {
+		return f.putBack(old, fmt.Errorf("restore: %w", err))
 	}
 	swapped = true
+	// A failure to open or load what passed the checks is about the file
+	// (its bytes are exactly what was sent): an invalid snapshot too.
 	if err := f.open(); err != nil {
-		return fmt.Errorf("restore: reopen catalog: %w", err)
+		return f.putBack(old, fmt.Errorf("restore: %w", notLoading(err)))
 	}
 	if err := f.loadDedupe(context.Background()); err != nil {
-		return fmt.Errorf("restore: %w", err)
+		f.closeHandles() //nolint:errcheck // reopening the old catalog next
+		return f.putBack(old, fmt.Errorf("restore: %w", notLoading(err)))
+	}
+	removeDBFiles(old) //nolint:errcheck // best effort: New removes it on the next start anyway
+	return nil
+}
+
+// reopenAfter reopens the (unchanged) catalog at f.path after a failed
+// restore step and returns err. Callers hold f.mu.
+func (f *FSM) reopenAfter(err error) error {
+	if oerr := f.open(); oerr != nil {
+		return fmt.Errorf("%w (and reopening the old catalog: %v)", err, oerr)
+	}
+	return err
+}
+
+// putBack replaces whatever is at f.path with the catalog moved aside to old
+// and reopens it, returning err. Callers hold f.mu with the handles closed.
+func (f *FSM) putBack(old string, err error) error {
+	if rerr := removeDBFiles(f.path); rerr != nil {
+		return fmt.Errorf("%w (and removing the restored file: %v)", err, rerr)
+	}
+	if merr := moveDBFiles(old, f.path); merr != nil {
+		return fmt.Errorf("%w (and moving the old catalog back: %v)", err, merr)
+	}
+	return f.reopenAfter(err)
+}
+
+// moveDBFiles renames a SQLite file and its sidecars (the WAL and shared
+// memory files, a rollback journal) from one name to another.
+func moveDBFiles(from, to string) error {
+	for _, suffix := range []string{"", "-wal", "-shm", "-journal"} {
+		if err := os.Rename(from+suffix, to+suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 	}
 	return nil
 }
@@ -329,56 +378,80 @@ func removeSidecars(path string) error {
 	return nil
 }
 
-func readFramed(r io.Reader, w io.Writer) error {
-	var hdr [16]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return fmt.Errorf("read snapshot header: %w", err)
+// Frame sizes: magic + length before the payload, CRC-32C after it.
+const (
+	frameHeaderBytes = len(snapshotMagic) + 8
+	frameOverhead    = int64(frameHeaderBytes + 4)
+)
+
+// readFramed copies the payload of a snapshot stream to w and returns its
+// length. It reads r to its end: a stream with bytes after the checksum is
+// refused like a truncated one. Refusals wrap ErrInvalidSnapshot and give
+// byte positions; errors of r or w are returned as they are.
+func readFramed(r io.Reader, w io.Writer) (int64, error) {
+	var hdr [frameHeaderBytes]byte
+	got, err := io.ReadFull(r, hdr[:])
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return 0, fmt.Errorf("read snapshot header: %w", err)
 	}
-	if string(hdr[:8]) != snapshotMagic {
-		return errors.New("not a catalog snapshot (bad magic)")
+	magic := hdr[:min(got, len(snapshotMagic))]
+	switch {
+	case got == 0:
+		return 0, invalidSnapshot("empty (no snapshot header)")
+	case !isMagicPrefix(magic):
+		return 0, invalidSnapshot("not a catalog snapshot or backup (it does not start with %q)", snapshotMagic)
+	case got < frameHeaderBytes:
+		return 0, invalidSnapshot("truncated at byte %d of the %d-byte header", got, frameHeaderBytes)
 	}
-	n := binary.BigEndian.Uint64(hdr[8:])
+	n := binary.BigEndian.Uint64(hdr[len(snapshotMagic):])
 	if n > maxSnapshotBytes {
-		return fmt.Errorf("snapshot length %d too large", n)
+		return 0, invalidSnapshot("the header gives a payload of %d bytes, over the %d-byte limit (corrupted header)", n, int64(maxSnapshotBytes))
 	}
+	total := frameOverhead + int64(n)
 	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
-	copied, err := io.Copy(io.MultiWriter(w, h), io.LimitReader(r, int64(n)))
+	cw := &errWriter{w: w}
+	copied, err := io.Copy(io.MultiWriter(cw, h), io.LimitReader(r, int64(n)))
 	if err != nil {
-		return fmt.Errorf("read snapshot: %w", err)
+		if cw.err != nil {
+			return 0, fmt.Errorf("write snapshot payload: %w", err)
+		}
+		return 0, fmt.Errorf("read snapshot: %w", err)
 	}
-	if uint64(copied) != n {
-		return fmt.Errorf("snapshot truncated: %d of %d bytes", copied, n)
+	if copied < int64(n) {
+		return 0, invalidSnapshot("truncated at byte %d of %d", int64(frameHeaderBytes)+copied, total)
 	}
 	var tail [4]byte
-	if _, err := io.ReadFull(r, tail[:]); err != nil {
-		return fmt.Errorf("read snapshot checksum: %w", err)
+	got, err = io.ReadFull(r, tail[:])
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return 0, fmt.Errorf("read snapshot checksum: %w", err)
 	}
-	if binary.BigEndian.Uint32(tail[:]) != h.Sum32() {
-		return errors.New("snapshot checksum mismatch")
+	if got < len(tail) {
+		return 0, invalidSnapshot("truncated at byte %d of %d (in the checksum)", int64(frameHeaderBytes)+int64(n)+int64(got), total)
 	}
-	return nil
+	if want, sum := binary.BigEndian.Uint32(tail[:]), h.Sum32(); want != sum {
+		return 0, invalidSnapshot("checksum mismatch: the payload's CRC-32C is %08x, the file says %08x (corrupted)", sum, want)
+	}
+	extra, err := io.Copy(io.Discard, r)
+	if err != nil {
+		return 0, fmt.Errorf("read snapshot: %w", err)
+	}
+	if extra > 0 {
+		return 0, invalidSnapshot("%d unexpected bytes after the end of the snapshot at byte %d", extra, total)
+	}
+	return int64(n), nil
 }
 
-// validateCatalog opens a restored file and checks it is a catalog of this
-// schema version.
-func validateCatalog(path string) error {
-	db, err := sql.Open("sqlite3", writeDSN(path))
+// errWriter remembers whether the writer failed, so readFramed can tell
+// a write error (the disk) from a read error (the source).
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (c *errWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
 	if err != nil {
-		return err
+		c.err = err
 	}
-	defer db.Close()
-	ctx := context.Background()
-	if _, _, err := loadMeta(ctx, db); err != nil {
-		return err
-	}
-	for _, t := range dumpTables() {
-		var n int
-		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?`, t.name).Scan(&n); err != nil {
-			return err
-		}
-		if n != 1 {
-			return fmt.Errorf("table %s missing", t.name)
-		}
-	}
-	return nil
+	return n, err
 }
