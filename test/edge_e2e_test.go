@@ -158,26 +158,44 @@ type e2eAnswer struct {
 var e2eHTTP = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 
 func e2eCall(t testing.TB, method, url, auth string, body any) e2eAnswer {
+	a, err := e2eTry(method, url, auth, body)
+	require.NoError(t, err)
+	return a
+}
+
+// e2eTry is e2eCall for goroutines other than the test's: it returns what
+// went wrong instead of failing the test.
+func e2eTry(method, url, auth string, body any) (e2eAnswer, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
-		require.NoError(t, err)
+		if err != nil {
+			return e2eAnswer{}, err
+		}
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequest(method, url, rd)
-	require.NoError(t, err)
+	if err != nil {
+		return e2eAnswer{}, err
+	}
 	if auth != "" {
 		req.Header.Set("Authorization", auth)
 	}
 	resp, err := e2eHTTP.Do(req)
-	require.NoError(t, err)
+	if err != nil {
+		return e2eAnswer{}, err
+	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
+	if err != nil {
+		return e2eAnswer{}, err
+	}
 	var a e2eAnswer
-	require.NoError(t, json.Unmarshal(raw, &a), "%s", raw)
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return e2eAnswer{}, fmt.Errorf("%s %s: status %d, not a v4 envelope: %w: %s", method, url, resp.StatusCode, err, raw)
+	}
 	a.status, a.raw = resp.StatusCode, raw
-	return a
+	return a, nil
 }
 
 func (a e2eAnswer) code() int {

@@ -148,12 +148,18 @@ func raftmetaFreeAddr(t *testing.T) string {
 
 func raftmetaWaitReady(t *testing.T, addr string) {
 	t.Helper()
+	waitHTTP200(t, "http://"+addr+"/readyz", 20*time.Second, "node at %s never ready", addr)
+}
+
+// waitHTTP200 waits until a GET of url answers 200.
+func waitHTTP200(t *testing.T, url string, within time.Duration, msgAndArgs ...any) {
+	t.Helper()
 	require.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + addr + "/readyz")
+		resp, err := http.Get(url)
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == 200
-	}, 20*time.Second, 50*time.Millisecond, "node at %s never ready", addr)
+	}, within, 50*time.Millisecond, msgAndArgs...)
 }

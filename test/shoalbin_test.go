@@ -22,10 +22,20 @@ var shoalBin struct {
 	err  error
 }
 
-// buildShoal returns the path of a freshly built shoal binary.
+// buildShoal returns the path of a freshly built shoal binary, or of the
+// prebuilt one $SHOAL_TEST_BIN names (e.g. a baseline build from another
+// worktree, to show that a test fails on the code it is meant to catch).
 func buildShoal(t *testing.T) string {
 	t.Helper()
 	shoalBin.once.Do(func() {
+		if prebuilt := os.Getenv("SHOAL_TEST_BIN"); prebuilt != "" {
+			shoalBin.path, shoalBin.err = filepath.Abs(prebuilt)
+			if shoalBin.err == nil {
+				_, shoalBin.err = os.Stat(shoalBin.path)
+			}
+			shoalBin.out = []byte("SHOAL_TEST_BIN=" + prebuilt)
+			return
+		}
 		shoalBin.dir, shoalBin.err = os.MkdirTemp("", "shoal-bin-")
 		if shoalBin.err != nil {
 			return
