@@ -157,6 +157,7 @@ type Host struct {
 
 	active     atomic.Int64 // objects in state active
 	totalBytes atomic.Int64 // sum of objects' last known sizes
+	sizeSeq    atomic.Int64 // last size sequence handed out (see nextSizeSeq)
 
 	// bufs holds *[]byte buffers reused by the query path for request
 	// bodies and responses (one per request in flight).
@@ -180,6 +181,7 @@ type object struct {
 	gone       bool         // swept or failed init: re-look-up (guarded by mu)
 	size       atomic.Int64 // last known file size in bytes
 	routeDirty atomic.Bool  // last route publication failed: next heartbeat retries
+	sizeMu     sync.Mutex   // orders size measurements with their sequence numbers
 }
 
 // accountState is what heartbeats taught the host about an account.
@@ -598,7 +600,7 @@ func (h *Host) Info(ctx context.Context, objectID string) (ObjectInfo, error) {
 	if info.NumTables, err = hd.db.NumTables(); err != nil {
 		return ObjectInfo{}, err
 	}
-	h.noteSize(o, m, info.FileSize)
+	h.noteSize(o, m, func() int64 { return info.FileSize })
 	return info, nil
 }
 
@@ -631,6 +633,7 @@ func (h *Host) Query(ctx context.Context, objectID string, id Identity, req sqle
 	if h.closed.Load() {
 		return nil, ErrClosed
 	}
+	start := time.Now()
 	o, m, err := h.lookup(objectID)
 	if err != nil {
 		return nil, err
@@ -660,6 +663,11 @@ func (h *Host) Query(ctx context.Context, objectID string, id Identity, req sqle
 	}
 	res, err := hd.db.Execute(ctx, req)
 	if err != nil {
+		var se *sqlexec.Error
+		if errors.As(err, &se) { // the request ran and failed: metered as an error, no rows
+			h.cfg.Usage.RecordUsage(UsageEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, Time: h.now(),
+				Duration: time.Since(start), SQL: requestSQL(&req), Error: true})
+		}
 		return nil, err
 	}
 	var read, written int64
@@ -670,15 +678,39 @@ func (h *Host) Query(ctx context.Context, objectID string, id Identity, req sqle
 		changed = changed || res[i].Meta.ChangedDB
 	}
 	now := h.now()
-	h.cfg.Usage.RecordUsage(UsageEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, RowsRead: read, RowsWritten: written, Time: now})
+	h.cfg.Usage.RecordUsage(UsageEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, RowsRead: read, RowsWritten: written,
+		Time: now, Duration: time.Since(start), SQL: requestSQL(&req)})
 	if n := len(res); n > 0 && (changed || o.size.Load() == 0) {
-		h.noteSize(o, m, res[n-1].Meta.SizeAfter)
+		after := res[n-1].Meta.SizeAfter
+		h.noteSize(o, m, func() int64 {
+			// The writer's latest measurement: a concurrent write's result
+			// may be noted before this one's, and must not be undone.
+			if v := hd.db.SizeHint(); v > 0 {
+				return v
+			}
+			return after
+		})
 	}
 	return res, nil
 }
 
-// noteSize records a database's latest size and emits it when it changed.
-func (h *Host) noteSize(o *object, m *Meta, size int64) {
+// requestSQL is the text usage is shaped by: the first statement (a batch
+// is metered as one request, like D1's).
+func requestSQL(req *sqlexec.Request) string {
+	if len(req.Statements) == 0 {
+		return ""
+	}
+	return req.Statements[0].SQL
+}
+
+// noteSize records a database's latest size and emits it, with a fresh
+// sequence number, when it changed. measure runs under the object's size
+// lock, so sequence order is measurement order: consumers keep the highest
+// sequence and a late, older measurement can never win.
+func (h *Host) noteSize(o *object, m *Meta, measure func() int64) {
+	o.sizeMu.Lock()
+	defer o.sizeMu.Unlock()
+	size := measure()
 	if size <= 0 {
 		return
 	}
@@ -688,7 +720,20 @@ func (h *Host) noteSize(o *object, m *Meta, size int64) {
 	}
 	h.totalBytes.Add(size - old)
 	h.m.bytesOnDisk.Set(float64(h.totalBytes.Load()))
-	h.cfg.Sizes.RecordSize(SizeEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, SizeBytes: size, Time: h.now()})
+	h.cfg.Sizes.RecordSize(SizeEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, SizeBytes: size, Seq: h.nextSizeSeq(), Time: h.now()})
+}
+
+// nextSizeSeq returns a host-wide strictly increasing sequence that also
+// increases across restarts: the wall clock in nanoseconds, bumped past the
+// last one handed out.
+func (h *Host) nextSizeSeq() int64 {
+	for {
+		last := h.sizeSeq.Load()
+		next := max(time.Now().UnixNano(), last+1)
+		if h.sizeSeq.CompareAndSwap(last, next) {
+			return next
+		}
+	}
 }
 
 // account returns a copy of what the host knows about an account.

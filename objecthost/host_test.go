@@ -195,12 +195,20 @@ func TestUsageAndSizeEvents(t *testing.T) {
 	_, err = th.Query(ctx, d.obj, d.id(), q("SELECT * FROM t"))
 	require.NoError(t, err)
 
+	_, err = th.Query(ctx, d.obj, d.id(), q("SELECT * FROM nope"))
+	require.Error(t, err)
+
 	usage := th.sink.Usage()
-	require.Len(t, usage, 3)
+	require.Len(t, usage, 4, "a failed request is metered too")
 	assert.Equal(t, "acct", usage[1].AccountID)
 	assert.Equal(t, d.uuid, usage[1].DatabaseUUID)
 	assert.EqualValues(t, 3, usage[1].RowsWritten)
 	assert.EqualValues(t, 3, usage[2].RowsRead)
+	assert.Equal(t, "SELECT * FROM t", usage[2].SQL)
+	assert.Positive(t, usage[2].Duration)
+	assert.False(t, usage[2].Error)
+	assert.True(t, usage[3].Error)
+	assert.Zero(t, usage[3].RowsRead)
 
 	sizes := th.sink.Sizes()
 	require.NotEmpty(t, sizes)
@@ -208,6 +216,9 @@ func TestUsageAndSizeEvents(t *testing.T) {
 	assert.Equal(t, d.uuid, last.DatabaseUUID)
 	assert.Positive(t, last.SizeBytes)
 	assert.Equal(t, last.SizeBytes, th.Stats().Bytes)
+	for i := 1; i < len(sizes); i++ {
+		assert.Greater(t, sizes[i].Seq, sizes[i-1].Seq, "sizes carry increasing sequences")
+	}
 	// Size events are sent on change only: a read adds none.
 	n := len(sizes)
 	_, err = th.Query(ctx, d.obj, d.id(), q("SELECT * FROM t"))
@@ -245,11 +256,51 @@ func TestSweeperRemovesFilesAfterRetention(t *testing.T) {
 	_, err = os.Stat(th.path(keep.obj))
 	assert.NoError(t, err, "live databases untouched")
 
-	last := th.sink.Sizes()[len(th.sink.Sizes())-1]
+	all := th.sink.Sizes()
+	last := all[len(all)-1]
+	assert.Greater(t, last.Seq, all[len(all)-2].Seq, "the sweep's size 0 supersedes every earlier size")
+	last.Seq = 0
 	assert.Equal(t, SizeEvent{AccountID: "a", DatabaseUUID: d.uuid, SizeBytes: 0, Time: th.clock.Now()}, last)
 
 	th.reopen(t)
 	_, err = th.Info(ctx, d.obj)
 	assert.ErrorIs(t, err, ErrNotFound, "sweep is durable")
 	assert.Equal(t, 1, th.Stats().Active)
+}
+
+// Concurrent writes to one database: whatever order their results reach
+// noteSize in, the size with the highest sequence is the database's final
+// size (two queries used to swap and emit out of order).
+func TestConcurrentWritesEmitSizesInMeasurementOrder(t *testing.T) {
+	th := newTestHost(t, nil)
+	ctx := context.Background()
+	d := newDB("acct")
+	th.mustInit(t, d)
+	_, err := th.Query(ctx, d.obj, d.id(), q("CREATE TABLE t (x)"))
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 20; i++ {
+				_, err := th.Query(ctx, d.obj, d.id(), q("INSERT INTO t VALUES (randomblob(3000))"))
+				assert.NoError(t, err)
+			}
+		}()
+	}
+	wg.Wait()
+	// A last write measures the final size.
+	res, err := th.Query(ctx, d.obj, d.id(), q("INSERT INTO t VALUES (randomblob(5000))"))
+	require.NoError(t, err)
+	want := res[0].Meta.SizeAfter
+	require.Positive(t, want)
+	var best SizeEvent
+	for _, e := range th.sink.Sizes() {
+		if e.DatabaseUUID == d.uuid && e.Seq > best.Seq {
+			best = e
+		}
+	}
+	assert.EqualValues(t, want, best.SizeBytes)
+	assert.EqualValues(t, want, th.Stats().Bytes)
 }

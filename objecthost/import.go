@@ -303,7 +303,7 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 	}
 	now := d.h.now()
 	d.h.cfg.Usage.RecordUsage(UsageEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, RowsRead: res.RowsRead, RowsWritten: res.RowsWritten, Time: now})
-	d.h.noteSize(o, m, res.SizeAfter)
+	d.h.noteSize(o, m, func() int64 { return res.SizeAfter })
 	j.mu.Lock()
 	j.status.Status = "complete"
 	j.status.Progress.Bytes, j.status.Progress.Statements = res.Bytes, res.Statements

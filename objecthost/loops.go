@@ -172,10 +172,12 @@ func (h *Host) Sweep(ctx context.Context) (int, error) {
 			continue
 		}
 		m := o.meta.Load()
+		o.sizeMu.Lock()
 		if old := o.size.Swap(0); old != 0 {
 			h.totalBytes.Add(-old)
-			h.cfg.Sizes.RecordSize(SizeEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, SizeBytes: 0, Time: h.now()})
+			h.cfg.Sizes.RecordSize(SizeEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, SizeBytes: 0, Seq: h.nextSizeSeq(), Time: h.now()})
 		}
+		o.sizeMu.Unlock()
 	}
 	h.m.lifecycle.WithLabelValues("swept").Add(float64(len(ids)))
 	h.refreshGauges()

@@ -13,6 +13,9 @@ type UsageEvent struct {
 	RowsRead     int64
 	RowsWritten  int64
 	Time         time.Time
+	Duration     time.Duration // on the host, handle acquisition included
+	SQL          string        // the request's first statement (shaped by the sink)
+	Error        bool          // the request failed (SQL error, limit)
 }
 
 // SizeEvent is the latest size of one database, sent when it changes.
@@ -20,7 +23,10 @@ type SizeEvent struct {
 	AccountID    string
 	DatabaseUUID string
 	SizeBytes    int64
-	Time         time.Time
+	// Seq increases with every measurement on this host, across restarts
+	// too: consumers keep the highest and ignore older or repeated ones.
+	Seq  int64
+	Time time.Time
 }
 
 // Route is a route publication: where a database lives and in which state.

@@ -123,6 +123,12 @@ func Open(path string, opts Options) (*DB, error) {
 // the NUL and silently drop the rest of the request. The request is
 // bounded by Limits.QueryTimeout and by ctx; either ending interrupts
 // SQLite and rolls back.
+// SizeHint is the database's size in bytes as its writer last measured it
+// (page_count × page_size after its latest write), 0 before any
+// measurement. Two writes' results may reach their callers in either order;
+// this is always the newer measurement.
+func (db *DB) SizeHint() int64 { return db.sizeHint.Load() }
+
 func (db *DB) Execute(ctx context.Context, req Request) ([]StatementResult, error) {
 	if len(req.Statements) == 0 {
 		return nil, invalidf("no statements")
