@@ -71,16 +71,21 @@ type Stats struct {
 	CacheHits, CacheMisses, NegativeHits int64
 	FallbackInFlight, FallbackMaxSeen    int64
 	FallbackRejected                     int64
-	BreakerState                         string // "closed" | "half-open" | "open"
+	BreakerState                         string         // "closed" | "half-open" | "open"
+	Feed                                 RouteFeedStats // zero without a route feed
 }
 
 // Stats returns the routing counters.
 func (s *Server) Stats() Stats {
-	return Stats{
+	st := Stats{
 		CacheHits: s.cache.hits.Load(), CacheMisses: s.cache.misses.Load(), NegativeHits: s.cache.negHits.Load(),
 		FallbackInFlight: s.fb.inFlight.Load(), FallbackMaxSeen: s.fb.maxSeen.Load(), FallbackRejected: s.fb.rejected.Load(),
 		BreakerState: breakerName(s.fb.breaker.State()),
 	}
+	if s.feed != nil {
+		st.Feed = s.feed.stats()
+	}
+	return st
 }
 
 func breakerName(st gobreaker.State) string { return st.String() }

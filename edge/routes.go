@@ -95,7 +95,10 @@ func OpenRouteCache(path string, o RouteCacheOptions) (*RouteCache, error) {
 		return nil, fmt.Errorf("open route cache: %w", err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(routesBucket)
+		if _, err := tx.CreateBucketIfNotExists(routesBucket); err != nil {
+			return err
+		}
+		_, err := tx.CreateBucketIfNotExists(feedBucket)
 		return err
 	}); err != nil {
 		_ = db.Close()
@@ -180,17 +183,11 @@ func (c *RouteCache) accepts(cur Route, next Route) bool {
 // Put stores r unless the cache already holds a newer route for its UUID. It
 // reports whether r was stored. A stored route clears any negative entry.
 func (c *RouteCache) Put(r Route) (bool, error) {
-	r.InvalidUntil = 0
 	stored := false
 	err := c.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(routesBucket)
-		if v := b.Get([]byte(r.DatabaseUUID)); v != nil {
-			if cur, err := decodeRoute(v); err == nil && !c.accepts(cur, r) {
-				return nil
-			}
-		}
-		stored = true
-		return b.Put([]byte(r.DatabaseUUID), encodeRoute(r))
+		var err error
+		stored, err = c.putTx(tx.Bucket(routesBucket), r)
+		return err
 	})
 	if err != nil {
 		return false, fmt.Errorf("route cache put: %w", err)
@@ -201,6 +198,17 @@ func (c *RouteCache) Put(r Route) (bool, error) {
 		c.mu.Unlock()
 	}
 	return stored, nil
+}
+
+// putTx is Put inside a write transaction: the one place a route is stored.
+func (c *RouteCache) putTx(b *bolt.Bucket, r Route) (bool, error) {
+	r.InvalidUntil = 0
+	if v := b.Get([]byte(r.DatabaseUUID)); v != nil {
+		if cur, err := decodeRoute(v); err == nil && !c.accepts(cur, r) {
+			return false, nil
+		}
+	}
+	return true, b.Put([]byte(r.DatabaseUUID), encodeRoute(r))
 }
 
 // Invalidate marks the route of uuid at generation gen as known bad (an object
@@ -254,15 +262,21 @@ func (c *RouteCache) PutNegative(uuid string) {
 	c.negative[uuid] = c.now().Add(c.negativeTTL)
 }
 
-// Purge drops every route and negative entry (operator action, and the purge
-// test: every subsequent lookup is a miss that falls back to the catalog).
+// Purge drops every route, every negative entry and the route feed's stored
+// positions (operator action, and the purge test: every subsequent lookup is
+// a miss that falls back to the catalog until the feed, if one runs, has
+// re-read the topic; Server.Purge rewinds it).
 func (c *RouteCache) Purge() error {
 	err := c.db.Update(func(tx *bolt.Tx) error {
-		if err := tx.DeleteBucket(routesBucket); err != nil {
-			return err
+		for _, name := range [][]byte{routesBucket, feedBucket} {
+			if err := tx.DeleteBucket(name); err != nil {
+				return err
+			}
+			if _, err := tx.CreateBucket(name); err != nil {
+				return err
+			}
 		}
-		_, err := tx.CreateBucket(routesBucket)
-		return err
+		return nil
 	})
 	c.mu.Lock()
 	c.negative = make(map[string]time.Time)

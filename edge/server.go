@@ -57,6 +57,11 @@ type Options struct {
 
 	CloseGrace time.Duration // Close waits this long for background work before cancelling it; default 5s
 
+	// RouteFeed, when set, runs this edge's consumer of the routes topic
+	// into the route cache (routefeed.go): started by New, stopped by
+	// Close. nil: routes come from the catalog only (miss fills).
+	RouteFeed *RouteFeedOptions
+
 	BindingDefaultTTL time.Duration // default 1h
 	BindingMaxTTL     time.Duration // default 7 days
 
@@ -88,6 +93,7 @@ type Server struct {
 	catalog Catalog
 	hosts   *HostClient
 	cache   *RouteCache
+	feed    *routeFeed // nil without Options.RouteFeed
 	fb      *fallback
 	res     *resolver
 	auth    *authenticator
@@ -164,6 +170,16 @@ func New(o Options) (*Server, error) {
 	s.reg = prometheus.NewRegistry()
 	s.m = newMetrics(s.reg, s)
 	s.router = s.routes()
+	if o.RouteFeed != nil {
+		f, err := newRouteFeed(*o.RouteFeed, cache, o.Logger)
+		if err != nil {
+			_ = cache.Close()
+			return nil, err
+		}
+		s.feed = f
+		s.reg.MustRegister(f.collectors()...)
+		f.start()
+	}
 	return s, nil
 }
 
@@ -267,16 +283,26 @@ func matchQueryPath(p string) (acct, db, kind string, ok bool) {
 	return acct, db, kind, true
 }
 
-// Purge drops every cached route (operator action; the purge test).
-func (s *Server) Purge() error { return s.cache.Purge() }
+// Purge drops every cached route (operator action; the purge test). With a
+// route feed, the feed's positions go too and it re-reads the topic from the
+// start, refilling the cache without the catalog.
+func (s *Server) Purge() error {
+	if err := s.cache.Purge(); err != nil {
+		return err
+	}
+	if s.feed != nil {
+		s.feed.rewind()
+	}
+	return nil
+}
 
-// Routes exposes the route cache (for a future route feed and tests).
+// Routes exposes the route cache (tests and tools).
 func (s *Server) Routes() *RouteCache { return s.cache }
 
 // Close stops accepting background work, gives in-flight confirmations and
 // delete notifications CloseGrace (default 5 s) to finish (they are best effort: heartbeats
-// repair what they miss), cancels the rest, waits for every goroutine, and
-// closes the route cache. Close is idempotent.
+// repair what they miss), cancels the rest, waits for every goroutine, stops
+// the route feed and closes the route cache. Close is idempotent.
 func (s *Server) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
@@ -292,6 +318,9 @@ func (s *Server) Close() error {
 		s.bgCancel()
 		<-done
 		s.hosts.Close()
+		if s.feed != nil {
+			s.feed.close() // before the cache: it writes into it
+		}
 		err = s.cache.Close()
 	})
 	return err

@@ -504,10 +504,17 @@ func (c *Client) UpdateDatabase(ctx context.Context, d fsm.UpdateDatabase) (fsm.
 	return out, err
 }
 
-// SetDatabaseStats records sizes; the account totals they feed change only
-// at the next drain, so no cache entry is dropped.
+// SetDatabaseStats records sizes (at most fsm.MaxStatsPerCommand per call,
+// which fits the API's 1 MiB body): a size is kept only if its Seq is
+// greater than the stored one, so retrying a call, or sending a size again
+// or late, is harmless (counted as StatsResult.Stale). The account totals
+// they feed change only at the next drain, so no cache entry is dropped.
 func (c *Client) SetDatabaseStats(ctx context.Context, stats []fsm.DatabaseStat) (fsm.StatsResult, error) {
 	var out fsm.StatsResult
+	if len(stats) > fsm.MaxStatsPerCommand {
+		return out, &fsm.Error{Code: fsm.CodeInvalid,
+			Message: fmt.Sprintf("invalid command: %d stats in one command, at most %d", len(stats), fsm.MaxStatsPerCommand)}
+	}
 	err := c.applyTyped(ctx, fsm.CmdSetDatabaseStats, fsm.SetDatabaseStats{Stats: stats}, &out)
 	return out, err
 }

@@ -227,6 +227,11 @@ func TestClientStaleReadsSpreadAndFallBack(t *testing.T) {
 		_, err := cl.Account(ctx, "acct", StaleRead())
 		return err == nil
 	}, 5*time.Second, 10*time.Millisecond)
+	// Stale reads may trail the leader by one commit round: let every node
+	// apply the account first.
+	for _, n := range []*Node{f, leader} {
+		require.Eventually(t, func() bool { return n.AppliedIndex() >= leader.AppliedIndex() }, 10*time.Second, 5*time.Millisecond)
+	}
 	// Stale reads are spread over the live nodes (not all on the first
 	// listed), and the dead one is skipped.
 	fBefore, lBefore := staleReads(t, f), staleReads(t, leader)

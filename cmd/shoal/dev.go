@@ -78,7 +78,7 @@ created and saved in DIR/dev.json. Stop with Ctrl-C (or SIGTERM).`,
 	cmd.Flags().BoolVar(&reset, "reset", false, "wipe the data directory before starting")
 	cmd.Flags().IntVar(&nodes, "nodes", 1, "catalog voters in this process (1 or 3)")
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:8787", "address of the public D1-compatible API")
-	cmd.Flags().IntVar(&basePort, "base-port", 17000, "first of the internal loopback ports (raft base+i, catalog base+100+i, object host base+200)")
+	cmd.Flags().IntVar(&basePort, "base-port", 17000, "first of the internal loopback ports (raft base+i, catalog base+100+i, object host base+200, Kafka-protocol broker base+300)")
 	cmd.Flags().BoolVar(&quietRaft, "quiet", true, "only warnings from the Raft library")
 	return cmd
 }
@@ -139,19 +139,32 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 		return err
 	}
 
-	// 2. The object host.
+	// 2. The background plane: broker, topics, the host's producer and
+	// aggregators, the route publisher, the storage consumer. Closed after
+	// the host and the edge (deferred first, so it runs last).
+	const hostID = "dev-host-1"
+	pipe, err := startDevPipeline(ctx, o.dir, fmt.Sprintf("127.0.0.1:%d", o.basePort+300), hostID, client, logger)
+	if err != nil {
+		return err
+	}
+	defer pipe.Close()
+
+	// 3. The object host.
 	hostAddr := fmt.Sprintf("127.0.0.1:%d", o.basePort+200)
-	host, err := objecthost.Open(objecthost.Config{
-		ID:      "dev-host-1",
+	hcfg := objecthost.Config{
+		ID:      hostID,
 		Dir:     filepath.Join(o.dir, "objecthost"),
 		Address: hostAddr,
 		Region:  "weur",
 		Catalog: objecthost.RaftmetaCatalog{C: client},
 		Logger:  logger,
-	})
+	}
+	pipe.hostSinks(&hcfg)
+	host, err := objecthost.Open(hcfg)
 	if err != nil {
 		return fmt.Errorf("start object host: %w", err)
 	}
+	host.Registry().MustRegister(pipe.routes)
 	defer host.Close()
 	hostSrv, err := serveHTTP(hostAddr, host.Handler())
 	if err != nil {
@@ -159,7 +172,7 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	}
 	defer shutdownHTTP(hostSrv)
 
-	// 3. The edge.
+	// 4. The edge, fed routes by the route feed.
 	keys, err := binding.KeyringFromSecrets(st.BindingKey)
 	if err != nil {
 		return err
@@ -170,6 +183,7 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 		Region:      "weur",
 		AdminToken:  st.AdminToken,
 		BindingKeys: keys,
+		RouteFeed:   pipe.routeFeed(),
 		Logger:      logger,
 	})
 	if err != nil {
@@ -183,7 +197,7 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	defer shutdownHTTP(edgeSrv)
 	st.APIURL = "http://" + o.addr
 
-	// 4. First start: the default account and its token, through the admin API
+	// 5. First start: the default account and its token, through the admin API
 	// like an operator would. The saved state is the checkpoint: a crash
 	// before it leaves an unused account, and the next start makes another.
 	if st.AccountID == "" {

@@ -127,7 +127,12 @@ func (f *FSM) dedupeThresholds(index uint64) (tsMin int64, idxMax uint64) {
 func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 	res := Result{Index: l.Index}
 	cmd, pre, fast := decodeCreateFast(l.Data)
+	var stats SetDatabaseStats
+	statsFast := false
 	if !fast {
+		cmd, stats, statsFast = decodeStatsFast(l.Data)
+	}
+	if !fast && !statsFast {
 		if err := json.Unmarshal(l.Data, &cmd); err != nil {
 			res.Err = ToError(fmt.Errorf("%w: malformed command: %v", ErrInvalid, err))
 			return res, nil
@@ -169,9 +174,12 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 		return res, &fatalError{err}
 	}
 	var value any
-	if fast { // the body is decoded already
+	switch { // the body is decoded already on the fast paths
+	case fast:
 		value, err = f.createDatabaseBody(ctx, &cmd, pre)
-	} else {
+	case statsFast:
+		value, err = f.setDatabaseStatsBody(ctx, &cmd, stats)
+	default:
 		value, err = f.dispatch(ctx, &cmd)
 	}
 	var fe *fatalError
@@ -666,10 +674,15 @@ func (f *FSM) updateDatabase(ctx context.Context, c *Command) (any, error) {
 	return f.getDatabase(ctx, d.UUID)
 }
 
-// StatsResult is Result.Value of SetDatabaseStats.
+// StatsResult is Result.Value of SetDatabaseStats. Every stat of the
+// command is counted in exactly one of the three.
 type StatsResult struct {
 	Applied int `json:"applied"` // stats recorded
 	Skipped int `json:"skipped"` // unknown or deleted databases
+	// Stale counts stats ignored because their Seq was not greater than
+	// the stored one (duplicates and late deliveries). Omitted when 0, so
+	// results without stale stats encode as before sequences existed.
+	Stale int `json:"stale,omitempty"`
 }
 
 func (f *FSM) setDatabaseStats(ctx context.Context, c *Command) (any, error) {
@@ -677,6 +690,12 @@ func (f *FSM) setDatabaseStats(ctx context.Context, c *Command) (any, error) {
 	if err := decodeBody(c, &b); err != nil {
 		return nil, err
 	}
+	return f.setDatabaseStatsBody(ctx, c, b)
+}
+
+// setDatabaseStatsBody is setDatabaseStats after the body is decoded (by
+// decodeBody or by decodeStatsFast).
+func (f *FSM) setDatabaseStatsBody(ctx context.Context, c *Command, b SetDatabaseStats) (any, error) {
 	if len(b.Stats) > MaxStatsPerCommand {
 		return nil, fmt.Errorf("%w: %d stats in one command, at most %d", ErrInvalid, len(b.Stats), MaxStatsPerCommand)
 	}
@@ -687,17 +706,56 @@ func (f *FSM) setDatabaseStats(ctx context.Context, c *Command) (any, error) {
 		if st.SizeBytes < 0 || st.SizeBytes > MaxDatabaseSizeBytes {
 			return nil, fmt.Errorf("%w: size %d for %q out of range 0..%d", ErrInvalid, st.SizeBytes, st.UUID, int64(MaxDatabaseSizeBytes))
 		}
+		if st.Seq < 0 {
+			return nil, fmt.Errorf("%w: seq %d for %q is negative", ErrInvalid, st.Seq, st.UUID)
+		}
 	}
 	var r StatsResult
+	s := f.stmts
+	delta := map[string]int64{} // account → sum of the size changes kept
 	for _, st := range b.Stats {
-		n, err := exec(ctx, f.stmts.statsUpsert, st.UUID, st.SizeBytes, c.Time)
-		if err != nil {
+		var old, oldSeq int64
+		var acct string
+		err := s.statsGet.QueryRowContext(ctx, st.UUID).Scan(&old, &oldSeq, &acct)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			// No size yet: the first one, if the database is active (the
+			// insert trigger logs its delta).
+			n, err := exec(ctx, s.statsInsert, st.UUID, st.SizeBytes, c.Time, st.Seq)
+			if err != nil {
+				return nil, err
+			}
+			if n > 0 {
+				r.Applied++
+			} else {
+				r.Skipped++
+			}
+			continue
+		case err != nil:
+			return nil, storageErr(err)
+		}
+		if st.Seq < oldSeq || (st.Seq == oldSeq && st.Seq != 0) {
+			r.Stale++ // a duplicate or a late delivery: nothing changes
+			continue
+		}
+		if _, err := exec(ctx, s.statsSet, st.UUID, st.SizeBytes, c.Time, st.Seq); err != nil {
 			return nil, err
 		}
-		if n == 0 {
-			r.Skipped++
-		} else {
-			r.Applied++
+		delta[acct] += st.SizeBytes - old
+		r.Applied++
+	}
+	// One change row per account per command (in account order, so every
+	// replica appends the same rows), not one per size.
+	accts := make([]string, 0, len(delta))
+	for a, d := range delta {
+		if d != 0 {
+			accts = append(accts, a)
+		}
+	}
+	sort.Strings(accts)
+	for _, a := range accts {
+		if _, err := exec(ctx, s.changeInsert, a, delta[a]); err != nil {
+			return nil, err
 		}
 	}
 	return r, nil

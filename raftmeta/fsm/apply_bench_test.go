@@ -69,3 +69,55 @@ func processCPU() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkApplySetDatabaseStats measures in-process apply cost of
+// SetDatabaseStats commands of 5,000 sizes (the storage consumer's batch)
+// over 20,000 databases, every size a change (so every stat also logs a
+// delta), one command per ApplyBatch as raft delivers such large entries.
+// b.N counts sizes.
+//
+//	go test ./raftmeta/fsm -run XXX -bench ApplySetDatabaseStats -benchtime 200000x
+func BenchmarkApplySetDatabaseStats(b *testing.B) {
+	const dbs, per = 20_000, 5_000
+	f := newFSM(b)
+	var index uint64
+	mk := func(typ CommandType, body any) *raft.Log {
+		index++
+		data, _ := json.Marshal(Command{Version: CommandVersion, Type: typ, RequestID: "r" + strconv.FormatUint(index, 10),
+			Time: baseTime + int64(index)*100_000, Body: mustJSON(body)})
+		return &raft.Log{Index: index, Type: raft.LogCommand, Data: data}
+	}
+	l := bigLimits()
+	f.ApplyBatch([]*raft.Log{mk(CmdCreateAccount, CreateAccount{ID: "x", Name: "x", Tier: TierPaid, Limits: l})})
+	var batch []*raft.Log
+	for i := 0; i < dbs; i++ {
+		batch = append(batch, mk(CmdCreateDatabase, createDB(uuidN(i), "x", "n"+strconv.Itoa(i))))
+		if len(batch) == 512 || i == dbs-1 {
+			f.ApplyBatch(batch)
+			batch = batch[:0]
+		}
+	}
+	var logs []*raft.Log
+	seq := int64(0)
+	for n := 0; n < b.N; n += per {
+		st := make([]DatabaseStat, 0, per)
+		for j := 0; j < per; j++ {
+			seq++
+			st = append(st, DatabaseStat{UUID: uuidN(int(seq) % dbs), SizeBytes: seq * 4096 % (1 << 30), Seq: seq})
+		}
+		logs = append(logs, mk(CmdSetDatabaseStats, SetDatabaseStats{Stats: st}))
+	}
+	b.ResetTimer()
+	cpu0 := processCPU()
+	for i, lg := range logs {
+		if r := f.ApplyBatch([]*raft.Log{lg})[0].(Result); r.Err != nil {
+			b.Fatal(r.Err)
+		}
+		if i%10 == 9 { // the leader's drain, every second or so at these rates
+			f.ApplyBatch([]*raft.Log{mk(CmdDrainStats, DrainStats{})})
+		}
+	}
+	sizes := float64(len(logs) * per)
+	b.ReportMetric(sizes/b.Elapsed().Seconds(), "sizes/s")
+	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/sizes, "cpu-µs/size")
+}

@@ -60,6 +60,8 @@ func TestBadInputRefusedWithClearErrors(t *testing.T) {
 		{"negative limit", encode(t, CmdCreateAccount, "r12", baseTime, CreateAccount{ID: "a9", Name: "x", Tier: TierFree, Limits: Limits{MaxDatabases: -1}}), ErrInvalid, CodeInvalid, "negative limit"},
 		{"bad host state", encode(t, CmdRegisterHost, "r13", baseTime, RegisterHost{ID: "h", Address: "x:1", State: "on fire"}), ErrInvalid, CodeInvalid, "host state"},
 		{"too many stats", encode(t, CmdSetDatabaseStats, "r14", baseTime, SetDatabaseStats{Stats: make([]DatabaseStat, MaxStatsPerCommand+1)}), ErrInvalid, CodeInvalid, "at most"},
+		{"negative seq", encode(t, CmdSetDatabaseStats, "r15", baseTime, SetDatabaseStats{Stats: []DatabaseStat{
+			{UUID: uuidN(1), SizeBytes: 5, Seq: 1}, {UUID: uuidN(1), SizeBytes: 6, Seq: -1}}}), ErrInvalid, CodeInvalid, "seq -1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -211,15 +211,26 @@ type UpdateDatabase struct {
 	ReadReplication *string `json:"read_replication,omitempty"`
 }
 
+// DatabaseStat is one database's size as its host measured it. Seq is the
+// measurement's sequence (event.Size.Seq: increasing per database on its
+// host, ≥ 0): the catalog keeps a size only if its Seq is greater than the
+// stored one, so a size delivered late, twice or out of order never moves
+// a total backwards. Seq 0 means "unsequenced" (entries written before
+// sequences existed): it is kept while the stored seq is 0 too, the old
+// last-writer-wins, and ignored once the database has a sequenced size.
 type DatabaseStat struct {
 	UUID      string `json:"uuid"`
 	SizeBytes int64  `json:"size_bytes"`
+	Seq       int64  `json:"seq"`
 }
 
 // SetDatabaseStats records the latest size of many databases at once (the
-// storage consumer batches them). For each, the size difference against the
-// previous value is appended to account_database_stats_changes in the same
-// transaction. Unknown or deleted databases are skipped, not errors.
+// storage consumer batches them), in order: of two stats for one database
+// in one command, the later wins only if its Seq is greater. The size
+// differences of the kept sizes are appended to
+// account_database_stats_changes in the same transaction (summed per
+// account for updates). Unknown or deleted databases are skipped and stale
+// sizes ignored, not errors.
 type SetDatabaseStats struct {
 	Stats []DatabaseStat `json:"stats"`
 }

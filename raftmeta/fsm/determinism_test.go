@@ -76,7 +76,9 @@ func randomLogs(t testing.TB, seed uint64, n int) []*raft.Log {
 		case k < 82:
 			var st []DatabaseStat
 			for j := rng.IntN(5); j >= 0; j-- {
-				st = append(st, DatabaseStat{UUID: uid(), SizeBytes: rng.Int64N(1000)})
+				// Small seqs, 0 included, so sizes arrive stale, repeated
+				// and unsequenced as well as in order.
+				st = append(st, DatabaseStat{UUID: uid(), SizeBytes: rng.Int64N(1000), Seq: rng.Int64N(8)})
 			}
 			typ, body = CmdSetDatabaseStats, SetDatabaseStats{Stats: st}
 		case k < 90:
@@ -136,7 +138,7 @@ func TestDeterminismApplyVersusRandomBatches(t *testing.T) {
 			// The log exercised what it is meant to: refusals of several
 			// kinds, dedupe hits and expired IDs.
 			codes := map[string]int{}
-			replayed := 0
+			replayed, stale := 0, 0
 			for i, r := range ra {
 				res, ok := r.(Result)
 				if !ok {
@@ -145,11 +147,15 @@ func TestDeterminismApplyVersusRandomBatches(t *testing.T) {
 				if res.Err != nil {
 					codes[res.Err.Code]++
 				}
+				if bytes.Contains(res.Value, []byte(`"stale":`)) {
+					stale++
+				}
 				if res.Index != logs[i].Index {
 					replayed++ // answered from the dedupe table
 				}
 			}
 			assert.Positive(t, replayed, "no retry was deduplicated")
+			assert.Positive(t, stale, "no stale size was ignored")
 			for _, c := range []string{CodeNameTaken, CodeNotFound, CodeInvalid, CodeExists} {
 				assert.Positive(t, codes[c], "code %s never produced", c)
 			}

@@ -14,7 +14,8 @@
 // when a database is deleted) to account_database_stats_changes;
 // account_database_stats (drained totals); requests (remembered request IDs,
 // filled only in snapshots); meta (schema
-// version, applied index, largest command time). Every read is a primary-key
+// version, applied index, largest command time). database_stats carries
+// each size's seq (schema version 2). Every read is a primary-key
 // or index search; list pages skip OFFSET rows inside a covering index.
 //
 // Invariants. Apply never reads the wall clock or randomness: all
@@ -34,10 +35,20 @@
 // Snapshots carry the remembered IDs in the copy's requests table (the live
 // table stays empty); Restore loads them back.
 //
-// Storage totals. SetDatabaseStats upserts database_stats (unknown or
-// deleted databases are skipped); the triggers record deltas; DrainStats
-// folds up to Max oldest deltas into account_database_stats with one upsert
-// per account. Change ids stay contiguous, so the pending count is O(1).
+// Storage totals. SetDatabaseStats records sizes in database_stats, each
+// only if its seq is greater than the stored one (so a duplicate or late
+// size never moves a total backwards; unknown or deleted databases are
+// skipped); the size differences go to account_database_stats_changes in
+// the same transaction (one row per account per command for updates, the
+// insert and delete triggers for first sizes and deleted databases);
+// DrainStats folds up to Max oldest deltas into account_database_stats
+// with one upsert per account. Change ids stay contiguous, so the pending
+// count is O(1).
+//
+// Schema versions. A fresh catalog is the version-1 schema plus every
+// migration (schema.go); Restore and CheckSnapshot migrate an older
+// snapshot's file in place before checking it against a fresh catalog
+// (migrate.go), so snapshots and backups of version 1 still restore.
 //
 // Snapshots. Snapshot() opens a read transaction on a read connection (pins
 // a WAL read snapshot) and takes a view of the remembered request IDs that

@@ -138,3 +138,89 @@ func FuzzEncodeDatabase(f *testing.F) {
 		require.Equal(t, string(want), string(got))
 	})
 }
+
+// checkStatsFastMatchesSlow: whenever the stats fast path accepts,
+// encoding/json accepts too and yields the same command and body.
+func checkStatsFastMatchesSlow(t *testing.T, data []byte) bool {
+	t.Helper()
+	fc, fb, ok := decodeStatsFast(data)
+	if !ok {
+		return false
+	}
+	var sc Command
+	require.NoError(t, json.Unmarshal(data, &sc), "fast path accepted what encoding/json refuses: %s", data)
+	var sb SetDatabaseStats
+	require.NoError(t, decodeBody(&sc, &sb), "fast path accepted a body encoding/json refuses: %s", data)
+	require.Equal(t, CmdSetDatabaseStats, sc.Type)
+	require.Equal(t, sc.Version, fc.Version, "%s", data)
+	require.Equal(t, sc.Type, fc.Type, "%s", data)
+	require.Equal(t, sc.RequestID, fc.RequestID, "%s", data)
+	require.Equal(t, sc.Time, fc.Time, "%s", data)
+	require.Equal(t, string(sc.Body), string(fc.Body), "%s", data)
+	require.Equal(t, len(sb.Stats), len(fb.Stats), "%s", data)
+	for i := range sb.Stats {
+		require.Equal(t, sb.Stats[i], fb.Stats[i], "%s", data)
+	}
+	return true
+}
+
+func TestDecodeStatsFastMatchesJSON(t *testing.T) {
+	canonical, err := json.Marshal(Command{Version: 1, Type: CmdSetDatabaseStats, RequestID: "r-1", Time: 1_780_000_000_000_000_001,
+		Body: mustJSON(SetDatabaseStats{Stats: []DatabaseStat{{UUID: uuidN(1), SizeBytes: 4096, Seq: 1_780_000_000_000_000_002},
+			{UUID: uuidN(2)}, {UUID: uuidN(3), SizeBytes: MaxDatabaseSizeBytes, Seq: -1}}})})
+	require.NoError(t, err)
+	require.True(t, checkStatsFastMatchesSlow(t, canonical), "canonical form must take the fast path")
+
+	accepted := []string{
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":[]}}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{}}`,
+		`{"body":{"stats":[{"seq":3,"uuid":"u"},{}]},"ts":-5,"rid":"","type":"set_database_stats","v":0}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":[{"uuid":"a<b>&","size_bytes":-9223372036854775807,"seq":9223372036854775807}]}}`,
+	}
+	for _, s := range accepted {
+		require.True(t, checkStatsFastMatchesSlow(t, []byte(s)), "should take the fast path: %s", s)
+	}
+	declined := []string{
+		``, `{}`, `null`,
+		`{"v":1,"type":"drain_stats","rid":"x","ts":1,"body":{"stats":[]}}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":null}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":null}}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":[null]}}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":[],"stats":[]}}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"Stats":[]}}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":[{"UUID":"u"}]}}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":[{"uuid":"u","uuid":"v"}]}}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":[{"uuid":"u","extra":1}]}}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":[{"size_bytes":1.5}]}}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":[{"seq":1e3}]}}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":[{"seq":9223372036854775808}]}}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":[{"uuid":"\u0041"}]}}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":[{}, {}]}}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":[{},]}}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":[{}]}`,
+		`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":{}}}`,
+	}
+	for _, s := range declined {
+		_, _, ok := decodeStatsFast([]byte(s))
+		require.False(t, ok, "should fall back to encoding/json: %s", s)
+	}
+	// Each fast path declines the other's entries.
+	_, _, ok := decodeCreateFast(canonical)
+	require.False(t, ok)
+	create, err := json.Marshal(Command{Version: 1, Type: CmdCreateDatabase, RequestID: "r", Time: 1, Body: mustJSON(createDB(uuidN(1), "a", "n"))})
+	require.NoError(t, err)
+	_, _, ok = decodeStatsFast(create)
+	require.False(t, ok)
+}
+
+// FuzzDecodeStatsFast: on any input, the stats fast path either declines
+// or agrees with encoding/json.
+func FuzzDecodeStatsFast(f *testing.F) {
+	f.Add([]byte(`{"v":1,"type":"set_database_stats","rid":"x","ts":1,"body":{"stats":[{"uuid":"00000000-0000-4000-8000-000000000001","size_bytes":4096,"seq":7}]}}`))
+	f.Add([]byte(`{"v":1,"type":"set_database_stats","rid":"x","ts":-1,"body":{"stats":[]}}`))
+	f.Add([]byte(`{"body":{"stats":[{},{"seq":-2}]},"v":0,"type":"set_database_stats","rid":"","ts":0}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checkStatsFastMatchesSlow(t, data)
+	})
+}

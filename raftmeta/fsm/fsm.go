@@ -126,7 +126,8 @@ func New(dir string, opts ...Option) (*FSM, error) {
 	return f, nil
 }
 
-// createCatalog writes a fresh catalog file with the schema.
+// createCatalog writes a fresh catalog file of schemaVersion (schema, then
+// every migration: see migrations).
 func createCatalog(path string) error {
 	db, err := sql.Open("sqlite3", writeDSN(path))
 	if err != nil {
@@ -139,7 +140,7 @@ func createCatalog(path string) error {
 		return fmt.Errorf("create schema: %w", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after commit
-	if _, err := tx.ExecContext(ctx, schema); err != nil {
+	if _, err := tx.ExecContext(ctx, currentSchema()); err != nil {
 		return fmt.Errorf("create schema: %w", err)
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES

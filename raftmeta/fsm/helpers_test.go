@@ -181,7 +181,7 @@ func checkInvariants(t testing.TB, f *FSM) {
 	assert.Zero(t, q(`SELECT count(*) FROM databases d WHERE NOT EXISTS (SELECT 1 FROM accounts a WHERE a.id = d.account_id)`), "database without account")
 	assert.Zero(t, q(`SELECT count(*) FROM accounts WHERE active_databases < 0`), "negative counts")
 	assert.Zero(t, q(`SELECT count(*) FROM database_stats s LEFT JOIN databases d ON d.uuid = s.uuid
-		WHERE d.uuid IS NULL OR d.state != 'active' OR d.account_id != s.account_id OR s.size_bytes < 0`), "stats rows")
+		WHERE d.uuid IS NULL OR d.state != 'active' OR d.account_id != s.account_id OR s.size_bytes < 0 OR s.seq < 0`), "stats rows")
 	assert.Zero(t, q(`SELECT COALESCE(MAX(id) - MIN(id) + 1 - count(*), 0) FROM account_database_stats_changes`), "contiguous change ids")
 	assert.Zero(t, q(`SELECT count(*) FROM databases WHERE (state = 'deleted') != (deleted_at != 0)`), "deleted_at")
 	// Drained totals plus pending deltas equal the sum of current sizes.

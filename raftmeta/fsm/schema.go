@@ -1,11 +1,51 @@
 package fsm
 
-// schemaVersion is stored in meta and checked by Restore: a snapshot written
-// by a build with another schema is refused rather than half-understood.
-const schemaVersion = "1"
+// schemaVersion is stored in meta and checked by Restore: a snapshot of an
+// older version is migrated (see migrations), one of a newer or unknown
+// version is refused rather than half-understood.
+const schemaVersion = "2"
 
-// schema is the catalog. Every read path has an index that makes it
-// O(log n) or O(log n + page):
+// migrations[i] moves a catalog from schema version i+1 to version i+2;
+// len(migrations)+1 is schemaVersion. A fresh catalog is schema (version 1)
+// followed by every migration, and an older one restored from a snapshot or
+// backup runs the ones it lacks (migrateFile). Building both the same way
+// keeps their schema objects identical, which the restore checks compare
+// text for text: SQLite records ALTER TABLE ADD COLUMN by splicing the
+// column into the table's CREATE statement, so a table written out with
+// the column from the start would read differently.
+//
+// Rules for a migration: deterministic (every replica restoring the same
+// old snapshot must reach the same catalog), no data-dependent failure
+// (a NOT NULL column needs a DEFAULT), and never a change of meaning for
+// rows already there.
+var migrations = []string{
+	// 1 → 2: the sequence of the size in database_stats (event.Size.Seq,
+	// increasing per database on its host). SetDatabaseStats ignores a
+	// size whose seq is not greater than the stored one; rows of version 1
+	// get 0, "no sequence seen yet". And SetDatabaseStats logs the deltas
+	// of updated sizes itself, one change row per account per command
+	// instead of one per size from an update trigger (half its cost). The
+	// insert and delete triggers stay.
+	`ALTER TABLE database_stats ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+	DROP TRIGGER database_stats_update;`,
+}
+
+// currentSchema is the SQL that builds a catalog of schemaVersion.
+func currentSchema() string { return schemaAt(len(migrations) + 1) }
+
+// schemaAt is the SQL that builds a catalog of schema version v (1 ≤ v ≤
+// len(migrations)+1).
+func schemaAt(v int) string {
+	s := schema
+	for _, m := range migrations[:v-1] {
+		s += "\n" + m
+	}
+	return s
+}
+
+// schema is the catalog at version 1 (migrations change it; as of version
+// 2, database_stats has a seq column). Every read path has an index that
+// makes it O(log n) or O(log n + page):
 //   - databases by uuid (primary key), by (account, name) among active rows
 //     (partial unique index: also enforces name uniqueness per account among
 //     ACTIVE databases only, so a deleted name can be reused), and listing by
@@ -14,9 +54,12 @@ const schemaVersion = "1"
 //     every create/delete, so limits and list totals are O(1);
 //   - account_database_stats holds each account's drained storage total.
 //
-// database_stats triggers append the size difference of every change to
-// account_database_stats_changes, so the storage pipeline can never forget a
-// delta: the change and its delta commit together.
+// Every change of database_stats appends its size difference to
+// account_database_stats_changes in the same transaction, so the storage
+// pipeline can never forget a delta: the insert and delete triggers for
+// first sizes and deleted databases, SetDatabaseStats itself for updates
+// (as of version 2: one row per account per command). Any new writer of
+// database_stats.size_bytes must log its deltas the same way.
 const schema = `
 CREATE TABLE meta (
 	key   TEXT PRIMARY KEY,
@@ -83,6 +126,7 @@ CREATE TABLE databases (
 CREATE UNIQUE INDEX databases_active_name ON databases (account_id, name) WHERE state = 'active';
 CREATE INDEX databases_active_list ON databases (account_id, created_at, uuid) WHERE state = 'active';
 
+-- seq: added by migration 1 → 2.
 CREATE TABLE database_stats (
 	uuid        TEXT PRIMARY KEY,
 	account_id  TEXT NOT NULL,

@@ -261,7 +261,8 @@ func writeFramed(w io.Writer, n int64, r io.Reader) error {
 
 // Restore replaces the catalog with a snapshot stream. Steps: (1) write the
 // stream to a temporary file, checking the frame (length, CRC-32C, nothing
-// after it); (2) check the file is a catalog of this schema version
+// after it); (2) migrate a catalog of an older schema version (migrateFile)
+// and check the file is a catalog of this schema version
 // (checkCatalogFile, without the integrity check: see CheckSnapshot);
 // (3) under f.mu, move the old catalog aside, move the new one in, open it
 // and load its request IDs; (4) remove the old one. Any failure before (4)
@@ -288,6 +289,9 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		err = cerr
 	}
 	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	if err := migrateFile(context.Background(), path); err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
 	if _, err := checkCatalogFile(context.Background(), path, false); err != nil {

@@ -43,7 +43,8 @@ type SnapshotInfo struct {
 // CheckSnapshot validates a whole snapshot stream read from r, as Restore
 // would receive it, without touching any catalog: the frame (magic, length,
 // CRC-32C, nothing after the checksum), then the payload as a catalog of this
-// schema version (a SQLite file whose schema objects are exactly the
+// schema version, after migrating a copy of an older one (a SQLite file
+// whose schema objects are exactly the
 // catalog's, whose meta rows parse, and which passes PRAGMA
 // integrity_check). The payload is copied into a temporary directory under
 // dir, removed before CheckSnapshot returns.
@@ -71,6 +72,10 @@ func CheckSnapshot(ctx context.Context, r io.Reader, dir string) (SnapshotInfo, 
 		err = fmt.Errorf("check snapshot: %w", cerr)
 	}
 	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	// An older catalog is checked as Restore will see it: migrated.
+	if err := migrateFile(ctx, path); err != nil {
 		return SnapshotInfo{}, err
 	}
 	applied, err := checkCatalogFile(ctx, path, true)
@@ -146,13 +151,14 @@ func checkCatalogFile(ctx context.Context, path string, integrity bool) (uint64,
 		return 0, invalidSnapshot("not a catalog: reading meta failed (%s)", sqliteReason(err))
 	}
 	if version != schemaVersion {
-		return 0, invalidSnapshot("catalog schema version %q unsupported (this build restores version %q)", version, schemaVersion)
+		return 0, invalidSnapshot("catalog schema version %q unsupported (this build restores version %q, and migrates versions 1 to %d)",
+			version, schemaVersion, len(migrations))
 	}
-	want, err := catalogSchemaObjects(ctx)
+	want, err := catalogSchemaObjects(ctx, len(migrations)+1)
 	if err != nil {
 		return 0, err
 	}
-	if err := compareSchema(want, got); err != nil {
+	if err := compareSchema(schemaVersion, want, got); err != nil {
 		return 0, err
 	}
 	applied, _, err := loadMeta(ctx, db)
@@ -219,7 +225,9 @@ func columnTypeCheck(ctx context.Context, db *sql.DB) error {
 // schemaObjects maps "type name" to the whitespace-normalised SQL of every
 // schema object that is not SQLite's own (sqlite_autoindex_*, sqlite_stat*,
 // sqlite_sequence).
-func schemaObjects(ctx context.Context, db *sql.DB) (map[string]string, error) {
+func schemaObjects(ctx context.Context, db interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}) (map[string]string, error) {
 	rows, err := db.QueryContext(ctx, `SELECT type, name, COALESCE(sql, '') FROM sqlite_schema WHERE name NOT LIKE 'sqlite\_%' ESCAPE '\'`)
 	if err != nil {
 		return nil, err
@@ -236,25 +244,27 @@ func schemaObjects(ctx context.Context, db *sql.DB) (map[string]string, error) {
 	return out, rows.Err()
 }
 
-// catalogSchemaObjects is schemaObjects of a fresh catalog (built in memory
-// from schema, so it is always this build's).
-func catalogSchemaObjects(ctx context.Context) (map[string]string, error) {
+// catalogSchemaObjects is schemaObjects of a fresh catalog of schema version
+// v (built in memory from schema and the first v-1 migrations, so it is
+// always this build's idea of that version).
+func catalogSchemaObjects(ctx context.Context, v int) (map[string]string, error) {
 	db, err := sql.Open("sqlite3", "file::memory:")
 	if err != nil {
 		return nil, err
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(1) // one connection: each has its own in-memory database
-	if _, err := db.ExecContext(ctx, schema); err != nil {
+	if _, err := db.ExecContext(ctx, schemaAt(v)); err != nil {
 		return nil, fmt.Errorf("build reference schema: %w", err)
 	}
 	return schemaObjects(ctx, db)
 }
 
-// compareSchema refuses a file whose schema objects differ from the
-// catalog's: a missing table or index, a table with other columns, or an
-// extra trigger or view (which Apply would run) are all "not a catalog".
-func compareSchema(want, got map[string]string) error {
+// compareSchema refuses a file whose schema objects differ from those of a
+// catalog of schema version version: a missing table or index, a table
+// with other columns, or an extra trigger or view (which Apply would run)
+// are all "not a catalog".
+func compareSchema(version string, want, got map[string]string) error {
 	var missing, differ, extra []string
 	for k, w := range want {
 		g, ok := got[k]
@@ -283,7 +293,7 @@ func compareSchema(want, got map[string]string) error {
 			parts = append(parts, p.what+": "+strings.Join(p.keys, ", "))
 		}
 	}
-	return invalidSnapshot("not a catalog of schema version %q (%s)", schemaVersion, strings.Join(parts, "; "))
+	return invalidSnapshot("not a catalog of schema version %q (%s)", version, strings.Join(parts, "; "))
 }
 
 // integrityCheck runs PRAGMA integrity_check (every page, every index entry

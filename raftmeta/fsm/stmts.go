@@ -73,7 +73,8 @@ type stmts struct {
 	hostGet, hostUpsert, hostLoad                         *sql.Stmt
 
 	dbGet, dbCreateCheck, dbInsert, dbDelete, dbSetRR *sql.Stmt
-	statsUpsert, statsDelete                          *sql.Stmt
+	statsGet, statsSet, statsInsert, statsDelete      *sql.Stmt
+	changeInsert                                      *sql.Stmt
 	changesMax, changesMin, drainUpsert, drainDelete  *sql.Stmt
 }
 
@@ -141,10 +142,20 @@ func prepareStmts(ctx context.Context, c *sql.Conn) (*stmts, error) {
 		routing_generation = routing_generation + 1 WHERE uuid = ?1 AND state = 'active'`)
 	s.dbSetRR = prep(`UPDATE databases SET read_replication = ?2 WHERE uuid = ?1`)
 
-	// Unknown and deleted databases match no row in the SELECT and are skipped.
-	s.statsUpsert = prep(`INSERT INTO database_stats (uuid, account_id, size_bytes, updated_at)
-		SELECT uuid, account_id, ?2, ?3 FROM databases WHERE uuid = ?1 AND state = 'active'
-		ON CONFLICT (uuid) DO UPDATE SET size_bytes = excluded.size_bytes, updated_at = excluded.updated_at`)
+	// SetDatabaseStats reads a database's stored size (statsGet) and, if
+	// the new one is kept (its seq is greater, see DatabaseStat), writes it
+	// by primary key (statsSet); the size differences are summed per
+	// account in Go and logged once per account per command (changeInsert).
+	// A database without a size gets its first one from statsInsert
+	// (unknown and deleted databases match no row in its SELECT), whose
+	// delta the insert trigger logs. Measured on a 5,000-size command:
+	// 16 µs of FSM CPU per size with an update trigger logging one change
+	// row per size (and the drain folding them), 7–8 µs this way.
+	s.statsGet = prep(`SELECT size_bytes, seq, account_id FROM database_stats WHERE uuid = ?`)
+	s.statsSet = prep(`UPDATE database_stats SET size_bytes = ?2, updated_at = ?3, seq = ?4 WHERE uuid = ?1`)
+	s.statsInsert = prep(`INSERT INTO database_stats (uuid, account_id, size_bytes, updated_at, seq)
+		SELECT uuid, account_id, ?2, ?3, ?4 FROM databases WHERE uuid = ?1 AND state = 'active'`)
+	s.changeInsert = prep(`INSERT INTO account_database_stats_changes (account_id, delta) VALUES (?, ?)`)
 	s.statsDelete = prep(`DELETE FROM database_stats WHERE uuid = ?`)
 
 	s.changesMax = prep(`SELECT COALESCE(MAX(id), 0) FROM account_database_stats_changes`)
