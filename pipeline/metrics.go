@@ -74,7 +74,7 @@ func (p *Producer) Stats() Stats {
 		Replayed:       p.c.replayed.Load(),
 		CorruptBytes:   p.c.corruptBytes.Load(),
 		DroppedBy:      make(map[string]uint64, len(dropReasons)),
-		BufferedBytes:  p.directBytes.Load() + p.replayBytes.Load() + p.spill.queued(),
+		BufferedBytes:  p.directBytes.Load() + p.replayBytes.Load() + p.headLen.Load() + p.spill.queued(),
 		SpillBytes:     p.spill.backlog(),
 		Spilling:       p.spilling.Load(),
 	}
@@ -105,7 +105,9 @@ func (p *Producer) collectors() []prometheus.Collector {
 		counter("shoal_pipeline_producer_replayed_total", "Spilled records replayed and acknowledged by the broker.", p.c.replayed.Load),
 		counter("shoal_pipeline_producer_spill_corrupt_bytes_total", "Spill bytes skipped as unreadable (torn tail, CRC mismatch).", p.c.corruptBytes.Load),
 		gauge("shoal_pipeline_producer_buffered_bytes", "Record bytes held in memory (unacknowledged in the client, or waiting for the spill writer).",
-			func() float64 { return float64(p.directBytes.Load() + p.replayBytes.Load() + p.spill.queued()) }),
+			func() float64 {
+				return float64(p.directBytes.Load() + p.replayBytes.Load() + p.headLen.Load() + p.spill.queued())
+			}),
 		gauge("shoal_pipeline_producer_spill_bytes", "Unreplayed bytes in the spill.", func() float64 { return float64(p.spill.backlog()) }),
 		gauge("shoal_pipeline_producer_spilling", "1 while new records go to the spill instead of the broker.", func() float64 {
 			if p.spilling.Load() {

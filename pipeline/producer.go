@@ -144,9 +144,11 @@ func (c *Config) setDefaults() {
 //     Publish order, spilled or not: while the spill holds anything, every
 //     new record goes behind it, direct publishing resumes only when the
 //     spill is replayed and acknowledged, and records the client fails
-//     (at Close, or when it gives up: a topic that does not exist, a broker
-//     dying mid-request) go to the head of the spill. (Records of one key
-//     share a partition.)
+//     (at Close, or when it gives up on a topic that does not exist) go to
+//     the head of the spill. (Records of one key share a partition.) The
+//     one gap: records handed to the client in the moment between it
+//     failing a partition's records and the producer learning of it can be
+//     delivered ahead of them.
 //   - Memory is bounded: MaxBufferedBytes + ReplayBufferBytes +
 //     SpillQueueBytes of records.
 //
@@ -247,6 +249,10 @@ func New(cfg Config) (*Producer, error) {
 		// stated): a record leaves the client only acknowledged, or
 		// failed by Close, so per-partition order survives outages.
 		kgo.RecordRetries(0x7fffffff),
+		// An EOF on a connection's first read (a broker killed
+		// mid-request) is otherwise taken for a SASL/TLS mistake and
+		// fails every buffered record of the partition at once.
+		kgo.AlwaysRetryEOF(),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.WithLogger(kgoLogger{cfg.Logger}),
 	}
