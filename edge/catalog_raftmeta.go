@@ -51,8 +51,18 @@ func (r RaftmetaCatalog) DatabaseByName(ctx context.Context, accountID, name str
 	return r.C.DatabaseByName(ctx, accountID, name, raftmeta.ReadOptions{Consistency: raftmeta.Leader, NoCache: true})
 }
 
+// ListDatabases lists from a follower. An account the follower does not know
+// yet (created a moment ago, possibly through another edge, while the
+// follower lagged) is confirmed with a linearizable read before the edge
+// answers 403 with it: a stale read bounds how old an answer may be, not
+// whether a negative one is true (a follower resumed after a pause can
+// receive, and serve at, a commit index the leader sent before the pause).
 func (r RaftmetaCatalog) ListDatabases(ctx context.Context, accountID string, q fsm.ListQuery) ([]fsm.Database, int64, error) {
-	return r.C.ListDatabases(ctx, accountID, q, raftmeta.StaleRead())
+	dbs, total, err := r.C.ListDatabases(ctx, accountID, q, raftmeta.StaleRead())
+	if isNotFound(err) {
+		return r.C.ListDatabases(ctx, accountID, q, raftmeta.ReadOptions{Consistency: raftmeta.Linearizable, NoCache: true})
+	}
+	return dbs, total, err
 }
 
 // Account reads an account from a follower (through the client's per-account
