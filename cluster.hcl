@@ -21,13 +21,14 @@ catalog {
 }
 
 node "n1" {
-  roles           = ["raftmeta", "edge", "objecthost"]
+  roles           = ["raftmeta", "edge", "objecthost", "pipeline"]
   region          = "weur"
   data_dir        = ".shoal/cluster/n1"
   raft_addr       = "127.0.0.1:7001" # Raft TCP transport
   catalog_addr    = "127.0.0.1:7101" # catalog internal HTTP API (forwarding, reads, cluster ops)
   edge_addr       = "127.0.0.1:8787" # public D1-compatible API
   objecthost_addr = "127.0.0.1:7201" # object host internal API
+  pipeline_addr   = "127.0.0.1:7401" # pipeline role: /metrics, /healthz, /v1/status (shoal pipeline status)
 }
 
 node "n2" {
@@ -58,12 +59,22 @@ node "n3" {
 #   catalog_addr = "127.0.0.1:7104"
 # }
 
+# The background plane's brokers. Object hosts publish usage, sizes and
+# routes here; the pipeline role consumes; edges read the route feed.
 kafka {
-  embedded = true # in-process Kafka-protocol broker; production: brokers = ["kafka1:9092", …]
+  embedded = true                # the pipeline role runs an in-process Kafka-protocol broker (one node, dev only)
+  brokers  = ["127.0.0.1:7301"]  # production: your brokers, embedded = false
+  # sasl_mechanism     = "scram-sha-512"   # plain, scram-sha-256, scram-sha-512
+  # sasl_user          = "shoal"
+  # sasl_password_file = "/etc/shoal/kafka-password"
+  # tls                = true
+  # tls_ca_file        = "/etc/shoal/kafka-ca.pem"
 }
 
 clickhouse {
-  managed = true # a local clickhouse-server child process; production: dsn = "clickhouse://host:9000/shoal"
+  managed = true             # the pipeline role runs a local clickhouse-server child process
+  addr    = "127.0.0.1:7310" # its native port (HTTP on 7311)
+  # production: managed = false, dsn = "clickhouse://user:password@host:9000/shoal"
 }
 
 # Tier defaults are D1's published limits; override any field here.

@@ -3,6 +3,8 @@ package edge
 import (
 	"context"
 	"errors"
+	"sync"
+	"time"
 
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
@@ -57,12 +59,72 @@ func (r RaftmetaCatalog) DatabaseByName(ctx context.Context, accountID, name str
 // answers 403 with it: a stale read bounds how old an answer may be, not
 // whether a negative one is true (a follower resumed after a pause can
 // receive, and serve at, a commit index the leader sent before the pause).
+//
+// Read-your-writes: a name lookup that finds nothing (how clients resolve a
+// name, e.g. `shoal d1 execute NAME` right after `create NAME`) is
+// confirmed the same way, and a list for an account that wrote through this
+// edge moments ago (leaderReads on ctx) is read from the leader.
 func (r RaftmetaCatalog) ListDatabases(ctx context.Context, accountID string, q fsm.ListQuery) ([]fsm.Database, int64, error) {
+	if leaderReadsOn(ctx) {
+		return r.C.ListDatabases(ctx, accountID, q, raftmeta.ReadOptions{Consistency: raftmeta.Leader, NoCache: true})
+	}
 	dbs, total, err := r.C.ListDatabases(ctx, accountID, q, raftmeta.StaleRead())
-	if isNotFound(err) {
+	if isNotFound(err) || (err == nil && q.Name != "" && len(dbs) == 0) {
 		return r.C.ListDatabases(ctx, accountID, q, raftmeta.ReadOptions{Consistency: raftmeta.Linearizable, NoCache: true})
 	}
 	return dbs, total, err
+}
+
+type leaderReadsKey struct{}
+
+// withLeaderReads marks ctx: the catalog reads of this request that are
+// stale by default go to the leader (see recentWrites).
+func withLeaderReads(ctx context.Context) context.Context {
+	return context.WithValue(ctx, leaderReadsKey{}, true)
+}
+
+func leaderReadsOn(ctx context.Context) bool { v, _ := ctx.Value(leaderReadsKey{}).(bool); return v }
+
+// recentWrites remembers the accounts that created, changed or deleted a
+// database through this edge within the window, so that their next lists
+// read from the leader: a follower serves stale reads up to max_stale
+// behind, and "I created it and the list does not show it" is the one
+// staleness users notice. Bounded: past max entries, expired ones are
+// dropped, then the map is reset (costing only leader reads' cheapness).
+type recentWrites struct {
+	window time.Duration
+	max    int
+	now    func() time.Time
+	mu     sync.Mutex
+	m      map[string]time.Time
+}
+
+func newRecentWrites(window time.Duration, now func() time.Time) *recentWrites {
+	return &recentWrites{window: window, max: 100_000, now: now, m: make(map[string]time.Time)}
+}
+
+func (w *recentWrites) wrote(acct string) {
+	now := w.now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.m) >= w.max {
+		for k, t := range w.m {
+			if now.Sub(t) >= w.window {
+				delete(w.m, k)
+			}
+		}
+		if len(w.m) >= w.max {
+			clear(w.m)
+		}
+	}
+	w.m[acct] = now
+}
+
+func (w *recentWrites) recent(acct string) bool {
+	w.mu.Lock()
+	t, ok := w.m[acct]
+	w.mu.Unlock()
+	return ok && w.now().Sub(t) < w.window
 }
 
 // Account reads an account from a follower (through the client's per-account

@@ -443,6 +443,7 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ principa
 		s.writeErr(w, r, err)
 		return
 	}
+	s.writes.wrote(acct)
 	v4.WriteResult(w, toJSON(d, 0, 0))
 }
 
@@ -479,7 +480,11 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, _ principal)
 		dbs   []fsm.Database
 		total int64
 	}
-	res, err := catalogRead(r.Context(), s, func(ctx context.Context) (listed, error) {
+	lctx := r.Context()
+	if s.writes.recent(acct) {
+		lctx = withLeaderReads(lctx) // read-your-writes through this edge
+	}
+	res, err := catalogRead(lctx, s, func(ctx context.Context) (listed, error) {
 		dbs, total, err := s.catalog.ListDatabases(ctx, acct, fsm.ListQuery{Name: name, Page: page, PerPage: perPage})
 		return listed{dbs, total}, err
 	})
@@ -587,6 +592,7 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, _ principa
 		s.writeErr(w, r, err)
 		return
 	}
+	s.writes.wrote(acct)
 	rt := routeOf(d)
 	rt.State = fsm.StateDeleted
 	if del.RoutingGeneration > rt.Generation {

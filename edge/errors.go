@@ -21,13 +21,8 @@ var (
 )
 
 // isCatalogRefusal reports whether err is a definitive answer of the catalog
-// (an fsm sentinel) rather than a failure to reach it.
-func isCatalogRefusal(err error) bool {
-	for _, s := range []error{fsm.ErrInvalid, fsm.ErrUnknownCommand, fsm.ErrUnsupportedVersion, fsm.ErrNotFound,
-		fsm.ErrAccountNotFound, fsm.ErrNameTaken, fsm.ErrDatabaseLimit, fsm.ErrExists} {
-		if errors.Is(err, s) {
-			return true
-		}
-	}
-	return false
-}
+// (a refusal, see fsm.IsRefusal) rather than a failure to reach it: a
+// refusal is final (never retried, never counted by the breaker), anything
+// else is ErrUnavailable. fsm keeps the one list of refusals, so a new one
+// is final here without a change.
+func isCatalogRefusal(err error) bool { return fsm.IsRefusal(err) }

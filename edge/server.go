@@ -62,6 +62,14 @@ type Options struct {
 	// Close. nil: routes come from the catalog only (miss fills).
 	RouteFeed *RouteFeedOptions
 
+	// Insights, when set, answers GET …/{database_id}/insights (insights.go).
+	// nil: that endpoint answers 503 "analytics unavailable".
+	Insights InsightsSource
+	// Registry, when set, is where the edge registers its metrics and what
+	// /metrics serves, so a process can add its own collectors (the
+	// pipeline's) to the same page. Default: a registry of its own.
+	Registry *prometheus.Registry
+
 	BindingDefaultTTL time.Duration // default 1h
 	BindingMaxTTL     time.Duration // default 7 days
 
@@ -95,6 +103,7 @@ type Server struct {
 	cache   *RouteCache
 	feed    *routeFeed // nil without Options.RouteFeed
 	fb      *fallback
+	writes  *recentWrites // accounts whose lists read from the leader for a moment
 	res     *resolver
 	auth    *authenticator
 	acctRL  *limiters
@@ -165,9 +174,13 @@ func New(o Options) (*Server, error) {
 		h := HashToken(o.AdminToken)
 		s.auth.adminHash = mustHex(h)
 	}
+	s.writes = newRecentWrites(5*time.Second, o.Now)
 	s.copyBufs.New = func() any { b := make([]byte, 32<<10); return &b }
 	s.bgCtx, s.bgCancel = context.WithCancel(context.Background())
-	s.reg = prometheus.NewRegistry()
+	s.reg = o.Registry
+	if s.reg == nil {
+		s.reg = prometheus.NewRegistry()
+	}
 	s.m = newMetrics(s.reg, s)
 	s.router = s.routes()
 	if o.RouteFeed != nil {
@@ -382,6 +395,7 @@ func (s *Server) routes() *mux.Router {
 	d1.Handle("/{database_id}/binding", s.account("binding", s.handleMintBinding)).Methods(http.MethodPost)
 	d1.Handle("/{database_id}/export", s.account("export", s.handleExport)).Methods(http.MethodPost)
 	d1.Handle("/{database_id}/import", s.account("import", s.handleImport)).Methods(http.MethodPost)
+	d1.Handle("/{database_id}/insights", s.account("insights", s.handleInsights)).Methods(http.MethodGet)
 	r.Handle("/client/v4/shoal/dump/{token}", s.instrument("export_download", http.HandlerFunc(s.handleExportDownload))).Methods(http.MethodGet)
 	r.Handle("/client/v4/shoal/upload/{token}", s.instrument("import_upload", http.HandlerFunc(s.handleImportUpload))).Methods(http.MethodPut)
 

@@ -52,6 +52,10 @@ type Config struct {
 	Usage   UsageSink // nil: discarded
 	Sizes   SizeSink  // nil: discarded
 	Routes  RouteSink // nil: discarded
+	// Registry, when set, is where the host registers its metrics and what
+	// its /metrics serves, so the process can add the pipeline's collectors
+	// to the same page. Default: a registry of its own.
+	Registry *prometheus.Registry
 
 	// Bindings verifies binding tokens for /v1/bound/*; nil disables the
 	// bound routes (404).
@@ -207,7 +211,7 @@ func Open(cfg Config) (*Host, error) {
 		cfg:      cfg,
 		now:      cfg.Now,
 		log:      cfg.Logger,
-		m:        newMetrics(),
+		m:        newMetrics(cfg.Registry),
 		sched:    &schedule{},
 		objects:  map[string]*object{},
 		deleted:  map[string]struct{}{},

@@ -36,9 +36,12 @@ func (m *metrics) queryDone(outcome string) {
 	c.Inc()
 }
 
-func newMetrics() *metrics {
+func newMetrics(reg *prometheus.Registry) *metrics {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
 	m := &metrics{
-		reg: prometheus.NewRegistry(),
+		reg: reg,
 		queries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shoal_objecthost_queries_total", Help: "Queries by outcome (ok, sql_error, not_found, deleted, wrong_host, overloaded, limit, error).",
 		}, []string{"outcome"}),

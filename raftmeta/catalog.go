@@ -33,7 +33,9 @@ type CatalogReader interface {
 // across nodes with one request ID, so it applies at most once; when the
 // retries are exhausted the error is ErrUnavailable and the write may or may
 // not have happened (retrying with fresh IDs is the caller's choice).
-// Catalog refusals are fsm's sentinel errors and left the catalog unchanged.
+// Catalog refusals are fsm's sentinel errors (fsm.IsRefusal tells them from
+// failures to reach the catalog), final, and left the catalog unchanged;
+// each command's are listed in its definition (raftmeta/fsm/cmd_<type>.go).
 type CatalogWriter interface {
 	CreateAccount(ctx context.Context, a fsm.CreateAccount) (fsm.Account, error)
 	UpdateAccount(ctx context.Context, a fsm.UpdateAccount) (fsm.Account, error)

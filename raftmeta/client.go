@@ -266,22 +266,26 @@ func (c *Client) Apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error)
 	return fsm.Result{}, fmt.Errorf("%w: %v", ErrUnavailable, lastErr)
 }
 
-// applyTyped proposes a typed body and decodes Result.Value into out.
-func (c *Client) applyTyped(ctx context.Context, t fsm.CommandType, body any, out any) error {
+// apply proposes one command of type t with body and decodes Result.Value
+// into an R: what every typed write below is made of (besides its cache
+// invalidation). The command's semantics and refusals are fsm's
+// (raftmeta/fsm/cmd_<type>.go).
+func apply[R any](ctx context.Context, c *Client, t fsm.CommandType, body any) (R, error) {
+	var out R
 	cmd, err := fsm.NewCommand(t, c.newID(), c.now().UnixNano(), body)
 	if err != nil {
-		return err
+		return out, err
 	}
 	res, err := c.Apply(ctx, cmd)
 	if err != nil {
-		return err
+		return out, err
 	}
-	if out != nil && len(res.Value) > 0 {
-		if err := json.Unmarshal(res.Value, out); err != nil {
-			return fmt.Errorf("decode %s result: %w", t, err)
+	if len(res.Value) > 0 {
+		if err := json.Unmarshal(res.Value, &out); err != nil {
+			return out, fmt.Errorf("decode %s result: %w", t, err)
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // readAnswer is the envelope of read answers.
@@ -434,22 +438,19 @@ func (c *Client) invalidate(acct, dbUUID, name string) {
 // Writes.
 
 func (c *Client) CreateAccount(ctx context.Context, a fsm.CreateAccount) (fsm.Account, error) {
-	var out fsm.Account
-	err := c.applyTyped(ctx, fsm.CmdCreateAccount, a, &out)
+	out, err := apply[fsm.Account](ctx, c, fsm.CmdCreateAccount, a)
 	c.invalidate(a.ID, "", "")
 	return out, err
 }
 
 func (c *Client) UpdateAccount(ctx context.Context, a fsm.UpdateAccount) (fsm.Account, error) {
-	var out fsm.Account
-	err := c.applyTyped(ctx, fsm.CmdUpdateAccount, a, &out)
+	out, err := apply[fsm.Account](ctx, c, fsm.CmdUpdateAccount, a)
 	c.invalidate(a.ID, "", "")
 	return out, err
 }
 
 func (c *Client) CreateToken(ctx context.Context, t fsm.CreateToken) (fsm.Token, error) {
-	var out fsm.Token
-	err := c.applyTyped(ctx, fsm.CmdCreateToken, t, &out)
+	out, err := apply[fsm.Token](ctx, c, fsm.CmdCreateToken, t)
 	if c.cache != nil {
 		c.cache.invalidate("token:" + t.Hash)
 	}
@@ -457,8 +458,7 @@ func (c *Client) CreateToken(ctx context.Context, t fsm.CreateToken) (fsm.Token,
 }
 
 func (c *Client) RevokeToken(ctx context.Context, id string) (fsm.Token, error) {
-	var out fsm.Token
-	err := c.applyTyped(ctx, fsm.CmdRevokeToken, fsm.RevokeToken{ID: id}, &out)
+	out, err := apply[fsm.Token](ctx, c, fsm.CmdRevokeToken, fsm.RevokeToken{ID: id})
 	if c.cache != nil {
 		c.cache.invalidate("token:*") // the hash is not known here
 	}
@@ -466,8 +466,7 @@ func (c *Client) RevokeToken(ctx context.Context, id string) (fsm.Token, error) 
 }
 
 func (c *Client) RegisterHost(ctx context.Context, h fsm.RegisterHost) (fsm.Host, error) {
-	var out fsm.Host
-	err := c.applyTyped(ctx, fsm.CmdRegisterHost, h, &out)
+	out, err := apply[fsm.Host](ctx, c, fsm.CmdRegisterHost, h)
 	if c.cache != nil {
 		c.cache.invalidate("hosts")
 	}
@@ -475,8 +474,7 @@ func (c *Client) RegisterHost(ctx context.Context, h fsm.RegisterHost) (fsm.Host
 }
 
 func (c *Client) ReportHostLoad(ctx context.Context, h fsm.ReportHostLoad) (fsm.Host, error) {
-	var out fsm.Host
-	err := c.applyTyped(ctx, fsm.CmdReportHostLoad, h, &out)
+	out, err := apply[fsm.Host](ctx, c, fsm.CmdReportHostLoad, h)
 	if c.cache != nil {
 		c.cache.invalidate("hosts")
 	}
@@ -484,22 +482,19 @@ func (c *Client) ReportHostLoad(ctx context.Context, h fsm.ReportHostLoad) (fsm.
 }
 
 func (c *Client) CreateDatabase(ctx context.Context, d fsm.CreateDatabase) (fsm.Database, error) {
-	var out fsm.Database
-	err := c.applyTyped(ctx, fsm.CmdCreateDatabase, d, &out)
+	out, err := apply[fsm.Database](ctx, c, fsm.CmdCreateDatabase, d)
 	c.invalidate(d.AccountID, d.UUID, d.Name)
 	return out, err
 }
 
 func (c *Client) DeleteDatabase(ctx context.Context, accountID, dbUUID string) (fsm.Database, error) {
-	var out fsm.Database
-	err := c.applyTyped(ctx, fsm.CmdDeleteDatabase, fsm.DeleteDatabase{AccountID: accountID, UUID: dbUUID}, &out)
+	out, err := apply[fsm.Database](ctx, c, fsm.CmdDeleteDatabase, fsm.DeleteDatabase{AccountID: accountID, UUID: dbUUID})
 	c.invalidate(accountID, dbUUID, out.Name)
 	return out, err
 }
 
 func (c *Client) UpdateDatabase(ctx context.Context, d fsm.UpdateDatabase) (fsm.Database, error) {
-	var out fsm.Database
-	err := c.applyTyped(ctx, fsm.CmdUpdateDatabase, d, &out)
+	out, err := apply[fsm.Database](ctx, c, fsm.CmdUpdateDatabase, d)
 	c.invalidate(d.AccountID, d.UUID, out.Name)
 	return out, err
 }
@@ -510,13 +505,11 @@ func (c *Client) UpdateDatabase(ctx context.Context, d fsm.UpdateDatabase) (fsm.
 // or late, is harmless (counted as StatsResult.Stale). The account totals
 // they feed change only at the next drain, so no cache entry is dropped.
 func (c *Client) SetDatabaseStats(ctx context.Context, stats []fsm.DatabaseStat) (fsm.StatsResult, error) {
-	var out fsm.StatsResult
 	if len(stats) > fsm.MaxStatsPerCommand {
-		return out, &fsm.Error{Code: fsm.CodeInvalid,
+		return fsm.StatsResult{}, &fsm.Error{Code: fsm.CodeInvalid,
 			Message: fmt.Sprintf("invalid command: %d stats in one command, at most %d", len(stats), fsm.MaxStatsPerCommand)}
 	}
-	err := c.applyTyped(ctx, fsm.CmdSetDatabaseStats, fsm.SetDatabaseStats{Stats: stats}, &out)
-	return out, err
+	return apply[fsm.StatsResult](ctx, c, fsm.CmdSetDatabaseStats, fsm.SetDatabaseStats{Stats: stats})
 }
 
 // Reads.

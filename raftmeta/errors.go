@@ -83,12 +83,9 @@ func toWire(err error) (int, wireError) {
 	if errors.As(err, &fe) {
 		return statusForCode(fe.Code), wireError{Code: fe.Code, Message: fe.Message}
 	}
-	for _, s := range []error{fsm.ErrInvalid, fsm.ErrUnknownCommand, fsm.ErrUnsupportedVersion, fsm.ErrNotFound,
-		fsm.ErrAccountNotFound, fsm.ErrNameTaken, fsm.ErrDatabaseLimit, fsm.ErrExists} {
-		if errors.Is(err, s) {
-			w := fsm.ToError(err)
-			return statusForCode(w.Code), wireError{Code: w.Code, Message: w.Message}
-		}
+	if fsm.IsRefusal(err) { // an fsm sentinel, wrapped (reads, request validation)
+		w := fsm.ToError(err)
+		return statusForCode(w.Code), wireError{Code: w.Code, Message: w.Message}
 	}
 	return 500, wireError{Code: CodeInternal, Message: "internal error"}
 }

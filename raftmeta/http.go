@@ -37,6 +37,7 @@ func (n *Node) handler() http.Handler {
 	r.HandleFunc("/v1/tokens/{hash}", n.handleToken).Methods(http.MethodGet)
 	r.HandleFunc("/v1/hosts", n.handleHosts).Methods(http.MethodGet)
 	r.HandleFunc("/v1/heartbeat", n.handleHeartbeat).Methods(http.MethodPost)
+	r.HandleFunc("/v1/storage/{kind}", n.handleStorage).Methods(http.MethodGet) // http_stats.go
 
 	r.HandleFunc("/v1/cluster/bootstrap", n.handleBootstrap).Methods(http.MethodPost)
 	r.HandleFunc("/v1/cluster/join", n.handleJoin).Methods(http.MethodPost)

@@ -26,7 +26,7 @@ import (
 
 // d1cliBasePort finds a base port p with p, p+100 and p+200 free (shoal dev
 // uses base+i for Raft, base+100+i for the catalog, base+200 for the host).
-func d1cliBasePort(t *testing.T) int { return freePortBase(t, 0, 100, 200) }
+func d1cliBasePort(t *testing.T) int { return freePortBase(t, 0, 100, 200, 300, 310, 311) }
 
 // freePortBase finds a base port p with p+off free for every offset.
 func freePortBase(t *testing.T, offsets ...int) int {

@@ -16,8 +16,11 @@ import (
 )
 
 // devBasePort3 finds a base port whose ranges for a 3-voter `shoal dev`
-// (base..base+2 Raft, base+100..102 catalog, base+200 host) are free.
-func devBasePort3(t *testing.T) int { return freePortBase(t, 0, 1, 2, 100, 101, 102, 200) }
+// (base..base+2 Raft, base+100..102 catalog, base+200 host, base+300 broker,
+// base+310/311 ClickHouse) are free.
+func devBasePort3(t *testing.T) int {
+	return freePortBase(t, 0, 1, 2, 100, 101, 102, 200, 300, 310, 311)
+}
 
 // runDevUntilReady starts `shoal dev` with args and waits until it serves.
 func runDevUntilReady(t *testing.T, bin, apiURL string, args ...string) (*exec.Cmd, *syncWriter) {
@@ -96,4 +99,32 @@ func TestDevRestartKeepsEverything(t *testing.T) {
 	st := runCLI(t, bin, nil, "", "cluster", "status", "--addr", fmt.Sprintf("127.0.0.1:%d", base+100))
 	require.Equal(t, 0, st.code, "%s%s", st.stdout, st.stderr)
 	assert.Equal(t, 3, strings.Count(st.stdout, "voter"), st.stdout)
+}
+
+// TestDevCreateThenUseAtOnce: with 3 catalog voters, a database is usable by
+// name the moment its create returns, and the next list shows it, every
+// time (read-your-writes through the edge: a name lookup that finds nothing
+// is confirmed on the leader, and an account that just wrote lists from the
+// leader). Before, stale lists spread over followers made `execute NAME`
+// right after `create NAME` answer 7404 now and then.
+func TestDevCreateThenUseAtOnce(t *testing.T) {
+	bin := buildShoal(t)
+	dir := filepath.Join(t.TempDir(), "dev")
+	addr := freeAddr(t)
+	base := devBasePort3(t)
+	cmd, _ := runDevUntilReady(t, bin, "http://"+addr, "--nodes", "3", "--dir", dir, "--addr", addr, "--base-port", fmt.Sprint(base))
+	defer stopDev(t, cmd)
+	d1 := func(a ...string) cliResult {
+		return runCLI(t, bin, nil, "", append([]string{"d1", "--dev-dir", dir}, a...)...)
+	}
+	for i := range 15 {
+		name := fmt.Sprintf("at-once-%d", i)
+		r := d1("create", name)
+		require.Equal(t, 0, r.code, "%s%s", r.stdout, r.stderr)
+		r = d1("execute", name, "--command", "SELECT 1")
+		require.Equal(t, 0, r.code, "round %d: execute right after create: %s%s", i, r.stdout, r.stderr)
+		r = d1("list")
+		require.Equal(t, 0, r.code, "%s%s", r.stdout, r.stderr)
+		require.Contains(t, r.stdout, name, "round %d: list right after create", i)
+	}
 }

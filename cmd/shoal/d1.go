@@ -84,6 +84,7 @@ DB arguments are a database name or UUID. Exit codes: 0 ok, 1 API error,
 	})
 	cmd.AddCommand(e.createCmd(), e.listCmd(), e.infoCmd(), e.deleteCmd(), e.executeCmd(),
 		e.exportCmd(), e.importCmd(), e.bindingCmd())
+	cmd.AddCommand(e.insightsCmd())
 	return cmd
 }
 
@@ -197,12 +198,10 @@ func (e *d1Env) printJSON(raw json.RawMessage) error {
 	if err := json.Unmarshal(raw, &v); err != nil {
 		return err
 	}
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(e.stdout, string(b))
-	return err
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false) // SQL text keeps its < > &
+	return enc.Encode(v)
 }
 
 // interactive reports whether progress output is allowed: only when both

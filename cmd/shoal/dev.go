@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/shoaldb/shoal/edge"
@@ -143,7 +144,9 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	// aggregators, the route publisher, the storage consumer. Closed after
 	// the host and the edge (deferred first, so it runs last).
 	const hostID = "dev-host-1"
-	pipe, err := startDevPipeline(ctx, o.dir, fmt.Sprintf("127.0.0.1:%d", o.basePort+300), hostID, client, logger)
+	hostReg, edgeReg := prometheus.NewRegistry(), prometheus.NewRegistry()
+	pipe, err := startDevPipeline(ctx, o.dir, fmt.Sprintf("127.0.0.1:%d", o.basePort+300),
+		fmt.Sprintf("127.0.0.1:%d", o.basePort+310), hostID, client, hostReg, edgeReg, logger)
 	if err != nil {
 		return err
 	}
@@ -152,19 +155,19 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	// 3. The object host.
 	hostAddr := fmt.Sprintf("127.0.0.1:%d", o.basePort+200)
 	hcfg := objecthost.Config{
-		ID:      hostID,
-		Dir:     filepath.Join(o.dir, "objecthost"),
-		Address: hostAddr,
-		Region:  "weur",
-		Catalog: objecthost.RaftmetaCatalog{C: client},
-		Logger:  logger,
+		ID:       hostID,
+		Dir:      filepath.Join(o.dir, "objecthost"),
+		Address:  hostAddr,
+		Region:   "weur",
+		Catalog:  objecthost.RaftmetaCatalog{C: client},
+		Logger:   logger,
+		Registry: hostReg,
 	}
 	pipe.hostSinks(&hcfg)
 	host, err := objecthost.Open(hcfg)
 	if err != nil {
 		return fmt.Errorf("start object host: %w", err)
 	}
-	host.Registry().MustRegister(pipe.routes)
 	defer host.Close()
 	hostSrv, err := serveHTTP(hostAddr, host.Handler())
 	if err != nil {
@@ -184,6 +187,8 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 		AdminToken:  st.AdminToken,
 		BindingKeys: keys,
 		RouteFeed:   pipe.routeFeed(),
+		Insights:    pipe.insights(),
+		Registry:    edgeReg,
 		Logger:      logger,
 	})
 	if err != nil {
@@ -211,7 +216,7 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 			return err
 		}
 	}
-	printDevBanner(out, st, o)
+	printDevBanner(out, st, o, pipe)
 
 	<-ctx.Done()
 	fmt.Fprintln(out, "\nshutting down…")
@@ -317,7 +322,7 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func printDevBanner(out io.Writer, st *devState, o devOptions) {
+func printDevBanner(out io.Writer, st *devState, o devOptions, pipe *devPipeline) {
 	base := st.APIURL + "/client/v4/accounts/" + st.AccountID + "/d1/database"
 	// The client command as this binary was invoked (bin/shoal under make dev).
 	d1 := os.Args[0] + " d1"
@@ -331,7 +336,11 @@ Shoal is running (catalog voters: %d, data in %s).
   Account ID  %s
   API token   %s
   Admin token %s   (admin API: %s/admin/v1/…)
-
+`, o.nodes, o.dir, st.APIURL, st.AccountID, st.Token, st.AdminToken, st.APIURL)
+	if pipe != nil {
+		pipe.analyticsLine(out)
+	}
+	fmt.Fprintf(out, `
 Try it:
 
   export SHOAL_API_URL=%s SHOAL_ACCOUNT_ID=%s SHOAL_API_TOKEN=%s
@@ -353,6 +362,5 @@ Or with the wrangler-like client (it reads %s/dev.json):
   %s list
 
 Press Ctrl-C to stop; data survives restarts (--reset wipes it).
-`, o.nodes, o.dir, st.APIURL, st.AccountID, st.Token, st.AdminToken, st.APIURL,
-		st.APIURL, st.AccountID, st.Token, base, base, base, o.dir, d1, d1, d1)
+`, st.APIURL, st.AccountID, st.Token, base, base, base, o.dir, d1, d1, d1)
 }

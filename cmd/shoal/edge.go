@@ -7,14 +7,19 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/shoaldb/shoal/edge"
+	"github.com/shoaldb/shoal/edge/chinsights"
 	"github.com/shoaldb/shoal/internal/config"
+	"github.com/shoaldb/shoal/internal/plane"
 	"github.com/shoaldb/shoal/internal/srvruntime"
+	"github.com/shoaldb/shoal/pipeline/chsink"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
@@ -33,6 +38,8 @@ func newEdgeServeCmd() *cobra.Command {
 		tokenTTL                                      time.Duration
 		acctRate, dbRate                              float64
 		fallbackCap                                   int64
+		kafka                                         kafkaFlags
+		clickhouseDSN                                 string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -56,10 +63,18 @@ secrets come from the file; flags given explicitly win.`,
 				bindingKey = os.Getenv("SHOAL_BINDING_KEY")
 			}
 			var tiers map[string]fsm.Limits
+			var cl *config.Cluster
 			if configPath != "" {
 				c, n, err := loadNode(configPath, nodeID, config.RoleEdge)
 				if err != nil {
 					return err
+				}
+				cl = c
+				if ch := c.ClickHouse; ch != nil && !set("clickhouse-dsn") {
+					clickhouseDSN = ch.DSN
+					if ch.Managed && ch.Addr != "" {
+						clickhouseDSN = "clickhouse://default:@" + ch.Addr + "/shoal"
+					}
 				}
 				if !set("http-addr") {
 					httpAddr = n.EdgeAddr
@@ -120,8 +135,38 @@ secrets come from the file; flags given explicitly win.`,
 				return err
 			}
 			defer client.Close()
+			k, err := kafka.resolve(cl, set)
+			if err != nil {
+				return err
+			}
+			// The route feed: every route the hosts publish, into the
+			// local cache, so databases this edge never saw route with
+			// the catalog down.
+			var feed *edge.RouteFeedOptions
+			if k.Enabled() {
+				if _, err := k.Options(); err != nil {
+					return err
+				}
+				feed = &edge.RouteFeedOptions{Brokers: k.Brokers, NewClient: func(opts ...kgo.Opt) (*kgo.Client, error) { return k.Client(opts...) }}
+			}
+			// Query insights read ClickHouse (the ClickHouse sink's tables).
+			var insights edge.InsightsSource
+			if clickhouseDSN != "" {
+				ch, err := plane.ParseClickHouseDSN(clickhouseDSN)
+				if err != nil {
+					return err
+				}
+				st, err := chsink.Open(chsink.StoreConfig{Options: ch.Options, Database: ch.Database})
+				if err != nil {
+					return err
+				}
+				defer st.Close()
+				insights = chinsights.NewSource(st)
+			}
 			srv, err := edge.New(edge.Options{
-				Catalog: edge.RaftmetaCatalog{C: client}, Dir: dir, Region: region,
+				RouteFeed: feed,
+				Insights:  insights,
+				Catalog:   edge.RaftmetaCatalog{C: client}, Dir: dir, Region: region,
 				AdminToken: adminToken, BindingKeys: keys, TokenTTL: tokenTTL,
 				AccountRate:  edge.RateLimit{Rate: acctRate, Burst: int(2 * acctRate)},
 				DatabaseRate: edge.RateLimit{Rate: dbRate, Burst: int(2 * dbRate)},
@@ -134,7 +179,11 @@ secrets come from the file; flags given explicitly win.`,
 			defer stop()
 			hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 			return serveRole(ctx, httpAddr, hs, func(a net.Addr) {
-				fmt.Fprintf(cmd.OutOrStdout(), "edge: http %s, region %s, catalog %v\n", a, region, catalog)
+				note := "route feed off (no --kafka-brokers)"
+				if feed != nil {
+					note = "route feed from " + strings.Join(k.Brokers, ",")
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "edge: http %s, region %s, catalog %v, %s\n", a, region, catalog, note)
 			}, srv.Close)
 		},
 	}
@@ -149,6 +198,8 @@ secrets come from the file; flags given explicitly win.`,
 	f.Float64Var(&acctRate, "account-rate", 1000, "requests per second per account (burst twice that)")
 	f.Float64Var(&dbRate, "database-rate", 500, "requests per second per database (burst twice that)")
 	f.Int64Var(&fallbackCap, "fallback-cap", 64, "max concurrent catalog reads for route cache misses")
+	kafka.register(f)
+	f.StringVar(&clickhouseDSN, "clickhouse-dsn", "", "ClickHouse DSN of the usage tables, for query insights (none: insights answer 503)")
 	f.StringVar(&configPath, "config", "", "cluster.hcl to read this node's settings from")
 	f.StringVar(&nodeID, "node", "", "node ID in --config")
 	f.StringVar(&logLevel, "log-level", "info", "log level (debug, info, warn, error)")

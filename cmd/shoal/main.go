@@ -28,6 +28,7 @@ func newRootCmd() *cobra.Command {
 		newEdgeCmd(),
 		newAdminCmd(),
 		newObjecthostCmd(),
+		newPipelineCmd(),
 		newDevCmd(),
 		newD1Cmd(),
 	)

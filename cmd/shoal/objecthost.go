@@ -7,12 +7,16 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/shoaldb/shoal/internal/config"
+	"github.com/shoaldb/shoal/internal/plane"
 	"github.com/shoaldb/shoal/internal/srvruntime"
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/raftmeta"
@@ -33,6 +37,7 @@ func newObjecthostServeCmd() *cobra.Command {
 		configPath string
 		nodeID     string
 		logLevel   string
+		kafka      kafkaFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -50,11 +55,13 @@ given explicitly win.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			srvruntime.Apply(true)
 			set := func(flag string) bool { return cmd.Flags().Changed(flag) }
+			var cl *config.Cluster
 			if configPath != "" {
 				c, n, err := loadNode(configPath, nodeID, config.RoleObjecthost)
 				if err != nil {
 					return err
 				}
+				cl = c
 				if !set("id") {
 					cfg.ID = n.ID
 				}
@@ -99,19 +106,49 @@ given explicitly win.`,
 			}
 			defer client.Close()
 			cfg.Catalog = objecthost.RaftmetaCatalog{C: client}
+			k, err := kafka.resolve(cl, set)
+			if err != nil {
+				return err
+			}
+			// The background plane: usage, sizes and routes to Kafka. Its
+			// state (event-ID sequencer, spill) lives beside the databases.
+			var hp *plane.Host
+			if k.Enabled() {
+				cfg.Registry = prometheus.NewRegistry()
+				hp, err = plane.StartHost(plane.HostConfig{Kafka: k, Dir: filepath.Join(cfg.Dir, "pipeline"), HostID: cfg.ID,
+					Registerer: cfg.Registry, Logger: cfg.Logger})
+				if err != nil {
+					return err
+				}
+				hp.Apply(&cfg)
+			}
 
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			h, err := objecthost.Open(cfg)
 			if err != nil {
+				if hp != nil {
+					hp.Close()
+				}
 				return err
+			}
+			closeAll := func() error {
+				err := h.Close()
+				if hp != nil {
+					hp.Close() // after the host: its last window is flushed
+				}
+				return err
+			}
+			planeNote := "background plane off (no --kafka-brokers)"
+			if hp != nil {
+				planeNote = "brokers " + strings.Join(k.Brokers, ",")
 			}
 			srv := &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 10 * time.Second}
 			// In-flight queries finish before the files close.
 			return serveRole(ctx, httpAddr, srv, func(a net.Addr) {
 				st := h.Stats()
-				fmt.Fprintf(cmd.OutOrStdout(), "objecthost %s: http %s, %d active / %d deleted databases\n", cfg.ID, a, st.Active, st.Deleted)
-			}, h.Close)
+				fmt.Fprintf(cmd.OutOrStdout(), "objecthost %s: http %s, %d active / %d deleted databases, %s\n", cfg.ID, a, st.Active, st.Deleted, planeNote)
+			}, closeAll)
 		},
 	}
 	f := cmd.Flags()
@@ -131,6 +168,7 @@ given explicitly win.`,
 	f.DurationVar(&cfg.CreationGrace, "creation-grace", 2*time.Minute, "age after which a database unknown to the catalog is an orphan")
 	f.DurationVar(&cfg.DeletedRetention, "deleted-retention", 24*time.Hour, "how long deleted databases' files are kept")
 	f.DurationVar(&cfg.SweepInterval, "sweep-interval", time.Minute, "how often deleted databases are swept")
+	kafka.register(f)
 	f.StringVar(&configPath, "config", "", "cluster.hcl")
 	f.StringVar(&nodeID, "node", "", "this node's ID in --config")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")

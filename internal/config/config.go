@@ -75,13 +75,30 @@ type Node struct {
 	// objecthost
 	ObjecthostAddr string `hcl:"objecthost_addr,optional"`
 	Capacity       int64  `hcl:"capacity,optional"` // databases this host should hold; default 100000
+	// pipeline
+	PipelineAddr string `hcl:"pipeline_addr,optional"` // the pipeline role's HTTP API (/metrics, /v1/status)
 }
 
 // Kafka names the brokers, or asks for the embedded Kafka-protocol broker.
+//
+// Embedded: the pipeline role (or `shoal dev`) runs an in-process
+// Kafka-protocol broker (kfake: one node, not replicated; development and
+// tests only) listening on Brokers[0] (default 127.0.0.1:9092).
 type Kafka struct {
 	Embedded bool     `hcl:"embedded,optional"`
 	Brokers  []string `hcl:"brokers,optional"`
-	DataDir  string   `hcl:"data_dir,optional"`
+	DataDir  string   `hcl:"data_dir,optional"` // embedded broker's data (default: the pipeline node's data_dir/kafka)
+	// SASL: mechanism "plain", "scram-sha-256" or "scram-sha-512".
+	SASLMechanism    string `hcl:"sasl_mechanism,optional"`
+	SASLUser         string `hcl:"sasl_user,optional"`
+	SASLPassword     string `hcl:"sasl_password,optional"`
+	SASLPasswordFile string `hcl:"sasl_password_file,optional"` // instead of sasl_password
+	// TLS to the brokers; the CA, client certificate and server name are optional.
+	TLS           bool   `hcl:"tls,optional"`
+	TLSCAFile     string `hcl:"tls_ca_file,optional"`
+	TLSCertFile   string `hcl:"tls_cert_file,optional"`
+	TLSKeyFile    string `hcl:"tls_key_file,optional"`
+	TLSServerName string `hcl:"tls_server_name,optional"`
 }
 
 // ClickHouse names the server, or asks for a managed local clickhouse-server.
@@ -89,6 +106,9 @@ type ClickHouse struct {
 	Managed bool   `hcl:"managed,optional"`
 	DSN     string `hcl:"dsn,optional"`
 	DataDir string `hcl:"data_dir,optional"`
+	// Addr is the managed server's native-protocol address (HTTP on the
+	// next port); default a free loopback port.
+	Addr string `hcl:"addr,optional"`
 }
 
 // Tier is one pricing tier's default limits (D1's figures by default).
@@ -290,6 +310,7 @@ func (c *Cluster) validate(body *hclsyntax.Body) error {
 		need(RoleRaftmeta, "catalog_addr", n.CatalogAddr)
 		need(RoleEdge, "edge_addr", n.EdgeAddr)
 		need(RoleObjecthost, "objecthost_addr", n.ObjecthostAddr)
+		need(RolePipeline, "pipeline_addr", n.PipelineAddr)
 		if n.Has(RoleRaftmeta) && n.IsVoter() {
 			voters++
 		}
@@ -302,6 +323,26 @@ func (c *Cluster) validate(body *hclsyntax.Body) error {
 	}
 	if !c.Kafka.Embedded && len(c.Kafka.Brokers) == 0 {
 		v.fail("kafka", "", "brokers", "required unless embedded = true")
+	}
+	if c.Kafka.Embedded && len(c.Kafka.Brokers) == 0 {
+		c.Kafka.Brokers = []string{"127.0.0.1:9092"}
+	}
+	if c.Kafka.Embedded && len(c.Kafka.Brokers) > 1 {
+		v.fail("kafka", "", "brokers", "the embedded broker is one node: name one address, or set embedded = false")
+	}
+	switch c.Kafka.SASLMechanism {
+	case "", "plain", "scram-sha-256", "scram-sha-512":
+	default:
+		v.fail("kafka", "", "sasl_mechanism", "unknown mechanism %q (plain, scram-sha-256 or scram-sha-512)", c.Kafka.SASLMechanism)
+	}
+	if c.Kafka.SASLMechanism != "" && c.Kafka.SASLUser == "" {
+		v.fail("kafka", "", "sasl_user", "required with sasl_mechanism")
+	}
+	if c.Kafka.SASLPassword != "" && c.Kafka.SASLPasswordFile != "" {
+		v.fail("kafka", "", "sasl_password_file", "give sasl_password or sasl_password_file, not both")
+	}
+	if (c.Kafka.TLSCertFile == "") != (c.Kafka.TLSKeyFile == "") {
+		v.fail("kafka", "", "tls_cert_file", "tls_cert_file and tls_key_file go together")
 	}
 	if c.ClickHouse == nil {
 		c.ClickHouse = &ClickHouse{Managed: true}

@@ -176,11 +176,11 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 	var value any
 	switch { // the body is decoded already on the fast paths
 	case fast:
-		value, err = f.createDatabaseBody(ctx, &cmd, pre)
+		value, err = f.run(ctx, &cmd, &pre)
 	case statsFast:
-		value, err = f.setDatabaseStatsBody(ctx, &cmd, stats)
+		value, err = f.run(ctx, &cmd, &stats)
 	default:
-		value, err = f.dispatch(ctx, &cmd)
+		value, err = f.run(ctx, &cmd, nil)
 	}
 	var fe *fatalError
 	switch {
@@ -267,7 +267,7 @@ func checkEnvelope(c *Command) error {
 	case c.Version < 1:
 		return fmt.Errorf("%w: version %d", ErrInvalid, c.Version)
 	}
-	if handlerFor(c.Type) == nil {
+	if _, ok := commands[c.Type]; !ok {
 		return fmt.Errorf("%w: %.64q", ErrUnknownCommand, string(c.Type))
 	}
 	if err := checkID("request id", c.RequestID); err != nil {
@@ -277,42 +277,6 @@ func checkEnvelope(c *Command) error {
 		return fmt.Errorf("%w: command time %d", ErrInvalid, c.Time)
 	}
 	return nil
-}
-
-type handler func(f *FSM, ctx context.Context, c *Command) (any, error)
-
-func handlerFor(t CommandType) handler {
-	switch t {
-	case CmdCreateAccount:
-		return (*FSM).createAccount
-	case CmdUpdateAccount:
-		return (*FSM).updateAccount
-	case CmdCreateToken:
-		return (*FSM).createToken
-	case CmdRevokeToken:
-		return (*FSM).revokeToken
-	case CmdRegisterHost:
-		return (*FSM).registerHost
-	case CmdReportHostLoad:
-		return (*FSM).reportHostLoad
-	case CmdCreateDatabase:
-		return (*FSM).createDatabase
-	case CmdDeleteDatabase:
-		return (*FSM).deleteDatabase
-	case CmdUpdateDatabase:
-		return (*FSM).updateDatabase
-	case CmdSetDatabaseStats:
-		return (*FSM).setDatabaseStats
-	case CmdDrainStats:
-		return (*FSM).drainStats
-	case CmdNoop:
-		return func(*FSM, context.Context, *Command) (any, error) { return nil, nil }
-	}
-	return nil
-}
-
-func (f *FSM) dispatch(ctx context.Context, c *Command) (any, error) {
-	return handlerFor(c.Type)(f, ctx, c)
 }
 
 func decodeBody(c *Command, v any) error {
@@ -373,60 +337,6 @@ func exec(ctx context.Context, st *sql.Stmt, args ...any) (int64, error) {
 	return n, nil
 }
 
-func (f *FSM) createAccount(ctx context.Context, c *Command) (any, error) {
-	var b CreateAccount
-	if err := decodeBody(c, &b); err != nil {
-		return nil, err
-	}
-	if err := firstErr(checkID("account id", b.ID), checkText("account name", b.Name, maxTextBytes),
-		checkTier(b.Tier), checkLimits(b.Limits)); err != nil {
-		return nil, err
-	}
-	if _, err := f.getAccount(ctx, b.ID); err == nil {
-		return nil, fmt.Errorf("%w: account %q", ErrExists, b.ID)
-	} else if !errors.Is(err, ErrAccountNotFound) {
-		return nil, err
-	}
-	l := b.Limits
-	if _, err := exec(ctx, f.stmts.accountInsert, b.ID, b.Name, b.Tier, l.MaxDatabases, l.MaxStorageBytes,
-		l.MaxDatabaseBytes, l.RowsReadPerDay, l.RowsWrittenPerDay, l.HeartbeatIntervalMs, c.Time, c.Time); err != nil {
-		return nil, err
-	}
-	return f.getAccount(ctx, b.ID)
-}
-
-func (f *FSM) updateAccount(ctx context.Context, c *Command) (any, error) {
-	var b UpdateAccount
-	if err := decodeBody(c, &b); err != nil {
-		return nil, err
-	}
-	if err := checkID("account id", b.ID); err != nil {
-		return nil, err
-	}
-	a, err := f.getAccount(ctx, b.ID)
-	if err != nil {
-		return nil, err
-	}
-	if b.Tier != nil {
-		if err := checkTier(*b.Tier); err != nil {
-			return nil, err
-		}
-		a.Tier = *b.Tier
-	}
-	if b.Limits != nil {
-		if err := checkLimits(*b.Limits); err != nil {
-			return nil, err
-		}
-		a.Limits = *b.Limits
-	}
-	l := a.Limits
-	if _, err := exec(ctx, f.stmts.accountUpdate, a.ID, a.Tier, l.MaxDatabases, l.MaxStorageBytes,
-		l.MaxDatabaseBytes, l.RowsReadPerDay, l.RowsWrittenPerDay, l.HeartbeatIntervalMs, c.Time); err != nil {
-		return nil, err
-	}
-	return f.getAccount(ctx, b.ID)
-}
-
 func (f *FSM) getToken(ctx context.Context, id string) (Token, error) {
 	t, err := scanToken(f.stmts.tokenGet.QueryRowContext(ctx, id))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -436,59 +346,6 @@ func (f *FSM) getToken(ctx context.Context, id string) (Token, error) {
 		return t, storageErr(err)
 	}
 	return t, nil
-}
-
-func (f *FSM) createToken(ctx context.Context, c *Command) (any, error) {
-	var b CreateToken
-	if err := decodeBody(c, &b); err != nil {
-		return nil, err
-	}
-	if err := firstErr(checkID("token id", b.ID), checkHash(b.Hash), checkText("token name", b.Name, maxTextBytes)); err != nil {
-		return nil, err
-	}
-	switch {
-	case b.AccountID == "" && !b.Admin:
-		return nil, fmt.Errorf("%w: a non-admin token needs an account", ErrInvalid)
-	case b.AccountID != "":
-		if err := checkID("account id", b.AccountID); err != nil {
-			return nil, err
-		}
-		if _, err := f.getAccount(ctx, b.AccountID); err != nil {
-			return nil, err
-		}
-	}
-	if _, err := f.getToken(ctx, b.ID); err == nil {
-		return nil, fmt.Errorf("%w: token %q", ErrExists, b.ID)
-	} else if !errors.Is(err, ErrNotFound) {
-		return nil, err
-	}
-	if taken, err := exists(ctx, f.stmts.tokenHashExists, b.Hash); err != nil {
-		return nil, err
-	} else if taken {
-		return nil, fmt.Errorf("%w: token hash", ErrExists)
-	}
-	if _, err := exec(ctx, f.stmts.tokenInsert, b.ID, b.AccountID, b.Hash, b.Name, b.Admin, c.Time); err != nil {
-		return nil, err
-	}
-	return f.getToken(ctx, b.ID)
-}
-
-func (f *FSM) revokeToken(ctx context.Context, c *Command) (any, error) {
-	var b RevokeToken
-	if err := decodeBody(c, &b); err != nil {
-		return nil, err
-	}
-	if err := checkID("token id", b.ID); err != nil {
-		return nil, err
-	}
-	if _, err := f.getToken(ctx, b.ID); err != nil {
-		return nil, err
-	}
-	// Revoking a revoked token is a no-op (keeps the first revoked_at).
-	if _, err := exec(ctx, f.stmts.tokenRevoke, b.ID, c.Time); err != nil {
-		return nil, err
-	}
-	return f.getToken(ctx, b.ID)
 }
 
 func (f *FSM) getHost(ctx context.Context, id string) (Host, error) {
@@ -502,124 +359,17 @@ func (f *FSM) getHost(ctx context.Context, id string) (Host, error) {
 	return h, nil
 }
 
-// registerHost creates or updates a host (re-registration after an address
-// or state change); the load counters are kept.
-func (f *FSM) registerHost(ctx context.Context, c *Command) (any, error) {
-	var b RegisterHost
-	if err := decodeBody(c, &b); err != nil {
-		return nil, err
-	}
-	if err := firstErr(checkID("host id", b.ID), checkText("host address", b.Address, maxTextBytes),
-		checkText("region", b.Region, maxIDBytes), checkText("jurisdiction", b.Jurisdiction, maxIDBytes),
-		checkHostState(b.State)); err != nil {
-		return nil, err
-	}
-	if b.Address == "" {
-		return nil, fmt.Errorf("%w: host address is empty", ErrInvalid)
-	}
-	if b.Capacity < 0 {
-		return nil, fmt.Errorf("%w: host capacity %d", ErrInvalid, b.Capacity)
-	}
-	if _, err := exec(ctx, f.stmts.hostUpsert, b.ID, b.Address, b.Region, b.Jurisdiction, b.Capacity, b.State, c.Time); err != nil {
-		return nil, err
-	}
-	return f.getHost(ctx, b.ID)
-}
-
-func (f *FSM) reportHostLoad(ctx context.Context, c *Command) (any, error) {
-	var b ReportHostLoad
-	if err := decodeBody(c, &b); err != nil {
-		return nil, err
-	}
-	if err := checkID("host id", b.ID); err != nil {
-		return nil, err
-	}
-	if b.Databases < 0 || b.Bytes < 0 {
-		return nil, fmt.Errorf("%w: negative host load", ErrInvalid)
-	}
-	n, err := exec(ctx, f.stmts.hostLoad, b.ID, b.Databases, b.Bytes, c.Time)
-	if err != nil {
-		return nil, err
-	}
-	if n == 0 {
-		return nil, fmt.Errorf("%w: host %q", ErrNotFound, b.ID)
-	}
-	return f.getHost(ctx, b.ID)
-}
-
-func (f *FSM) createDatabase(ctx context.Context, c *Command) (any, error) {
-	var b CreateDatabase
-	if err := decodeBody(c, &b); err != nil {
-		return nil, err
-	}
-	return f.createDatabaseBody(ctx, c, b)
-}
-
-// createDatabaseBody is createDatabase after the body is decoded (by
-// decodeBody or by decodeCreateFast).
-func (f *FSM) createDatabaseBody(ctx context.Context, c *Command, b CreateDatabase) (any, error) {
-	if b.ReadReplication == "" {
-		b.ReadReplication = ReadReplicationDisabled
-	}
-	if err := firstErr(checkUUID(b.UUID), checkID("account id", b.AccountID), checkName(b.Name),
-		checkID("object id", b.ObjectID), checkID("host id", b.HostID),
-		checkText("region", b.Region, maxIDBytes), checkText("jurisdiction", b.Jurisdiction, maxIDBytes),
-		checkReadReplication(b.ReadReplication)); err != nil {
-		return nil, err
-	}
-	s := f.stmts
-	// One statement answers every question the create asks before writing
-	// (it replaced five: account, uuid, name, host address). The refusals
-	// keep their order: account, then UUID, then name, then limit.
-	var (
-		active, maxDBs int64
-		uuidUsed       bool
-		nameTaken      bool
-		hostAddress    string
-	)
-	err := s.dbCreateCheck.QueryRowContext(ctx, b.AccountID, b.UUID, b.Name, b.HostID).
-		Scan(&active, &maxDBs, &uuidUsed, &nameTaken, &hostAddress)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return nil, fmt.Errorf("%w: %q", ErrAccountNotFound, b.AccountID)
-	case err != nil:
-		return nil, storageErr(err)
-	}
-	// A UUID is never reused, not even after deletion: a retry with new IDs
-	// must never meet an old object under the same UUID.
-	if uuidUsed {
-		return nil, fmt.Errorf("%w: database %q", ErrExists, b.UUID)
-	}
-	if nameTaken {
-		return nil, fmt.Errorf("%w: %q", ErrNameTaken, b.Name)
-	}
-	active += f.activeDelta[b.AccountID] // creates earlier in this run of creates
-	if active >= maxDBs {
-		return nil, fmt.Errorf("%w: %d of %d", ErrDatabaseLimit, active, maxDBs)
-	}
-	if _, err := exec(ctx, s.dbInsert, b.UUID, b.AccountID, b.Name, b.ObjectID, b.HostID, b.Region,
-		b.Jurisdiction, b.ReadReplication, c.Time); err != nil {
-		return nil, err
-	}
-	// The account's active count is bumped once per run of consecutive
-	// creates (flushActive), not once per create.
-	f.activeDelta[b.AccountID]++
-	// The new row is exactly the command's fields (a fresh database has no
-	// stats and generation 1) plus the host address read above. This saves
-	// re-reading the row on the hottest command.
-	db := Database{UUID: b.UUID, AccountID: b.AccountID, Name: b.Name, ObjectID: b.ObjectID,
-		HostID: b.HostID, HostAddress: hostAddress, Region: b.Region, Jurisdiction: b.Jurisdiction,
-		ReadReplication: b.ReadReplication, State: StateActive, CreatedAt: c.Time, RoutingGeneration: 1}
-	return db, nil
+// checkDatabaseRef checks the (account, database) pair that names a
+// database in delete_database and update_database.
+func checkDatabaseRef(accountID, uuid string) error {
+	return firstErr(checkID("account id", accountID), checkUUID(uuid))
 }
 
 // activeDatabaseOf returns the database if it is active and belongs to the
 // account; anything else is ErrNotFound (a deleted database is gone to its
 // owner, and another account's database does not exist for this one).
+// The pair has passed checkDatabaseRef.
 func (f *FSM) activeDatabaseOf(ctx context.Context, accountID, uuid string) (Database, error) {
-	if err := firstErr(checkID("account id", accountID), checkUUID(uuid)); err != nil {
-		return Database{}, err
-	}
 	d, err := f.getDatabase(ctx, uuid)
 	if err != nil {
 		return d, err
@@ -628,177 +378,4 @@ func (f *FSM) activeDatabaseOf(ctx context.Context, accountID, uuid string) (Dat
 		return d, fmt.Errorf("%w: database %q", ErrNotFound, uuid)
 	}
 	return d, nil
-}
-
-func (f *FSM) deleteDatabase(ctx context.Context, c *Command) (any, error) {
-	var b DeleteDatabase
-	if err := decodeBody(c, &b); err != nil {
-		return nil, err
-	}
-	d, err := f.activeDatabaseOf(ctx, b.AccountID, b.UUID)
-	if err != nil {
-		return nil, err
-	}
-	s := f.stmts
-	if _, err := exec(ctx, s.dbDelete, d.UUID, c.Time); err != nil {
-		return nil, err
-	}
-	if _, err := exec(ctx, s.accountIncr, d.AccountID, -1); err != nil {
-		return nil, err
-	}
-	// The delete trigger appends -size to the change log, so the account's
-	// storage total drops by the database's last size once drained.
-	if _, err := exec(ctx, s.statsDelete, d.UUID); err != nil {
-		return nil, err
-	}
-	return f.getDatabase(ctx, d.UUID)
-}
-
-func (f *FSM) updateDatabase(ctx context.Context, c *Command) (any, error) {
-	var b UpdateDatabase
-	if err := decodeBody(c, &b); err != nil {
-		return nil, err
-	}
-	d, err := f.activeDatabaseOf(ctx, b.AccountID, b.UUID)
-	if err != nil {
-		return nil, err
-	}
-	if b.ReadReplication != nil {
-		if err := checkReadReplication(*b.ReadReplication); err != nil {
-			return nil, err
-		}
-		if _, err := exec(ctx, f.stmts.dbSetRR, d.UUID, *b.ReadReplication); err != nil {
-			return nil, err
-		}
-	}
-	return f.getDatabase(ctx, d.UUID)
-}
-
-// StatsResult is Result.Value of SetDatabaseStats. Every stat of the
-// command is counted in exactly one of the three.
-type StatsResult struct {
-	Applied int `json:"applied"` // stats recorded
-	Skipped int `json:"skipped"` // unknown or deleted databases
-	// Stale counts stats ignored because their Seq was not greater than
-	// the stored one (duplicates and late deliveries). Omitted when 0, so
-	// results without stale stats encode as before sequences existed.
-	Stale int `json:"stale,omitempty"`
-}
-
-func (f *FSM) setDatabaseStats(ctx context.Context, c *Command) (any, error) {
-	var b SetDatabaseStats
-	if err := decodeBody(c, &b); err != nil {
-		return nil, err
-	}
-	return f.setDatabaseStatsBody(ctx, c, b)
-}
-
-// setDatabaseStatsBody is setDatabaseStats after the body is decoded (by
-// decodeBody or by decodeStatsFast).
-func (f *FSM) setDatabaseStatsBody(ctx context.Context, c *Command, b SetDatabaseStats) (any, error) {
-	if len(b.Stats) > MaxStatsPerCommand {
-		return nil, fmt.Errorf("%w: %d stats in one command, at most %d", ErrInvalid, len(b.Stats), MaxStatsPerCommand)
-	}
-	for _, st := range b.Stats {
-		if err := checkUUID(st.UUID); err != nil {
-			return nil, err
-		}
-		if st.SizeBytes < 0 || st.SizeBytes > MaxDatabaseSizeBytes {
-			return nil, fmt.Errorf("%w: size %d for %q out of range 0..%d", ErrInvalid, st.SizeBytes, st.UUID, int64(MaxDatabaseSizeBytes))
-		}
-		if st.Seq < 0 {
-			return nil, fmt.Errorf("%w: seq %d for %q is negative", ErrInvalid, st.Seq, st.UUID)
-		}
-	}
-	var r StatsResult
-	s := f.stmts
-	delta := map[string]int64{} // account → sum of the size changes kept
-	for _, st := range b.Stats {
-		var old, oldSeq int64
-		var acct string
-		err := s.statsGet.QueryRowContext(ctx, st.UUID).Scan(&old, &oldSeq, &acct)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			// No size yet: the first one, if the database is active (the
-			// insert trigger logs its delta).
-			n, err := exec(ctx, s.statsInsert, st.UUID, st.SizeBytes, c.Time, st.Seq)
-			if err != nil {
-				return nil, err
-			}
-			if n > 0 {
-				r.Applied++
-			} else {
-				r.Skipped++
-			}
-			continue
-		case err != nil:
-			return nil, storageErr(err)
-		}
-		if st.Seq < oldSeq || (st.Seq == oldSeq && st.Seq != 0) {
-			r.Stale++ // a duplicate or a late delivery: nothing changes
-			continue
-		}
-		if _, err := exec(ctx, s.statsSet, st.UUID, st.SizeBytes, c.Time, st.Seq); err != nil {
-			return nil, err
-		}
-		delta[acct] += st.SizeBytes - old
-		r.Applied++
-	}
-	// One change row per account per command (in account order, so every
-	// replica appends the same rows), not one per size.
-	accts := make([]string, 0, len(delta))
-	for a, d := range delta {
-		if d != 0 {
-			accts = append(accts, a)
-		}
-	}
-	sort.Strings(accts)
-	for _, a := range accts {
-		if _, err := exec(ctx, s.changeInsert, a, delta[a]); err != nil {
-			return nil, err
-		}
-	}
-	return r, nil
-}
-
-// DrainResult is Result.Value of DrainStats.
-type DrainResult struct {
-	Changes  int64 `json:"changes"`  // change-log rows consumed
-	Accounts int64 `json:"accounts"` // account totals updated (one update each)
-}
-
-func (f *FSM) drainStats(ctx context.Context, c *Command) (any, error) {
-	var b DrainStats
-	if err := decodeBody(c, &b); err != nil {
-		return nil, err
-	}
-	if b.Max < 0 {
-		return nil, fmt.Errorf("%w: drain max %d", ErrInvalid, b.Max)
-	}
-	s := f.stmts
-	var minID, maxID int64
-	if err := s.changesMin.QueryRowContext(ctx).Scan(&minID); err != nil {
-		return nil, storageErr(err)
-	}
-	if minID == 0 {
-		return DrainResult{}, nil
-	}
-	if err := s.changesMax.QueryRowContext(ctx).Scan(&maxID); err != nil {
-		return nil, storageErr(err)
-	}
-	// Change ids are contiguous (drains delete a prefix and inserts take
-	// max+1), so the first Max rows are exactly minID..minID+Max-1.
-	cutoff := maxID
-	if b.Max > 0 && minID+int64(b.Max)-1 < maxID {
-		cutoff = minID + int64(b.Max) - 1
-	}
-	accounts, err := exec(ctx, s.drainUpsert, cutoff, c.Time)
-	if err != nil {
-		return nil, err
-	}
-	changes, err := exec(ctx, s.drainDelete, cutoff)
-	if err != nil {
-		return nil, err
-	}
-	return DrainResult{Changes: changes, Accounts: accounts}, nil
 }

@@ -1,6 +1,25 @@
 // Package fsm is the Raft state machine of the catalog: a SQLite database
 // (dir/catalog.db) derived from the Raft log, with typed, versioned,
-// deterministic commands (command.go) and concurrent read-only queries.
+// deterministic commands and concurrent read-only queries.
+//
+// Commands. Every log entry is a Command envelope (command.go: version,
+// type, request ID, proposer time, JSON body). Each command type is one
+// file, cmd_<type>.go, holding its CommandType constant, body type,
+// validation, apply function, the prepared statements only it uses and the
+// refusals it can answer, as a command[B, S] value; the one table commands
+// (registry.go) lists them all, and Apply knows no other type. Apply
+// decodes the body, validates it, and applies it inside the command's
+// savepoint (the create and stats entries may decode on a fast path,
+// fastdecode.go, then run the same validation and apply). Statements and
+// row reads several commands share are in stmts.go and apply.go, field
+// checks in validate.go.
+//
+// Refusals. A refused command answers Result.Err, an *Error whose Code is
+// stable on the wire and matches a sentinel (ErrNameTaken, …) with
+// errors.Is. refusal.go holds the one list of them; IsRefusal and
+// RefusalCode tell a refusal (final: the same command gets the same answer)
+// from a failure to reach the catalog, for raftmeta's HTTP API and the
+// edge alike.
 //
 // Schema. accounts (tier, limits, active_databases kept in the same
 // transaction as every create/delete, so limit checks and list totals are

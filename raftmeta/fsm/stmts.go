@@ -3,7 +3,6 @@ package fsm
 import (
 	"context"
 	"database/sql"
-	"fmt"
 )
 
 // Column lists shared by the apply path and the readers, so a row is decoded
@@ -60,7 +59,10 @@ func scanHost(r scanner) (Host, error) {
 }
 
 // stmts are the write connection's prepared statements (the apply path runs
-// thousands of commands a second; preparing each time would dominate).
+// thousands of commands a second; preparing each time would dominate): the
+// transaction's, and the row reads and writes several commands share. A
+// statement only one command uses is prepared by that command (its file,
+// cmd_<type>.go) and kept in cmds.
 type stmts struct {
 	all []*sql.Stmt
 
@@ -68,107 +70,41 @@ type stmts struct {
 
 	metaSet *sql.Stmt
 
-	accountGet, accountInsert, accountUpdate, accountIncr *sql.Stmt
-	tokenGet, tokenHashExists, tokenInsert, tokenRevoke   *sql.Stmt
-	hostGet, hostUpsert, hostLoad                         *sql.Stmt
+	accountGet, accountIncr *sql.Stmt
+	tokenGet, hostGet       *sql.Stmt
+	dbGet                   *sql.Stmt
 
-	dbGet, dbCreateCheck, dbInsert, dbDelete, dbSetRR *sql.Stmt
-	statsGet, statsSet, statsInsert, statsDelete      *sql.Stmt
-	changeInsert                                      *sql.Stmt
-	changesMax, changesMin, drainUpsert, drainDelete  *sql.Stmt
+	// cmds holds every registered command with its own statements.
+	cmds map[CommandType]boundCommand
 }
 
 func prepareStmts(ctx context.Context, c *sql.Conn) (*stmts, error) {
-	s := &stmts{}
-	var err error
-	prep := func(q string) *sql.Stmt {
-		if err != nil {
-			return nil
-		}
-		var st *sql.Stmt
-		st, err = c.PrepareContext(ctx, q)
-		if err != nil {
-			err = fmt.Errorf("prepare %q: %w", q, err)
-			return nil
-		}
-		s.all = append(s.all, st)
-		return st
+	s := &stmts{cmds: make(map[CommandType]boundCommand, len(commands))}
+	p := &preparer{ctx: ctx, conn: c}
+	s.begin = p.prep(`BEGIN IMMEDIATE`)
+	s.commit = p.prep(`COMMIT`)
+	s.rollback = p.prep(`ROLLBACK`)
+	s.savepoint = p.prep(`SAVEPOINT cmd`)
+	s.rollbackTo = p.prep(`ROLLBACK TO cmd`)
+	s.release = p.prep(`RELEASE cmd`)
+
+	s.metaSet = p.prep(`UPDATE meta SET value = ?2 WHERE key = ?1`)
+
+	s.accountGet = p.prep(`SELECT ` + accountCols + ` FROM ` + accountFrom + ` WHERE a.id = ?`)
+	// Creates add to active_databases once per run (flushActive), deletes
+	// subtract one each.
+	s.accountIncr = p.prep(`UPDATE accounts SET active_databases = active_databases + ?2 WHERE id = ?1`)
+	s.tokenGet = p.prep(`SELECT ` + tokenCols + ` FROM api_tokens WHERE id = ?`)
+	s.hostGet = p.prep(`SELECT ` + hostCols + ` FROM hosts WHERE id = ?`)
+	s.dbGet = p.prep(`SELECT ` + databaseCols + ` FROM ` + databaseFrom + ` WHERE d.uuid = ?`)
+
+	for t, spec := range commands {
+		s.cmds[t] = boundCommand{spec: spec, st: spec.prepare(p)}
 	}
-	s.begin = prep(`BEGIN IMMEDIATE`)
-	s.commit = prep(`COMMIT`)
-	s.rollback = prep(`ROLLBACK`)
-	s.savepoint = prep(`SAVEPOINT cmd`)
-	s.rollbackTo = prep(`ROLLBACK TO cmd`)
-	s.release = prep(`RELEASE cmd`)
-
-	s.metaSet = prep(`UPDATE meta SET value = ?2 WHERE key = ?1`)
-
-	s.accountGet = prep(`SELECT ` + accountCols + ` FROM ` + accountFrom + ` WHERE a.id = ?`)
-	s.accountInsert = prep(`INSERT INTO accounts (id, name, tier, max_databases, max_storage_bytes,
-		max_database_bytes, rows_read_per_day, rows_written_per_day, heartbeat_interval_ms,
-		active_databases, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)`)
-	s.accountUpdate = prep(`UPDATE accounts SET tier = ?2, max_databases = ?3, max_storage_bytes = ?4,
-		max_database_bytes = ?5, rows_read_per_day = ?6, rows_written_per_day = ?7,
-		heartbeat_interval_ms = ?8, updated_at = ?9 WHERE id = ?1`)
-	s.accountIncr = prep(`UPDATE accounts SET active_databases = active_databases + ?2 WHERE id = ?1`)
-
-	s.tokenGet = prep(`SELECT ` + tokenCols + ` FROM api_tokens WHERE id = ?`)
-	s.tokenHashExists = prep(`SELECT 1 FROM api_tokens WHERE hash = ?`)
-	s.tokenInsert = prep(`INSERT INTO api_tokens (id, account_id, hash, name, admin, revoked, created_at)
-		VALUES (?, ?, ?, ?, ?, 0, ?)`)
-	s.tokenRevoke = prep(`UPDATE api_tokens SET revoked = 1, revoked_at = ?2 WHERE id = ?1 AND revoked = 0`)
-
-	s.hostGet = prep(`SELECT ` + hostCols + ` FROM hosts WHERE id = ?`)
-	s.hostUpsert = prep(`INSERT INTO hosts (id, address, region, jurisdiction, capacity, state, updated_at)
-		VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-		ON CONFLICT (id) DO UPDATE SET address = excluded.address, region = excluded.region,
-		jurisdiction = excluded.jurisdiction, capacity = excluded.capacity, state = excluded.state,
-		updated_at = excluded.updated_at`)
-	s.hostLoad = prep(`UPDATE hosts SET databases = ?2, bytes = ?3, updated_at = ?4 WHERE id = ?1`)
-
-	s.dbGet = prep(`SELECT ` + databaseCols + ` FROM ` + databaseFrom + ` WHERE d.uuid = ?`)
-	// Everything CreateDatabase checks, in one statement: no row means no
-	// such account. Each EXISTS is one search of a unique index (uuid; the
-	// partial (account_id, name) index of active rows).
-	s.dbCreateCheck = prep(`SELECT a.active_databases, a.max_databases,
-		EXISTS (SELECT 1 FROM databases WHERE uuid = ?2),
-		EXISTS (SELECT 1 FROM databases WHERE account_id = ?1 AND name = ?3 AND state = 'active'),
-		COALESCE((SELECT h.address FROM hosts h WHERE h.id = ?4), '')
-		FROM accounts a WHERE a.id = ?1`)
-	s.dbInsert = prep(`INSERT INTO databases (uuid, account_id, name, object_id, host_id, region,
-		jurisdiction, read_replication, state, created_at, deleted_at, routing_generation)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, 0, 1)`)
-	s.dbDelete = prep(`UPDATE databases SET state = 'deleted', deleted_at = ?2,
-		routing_generation = routing_generation + 1 WHERE uuid = ?1 AND state = 'active'`)
-	s.dbSetRR = prep(`UPDATE databases SET read_replication = ?2 WHERE uuid = ?1`)
-
-	// SetDatabaseStats reads a database's stored size (statsGet) and, if
-	// the new one is kept (its seq is greater, see DatabaseStat), writes it
-	// by primary key (statsSet); the size differences are summed per
-	// account in Go and logged once per account per command (changeInsert).
-	// A database without a size gets its first one from statsInsert
-	// (unknown and deleted databases match no row in its SELECT), whose
-	// delta the insert trigger logs. Measured on a 5,000-size command:
-	// 16 µs of FSM CPU per size with an update trigger logging one change
-	// row per size (and the drain folding them), 7–8 µs this way.
-	s.statsGet = prep(`SELECT size_bytes, seq, account_id FROM database_stats WHERE uuid = ?`)
-	s.statsSet = prep(`UPDATE database_stats SET size_bytes = ?2, updated_at = ?3, seq = ?4 WHERE uuid = ?1`)
-	s.statsInsert = prep(`INSERT INTO database_stats (uuid, account_id, size_bytes, updated_at, seq)
-		SELECT uuid, account_id, ?2, ?3, ?4 FROM databases WHERE uuid = ?1 AND state = 'active'`)
-	s.changeInsert = prep(`INSERT INTO account_database_stats_changes (account_id, delta) VALUES (?, ?)`)
-	s.statsDelete = prep(`DELETE FROM database_stats WHERE uuid = ?`)
-
-	s.changesMax = prep(`SELECT COALESCE(MAX(id), 0) FROM account_database_stats_changes`)
-	s.changesMin = prep(`SELECT COALESCE(MIN(id), 0) FROM account_database_stats_changes`)
-	s.drainUpsert = prep(`INSERT INTO account_database_stats (account_id, storage_bytes, updated_at)
-		SELECT account_id, SUM(delta), ?2 FROM account_database_stats_changes WHERE id <= ?1
-		GROUP BY account_id
-		ON CONFLICT (account_id) DO UPDATE SET storage_bytes = storage_bytes + excluded.storage_bytes,
-		updated_at = excluded.updated_at`)
-	s.drainDelete = prep(`DELETE FROM account_database_stats_changes WHERE id <= ?`)
-	if err != nil {
+	s.all = p.all
+	if p.err != nil {
 		s.close()
-		return nil, err
+		return nil, p.err
 	}
 	return s, nil
 }

@@ -6,7 +6,10 @@ import (
 )
 
 // Field limits enforced by Apply (and worth enforcing in the client before
-// proposing).
+// proposing). The commands' validation (cmd_*.go) is built from the checks
+// below: IDs are non-empty and at most 64 bytes, UUIDs are canonical
+// lowercase RFC 4122 text, names follow D1's rules (lowercase letters,
+// digits, '-' and '_', 1..64 bytes).
 const (
 	maxIDBytes         = 64
 	maxNameBytes       = 64
