@@ -35,6 +35,15 @@ type commitWatch struct {
 	commit atomic.Uint64 // highest leader commit index seen
 	atNano atomic.Int64  // when an AppendEntries of the current term last arrived (0: never)
 
+	// hbMu fences the heartbeat fast path: handlers hold it shared, and
+	// fenceHeartbeats takes it exclusively once Raft is shut down, so no
+	// heartbeat is inside Raft (which may write the current term to the
+	// stable store) when the stores close. Raft checks its shutdown channel
+	// before handling one, but a heartbeat past that check when Shutdown
+	// returns would otherwise write to a closed store and panic.
+	hbMu     sync.RWMutex
+	hbFenced bool
+
 	once      sync.Once
 	started   atomic.Bool
 	closeOnce sync.Once
@@ -102,6 +111,31 @@ func (w *commitWatch) last() (uint64, time.Time) {
 		return w.commit.Load(), time.Time{}
 	}
 	return w.commit.Load(), time.Unix(0, at)
+}
+
+// SetHeartbeatHandler wraps Raft's heartbeat handler with the fence.
+func (w *commitWatch) SetHeartbeatHandler(fn func(rpc raft.RPC)) {
+	if fn == nil {
+		w.NetworkTransport.SetHeartbeatHandler(nil)
+		return
+	}
+	w.NetworkTransport.SetHeartbeatHandler(func(rpc raft.RPC) {
+		w.hbMu.RLock()
+		defer w.hbMu.RUnlock()
+		if w.hbFenced {
+			rpc.Respond(nil, raft.ErrTransportShutdown)
+			return
+		}
+		fn(rpc)
+	})
+}
+
+// fenceHeartbeats waits for heartbeats being handled and refuses the rest;
+// call it after raft.Shutdown and before closing the stores.
+func (w *commitWatch) fenceHeartbeats() {
+	w.hbMu.Lock()
+	w.hbFenced = true
+	w.hbMu.Unlock()
 }
 
 // Close stops the forwarding loop (waiting for it if it ran), then the

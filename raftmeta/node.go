@@ -230,6 +230,7 @@ func (n *Node) Close() error {
 		c()
 		n.httpSrv.Close()
 		errs := []error{n.raft.Shutdown().Error()}
+		n.trans.fenceHeartbeats() // no heartbeat inside Raft when the stores close
 		// Handlers still running (past the Shutdown grace) fail fast now that
 		// Raft is down; wait for them before closing the stores they read.
 		n.inflight.Wait()
