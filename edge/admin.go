@@ -153,6 +153,14 @@ func (s *Server) handleAdminUpdateAccount(w http.ResponseWriter, r *http.Request
 	s.acctMu.Lock()
 	delete(s.accts, id)
 	s.acctMu.Unlock()
+	// The catalog write is the checkpoint. Telling the background plane
+	// (the `accounts` topic: the limiter lifts a daily-limit flag at once)
+	// is best effort: the limiter's next pass re-reads the tier anyway.
+	if s.o.AccountChanged != nil {
+		if err := s.o.AccountChanged(r.Context(), a); err != nil {
+			s.log.Warn("account change not published; the limiter learns it at its next pass", "account", id, "err", err)
+		}
+	}
 	v4.WriteResult(w, accountJSON(a))
 }
 

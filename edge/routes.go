@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -28,7 +29,12 @@ type Route struct {
 
 func (r Route) tombstone() bool { return r.InvalidUntil != 0 }
 
-var routesBucket = []byte("routes")
+var (
+	routesBucket = []byte("routes")
+	// deletedAtBucket maps the UUID of every route stored as deleted to
+	// when it was (Unix ns, 8 bytes big-endian): what ExpireDeleted reads.
+	deletedAtBucket = []byte("deleted_at")
+)
 
 // RouteCache is the edge's local routing table: a bbolt file mapping database
 // UUID to Route, plus an in-memory set of negative entries (UUIDs the catalog
@@ -96,6 +102,9 @@ func OpenRouteCache(path string, o RouteCacheOptions) (*RouteCache, error) {
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
 		if _, err := tx.CreateBucketIfNotExists(routesBucket); err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucketIfNotExists(deletedAtBucket); err != nil {
 			return err
 		}
 		_, err := tx.CreateBucketIfNotExists(feedBucket)
@@ -208,7 +217,61 @@ func (c *RouteCache) putTx(b *bolt.Bucket, r Route) (bool, error) {
 			return false, nil
 		}
 	}
-	return true, b.Put([]byte(r.DatabaseUUID), encodeRoute(r))
+	key := []byte(r.DatabaseUUID)
+	if d := b.Tx().Bucket(deletedAtBucket); d != nil {
+		var err error
+		switch {
+		case r.State == "active":
+			err = d.Delete(key)
+		case d.Get(key) == nil:
+			err = d.Put(key, binary.BigEndian.AppendUint64(nil, uint64(c.now().UnixNano())))
+		}
+		if err != nil {
+			return false, err
+		}
+	}
+	return true, b.Put(key, encodeRoute(r))
+}
+
+// ExpireDeleted drops the deleted routes stored more than retention ago
+// (at most max per call, oldest first is not guaranteed), so a cache does not
+// grow with every database ever deleted. A lookup of an expired one misses
+// and asks the catalog (bounded fallback), which answers "deleted" or "not
+// found" again; the route feed's tombstones are long compacted by then.
+// Deleted routes stored before this bookkeeping existed carry no time and
+// are kept.
+func (c *RouteCache) ExpireDeleted(retention time.Duration, max int) (int, error) {
+	cutoff := uint64(c.now().Add(-retention).UnixNano())
+	n := 0
+	err := c.db.Update(func(tx *bolt.Tx) error {
+		d, b := tx.Bucket(deletedAtBucket), tx.Bucket(routesBucket)
+		var expired [][]byte
+		cur := d.Cursor()
+		for k, v := cur.First(); k != nil && len(expired) < max; k, v = cur.Next() {
+			if len(v) == 8 && binary.BigEndian.Uint64(v) < cutoff {
+				expired = append(expired, append([]byte(nil), k...))
+			}
+		}
+		for _, k := range expired {
+			if v := b.Get(k); v != nil {
+				if r, err := decodeRoute(v); err == nil && r.State == "active" {
+					continue // revived at a newer generation meanwhile (putTx cleared it; defensive)
+				}
+				if err := b.Delete(k); err != nil {
+					return err
+				}
+			}
+			if err := d.Delete(k); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("route cache expire: %w", err)
+	}
+	return n, nil
 }
 
 // Invalidate marks the route of uuid at generation gen as known bad (an object
@@ -268,7 +331,7 @@ func (c *RouteCache) PutNegative(uuid string) {
 // re-read the topic; Server.Purge rewinds it).
 func (c *RouteCache) Purge() error {
 	err := c.db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{routesBucket, feedBucket} {
+		for _, name := range [][]byte{routesBucket, deletedAtBucket, feedBucket} {
 			if err := tx.DeleteBucket(name); err != nil {
 				return err
 			}

@@ -128,3 +128,38 @@ func TestRouteCodecRoundTrip(t *testing.T) {
 		assert.Error(t, err, "truncated at %d", i)
 	}
 }
+
+// TestRouteCacheExpireDeleted: deleted routes older than the retention are
+// dropped (then a lookup misses), younger ones and active ones stay, and a
+// deleted route revived at a newer generation is no longer expired.
+func TestRouteCacheExpireDeleted(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { return now }
+	c, err := OpenRouteCache(filepath.Join(t.TempDir(), "routes.db"), RouteCacheOptions{Now: clock})
+	require.NoError(t, err)
+	defer c.Close()
+	put := func(uuid, state string, gen int64) {
+		ok, err := c.Put(Route{DatabaseUUID: uuid, ObjectID: "o-" + uuid, HostAddress: "h:1", AccountID: "a", State: state, Generation: gen})
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	put("old", "deleted", 1)
+	put("revived", "deleted", 1)
+	put("live", "active", 1)
+	now = now.Add(8 * 24 * time.Hour)
+	put("young", "deleted", 1)
+	put("revived", "active", 2)
+
+	n, err := c.ExpireDeleted(7*24*time.Hour, 100)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	_, res := c.Get("old")
+	assert.Equal(t, cacheMiss, res, "an expired deleted route is gone")
+	for _, uuid := range []string{"young", "revived", "live"} {
+		_, ok := c.read(uuid)
+		assert.True(t, ok, uuid)
+	}
+	n, err = c.ExpireDeleted(7*24*time.Hour, 100)
+	require.NoError(t, err)
+	assert.Zero(t, n)
+}

@@ -51,6 +51,14 @@ type Options struct {
 	BreakerFailures  uint32        // default 5
 	BreakerOpenFor   time.Duration // default 2s
 	NegativeRouteTTL time.Duration // default 2s
+	// AccountChanged, when set, is called after an account's tier or limits
+	// changed through the admin API (after the catalog write); `shoal`
+	// publishes it on the `accounts` topic. Errors are logged.
+	AccountChanged func(ctx context.Context, a fsm.Account) error
+	// DeletedRouteRetention is how long a deleted database's route stays
+	// in the cache (answering 404 without the catalog); default 7 days,
+	// checked hourly; negative keeps them forever.
+	DeletedRouteRetention time.Duration
 
 	CreateAttempts int           // create attempts with fresh ids; default 4
 	CreateBackoff  time.Duration // first backoff between attempts; default 50ms
@@ -129,6 +137,8 @@ type Server struct {
 	bgMu      sync.Mutex // orders bgWG.Add against Close's Wait
 	bgClosing bool
 
+	expireStop, expireDone chan struct{} // the deleted-route expiry loop
+
 	// queryQuery and queryRaw are the full handler chains of the two query
 	// routes, shared by mux and the hand-matched fast path.
 	queryQuery, queryRaw http.Handler
@@ -183,6 +193,8 @@ func New(o Options) (*Server, error) {
 	}
 	s.m = newMetrics(s.reg, s)
 	s.router = s.routes()
+	s.expireStop, s.expireDone = make(chan struct{}), make(chan struct{})
+	go s.expireDeletedRoutes(time.Hour)
 	if o.RouteFeed != nil {
 		f, err := newRouteFeed(*o.RouteFeed, cache, o.Logger)
 		if err != nil {
@@ -214,6 +226,9 @@ func setDefaults(o *Options) {
 	def(&o.AccountCacheTTL, 3*time.Second)
 	def(&o.HostsCacheTTL, 5*time.Second)
 	def(&o.NegativeRouteTTL, 2*time.Second)
+	if o.DeletedRouteRetention == 0 {
+		o.DeletedRouteRetention = 7 * 24 * time.Hour
+	}
 	def(&o.CreateBackoff, 50*time.Millisecond)
 	def(&o.BindingDefaultTTL, time.Hour)
 	def(&o.BindingMaxTTL, 7*24*time.Hour)
@@ -330,6 +345,8 @@ func (s *Server) Close() error {
 		}
 		s.bgCancel()
 		<-done
+		close(s.expireStop)
+		<-s.expireDone
 		s.hosts.Close()
 		if s.feed != nil {
 			s.feed.close() // before the cache: it writes into it
@@ -337,6 +354,39 @@ func (s *Server) Close() error {
 		err = s.cache.Close()
 	})
 	return err
+}
+
+// expireDeletedRoutes drops deleted routes older than the retention from
+// the cache every interval, 10,000 per transaction, until Close.
+func (s *Server) expireDeletedRoutes(every time.Duration) {
+	defer close(s.expireDone)
+	if s.o.DeletedRouteRetention < 0 {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.expireStop:
+			return
+		case <-t.C:
+		}
+		total := 0
+		for {
+			n, err := s.cache.ExpireDeleted(s.o.DeletedRouteRetention, 10_000)
+			if err != nil {
+				s.log.Warn("expiring deleted routes failed", "err", err)
+				break
+			}
+			total += n
+			if n < 10_000 {
+				break
+			}
+		}
+		if total > 0 {
+			s.log.Info("expired deleted routes from the cache", "routes", total, "retention", s.o.DeletedRouteRetention)
+		}
+	}
 }
 
 // goBackground runs fn in an owned goroutine, unless too many are running:

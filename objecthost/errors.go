@@ -3,6 +3,8 @@ package objecthost
 import (
 	"errors"
 	"net/http"
+	"strings"
+	"time"
 
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/objecthost/sqlexec"
@@ -44,6 +46,10 @@ func statusOf(err error) (int, int, string) {
 	case errors.Is(err, ErrInvalid):
 		return http.StatusBadRequest, v4.CodeInvalidRequest, err.Error()
 	case errors.Is(err, ErrRowLimit):
+		var rl *RowLimitError
+		if errors.As(err, &rl) {
+			return http.StatusTooManyRequests, v4.CodeRowLimit, rl.Error()
+		}
 		return http.StatusTooManyRequests, v4.CodeRowLimit, ErrRowLimit.Error()
 	case errors.Is(err, ErrBinding):
 		return http.StatusUnauthorized, v4.CodeUnauthorized, err.Error()
@@ -68,4 +74,29 @@ func sqlStatus(code int) int {
 	default: // 7400, 7500, 7504, 7529
 		return http.StatusBadRequest
 	}
+}
+
+// RowLimitError is the refusal of a query of an account the limiter flagged
+// (the limits feed, limitsfeed.go): it names the limit that was crossed and
+// when the flag lifts. errors.Is(err, ErrRowLimit) holds.
+type RowLimitError struct {
+	Reason string    // the limit, e.g. "rows_written_per_day" (event.Limit.Reason)
+	Until  time.Time // when the flag lifts
+}
+
+func (e *RowLimitError) Error() string {
+	return "daily limit exceeded: the account has exceeded its " + limitName(e.Reason) +
+		" limit, so its queries are refused until the limit lifts at " + e.Until.UTC().Format(time.RFC3339) +
+		" (the daily limits reset at 00:00 UTC; upgrading the account lifts it sooner)"
+}
+
+func (e *RowLimitError) Is(target error) bool { return target == ErrRowLimit }
+
+// limitName is a limit reason in words: "rows_read_per_day" → "rows read per
+// day"; an empty reason is the daily rows limit in general.
+func limitName(reason string) string {
+	if reason == "" {
+		return "daily rows"
+	}
+	return strings.ReplaceAll(reason, "_", " ")
 }

@@ -45,13 +45,25 @@ type Config struct {
 	DeletedRetention   time.Duration // deleted files are swept after this (default 24 h)
 	SweepInterval      time.Duration // default 1 min
 	LoadReportInterval time.Duration // default 10 s
-	CatalogTimeout     time.Duration // per catalog call (default 10 s)
-	MaxBodyBytes       int64         // query body limit (default 10 MB)
+	// The route feed's anti-entropy (routerepublish.go): dirty routes
+	// (failed publications, deleted ones included) are retried every
+	// DirtyRouteRetry (default 1 min), and every confirmed route is
+	// published again every RouteRepublishInterval (default 1 h), at most
+	// RouteRepublishRate per second (default 1,000). Negative disables.
+	DirtyRouteRetry        time.Duration
+	RouteRepublishInterval time.Duration
+	RouteRepublishRate     int
+	CatalogTimeout         time.Duration // per catalog call (default 10 s)
+	MaxBodyBytes           int64         // query body limit (default 10 MB)
 
 	Catalog Catalog   // nil: no heartbeats, no registration (tests, dev)
 	Usage   UsageSink // nil: discarded
 	Sizes   SizeSink  // nil: discarded
 	Routes  RouteSink // nil: discarded
+	// LimitsFeed, when set, makes the host consume the limiter's compacted
+	// limits topic (limitsfeed.go) and refuse the queries of a limited
+	// account until its flag lifts. It runs also when Manual is set.
+	LimitsFeed *LimitsFeedOptions
 	// Registry, when set, is where the host registers its metrics and what
 	// its /metrics serves, so the process can add the pipeline's collectors
 	// to the same page. Default: a registry of its own.
@@ -131,6 +143,15 @@ func (c *Config) setDefaults() {
 	if c.Routes == nil {
 		c.Routes = discard{}
 	}
+	if c.DirtyRouteRetry == 0 {
+		c.DirtyRouteRetry = time.Minute
+	}
+	if c.RouteRepublishInterval == 0 {
+		c.RouteRepublishInterval = time.Hour
+	}
+	if c.RouteRepublishRate == 0 {
+		c.RouteRepublishRate = 1000
+	}
 }
 
 type discard struct{}
@@ -169,8 +190,9 @@ type Host struct {
 
 	closeOnce sync.Once
 	closed    atomic.Bool
-	jobMu     sync.Mutex // makes startJob's closed check and wg.Add atomic with Close
-	dump      *dumpAPI   // export/import jobs, one map per host
+	jobMu     sync.Mutex  // makes startJob's closed check and wg.Add atomic with Close
+	dump      *dumpAPI    // export/import jobs, one map per host
+	limits    *limitsFeed // nil without Config.LimitsFeed
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 }
@@ -191,9 +213,19 @@ type object struct {
 // accountState is what heartbeats taught the host about an account.
 type accountState struct {
 	blockGrowth      bool
-	maxDatabaseBytes int64 // fsm.Limits.MaxDatabaseBytes (0: no account limit)
-	intervalMs       int64 // fsm.Limits.HeartbeatIntervalMs
-	limitedUntil     time.Time
+	maxDatabaseBytes int64     // fsm.Limits.MaxDatabaseBytes (0: no account limit)
+	intervalMs       int64     // fsm.Limits.HeartbeatIntervalMs
+	limitedUntil     time.Time // the limiter's flag (limits feed); zero or past: not limited
+	limitReason      string    // which limit, e.g. "rows_written_per_day"
+}
+
+// rowLimited returns the refusal for a query at now, or nil when the account
+// is not limited: the flag expires on the clock, without any new record.
+func (a *accountState) rowLimited(now time.Time) error {
+	if a.limitedUntil.After(now) {
+		return &RowLimitError{Reason: a.limitReason, Until: a.limitedUntil}
+	}
+	return nil
 }
 
 // Open loads the index of cfg.Dir (creating it if needed), schedules every
@@ -257,6 +289,13 @@ func Open(cfg Config) (*Host, error) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
+	if cfg.LimitsFeed != nil {
+		if err := h.startLimitsFeed(ctx, *cfg.LimitsFeed); err != nil {
+			cancel()
+			_ = ix.close()
+			return nil, err
+		}
+	}
 	if !cfg.Manual {
 		h.startLoops(ctx)
 	}
@@ -278,6 +317,31 @@ func (h *Host) Close() error {
 		err = h.ix.close()
 	})
 	return err
+}
+
+// startLimitsFeed starts the limits feed and waits, up to o.StartWait, for
+// it to read the topic to its end (see LimitsFeedOptions.StartWait).
+func (h *Host) startLimitsFeed(ctx context.Context, o LimitsFeedOptions) error {
+	f, err := newLimitsFeed(o, h)
+	if err != nil {
+		return err
+	}
+	for _, c := range f.collectors() {
+		if err := h.m.reg.Register(c); err != nil {
+			f.cl.Close()
+			return fmt.Errorf("limits feed metrics: %w", err)
+		}
+	}
+	h.limits = f
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		f.run(ctx)
+	}()
+	if !f.waitCaughtUp(ctx, f.o.StartWait) && f.o.StartWait >= 0 {
+		h.log.Warn("limits feed not caught up at start; limited accounts are refused once it has read their flags", "waited", f.o.StartWait)
+	}
+	return nil
 }
 
 // startJob runs fn in a goroutine owned by the host: Close waits for it. It
@@ -649,13 +713,16 @@ func (h *Host) Query(ctx context.Context, objectID string, id Identity, req sqle
 		return nil, ErrDeleted
 	}
 	acct := h.account(m.AccountID)
-	if acct.limitedUntil.After(h.now()) {
-		return nil, ErrRowLimit
+	if err := acct.rowLimited(h.now()); err != nil {
+		return nil, err
 	}
-	// Growth is blocked while the account is over its storage total, or
-	// this database is at the account's per-database size limit (the host's
-	// own sqlexec limit, max_page_count, is the hard cap for all).
-	req.BlockGrowth = acct.blockGrowth || (acct.maxDatabaseBytes > 0 && o.size.Load() >= acct.maxDatabaseBytes)
+	// While the account is over its storage total (the last heartbeat's
+	// answer), statements that add data or schema are refused; while this
+	// database is at the account's per-database size limit, requests that
+	// grow the file are (the host's own sqlexec limit, max_page_count, is
+	// the hard cap for all). Each refusal names its limit.
+	req.StorageFull = acct.blockGrowth
+	req.BlockGrowth = acct.maxDatabaseBytes > 0 && o.size.Load() >= acct.maxDatabaseBytes
 
 	hd, err := h.handles.acquire(objectID)
 	if err != nil {
@@ -754,14 +821,36 @@ func (h *Host) account(id string) accountState {
 // until the given time (the limiter's flag, expiring at the end of the UTC
 // day); a zero time lifts it.
 func (h *Host) SetAccountLimited(accountID string, until time.Time) {
+	h.setAccountLimit(accountID, "", until)
+}
+
+// setAccountLimit records the limiter's flag of an account with the limit
+// that was crossed (reason); a zero until clears it.
+func (h *Host) setAccountLimit(accountID, reason string, until time.Time) {
 	h.accMu.Lock()
 	defer h.accMu.Unlock()
 	a := h.accounts[accountID]
 	if a == nil {
+		if until.IsZero() {
+			return
+		}
 		a = &accountState{}
 		h.accounts[accountID] = a
 	}
-	a.limitedUntil = until
+	a.limitedUntil, a.limitReason = until, reason
+}
+
+// limitedAccounts counts the accounts whose flag is set at now.
+func (h *Host) limitedAccounts(now time.Time) int {
+	h.accMu.RLock()
+	defer h.accMu.RUnlock()
+	n := 0
+	for _, a := range h.accounts {
+		if a.limitedUntil.After(now) {
+			n++
+		}
+	}
+	return n
 }
 
 func (h *Host) refreshGauges() {

@@ -157,8 +157,8 @@ func (d *dumpAPI) handleIngest(w http.ResponseWriter, r *http.Request) {
 	// The account limits user SQL obeys apply to imports too: an account
 	// over its storage limit cannot grow, one over its daily rows cannot write.
 	acct := d.h.account(m.AccountID)
-	if acct.limitedUntil.After(d.h.now()) {
-		writeErr(w, ErrRowLimit)
+	if err := acct.rowLimited(d.h.now()); err != nil {
+		writeErr(w, err)
 		return
 	}
 	if acct.blockGrowth {

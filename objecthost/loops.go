@@ -22,6 +22,7 @@ func (h *Host) startLoops(ctx context.Context) {
 			h.log.Error("sweep failed", "err", err)
 		}
 	})
+	h.startRouteRepublish(ctx)
 	if h.cfg.Catalog == nil {
 		return
 	}

@@ -72,7 +72,7 @@ func newPipelineCluster(t *testing.T) *pipelineCluster {
 	pipeAddr := raftmetaFreeAddr(t)
 	c.pipeURL = "http://" + pipeAddr
 	c.pipe = startShoalProc(t, bin, "pipeline", "pipeline", "serve", "--http-addr", pipeAddr, "--dir", filepath.Join(c.dir, "pipeline"),
-		"--catalog", c.catAddr, "--kafka-brokers", c.brokerAddr, "--clickhouse-dsn", "clickhouse://default:@"+c.ch.Addr()+"/shoal", "--snapshot-interval", "2s", "--log-level", "warn")
+		"--catalog", c.catAddr, "--kafka-brokers", c.brokerAddr, "--clickhouse-dsn", "clickhouse://default:@"+c.ch.Addr()+"/shoal", "--snapshot-interval", "2s", "--reconcile-interval", "1s", "--log-level", "warn")
 	hostAddr := raftmetaFreeAddr(t)
 	c.host = startShoalProc(t, bin, "h1", "objecthost", "serve", "--id", "h1", "--dir", filepath.Join(c.dir, "h1"),
 		"--http-addr", hostAddr, "--region", "weur", "--catalog", c.catAddr, "--kafka-brokers", c.brokerAddr, "--log-level", "warn")
@@ -327,8 +327,16 @@ func TestPipelineUsageExactThroughFaults(t *testing.T) {
 		}, 30*time.Second, 250*time.Millisecond, "account %s: catalog total %d bytes, snapshot %+v", acct, a.StorageBytes, snap)
 	}
 
+	// The reconciler, comparing ClickHouse with the host's usage
+	// sequences, finds nothing missing once the totals are exact.
 	var status pipelineStatusJSON
-	require.NoError(t, getJSONTest(c.pipeURL+"/v1/status", &status))
+	settled := time.Now()
+	require.Eventually(t, func() bool {
+		return getJSONTest(c.pipeURL+"/v1/status", &status) == nil && status.ClickHouse != nil &&
+			status.ClickHouse.Reconcile.At.After(settled) && status.ClickHouse.Reconcile.Error == ""
+	}, 15*time.Second, 250*time.Millisecond, "no reconciliation after the totals settled")
+	assert.Zero(t, status.ClickHouse.Reconcile.Missing, "usage events missing in ClickHouse")
+	assert.Equal(t, 1, status.ClickHouse.Reconcile.Producers, "one host, one boot")
 	require.NotNil(t, status.ClickHouse)
 	t.Logf("%d queries over %d accounts exact in ClickHouse; sink after its restart: %d events inserted, %d insert errors (retried), %d duplicates dropped; %d storage snapshot passes",
 		queries, len(want), status.ClickHouse.Sink.Inserted, status.ClickHouse.Sink.InsertErrors, status.ClickHouse.Sink.DuplicatesDropped, status.ClickHouse.Snapshots.Passes)
@@ -342,6 +350,12 @@ type pipelineStatusJSON struct {
 		Reachable bool           `json:"reachable"`
 		Sink      chsink.Stats   `json:"sink"`
 		Snapshots snapshot.Stats `json:"snapshots"`
+		Reconcile struct {
+			Producers int       `json:"producers"`
+			Missing   uint64    `json:"missing_events"`
+			At        time.Time `json:"at"`
+			Error     string    `json:"error"`
+		} `json:"reconcile"`
 	} `json:"clickhouse"`
 }
 

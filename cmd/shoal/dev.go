@@ -181,15 +181,16 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 		return err
 	}
 	srv, err := edge.New(edge.Options{
-		Catalog:     edge.RaftmetaCatalog{C: client},
-		Dir:         filepath.Join(o.dir, "edge"),
-		Region:      "weur",
-		AdminToken:  st.AdminToken,
-		BindingKeys: keys,
-		RouteFeed:   pipe.routeFeed(),
-		Insights:    pipe.insights(),
-		Registry:    edgeReg,
-		Logger:      logger,
+		Catalog:        edge.RaftmetaCatalog{C: client},
+		Dir:            filepath.Join(o.dir, "edge"),
+		Region:         "weur",
+		AdminToken:     st.AdminToken,
+		BindingKeys:    keys,
+		RouteFeed:      pipe.routeFeed(),
+		Insights:       pipe.insights(),
+		AccountChanged: pipe.accountChanged,
+		Registry:       edgeReg,
+		Logger:         logger,
 	})
 	if err != nil {
 		return fmt.Errorf("start edge: %w", err)

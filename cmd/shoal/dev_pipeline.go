@@ -13,10 +13,12 @@ import (
 	"github.com/shoaldb/shoal/edge"
 	"github.com/shoaldb/shoal/edge/chinsights"
 	"github.com/shoaldb/shoal/internal/plane"
+	"github.com/shoaldb/shoal/limiter"
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/pipeline/broker"
 	"github.com/shoaldb/shoal/pipeline/chlocal"
 	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
 // devPipeline is the background plane of `shoal dev`: an embedded
@@ -24,8 +26,9 @@ import (
 // topics, a managed clickhouse-server (data under DIR/clickhouse; when it
 // cannot start, analytics is off and everything else runs), the object
 // host's producer side (spill under DIR/objecthost/pipeline), and the
-// pipeline role's consumers (storage consumer, ClickHouse sink). The edge's
-// route feed and insights are configured from it.
+// pipeline role's consumers (storage consumer, ClickHouse sink, storage
+// snapshotter) and the limiter. The edge's route feed, insights and
+// account-change publication are configured from it.
 type devPipeline struct {
 	log        *slog.Logger
 	broker     *broker.Broker
@@ -33,6 +36,8 @@ type devPipeline struct {
 	chErr      error // why analytics is off
 	host       *plane.Host
 	consumers  *plane.Consumers
+	limiter    *limiter.Limiter
+	accounts   *plane.AccountPublisher
 	kafka      plane.Kafka
 }
 
@@ -70,7 +75,24 @@ func startDevPipeline(ctx context.Context, dir, brokerAddr, chAddr, hostID strin
 	if err != nil {
 		return nil, err
 	}
+	if p.accounts, err = plane.NewAccountPublisher(p.kafka, "dev-edge"); err != nil {
+		return nil, err
+	}
+	// The limiter needs the usage in ClickHouse: free-tier daily row
+	// limits (notices go to the log: no SMTP or webhook in dev).
+	if st := p.consumers.Store(); st != nil {
+		p.limiter, err = limiter.Start(limiter.Config{Kafka: p.kafka, Store: st, Catalog: catalog, Registerer: reg, Logger: logger})
+		if err != nil {
+			return nil, fmt.Errorf("limiter: %w", err)
+		}
+	}
 	return p, nil
+}
+
+// accountChanged is the edge's AccountChanged hook: tier changes on the
+// accounts topic.
+func (p *devPipeline) accountChanged(ctx context.Context, a fsm.Account) error {
+	return p.accounts.Publish(ctx, a)
 }
 
 // hostSinks are the object host's usage, size and route sinks.
@@ -93,7 +115,7 @@ func (p *devPipeline) insights() edge.InsightsSource {
 func (p *devPipeline) analyticsLine(out io.Writer) {
 	switch {
 	case p.clickhouse != nil:
-		fmt.Fprintf(out, "  Analytics   ClickHouse %s (database shoal: requests, query_insights)\n", p.clickhouse.Addr())
+		fmt.Fprintf(out, "  Analytics   ClickHouse %s (database shoal: requests, query_insights, storage_snapshots); limiter on (free-tier daily row limits)\n", p.clickhouse.Addr())
 	case errors.Is(p.chErr, chlocal.ErrNotInstalled):
 		fmt.Fprintf(out, "  Analytics   OFF: clickhouse-server is not installed (sudo apt-get install clickhouse-server, or make deps); everything else runs\n")
 	default:
@@ -107,6 +129,12 @@ func (p *devPipeline) analyticsLine(out io.Writer) {
 func (p *devPipeline) Close() {
 	if p.host != nil {
 		p.host.Close()
+	}
+	if p.limiter != nil {
+		p.limiter.Close()
+	}
+	if p.accounts != nil {
+		p.accounts.Close()
 	}
 	if p.consumers != nil {
 		p.consumers.Close()

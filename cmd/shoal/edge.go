@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -163,10 +164,20 @@ secrets come from the file; flags given explicitly win.`,
 				defer st.Close()
 				insights = chinsights.NewSource(st)
 			}
+			var accountChanged func(context.Context, fsm.Account) error
+			if k.Enabled() {
+				pub, err := plane.NewAccountPublisher(k, "edge-"+httpAddr)
+				if err != nil {
+					return err
+				}
+				defer pub.Close()
+				accountChanged = pub.Publish
+			}
 			srv, err := edge.New(edge.Options{
-				RouteFeed: feed,
-				Insights:  insights,
-				Catalog:   edge.RaftmetaCatalog{C: client}, Dir: dir, Region: region,
+				RouteFeed:      feed,
+				AccountChanged: accountChanged,
+				Insights:       insights,
+				Catalog:        edge.RaftmetaCatalog{C: client}, Dir: dir, Region: region,
 				AdminToken: adminToken, BindingKeys: keys, TokenTTL: tokenTTL,
 				AccountRate:  edge.RateLimit{Rate: acctRate, Burst: int(2 * acctRate)},
 				DatabaseRate: edge.RateLimit{Rate: dbRate, Burst: int(2 * dbRate)},

@@ -29,6 +29,7 @@ func newRootCmd() *cobra.Command {
 		newAdminCmd(),
 		newObjecthostCmd(),
 		newPipelineCmd(),
+		newLimiterCmd(),
 		newDevCmd(),
 		newD1Cmd(),
 	)

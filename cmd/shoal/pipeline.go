@@ -44,6 +44,7 @@ type pipelineServeOpts struct {
 	managedCHAddr  string
 	storageMembers int
 	snapInterval   time.Duration
+	reconInterval  time.Duration
 	configPath     string
 	nodeID         string
 	logLevel       string
@@ -84,6 +85,7 @@ Object hosts publish to the same brokers (shoal objecthost serve
 	f.BoolVar(&o.managedCH, "managed-clickhouse", false, "run a local clickhouse-server child process under --dir")
 	f.StringVar(&o.managedCHAddr, "managed-clickhouse-addr", "127.0.0.1:0", "native-protocol address of the managed clickhouse-server (HTTP on port+1)")
 	f.IntVar(&o.storageMembers, "storage-consumers", 1, "storage consumer group members in this process (at most 8)")
+	f.DurationVar(&o.reconInterval, "reconcile-interval", time.Minute, "how often ClickHouse is reconciled with the hosts' usage sequences (missing events → shoal_pipeline_reconcile_missing_events)")
 	f.DurationVar(&o.snapInterval, "snapshot-interval", time.Hour, "storage snapshots (catalog sizes into ClickHouse storage_snapshots) every this long, aligned on UTC")
 	f.StringVar(&o.configPath, "config", "", "cluster.hcl")
 	f.StringVar(&o.nodeID, "node", "", "this node's ID in --config")
@@ -180,7 +182,7 @@ func runPipelineServe(cmd *cobra.Command, o *pipelineServeOpts) error {
 	reg := prometheus.NewRegistry()
 	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	cons, err := plane.StartConsumers(tctx, plane.ConsumersConfig{Kafka: k, Catalog: client, ClickHouse: ch,
-		StorageConsumers: o.storageMembers, SnapshotInterval: o.snapInterval, Registerer: reg, Logger: logger})
+		StorageConsumers: o.storageMembers, SnapshotInterval: o.snapInterval, ReconcileInterval: o.reconInterval, Registerer: reg, Logger: logger})
 	cancel()
 	if err != nil {
 		return err
@@ -351,6 +353,12 @@ func printPipelineStatus(w io.Writer, st pipelineStatus, fromRole bool) {
 			if c.Snapshots.LastSuccess > 0 {
 				last = time.Unix(c.Snapshots.LastSuccess, 0).UTC().Format(time.RFC3339)
 			}
+			rec := fmt.Sprintf("%d usage events missing over %d producers (last 48 h), checked %s ago", c.Reconcile.Missing, c.Reconcile.Producers,
+				time.Since(c.Reconcile.At).Round(time.Second))
+			if c.Reconcile.Error != "" {
+				rec += "; last check failed: " + c.Reconcile.Error
+			}
+			fmt.Fprintf(tw, "reconciliation\t%s\n", rec)
 			fmt.Fprintf(tw, "storage snapshots\t%d passes, %d rows, newest bucket %s, %d failed attempts (retried), %d buckets missed\n",
 				c.Snapshots.Passes, c.Snapshots.Rows, last, c.Snapshots.PassErrors, c.Snapshots.MissedBuckets)
 		} else {

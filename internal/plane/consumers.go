@@ -55,8 +55,11 @@ type ConsumersConfig struct {
 	// SnapshotInterval is the storage snapshotter's period (catalog sizes
 	// into storage_snapshots; default 1 h). Runs with ClickHouse only.
 	SnapshotInterval time.Duration
-	Registerer       prometheus.Registerer
-	Logger           *slog.Logger
+	// ReconcileInterval is how often ClickHouse is reconciled with the
+	// producers' sequences (default 1 min; reconcile.go).
+	ReconcileInterval time.Duration
+	Registerer        prometheus.Registerer
+	Logger            *slog.Logger
 }
 
 // Consumers are the consumer groups of one pipeline process: the storage
@@ -68,6 +71,7 @@ type Consumers struct {
 	store   *chsink.Store
 	sink    *chsink.Sink
 	snap    *snapshot.Snapshotter
+	recon   *reconciler
 	chDB    string
 
 	cancel context.CancelFunc
@@ -119,6 +123,14 @@ func StartConsumers(ctx context.Context, cfg ConsumersConfig) (_ *Consumers, err
 		if err != nil {
 			return nil, err
 		}
+		// Best effort, bounded: the tables exist before the readers
+		// (snapshotter, reconciler, limiter, insights) first ask; the sink
+		// creates them itself anyway, retrying while ClickHouse is down.
+		sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := c.store.EnsureSchema(sctx); err != nil {
+			cfg.Logger.Warn("clickhouse schema not created yet (the sink retries)", "err", err)
+		}
+		scancel()
 		c.sink, err = chsink.Start(chsink.Config{Brokers: cfg.Kafka.Brokers, ClientOptions: opts, Store: c.store,
 			Registerer: cfg.Registerer, Logger: cfg.Logger})
 		if err != nil {
@@ -129,6 +141,7 @@ func StartConsumers(ctx context.Context, cfg ConsumersConfig) (_ *Consumers, err
 		if err != nil {
 			return nil, fmt.Errorf("storage snapshotter: %w", err)
 		}
+		c.recon = startReconciler(c.store, cfg.ReconcileInterval, cfg.Registerer, cfg.Logger)
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel = cancel
@@ -192,6 +205,9 @@ type SinkStatus struct {
 	// Snapshots is the storage snapshotter (catalog sizes into
 	// storage_snapshots).
 	Snapshots snapshot.Stats `json:"snapshots"`
+	// Reconcile is the last comparison of ClickHouse with the producers'
+	// sequences (reconcile.go).
+	Reconcile ReconcileStatus `json:"reconcile"`
 }
 
 // Status reports the consumers' counters and pings ClickHouse (bounded by
@@ -199,7 +215,7 @@ type SinkStatus struct {
 func (c *Consumers) Status(ctx context.Context) Status {
 	st := Status{Storage: c.storage.Stats()}
 	if c.sink != nil {
-		s := &SinkStatus{Database: c.chDB, Sink: c.sink.Stats(), Snapshots: c.snap.Stats(), Reachable: true}
+		s := &SinkStatus{Database: c.chDB, Sink: c.sink.Stats(), Snapshots: c.snap.Stats(), Reconcile: c.recon.status(), Reachable: true}
 		if err := c.store.Ping(ctx); err != nil {
 			s.Reachable, s.Error = false, err.Error()
 		}
@@ -218,6 +234,9 @@ func (c *Consumers) Close() {
 	}
 	c.stopped = true
 	c.mu.Unlock()
+	if c.recon != nil {
+		c.recon.close()
+	}
 	if c.snap != nil {
 		if err := c.snap.Close(); err != nil {
 			c.log.Warn("storage snapshotter closed with an error", "err", err)

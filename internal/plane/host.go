@@ -42,6 +42,7 @@ type Host struct {
 	sizes    *pipeline.SizeAggregator
 	routesCl *kgo.Client
 	routes   *objecthost.KafkaRoutes
+	kafka    Kafka // for the limits feed's client (Apply)
 }
 
 // StartHost opens the sequencer and the spill and starts the producer.
@@ -53,7 +54,7 @@ func StartHost(cfg HostConfig) (_ *Host, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Host{log: cfg.Logger, reg: cfg.Registerer}
+	h := &Host{log: cfg.Logger, reg: cfg.Registerer, kafka: cfg.Kafka}
 	defer func() {
 		if err != nil {
 			h.Close()
@@ -73,7 +74,11 @@ func StartHost(cfg HostConfig) (_ *Host, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("usage producer: %w", err)
 	}
-	h.usage = pipeline.NewUsageAggregator(h.producer, ids, pipeline.UsageConfig{Host: cfg.HostID, Logger: cfg.Logger, Registerer: cfg.Registerer})
+	// Usage events get a sequence of their own (contiguous per producer
+	// identity), so the reconciler can count, in ClickHouse, the events
+	// that never arrived (chsink.Store.Gaps); sizes and routes share ids.
+	usageIDs := pipeline.NewSequencer(ids.Producer() + "/usage")
+	h.usage = pipeline.NewUsageAggregator(h.producer, usageIDs, pipeline.UsageConfig{Host: cfg.HostID, Logger: cfg.Logger, Registerer: cfg.Registerer})
 	h.sizes = pipeline.NewSizeAggregator(h.producer, ids, pipeline.SizeConfig{Host: cfg.HostID, Logger: cfg.Logger, Registerer: cfg.Registerer})
 	if h.routesCl, err = cfg.Kafka.Client(); err != nil {
 		return nil, err
@@ -89,10 +94,13 @@ func StartHost(cfg HostConfig) (_ *Host, err error) {
 	return h, nil
 }
 
-// Apply sets the host configuration's usage, size and route sinks.
+// Apply sets the host configuration's usage, size and route sinks and its
+// limits feed (the host consumes the limiter's flags with a client of its
+// own, built with the plane's connection options).
 func (h *Host) Apply(c *objecthost.Config) {
 	sinks := objecthost.PipelineSinks{Usage: h.usage, Sizes: h.sizes}
 	c.Usage, c.Sizes, c.Routes = sinks, sinks, h.routes
+	c.LimitsFeed = &objecthost.LimitsFeedOptions{NewClient: h.kafka.Client}
 }
 
 // Producer is the host's producer (for status and tests).

@@ -90,10 +90,18 @@ type Request struct {
 	Statements []Statement
 	// Raw selects the /raw result shape (RawResults) instead of row objects.
 	Raw bool
-	// BlockGrowth is set while the account is over its storage limit: a
-	// request that grows the database file is rolled back with
-	// CodeStorageLimit; reads, DELETE and DROP still work.
+	// BlockGrowth is set while the database is at its size limit: a request
+	// that grows the database file is rolled back with CodeStorageLimit
+	// (DatabaseSizeLimitMessage); reads, DELETE and DROP still work.
 	BlockGrowth bool
+	// StorageFull is set while the account is over its storage limit: any
+	// statement that adds rows or schema (INSERT, REPLACE, upsert, CREATE
+	// TABLE/INDEX/VIEW/TRIGGER, ALTER TABLE, also when a trigger of the
+	// statement inserts) is refused before it runs, even if it would fit in
+	// free pages, and so is a request that grows the file (an UPDATE that
+	// enlarges rows); reads, UPDATE that fits, DELETE and DROP work. The
+	// refusal is CodeStorageLimit with AccountStorageLimitMessage.
+	StorageFull bool
 }
 
 // Statement is one SQL string with its JSON-encoded parameters. The SQL may

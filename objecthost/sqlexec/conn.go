@@ -62,6 +62,7 @@ type cstmt struct {
 	consumed int // bytes of the key this statement covers
 	readonly bool
 	ddl      bool
+	grows    bool // adds rows or schema (INSERT, REPLACE, CREATE, ALTER, also through triggers)
 	deferFK  bool // PRAGMA defer_foreign_keys: must not outlive its request
 	// simpleCount: a top-level SELECT count(*) FROM t answered by OP_Count
 	// (see shoal_simple_count); its result is its rows read.
@@ -430,6 +431,7 @@ func (c *conn) prepare(sql string, stmtIdx int) (*cstmt, error) {
 	c.sc.txn_denied = 0
 	c.sc.defer_fk = 0
 	c.sc.ddl = 0
+	c.sc.grows = 0
 	if startsWithKeyword(sql, "ANALYZE") {
 		// ANALYZE rewrites sqlite_stat1 through nested statements that the
 		// authorizer sees before the SQLITE_ANALYZE action itself.
@@ -464,6 +466,7 @@ func (c *conn) prepare(sql string, stmtIdx int) (*cstmt, error) {
 		consumed: int(consumed),
 		readonly: C.sqlite3_stmt_readonly(s) != 0,
 		ddl:      c.sc.ddl != 0,
+		grows:    c.sc.grows != 0 && C.sqlite3_stmt_isexplain(s) == 0,
 		deferFK:  c.sc.defer_fk != 0,
 		nparams:  int(C.sqlite3_bind_parameter_count(s)),
 	}
@@ -683,8 +686,11 @@ type reqState struct {
 	size      int64
 	ddl       bool
 	deferFK   bool
-	stmtIdx   int
-	discard   bool // keep no result rows (scripts)
+	// storageFull is Request.StorageFull: statements that grow (cstmt.grows)
+	// are refused before they run.
+	storageFull bool
+	stmtIdx     int
+	discard     bool // keep no result rows (scripts)
 	// speculative: a reader runs SQL not known to be read-only (see
 	// Execute); a statement it cannot prepare goes to the writer, whose
 	// view of the schema may differ (a script's tables).
@@ -740,6 +746,17 @@ func (c *conn) run(rq reqCtx, req *Request, st *reqState) ([]StatementResult, er
 	return results, nil
 }
 
+// Messages of the storage refusals (code v4.CodeStorageLimit). They name the
+// limit that applies: the account's total storage, or this database's size.
+const (
+	AccountStorageLimitMessage = "storage limit exceeded: the account is over its storage limit, so statements that add data or schema (INSERT, REPLACE, CREATE, ALTER, or an UPDATE that grows the database) are refused; reads, DELETE and DROP still work: SQLITE_FULL"
+	DatabaseSizeLimitMessage   = "database size limit exceeded: the database has reached its maximum size, so writes that grow it are refused; reads, DELETE and DROP still work: SQLITE_FULL"
+)
+
+func accountStorageErr(idx int) error {
+	return sqlErr(v4.CodeStorageLimit, idx, AccountStorageLimitMessage)
+}
+
 // singleCached reports whether sql is known (cached) to hold exactly one
 // statement.
 func (c *conn) singleCached(sql string) bool {
@@ -756,8 +773,10 @@ func (c *conn) body(rq reqCtx, req *Request, params [][]param, st *reqState) (re
 	if e := rq.err(); e != nil {
 		return nil, e
 	}
+	st.storageFull = req.StorageFull
+	checkPages := (req.BlockGrowth || req.StorageFull) && c.writer
 	var pagesBefore int64
-	if req.BlockGrowth && c.writer {
+	if checkPages {
 		if pagesBefore, err = c.queryInt("PRAGMA page_count"); err != nil {
 			return nil, err
 		}
@@ -769,13 +788,16 @@ func (c *conn) body(rq reqCtx, req *Request, params [][]param, st *reqState) (re
 			return nil, err
 		}
 	}
-	if req.BlockGrowth && c.writer {
+	if checkPages {
 		after, err := c.queryInt("PRAGMA page_count")
 		if err != nil {
 			return nil, err
 		}
 		if after > pagesBefore {
-			return nil, sqlErr(v4.CodeStorageLimit, -1, "storage limit exceeded: the account is over its storage limit, so writes that grow the database are blocked (DELETE and DROP still work): SQLITE_FULL")
+			if req.StorageFull {
+				return nil, accountStorageErr(-1)
+			}
+			return nil, sqlErr(v4.CodeStorageLimit, -1, DatabaseSizeLimitMessage)
 		}
 	}
 	if c.writer && C.shoal_deferred_fks(c.db) != 0 {
@@ -873,13 +895,23 @@ func (c *conn) exec(rq reqCtx, cs *cstmt, params []param, raw bool, st *reqState
 		C.shoal_clear_recs(c.sc)
 	}
 	start := time.Now()
+	if st.storageFull && cs.grows {
+		return StatementResult{}, accountStorageErr(idx)
+	}
 	c.sc.user = 1
 	c.sc.ddl = 0 // the authorizer sets it again if the statement is re-prepared
 	if cs.ddl {
 		c.sc.ddl = 1
 	}
+	c.sc.grows = 0 // likewise: a re-prepare (a new trigger) may make it grow
 	out, err := c.stepAll(cs, raw, idx, st.discard)
 	c.sc.user = 0
+	if err == nil && st.storageFull && c.sc.grows != 0 && C.sqlite3_stmt_isexplain(cs.s) == 0 {
+		// Re-prepared after a schema change into a growing statement: it
+		// ran inside the request's transaction, which the error rolls back.
+		C.sqlite3_reset(cs.s)
+		return StatementResult{}, accountStorageErr(idx)
+	}
 	elapsed := time.Since(start)
 	var stats C.shoal_stats
 	C.shoal_stmt_done(c.db, cs.s, &stats) // also resets the scan counters

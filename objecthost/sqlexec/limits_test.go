@@ -167,3 +167,59 @@ func TestBlockGrowth(t *testing.T) {
 	assert.Nil(t, blocked(stmt("INSERT INTO t VALUES (zeroblob(10000))")))
 	assert.Equal(t, int64(11), count(t, db, "t"))
 }
+
+// TestStorageFull: while the account is over its storage limit, statements
+// that add data or schema are refused even when they would fit in free
+// pages; reads, UPDATE that fits, DELETE and DROP work.
+func TestStorageFull(t *testing.T) {
+	db, _ := openTest(t, Options{})
+	run(t, db, stmt("CREATE TABLE t(id INTEGER PRIMARY KEY, v)"))
+	run(t, db, stmt("CREATE TABLE audit(id)"))
+	run(t, db, stmt("WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < 20) INSERT INTO t(v) SELECT zeroblob(10000) FROM s"))
+	run(t, db, stmt("DELETE FROM t WHERE id > 15")) // free pages: a small insert would not grow the file
+	run(t, db, stmt("INSERT INTO t(v) VALUES ('cached')"))
+	run(t, db, stmt("DELETE FROM t WHERE v = 'nothing'")) // cached before a trigger exists
+	full := func(stmts ...Statement) *Error {
+		_, err := db.Execute(context.Background(), Request{Statements: stmts, StorageFull: true})
+		if err == nil {
+			return nil
+		}
+		var e *Error
+		require.True(t, errors.As(err, &e))
+		return e
+	}
+	refused := func(what string, stmts ...Statement) {
+		t.Helper()
+		e := full(stmts...)
+		require.NotNil(t, e, what)
+		assert.Equal(t, v4.CodeStorageLimit, e.Code, what)
+		assert.Equal(t, AccountStorageLimitMessage, e.Message, what)
+	}
+	refused("a small INSERT (cached statement) that fits in free pages", stmt("INSERT INTO t(v) VALUES ('cached')"))
+	refused("REPLACE", stmt("REPLACE INTO t(id, v) VALUES (1, 'x')"))
+	refused("upsert", stmt("INSERT INTO t(id, v) VALUES (1, 'x') ON CONFLICT(id) DO UPDATE SET v = 'y'"))
+	refused("CREATE TABLE", stmt("CREATE TABLE more(a)"))
+	refused("CREATE INDEX", stmt("CREATE INDEX t_v ON t(v)"))
+	refused("ALTER TABLE", stmt("ALTER TABLE t ADD COLUMN w"))
+	refused("UPDATE that grows the file", stmt("UPDATE t SET v = zeroblob(300000) WHERE id = 1"))
+	refused("after a statement that was fine", stmt("DELETE FROM t WHERE id = 2"), stmt("INSERT INTO t(v) VALUES (1)"))
+	assert.Equal(t, int64(16), count(t, db, "t"), "refused requests rolled back whole")
+
+	assert.Nil(t, full(stmt("SELECT count(*) FROM t")))
+	assert.Nil(t, full(stmt("EXPLAIN INSERT INTO t(v) VALUES (1)")), "EXPLAIN only reads")
+	assert.Nil(t, full(stmt("UPDATE t SET v = 'small' WHERE id = 3")), "an UPDATE that fits")
+	assert.Nil(t, full(stmt("DELETE FROM t WHERE v = 'nothing'")))
+	assert.Nil(t, full(stmt("DROP TABLE audit")))
+
+	// A DELETE whose trigger inserts adds data: refused, also through the
+	// statement cached before the trigger existed (re-prepared by SQLite).
+	run(t, db, stmt("CREATE TABLE log(id)"))
+	run(t, db, stmt("CREATE TRIGGER t_del AFTER DELETE ON t BEGIN INSERT INTO log VALUES (old.id); END"))
+	refused("DELETE with an inserting trigger, re-prepared", stmt("DELETE FROM t WHERE v = 'nothing'"))
+	refused("DELETE with an inserting trigger", stmt("DELETE FROM t WHERE id = 4"))
+	assert.Equal(t, int64(16), count(t, db, "t"))
+
+	// Not full: everything works again.
+	run(t, db, stmt("INSERT INTO t(v) VALUES ('cached')"))
+	run(t, db, stmt("CREATE TABLE more(a)"))
+}

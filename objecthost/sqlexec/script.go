@@ -259,7 +259,7 @@ func (db *DB) script(c *conn, sj *scriptJob) (res ScriptResult, err error) {
 			return fail(0, err)
 		}
 		if after > pagesBefore {
-			return fail(0, sqlErr(v4.CodeStorageLimit, -1, "storage limit exceeded: the account is over its storage limit, so writes that grow the database are blocked (DELETE and DROP still work): SQLITE_FULL"))
+			return fail(0, sqlErr(v4.CodeStorageLimit, -1, "storage limit exceeded: the import would grow the database while it is at its size limit or its account is over its storage limit: SQLITE_FULL"))
 		}
 	}
 	if C.shoal_deferred_fks(c.db) != 0 {

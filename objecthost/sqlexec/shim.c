@@ -66,6 +66,7 @@ static int shoal_auth(void *p, int code, const char *a1, const char *a2, const c
 	case A_INSERT:
 	case A_UPDATE:
 	case A_DELETE:
+		if (code == A_INSERT) c->grows = 1; // rows or, from DDL, schema entries
 		if (reserved_name(a1)) return deny(c, "reserved table name:", a1);
 		// Schema writes reach here only from DDL (SQLite itself refuses
 		// direct writes to sqlite_schema without writable_schema, which is
@@ -89,15 +90,18 @@ static int shoal_auth(void *p, int code, const char *a1, const char *a2, const c
 	case A_CREATE_TABLE: case A_CREATE_VIEW: case A_DROP_TABLE: case A_DROP_VIEW:
 	case A_CREATE_VTABLE: case A_DROP_VTABLE: case A_REINDEX: case A_ANALYZE:
 		c->ddl = 1;
+		if (code == A_CREATE_TABLE || code == A_CREATE_VIEW || code == A_CREATE_VTABLE) c->grows = 1;
 		if (reserved_name(a1)) return deny(c, "reserved table name:", a1);
 		return SHOAL_OK;
 	case A_CREATE_INDEX: case A_DROP_INDEX: case A_CREATE_TRIGGER: case A_DROP_TRIGGER:
 		c->ddl = 1;
+		if (code == A_CREATE_INDEX || code == A_CREATE_TRIGGER) c->grows = 1;
 		if (reserved_name(a1)) return deny(c, "reserved name:", a1);
 		if (reserved_name(a2)) return deny(c, "reserved table name:", a2);
 		return SHOAL_OK;
 	case A_ALTER_TABLE:
 		c->ddl = 1;
+		c->grows = 1;
 		if (reserved_name(a2)) return deny(c, "reserved table name:", a2);
 		return SHOAL_OK;
 	case A_FUNCTION:

@@ -35,6 +35,7 @@ extern const unsigned char *sqlite3_column_text(sqlite3_stmt*, int);
 extern const void *sqlite3_column_blob(sqlite3_stmt*, int);
 extern int sqlite3_column_bytes(sqlite3_stmt*, int);
 extern int sqlite3_stmt_readonly(sqlite3_stmt*);
+extern int sqlite3_stmt_isexplain(sqlite3_stmt*);
 extern int sqlite3_stmt_scanstatus_v2(sqlite3_stmt*, int, int, int, void*);
 extern void sqlite3_stmt_scanstatus_reset(sqlite3_stmt*);
 extern int sqlite3_errcode(sqlite3*);
@@ -122,6 +123,7 @@ typedef struct {
 	int user;              // 1 while user SQL is prepared or runs: authorizer enforces
 	int txn_denied;        // the authorizer refused BEGIN/COMMIT/SAVEPOINT…
 	int ddl;               // the authorizer saw schema-changing DDL
+	int grows;             // the authorizer saw an INSERT or a CREATE/ALTER (refused while the account's storage is full)
 	int defer_fk;          // the authorizer saw PRAGMA defer_foreign_keys
 	int allow_seq;         // a script restoring AUTOINCREMENT counters: DML on sqlite_sequence allowed
 	char reason[160];      // why the authorizer denied, for the error message

@@ -398,3 +398,29 @@ func TestRecentIDs(t *testing.T) {
 		assert.False(t, r2.seen(id("p"+strconv.Itoa(int((i+1)%3)), i)))
 	}
 }
+
+// TestGaps: the reconciliation read counts the sequences missing between a
+// producer's lowest and highest stored event, once whatever the duplicates.
+func TestGaps(t *testing.T) {
+	ch := requireCH(t)
+	st := openStore(t, ch)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(3, 3))
+	whole := genEvents(rng, 1_000, "h1@1/usage", 1, 5)
+	holey := genEvents(rng, 1_000, "h2@1/usage", 1, 5)
+	var kept []event.Usage
+	for i, e := range holey {
+		if i == 0 || i == len(holey)-1 || i%100 != 7 { // 10 missing, the ends stored
+			kept = append(kept, e)
+		}
+	}
+	stopMerges(t, st)
+	require.NoError(t, st.Insert(ctx, whole))
+	require.NoError(t, st.Insert(ctx, kept))
+	require.NoError(t, st.Insert(ctx, kept[:300]), "duplicates are not gaps")
+	gaps, err := st.Gaps(ctx, time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
+	require.NoError(t, err)
+	require.Len(t, gaps, 2)
+	assert.Equal(t, ProducerGaps{Producer: "h1@1/usage", MinSeq: 1, MaxSeq: 1000, Stored: 1000}, gaps[0])
+	assert.Equal(t, ProducerGaps{Producer: "h2@1/usage", MinSeq: 1, MaxSeq: 1000, Stored: 990, Missing: 10}, gaps[1])
+}

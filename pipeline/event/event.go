@@ -44,7 +44,8 @@ type ID struct {
 	Seq      uint64 `json:"seq"`
 }
 
-// String is "producer/seq": the event_id column of ClickHouse tables.
+// String is "producer/seq", for logs and messages (ClickHouse stores the
+// two parts in event_producer and event_seq).
 func (id ID) String() string { return id.Producer + "/" + strconv.FormatUint(id.Seq, 10) }
 
 // ParseID reverses ID.String.

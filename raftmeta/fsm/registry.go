@@ -28,6 +28,7 @@ var commands = map[CommandType]commandSpec{
 	CmdSetDatabaseStats: setDatabaseStatsCommand,
 	CmdDrainStats:       drainStatsCommand,
 	CmdNoop:             noopCommand,
+	CmdClaimLimitNotice: claimLimitNoticeCommand,
 }
 
 // envelopeRefusals are the refusals any entry can get, whatever its type:
