@@ -21,7 +21,7 @@ catalog {
 }
 
 node "n1" {
-  roles           = ["raftmeta", "edge", "objecthost", "pipeline"]
+  roles           = ["raftmeta", "edge", "objecthost", "pipeline", "limiter"]
   region          = "weur"
   data_dir        = ".shoal/cluster/n1"
   raft_addr       = "127.0.0.1:7001" # Raft TCP transport
@@ -29,6 +29,7 @@ node "n1" {
   edge_addr       = "127.0.0.1:8787" # public D1-compatible API
   objecthost_addr = "127.0.0.1:7201" # object host internal API
   pipeline_addr   = "127.0.0.1:7401" # pipeline role: /metrics, /healthz, /v1/status (shoal pipeline status)
+  limiter_addr    = "127.0.0.1:7501" # limiter role: /metrics, /healthz, /v1/status
 }
 
 node "n2" {
@@ -75,6 +76,20 @@ clickhouse {
   managed = true             # the pipeline role runs a local clickhouse-server child process
   addr    = "127.0.0.1:7310" # its native port (HTTP on 7311)
   # production: managed = false, dsn = "clickhouse://user:password@host:9000/shoal"
+}
+
+# The limiter: free-tier daily row limits (tier "free" below), one notice per
+# account and UTC day. Run `shoal limiter serve` on one or more nodes; one acts.
+limiter {
+  interval = "10s"
+  # smtp_addr           = "smtp.example.com:587"
+  # smtp_from           = "limits@example.com"
+  # smtp_to             = "{account_name}"        # template: {account_id}, {account_name}
+  # smtp_user           = "shoal"
+  # smtp_password_file  = "/etc/shoal/smtp-password"
+  # smtp_starttls       = true
+  # webhook_url         = "https://billing.example.com/shoal/limits"
+  # webhook_secret_file = "/etc/shoal/webhook-secret"  # X-Shoal-Signature: sha256=HMAC(body)
 }
 
 # Tier defaults are D1's published limits; override any field here.

@@ -284,7 +284,7 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 		return fsm.Database{}, err
 	}
 	if a.Limits.MaxDatabases > 0 && a.ActiveDatabases >= a.Limits.MaxDatabases {
-		return fsm.Database{}, fsm.ErrDatabaseLimit
+		return fsm.Database{}, &databaseLimitError{max: a.Limits.MaxDatabases, tier: a.Tier}
 	}
 	jur, hint := "", ""
 	if body.Jurisdiction != nil {
@@ -603,4 +603,18 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, _ principa
 	}
 	s.goBackground("delete-notify", func(ctx context.Context) error { return s.hosts.Delete(ctx, rt) })
 	v4.WriteResult(w, nil)
+}
+
+// databaseLimitError is the create refusal of an account at its database
+// count limit, with the figures for the message (errors.Is
+// fsm.ErrDatabaseLimit).
+type databaseLimitError struct {
+	max  int64
+	tier string
+}
+
+func (e *databaseLimitError) Error() string { return fsm.ErrDatabaseLimit.Error() }
+func (e *databaseLimitError) Unwrap() error { return fsm.ErrDatabaseLimit }
+func (e *databaseLimitError) message() string {
+	return fmt.Sprintf("The account has reached its limit of %d databases (%s tier): delete a database or upgrade the account to create more", e.max, e.tier)
 }

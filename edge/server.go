@@ -70,6 +70,13 @@ type Options struct {
 	// Close. nil: routes come from the catalog only (miss fills).
 	RouteFeed *RouteFeedOptions
 
+	// RateShare, when set, makes AccountRate and DatabaseRate hold across
+	// the edges that share it: each edge publishes what it admitted on the
+	// ratelimits topic and charges what the others admitted to its own
+	// buckets (ratelimit_share.go; tolerance in DESIGN.md). Started by New,
+	// stopped by Close. nil: each edge enforces the limits on its own.
+	RateShare *RateShareOptions
+
 	// Insights, when set, answers GET …/{database_id}/insights (insights.go).
 	// nil: that endpoint answers 503 "analytics unavailable".
 	Insights InsightsSource
@@ -110,6 +117,7 @@ type Server struct {
 	hosts   *HostClient
 	cache   *RouteCache
 	feed    *routeFeed // nil without Options.RouteFeed
+	share   *rateShare // nil without Options.RateShare
 	fb      *fallback
 	writes  *recentWrites // accounts whose lists read from the leader for a moment
 	res     *resolver
@@ -204,6 +212,16 @@ func New(o Options) (*Server, error) {
 		s.feed = f
 		s.reg.MustRegister(f.collectors()...)
 		f.start()
+	}
+	if o.RateShare != nil {
+		rs, err := newRateShare(*o.RateShare, s.acctRL, s.dbRL, o.Logger, o.Now)
+		if err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+		s.share = rs
+		s.reg.MustRegister(rs.collectors()...)
+		rs.start()
 	}
 	return s, nil
 }
@@ -327,6 +345,15 @@ func (s *Server) Purge() error {
 // Routes exposes the route cache (tests and tools).
 func (s *Server) Routes() *RouteCache { return s.cache }
 
+// RateShareStats is a snapshot of the rate share's counters (false without
+// Options.RateShare).
+func (s *Server) RateShareStats() (RateShareStats, bool) {
+	if s.share == nil {
+		return RateShareStats{}, false
+	}
+	return s.share.stats(), true
+}
+
 // Close stops accepting background work, gives in-flight confirmations and
 // delete notifications CloseGrace (default 5 s) to finish (they are best effort: heartbeats
 // repair what they miss), cancels the rest, waits for every goroutine, stops
@@ -350,6 +377,9 @@ func (s *Server) Close() error {
 		s.hosts.Close()
 		if s.feed != nil {
 			s.feed.close() // before the cache: it writes into it
+		}
+		if s.share != nil {
+			s.share.close()
 		}
 		err = s.cache.Close()
 	})
@@ -599,9 +629,11 @@ func (s *Server) checkRate(acct, db string) error {
 	if db != "" {
 		if ok, d := s.dbRL.allow(db); !ok {
 			s.m.rateLimited.WithLabelValues("database").Inc()
+			s.share.record(acct, "") // the account's token is spent
 			return &rateLimited{scope: "database", after: d}
 		}
 	}
+	s.share.record(acct, db)
 	return nil
 }
 
@@ -611,6 +643,7 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	var ve *validationError
 	var rl *rateLimited
 	var he *HostError
+	var dle *databaseLimitError
 	switch {
 	case errors.As(err, &ve):
 		v4.WriteError(w, ve.status, ve.code, ve.msg)
@@ -625,6 +658,8 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		v4.WriteError(w, http.StatusNotFound, v4.CodeNotFound, "The database could not be found")
 	case errors.Is(err, fsm.ErrNameTaken):
 		v4.WriteError(w, http.StatusBadRequest, v4.CodeNameTaken, "A database with that name already exists")
+	case errors.As(err, &dle):
+		v4.WriteError(w, http.StatusBadRequest, v4.CodeDatabaseLimit, dle.message())
 	case errors.Is(err, fsm.ErrDatabaseLimit):
 		v4.WriteError(w, http.StatusBadRequest, v4.CodeDatabaseLimit, "The account has reached its limit of databases")
 	case errors.Is(err, fsm.ErrInvalid):

@@ -229,6 +229,8 @@ func TestCreateFinalErrorsAreNotRetried(t *testing.T) {
 	a = e.call("POST", dbPath("acct-c"), "tok-c", map[string]any{"name": "y"})
 	assert.Equal(t, 400, a.Status)
 	assert.Equal(t, 7406, a.code())
+	assert.Equal(t, "The account has reached its limit of 1 databases (free tier): delete a database or upgrade the account to create more",
+		a.Errors[0].Message, "the refusal names the limit")
 }
 
 func TestCreatePlacement(t *testing.T) {

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -631,9 +632,10 @@ func (l *Limiter) limit(ctx context.Context, n Notice, now time.Time) error {
 // claim proposes claim_limit_notice. The RequestID is fixed per (account,
 // day, holder): a retry after a lost answer is answered the original
 // result, so this instance never mistakes its own claim for another's.
+// It is a hash of the three (128 bits): the catalog caps IDs at 64 bytes.
 func (l *Limiter) claim(ctx context.Context, n Notice) (bool, string, error) {
 	body := fsm.ClaimLimitNotice{AccountID: n.AccountID, Day: n.Day, Holder: l.cfg.Holder}
-	cmd, err := fsm.NewCommand(fsm.CmdClaimLimitNotice, "limit-notice/"+n.AccountID+"/"+n.Day+"/"+l.cfg.Holder, l.cfg.Now().UnixNano(), body)
+	cmd, err := fsm.NewCommand(fsm.CmdClaimLimitNotice, fmt.Sprintf("limit-notice/%x", sha256.Sum256([]byte(n.AccountID+"/"+n.Day+"/"+l.cfg.Holder)))[:45], l.cfg.Now().UnixNano(), body)
 	if err != nil {
 		return false, "", err
 	}

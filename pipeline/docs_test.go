@@ -45,7 +45,7 @@ func TestDesignDocMatchesCode(t *testing.T) {
 
 	// The topics table: one row per default topic, same partitions and
 	// cleanup policy.
-	row := regexp.MustCompile("(?m)^\\| `(\\w+)` \\| (\\d+) \\| (\\w+) \\|")
+	row := regexp.MustCompile("(?m)^\\| `(\\w+)` \\| (\\d+) \\| (\\w+) \\| ([^|]*?) \\|")
 	rows := row.FindAllStringSubmatch(doc, -1)
 	specs := DefaultTopics()
 	require.Len(t, rows, len(specs))
@@ -54,7 +54,8 @@ func TestDesignDocMatchesCode(t *testing.T) {
 		assert.Equal(t, strconv.Itoa(int(spec.Partitions)), rows[i][2], spec.Name)
 		assert.Equal(t, spec.Configs["cleanup.policy"], rows[i][3], spec.Name)
 		if strings.Contains(rows[i][0], "delete") {
-			assert.Equal(t, ms(7*24*time.Hour), spec.Configs["retention.ms"], spec.Name)
+			retention := map[string]time.Duration{"7 days": 7 * 24 * time.Hour, "1 hour": time.Hour}[rows[i][4]]
+			assert.Equal(t, ms(retention), spec.Configs["retention.ms"], spec.Name)
 		}
 	}
 }

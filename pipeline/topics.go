@@ -26,7 +26,7 @@ type TopicSpec struct {
 
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 
-// DefaultTopics are the five topics of the background plane with their
+// DefaultTopics are the six topics of the background plane with their
 // documented settings:
 //
 //	topic     partitions  cleanup  retention  key
@@ -35,6 +35,7 @@ func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10)
 //	routes    8           compact  —          database UUID (tombstones kept 1 day)
 //	limits    4           compact  —          account ID (tombstones kept 1 day)
 //	accounts  4           delete   7 days     account ID
+//	ratelimits 8          delete   1 hour     account ID
 //
 // Partition counts bound consumer parallelism (usage is the high-rate
 // topic); they are never changed on an existing topic, because adding
@@ -53,6 +54,10 @@ func DefaultTopics() []TopicSpec {
 			Configs: map[string]string{"cleanup.policy": "compact", "delete.retention.ms": day}},
 		{Name: event.TopicAccounts, Partitions: 4, ReplicationFactor: -1,
 			Configs: map[string]string{"cleanup.policy": "delete", "retention.ms": week}},
+		// The edges' rate-limit reports are read from the end by every
+		// edge within a second of being written; an hour is for kcat.
+		{Name: event.TopicRateLimits, Partitions: 8, ReplicationFactor: -1,
+			Configs: map[string]string{"cleanup.policy": "delete", "retention.ms": ms(time.Hour)}},
 	}
 }
 

@@ -144,11 +144,15 @@ secrets come from the file; flags given explicitly win.`,
 			// local cache, so databases this edge never saw route with
 			// the catalog down.
 			var feed *edge.RouteFeedOptions
+			// The rate share: admitted counts exchanged over the
+			// ratelimits topic, so the rate limits hold across edges.
+			var share *edge.RateShareOptions
 			if k.Enabled() {
 				if _, err := k.Options(); err != nil {
 					return err
 				}
 				feed = &edge.RouteFeedOptions{Brokers: k.Brokers, NewClient: func(opts ...kgo.Opt) (*kgo.Client, error) { return k.Client(opts...) }}
+				share = &edge.RateShareOptions{Brokers: k.Brokers, NewClient: func(opts ...kgo.Opt) (*kgo.Client, error) { return k.Client(opts...) }}
 			}
 			// Query insights read ClickHouse (the ClickHouse sink's tables).
 			var insights edge.InsightsSource
@@ -175,6 +179,7 @@ secrets come from the file; flags given explicitly win.`,
 			}
 			srv, err := edge.New(edge.Options{
 				RouteFeed:      feed,
+				RateShare:      share,
 				AccountChanged: accountChanged,
 				Insights:       insights,
 				Catalog:        edge.RaftmetaCatalog{C: client}, Dir: dir, Region: region,
@@ -192,7 +197,7 @@ secrets come from the file; flags given explicitly win.`,
 			return serveRole(ctx, httpAddr, hs, func(a net.Addr) {
 				note := "route feed off (no --kafka-brokers)"
 				if feed != nil {
-					note = "route feed from " + strings.Join(k.Brokers, ",")
+					note = "route feed and rate share from " + strings.Join(k.Brokers, ",")
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "edge: http %s, region %s, catalog %v, %s\n", a, region, catalog, note)
 			}, srv.Close)
@@ -206,8 +211,8 @@ secrets come from the file; flags given explicitly win.`,
 	f.StringVar(&adminToken, "admin-token", "", "operator token for /admin/v1 (default $SHOAL_ADMIN_TOKEN)")
 	f.StringVar(&bindingKey, "binding-key", "", "secret for binding tokens, shared with object hosts (default $SHOAL_BINDING_KEY)")
 	f.DurationVar(&tokenTTL, "token-ttl", 10*time.Second, "how long a token check is trusted (revocation delay)")
-	f.Float64Var(&acctRate, "account-rate", 1000, "requests per second per account (burst twice that)")
-	f.Float64Var(&dbRate, "database-rate", 500, "requests per second per database (burst twice that)")
+	f.Float64Var(&acctRate, "account-rate", 1000, "requests per second per account (burst twice that); fleet-wide with --kafka-brokers")
+	f.Float64Var(&dbRate, "database-rate", 500, "requests per second per database (burst twice that); fleet-wide with --kafka-brokers")
 	f.Int64Var(&fallbackCap, "fallback-cap", 64, "max concurrent catalog reads for route cache misses")
 	kafka.register(f)
 	f.StringVar(&clickhouseDSN, "clickhouse-dsn", "", "ClickHouse DSN of the usage tables, for query insights (none: insights answer 503)")

@@ -133,6 +133,32 @@ func runLimiterServe(cmd *cobra.Command, o *limiterServeOpts) error {
 		}
 		if ch := c.ClickHouse; ch != nil && !set("clickhouse-dsn") {
 			o.clickhouseDSN = ch.DSN
+			if ch.Managed && ch.Addr != "" {
+				o.clickhouseDSN = "clickhouse://default:@" + ch.Addr + "/shoal" // the pipeline role's managed server
+			}
+		}
+		if !set("http-addr") {
+			o.httpAddr = n.LimiterAddr
+		}
+		if l := c.Limiter; l != nil {
+			str := func(flag string, dst *string, v string) {
+				if !set(flag) && v != "" {
+					*dst = v
+				}
+			}
+			if !set("interval") && l.Interval != "" {
+				o.interval, _ = time.ParseDuration(l.Interval) // validated by config.Load
+			}
+			str("smtp-addr", &o.smtpAddr, l.SMTPAddr)
+			str("smtp-from", &o.smtpFrom, l.SMTPFrom)
+			str("smtp-to", &o.smtpTo, l.SMTPTo)
+			str("smtp-user", &o.smtpUser, l.SMTPUser)
+			str("smtp-password-file", &o.smtpPassFile, l.SMTPPasswordFile)
+			str("webhook-url", &o.webhookURL, l.WebhookURL)
+			str("webhook-secret-file", &o.webhookSecretFile, l.WebhookSecretFile)
+			if !set("smtp-starttls") && l.SMTPStartTLS {
+				o.smtpStartTLS = true
+			}
 		}
 		if t, ok := c.Tier("free"); ok {
 			if t.RowsReadPerDay > 0 {

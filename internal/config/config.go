@@ -45,6 +45,7 @@ type Cluster struct {
 	Kafka      *Kafka      `hcl:"kafka,block"`
 	ClickHouse *ClickHouse `hcl:"clickhouse,block"`
 	Tiers      []*Tier     `hcl:"tier,block"`
+	Limiter    *Limiter    `hcl:"limiter,block"`
 	Secrets    *Secrets    `hcl:"secrets,block"`
 
 	file string
@@ -77,6 +78,22 @@ type Node struct {
 	Capacity       int64  `hcl:"capacity,optional"` // databases this host should hold; default 100000
 	// pipeline
 	PipelineAddr string `hcl:"pipeline_addr,optional"` // the pipeline role's HTTP API (/metrics, /v1/status)
+	// limiter
+	LimiterAddr string `hcl:"limiter_addr,optional"` // the limiter role's HTTP API (/metrics, /v1/status)
+}
+
+// Limiter configures the limiter role: how often it looks and how it
+// notifies an account that crossed its daily row limits.
+type Limiter struct {
+	Interval          string `hcl:"interval,optional"`  // default 10s
+	SMTPAddr          string `hcl:"smtp_addr,optional"` // HOST:PORT; none: no mail
+	SMTPFrom          string `hcl:"smtp_from,optional"`
+	SMTPTo            string `hcl:"smtp_to,optional"` // template: {account_id}, {account_name}
+	SMTPUser          string `hcl:"smtp_user,optional"`
+	SMTPPasswordFile  string `hcl:"smtp_password_file,optional"`
+	SMTPStartTLS      bool   `hcl:"smtp_starttls,optional"`
+	WebhookURL        string `hcl:"webhook_url,optional"`         // none: no webhook
+	WebhookSecretFile string `hcl:"webhook_secret_file,optional"` // HMAC-SHA256 key of X-Shoal-Signature
 }
 
 // Kafka names the brokers, or asks for the embedded Kafka-protocol broker.
@@ -311,6 +328,7 @@ func (c *Cluster) validate(body *hclsyntax.Body) error {
 		need(RoleEdge, "edge_addr", n.EdgeAddr)
 		need(RoleObjecthost, "objecthost_addr", n.ObjecthostAddr)
 		need(RolePipeline, "pipeline_addr", n.PipelineAddr)
+		need(RoleLimiter, "limiter_addr", n.LimiterAddr)
 		if n.Has(RoleRaftmeta) && n.IsVoter() {
 			voters++
 		}
@@ -349,6 +367,11 @@ func (c *Cluster) validate(body *hclsyntax.Body) error {
 	}
 	if !c.ClickHouse.Managed && c.ClickHouse.DSN == "" {
 		v.fail("clickhouse", "", "dsn", "required unless managed = true")
+	}
+	if l := c.Limiter; l != nil && l.Interval != "" {
+		if d, err := time.ParseDuration(l.Interval); err != nil || d <= 0 {
+			v.fail("limiter", "", "interval", "not a positive duration: %q", l.Interval)
+		}
 	}
 	c.Tiers = withDefaultTiers(c.Tiers)
 	for _, t := range c.Tiers {

@@ -46,6 +46,15 @@ node "a" {
 	assert.EqualValues(t, 50_000, paid.MaxDatabases)
 }
 
+// node1 is a minimal valid node for cases about other blocks.
+const node1 = `
+node "a" {
+  roles = ["raftmeta"]
+  raft_addr = "127.0.0.1:1"
+  catalog_addr = "127.0.0.1:2"
+}
+`
+
 func TestErrorsNameFileLineAndField(t *testing.T) {
 	cases := []struct {
 		name, src, want string
@@ -112,6 +121,38 @@ node "a" {
 secrets {
   admin_token = "env:SHOAL_TEST_SURELY_UNSET"
 }`, `c.hcl:8: secrets: admin_token: environment variable SHOAL_TEST_SURELY_UNSET is empty or unset`},
+		{"pipeline role without address", `
+node "a" {
+  roles = ["raftmeta", "pipeline"]
+  raft_addr = "127.0.0.1:1"
+  catalog_addr = "127.0.0.1:2"
+}`, `node "a": pipeline_addr: required for role pipeline`},
+		{"unknown SASL mechanism", node1 + `
+kafka {
+  brokers = ["k:9092"]
+  sasl_mechanism = "kerberos"
+  sasl_user = "u"
+}`, `kafka: sasl_mechanism: unknown mechanism "kerberos"`},
+		{"SASL without user", node1 + `
+kafka {
+  brokers = ["k:9092"]
+  sasl_mechanism = "plain"
+}`, `kafka: sasl_user: required with sasl_mechanism`},
+		{"embedded broker with two addresses", node1 + `
+kafka {
+  embedded = true
+  brokers = ["127.0.0.1:1", "127.0.0.1:2"]
+}`, `kafka: brokers: the embedded broker is one node`},
+		{"client certificate without key", node1 + `
+kafka {
+  brokers = ["k:9092"]
+  tls = true
+  tls_cert_file = "/c.pem"
+}`, `kafka: tls_cert_file: tls_cert_file and tls_key_file go together`},
+		{"bad limiter interval", node1 + `
+limiter {
+  interval = "often"
+}`, `limiter: interval: not a positive duration: "often"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -28,6 +28,10 @@ const (
 	TopicRoutes   = "routes"   // compacted; key: database UUID
 	TopicLimits   = "limits"   // compacted; key: account ID
 	TopicAccounts = "accounts" // key: account ID
+	// TopicRateLimits carries the edges' admitted-request counts (RateUsage)
+	// so that per-account and per-database rate limits hold across edges;
+	// key: account ID.
+	TopicRateLimits = "ratelimits"
 )
 
 // Version is the schema version every record of this package is written
@@ -133,6 +137,25 @@ type Account struct {
 	AccountID string `json:"account_id"`
 	Tier      string `json:"tier"`
 	Time      int64  `json:"time_ms"`
+}
+
+// RateUsage is what one edge admitted for one account since its previous
+// report (WindowStart to WindowEnd, Unix milliseconds): Requests against
+// the account's rate limit and, per database UUID of that account, against
+// each database's. Only keys with traffic are reported. Every other edge
+// charges these counts to its own token buckets; the reporting edge (Edge)
+// ignores its own records. Counts are deltas, so a consumer must not apply
+// a record twice (EventID) and may drop old ones (they only loosen the
+// limit, never tighten it).
+type RateUsage struct {
+	V           int              `json:"v"`
+	EventID     ID               `json:"event_id"`
+	Edge        string           `json:"edge"`
+	AccountID   string           `json:"account_id"`
+	Requests    int64            `json:"requests"`
+	Databases   map[string]int64 `json:"databases,omitempty"`
+	WindowStart int64            `json:"window_start_ms"`
+	WindowEnd   int64            `json:"window_end_ms"`
 }
 
 // Encode marshals a record.
