@@ -17,7 +17,17 @@ type RaftmetaCatalog struct {
 	C *raftmeta.Client
 }
 
-var _ Catalog = RaftmetaCatalog{}
+var (
+	_ Catalog       = RaftmetaCatalog{}
+	_ AccountReader = RaftmetaCatalog{}
+)
+
+// Account reads an account from a follower through the client's cache
+// keyed by account (cache_ttl): the storage refresh of every database of
+// one account shares it.
+func (a RaftmetaCatalog) Account(ctx context.Context, id string) (fsm.Account, error) {
+	return a.C.Account(ctx, id, raftmeta.StaleRead())
+}
 
 func (a RaftmetaCatalog) Heartbeat(ctx context.Context, uuids []string) (fsm.HeartbeatAnswer, error) {
 	return a.C.Heartbeat(ctx, uuids, raftmeta.StaleRead())

@@ -322,6 +322,7 @@ func (h *Host) applyAccounts(accts map[string]fsm.Account) {
 		}
 		st.intervalMs = a.Limits.HeartbeatIntervalMs
 		st.maxDatabaseBytes = a.Limits.MaxDatabaseBytes
+		st.storageBytes, st.maxStorageBytes = a.StorageBytes, a.Limits.MaxStorageBytes
 		block := a.Limits.MaxStorageBytes > 0 && a.StorageBytes >= a.Limits.MaxStorageBytes
 		if block != st.blockGrowth {
 			if block {

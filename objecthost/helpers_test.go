@@ -57,6 +57,7 @@ type fakeCatalog struct {
 	staleUnknown map[string]bool // UUIDs a stale Heartbeat answers unknown
 	confirmFail  bool            // ConfirmHeartbeat fails
 	confirms     []string        // UUIDs ConfirmHeartbeat was asked about
+	accountReads int             // Account calls (storage refresh)
 }
 
 // seen returns how many heartbeats each UUID sent.
@@ -274,3 +275,18 @@ func errCode(env envelope) int {
 }
 
 const time4h = 4 * time.Hour
+
+// Account makes fakeCatalog an AccountReader (the storage refresh).
+func (c *fakeCatalog) Account(_ context.Context, id string) (fsm.Account, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.accountReads++
+	if c.fail {
+		return fsm.Account{}, errCatalogDown
+	}
+	a, ok := c.accounts[id]
+	if !ok {
+		return fsm.Account{}, fsm.ErrAccountNotFound
+	}
+	return a, nil
+}

@@ -50,6 +50,15 @@ type Config struct {
 	// DirtyRouteRetry (default 1 min), and every confirmed route is
 	// published again every RouteRepublishInterval (default 1 h), at most
 	// RouteRepublishRate per second (default 1,000). Negative disables.
+	// StorageRefresh is the dynamic TTL of account storage totals: an
+	// account within StorageRefreshNear (default 0.9) of its storage limit,
+	// or over it, has its total re-read every StorageRefresh (default 5 s)
+	// instead of only with its databases' heartbeats (default every 30 s),
+	// one read per account whatever its number of databases, so the block
+	// and its lifting land within seconds where it matters. Negative
+	// disables. Needs a Catalog that is also an AccountReader.
+	StorageRefresh         time.Duration
+	StorageRefreshNear     float64
 	DirtyRouteRetry        time.Duration
 	RouteRepublishInterval time.Duration
 	RouteRepublishRate     int
@@ -143,6 +152,12 @@ func (c *Config) setDefaults() {
 	if c.Routes == nil {
 		c.Routes = discard{}
 	}
+	if c.StorageRefresh == 0 {
+		c.StorageRefresh = 5 * time.Second
+	}
+	if c.StorageRefreshNear <= 0 || c.StorageRefreshNear > 1 {
+		c.StorageRefreshNear = 0.9
+	}
 	if c.DirtyRouteRetry == 0 {
 		c.DirtyRouteRetry = time.Minute
 	}
@@ -217,6 +232,8 @@ type accountState struct {
 	intervalMs       int64     // fsm.Limits.HeartbeatIntervalMs
 	limitedUntil     time.Time // the limiter's flag (limits feed); zero or past: not limited
 	limitReason      string    // which limit, e.g. "rows_written_per_day"
+	storageBytes     int64     // the account's drained total, as last read
+	maxStorageBytes  int64     // fsm.Limits.MaxStorageBytes (0: none)
 }
 
 // rowLimited returns the refusal for a query at now, or nil when the account
