@@ -28,7 +28,6 @@ require (
 	go.etcd.io/bbolt v1.4.3
 	golang.org/x/sync v0.25.0
 	golang.org/x/term v0.47.0
-	golang.org/x/time v0.16.0
 )
 
 require (

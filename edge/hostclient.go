@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/shoaldb/shoal/pipeline/event"
 	"io"
 	"net"
 	"net/http"
@@ -24,35 +25,13 @@ const (
 	HeaderRequestID  = "X-Request-ID"
 )
 
-// ObjectInfo is an object's own metadata as its host reports it.
-type ObjectInfo struct {
-	ObjectID          string `json:"object_id"`
-	DatabaseUUID      string `json:"database_uuid"`
-	AccountID         string `json:"account_id"`
-	Name              string `json:"name"`
-	State             string `json:"state"`
-	Confirmed         bool   `json:"confirmed"`
-	CreatedAt         string `json:"created_at"`
-	RoutingGeneration int64  `json:"routing_generation"`
-	FileSize          int64  `json:"file_size"`
-	NumTables         int64  `json:"num_tables"`
-}
-
-// InitRequest is the body of POST /v1/objects/{id}/init.
-type InitRequest struct {
-	DatabaseUUID      string      `json:"database_uuid"`
-	AccountID         string      `json:"account_id"`
-	Name              string      `json:"name"`
-	Region            string      `json:"region"`
-	Jurisdiction      string      `json:"jurisdiction"`
-	RoutingGeneration int64       `json:"routing_generation"`
-	Options           InitOptions `json:"options"`
-}
-
-// InitOptions are the per-database options an object persists at init.
-type InitOptions struct {
-	HeartbeatIntervalMs int64 `json:"heartbeat_interval_ms"`
-}
+// ObjectInfo, InitRequest and InitOptions are the object host's API types,
+// defined once in pipeline/event for both sides.
+type (
+	ObjectInfo  = event.ObjectInfo
+	InitRequest = event.InitRequest
+	InitOptions = event.InitOptions
+)
 
 // HostError is a refusal by an object host: its HTTP status and v4 error.
 type HostError struct {

@@ -682,7 +682,9 @@ func (h *Host) Info(ctx context.Context, objectID string) (ObjectInfo, error) {
 	if info.FileSize, err = hd.db.Size(); err != nil {
 		return ObjectInfo{}, err
 	}
-	if info.NumTables, err = hd.db.NumTables(); err != nil {
+	n, err := hd.db.NumTables()
+	info.NumTables = int64(n)
+	if err != nil {
 		return ObjectInfo{}, err
 	}
 	h.noteSize(o, m, func() int64 { return info.FileSize })

@@ -114,7 +114,7 @@ func TestStatesSurviveRestart(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, info.Confirmed)
 	assert.EqualValues(t, 3, info.RoutingGeneration)
-	assert.Equal(t, 1, info.NumTables)
+	assert.EqualValues(t, 1, info.NumTables)
 	assert.Positive(t, info.FileSize)
 	res, err := th.Query(ctx, confirmed.obj, confirmed.id(), q("SELECT x FROM t"))
 	require.NoError(t, err)

@@ -65,7 +65,7 @@ func TestHTTPLifecycle(t *testing.T) {
 	status, env = call(t, c, srv, "GET", base, &d, nil)
 	require.Equal(t, http.StatusOK, status)
 	require.NoError(t, json.Unmarshal(env.Result, &info))
-	assert.Equal(t, 1, info.NumTables)
+	assert.EqualValues(t, 1, info.NumTables)
 	assert.Positive(t, info.FileSize)
 
 	other := d

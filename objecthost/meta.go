@@ -2,6 +2,7 @@ package objecthost
 
 import (
 	"encoding/json"
+	"github.com/shoaldb/shoal/pipeline/event"
 	"time"
 )
 
@@ -11,12 +12,9 @@ const (
 	StateDeleted = "deleted"
 )
 
-// Options are per-database settings given at init.
-type Options struct {
-	// HeartbeatIntervalMs overrides the heartbeat interval for this database:
-	// 0 uses the account's or the host's default, -1 disables heartbeats.
-	HeartbeatIntervalMs int64 `json:"heartbeat_interval_ms,omitempty"`
-}
+// Options are the per-database options an object persists at init
+// (event.InitOptions: the API type, defined once for edges and hosts).
+type Options = event.InitOptions
 
 // Meta is the durable metadata of one object. Values are immutable once
 // published (a mutation stores a new *Meta), so readers may hold one
@@ -38,30 +36,13 @@ type Meta struct {
 
 func (m *Meta) deleted() bool { return m.State == StateDeleted }
 
-// ObjectInfo is the API's view of an object (the contract's ObjectInfo).
-type ObjectInfo struct {
-	ObjectID          string `json:"object_id"`
-	DatabaseUUID      string `json:"database_uuid"`
-	AccountID         string `json:"account_id"`
-	Name              string `json:"name"`
-	State             string `json:"state"`
-	Confirmed         bool   `json:"confirmed"`
-	CreatedAt         string `json:"created_at"`
-	RoutingGeneration int64  `json:"routing_generation"`
-	FileSize          int64  `json:"file_size"`
-	NumTables         int    `json:"num_tables"`
-}
-
-// InitRequest is the body of POST /v1/objects/{id}/init.
-type InitRequest struct {
-	DatabaseUUID      string  `json:"database_uuid"`
-	AccountID         string  `json:"account_id"`
-	Name              string  `json:"name"`
-	Region            string  `json:"region"`
-	Jurisdiction      string  `json:"jurisdiction"`
-	RoutingGeneration int64   `json:"routing_generation"`
-	Options           Options `json:"options"`
-}
+// ObjectInfo is the API's view of an object and InitRequest the body of
+// POST /v1/objects/{id}/init: the host API types, defined once in
+// pipeline/event for hosts and edges.
+type (
+	ObjectInfo  = event.ObjectInfo
+	InitRequest = event.InitRequest
+)
 
 func encodeMeta(m *Meta) ([]byte, error) { return json.Marshal(m) }
 

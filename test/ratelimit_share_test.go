@@ -30,7 +30,7 @@ import (
 // propagation allowance (rateShareProp, 2 s, for a loaded 2-core box where
 // the measured lag is tens of milliseconds): no other timing is asserted.
 const (
-	rateShareRate     = 50              // --account-rate and --database-rate; burst is twice that
+	rateShareRate     = 50 // --account-rate and --database-rate; burst is twice that
 	rateShareBurst    = 2 * rateShareRate
 	rateShareFor      = 10 * time.Second // T: how long the database is hammered
 	rateShareInterval = 250 * time.Millisecond
@@ -117,15 +117,15 @@ func (c *rateShareCluster) waitSharing(t *testing.T, urls []string) {
 	}, 30*time.Second, 250*time.Millisecond, "edges never read the ratelimits topic")
 }
 
-type hammerResult struct {
+type rateShareResult struct {
 	ok, limited, other int64
 	example            string
 }
 
-// hammer sends SELECTs to one database through every edge at once for d,
+// rateShareHammer sends SELECTs to one database through every edge at once for d,
 // rateShareWorkers clients per edge, as fast as they are answered.
-func hammer(t *testing.T, urls []string, acct, bearer, uuid string, d time.Duration) hammerResult {
-	var res hammerResult
+func rateShareHammer(t *testing.T, urls []string, acct, bearer, uuid string, d time.Duration) rateShareResult {
+	var res rateShareResult
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(d)
@@ -186,11 +186,11 @@ func TestRateLimitHoldsAcrossThreeEdges(t *testing.T) {
 	shared := c.edges(t, "s", true)
 	c.waitSharing(t, shared)
 	acct, bearer, uuid := c.setupDB(t, shared)
-	got := hammer(t, shared, acct, bearer, uuid, rateShareFor)
+	got := rateShareHammer(t, shared, acct, bearer, uuid, rateShareFor)
 
 	alone := c.edges(t, "a", false)
 	acct2, bearer2, uuid2 := c.setupDB(t, alone)
-	base := hammer(t, alone, acct2, bearer2, uuid2, rateShareFor)
+	base := rateShareHammer(t, alone, acct2, bearer2, uuid2, rateShareFor)
 
 	var lags []string
 	for _, u := range shared {
