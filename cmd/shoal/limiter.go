@@ -40,6 +40,8 @@ type limiterServeOpts struct {
 	interval      time.Duration
 	rowsRead      int64
 	rowsWritten   int64
+	floorRead     int64
+	floorWritten  int64
 	group         string
 
 	smtpAddr, smtpFrom, smtpTo string
@@ -92,6 +94,8 @@ accounts named by their address).
 	f.DurationVar(&o.interval, "interval", 10*time.Second, "time between passes")
 	f.Int64Var(&o.rowsRead, "rows-read-per-day", 0, "free tier's rows read per UTC day (default 5000000, or cluster.hcl's tier \"free\")")
 	f.Int64Var(&o.rowsWritten, "rows-written-per-day", 0, "free tier's rows written per UTC day (default 100000, or cluster.hcl's tier \"free\")")
+	f.Int64Var(&o.floorRead, "floor-rows-read-per-day", 0, "lowest rows-read limit any free account has of its own (accounts with their own lower limits are found only above this; default the tier's)")
+	f.Int64Var(&o.floorWritten, "floor-rows-written-per-day", 0, "lowest rows-written limit any free account has of its own (default the tier's)")
 	f.StringVar(&o.group, "group", limiter.DefaultGroup, "consumer group of the accounts topic shared by the limiters (leadership)")
 	f.StringVar(&o.smtpAddr, "smtp-addr", "", "SMTP server HOST:PORT for notices (none: no mail)")
 	f.StringVar(&o.smtpFrom, "smtp-from", "", "sender address of notices")
@@ -232,7 +236,7 @@ func runLimiterServe(cmd *cobra.Command, o *limiterServeOpts) error {
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	lim, err := limiter.Start(limiter.Config{Kafka: k, Store: store, Catalog: client, Free: free, Interval: o.interval,
+	lim, err := limiter.Start(limiter.Config{Kafka: k, Store: store, Catalog: client, Free: free, FloorRead: o.floorRead, FloorWritten: o.floorWritten, Interval: o.interval,
 		Notify: notify, Group: o.group, Registerer: reg, Logger: logger})
 	if err != nil {
 		return err
