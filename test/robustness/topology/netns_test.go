@@ -1,0 +1,155 @@
+package topology
+
+import (
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// helperEnv makes the test binary a TCP echo-less acceptor on the address
+// it names, run inside a node's namespace by the tests below.
+const helperEnv = "SHOAL_TOPOLOGY_LISTEN"
+
+func TestMain(m *testing.M) {
+	if addr := os.Getenv(helperEnv); addr != "" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			os.Exit(3)
+		}
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				os.Exit(4)
+			}
+			_ = c.Close()
+		}
+	}
+	os.Exit(m.Run())
+}
+
+func requireNet(t *testing.T) *Net {
+	if testing.Short() {
+		t.Skip("network namespaces; skipped with -short")
+	}
+	if err := Available(); err != nil {
+		if os.Getenv("SHOAL_REQUIRE_NETNS") == "1" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	n, err := NewNet()
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, n.Close())
+		_, err := os.Stat("/run/netns/" + n.bridgeNS)
+		assert.True(t, errors.Is(err, os.ErrNotExist), "bridge namespace left behind")
+	})
+	return n
+}
+
+// listenIn runs the helper acceptor in nd's namespace on port 9000.
+func listenIn(t *testing.T, nd *Node) string {
+	addr := nd.IP + ":9000"
+	cmd := nd.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+addr)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
+	require.Eventually(t, func() bool { return dial(addr) == nil }, 10*time.Second, 50*time.Millisecond, "helper never listened on %s", addr)
+	return addr
+}
+
+func dial(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+	if err == nil {
+		_ = c.Close()
+	}
+	return err
+}
+
+// Isolate must really cut the node off (from the root namespace and from
+// another node) and Rejoin must restore it: the partition failpoint is only
+// as good as this.
+func TestIsolateCutsTheNodeOffAndRejoinRestoresIt(t *testing.T) {
+	n := requireNet(t)
+	a, err := n.AddNode("ta")
+	require.NoError(t, err)
+	b, err := n.AddNode("tb")
+	require.NoError(t, err)
+	addrA := listenIn(t, a)
+	addrB := listenIn(t, b)
+	fromB := func(addr string) error {
+		// A node-to-node dial, from inside b's namespace.
+		out, err := b.Command("bash", "-c", "exec 3<>/dev/tcp/"+strings.Replace(addr, ":", "/", 1)).CombinedOutput()
+		if err != nil {
+			return errors.New(string(out))
+		}
+		return nil
+	}
+	require.NoError(t, fromB(addrA), "b reaches a before the partition")
+
+	require.NoError(t, a.Isolate())
+	assert.Error(t, dial(addrA), "the root namespace still reaches an isolated node")
+	assert.Error(t, exec.Command("ip", "netns", "exec", b.NS, "timeout", "2", "bash", "-c", "exec 3<>/dev/tcp/"+strings.Replace(addrA, ":", "/", 1)).Run(),
+		"another node still reaches an isolated node")
+	assert.NoError(t, dial(addrB), "isolating a cut off b too")
+
+	require.NoError(t, a.Rejoin())
+	assert.Eventually(t, func() bool { return dial(addrA) == nil }, 10*time.Second, 100*time.Millisecond, "a unreachable after Rejoin")
+}
+
+// Throttle and Unshape work on this kernel (tbf); Delay needs netem and
+// reports ErrUnsupported where the kernel lacks it.
+func TestShapingAppliesAndIsRemoved(t *testing.T) {
+	n := requireNet(t)
+	a, err := n.AddNode("ta")
+	require.NoError(t, err)
+	addr := listenIn(t, a)
+	require.NoError(t, a.Throttle("256kbit"))
+	assert.NoError(t, dial(addr), "a throttled node is still reachable")
+	require.NoError(t, a.Unshape())
+	if err := a.Delay("50ms"); err != nil {
+		require.ErrorIs(t, err, ErrUnsupported)
+		t.Logf("netem unavailable here: %v", err)
+	} else {
+		require.NoError(t, a.Unshape())
+	}
+	assert.NoError(t, dial(addr))
+}
+
+func TestOwnerPid(t *testing.T) {
+	for name, want := range map[string]int{"shrb123-n1": 123, "shrb77r": 77, "shrb9-br": 9} {
+		pid, ok := ownerPid(name)
+		assert.True(t, ok, name)
+		assert.Equal(t, want, pid, name)
+	}
+	for _, name := range []string{"eth0", "shrb-x", "other123-n1"} {
+		_, ok := ownerPid(name)
+		assert.False(t, ok, name)
+	}
+}
+
+// A crashed run's namespace (its pid gone) is removed at the next start; a
+// live run's is left alone.
+func TestCleanStaleRemovesOnlyDeadRuns(t *testing.T) {
+	n := requireNet(t) // live: ours
+	dead := exec.Command("true")
+	require.NoError(t, dead.Run())
+	stale := NamePrefix + strconv.Itoa(dead.Process.Pid) + "-x"
+	require.NoError(t, ip("netns", "add", stale))
+	t.Cleanup(func() { _ = ip("netns", "del", stale) })
+	CleanStale()
+	_, err := os.Stat("/run/netns/" + stale)
+	assert.True(t, errors.Is(err, os.ErrNotExist), "a dead run's namespace survived")
+	_, err = os.Stat("/run/netns/" + n.bridgeNS)
+	assert.NoError(t, err, "a live run's namespace was removed")
+}

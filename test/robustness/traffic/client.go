@@ -1,0 +1,331 @@
+package traffic
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// Client is one D1 API user (an account and its token) talking to the edges,
+// recording every call into its History. Safe for concurrent use.
+type Client struct {
+	edges   []string
+	acct    string
+	bearer  string
+	hc      *http.Client
+	catalog *raftmeta.Client
+	h       *History
+}
+
+// requestTimeout bounds one call: longer than the edge's own budgets (a
+// catalog write retries for a few seconds), so a timeout is a stuck call.
+const requestTimeout = 15 * time.Second
+
+// NewClient creates a paid account and a token through the first edge's
+// admin API and waits until every edge accepts the token. catalog is used
+// for the linearizable gets only.
+func NewClient(ctx context.Context, edges []string, admin string, catalog *raftmeta.Client, h *History) (*Client, error) {
+	c := &Client{edges: edges, hc: &http.Client{Timeout: requestTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+		catalog: catalog, h: h}
+	var acct struct{ ID string }
+	if err := c.admin(ctx, edges[0]+"/admin/v1/accounts", admin, map[string]any{"name": "robustness", "tier": "paid"}, &acct); err != nil {
+		return nil, err
+	}
+	var tok struct{ Token string }
+	if err := c.admin(ctx, edges[0]+"/admin/v1/accounts/"+acct.ID+"/tokens", admin, map[string]any{"name": "robustness"}, &tok); err != nil {
+		return nil, err
+	}
+	c.acct, c.bearer = acct.ID, "Bearer "+tok.Token
+	for i := range edges {
+		if err := retry(ctx, 30*time.Second, func() error {
+			a := c.do(ctx, i, http.MethodGet, "", nil)
+			if a.outcome() != OK {
+				return errors.New(a.text())
+			}
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("token never accepted by edge %d: %w", i+1, err)
+		}
+	}
+	return c, nil
+}
+
+// Account is the client's account ID.
+func (c *Client) Account() string { return c.acct }
+
+// Edges is how many edges the client spreads calls over.
+func (c *Client) Edges() int { return len(c.edges) }
+
+func (c *Client) admin(ctx context.Context, url, token string, body, out any) error {
+	return retry(ctx, 30*time.Second, func() error {
+		a := c.call(ctx, http.MethodPost, url, "Bearer "+token, body)
+		if a.outcome() != OK {
+			return errors.New(a.text())
+		}
+		return json.Unmarshal(a.Result, out)
+	})
+}
+
+// Create makes a database through edge. Op.DB is its UUID if acknowledged.
+func (c *Client) Create(ctx context.Context, client, edge int, name string) Op {
+	call := c.h.Now()
+	a := c.do(ctx, edge, http.MethodPost, "", map[string]any{"name": name})
+	op := Op{Client: client, Kind: Create, Name: name, Call: call, Return: c.h.Now(), Outcome: a.outcome(), Answer: a.text()}
+	var d struct {
+		UUID string `json:"uuid"`
+	}
+	if op.Outcome == OK {
+		if json.Unmarshal(a.Result, &d) != nil || d.UUID == "" {
+			op.Outcome, op.Answer = Unknown, "200 without a uuid: "+a.text()
+		}
+		op.DB = d.UUID
+	}
+	return c.h.Add(op)
+}
+
+// Delete deletes a database through edge.
+func (c *Client) Delete(ctx context.Context, client, edge int, db string) Op {
+	call := c.h.Now()
+	a := c.do(ctx, edge, http.MethodDelete, "/"+db, nil)
+	return c.h.Add(Op{Client: client, Kind: Delete, DB: db, Call: call, Return: c.h.Now(), Outcome: a.outcome(), Answer: a.text()})
+}
+
+// EdgeGet reads the database object through edge: the edge's read level
+// (route cache, follower reads; stale within the catalog's bound).
+func (c *Client) EdgeGet(ctx context.Context, client, edge int, db string) Op {
+	call := c.h.Now()
+	a := c.do(ctx, edge, http.MethodGet, "/"+db, nil)
+	op := Op{Client: client, Kind: EdgeGet, DB: db, Call: call, Return: c.h.Now(), Outcome: a.outcome(), Answer: a.text()}
+	op.Found = op.Outcome == OK
+	return c.h.Add(op)
+}
+
+// LinGet reads the database's catalog row at the linearizable level. Found
+// is whether the row exists and is active.
+func (c *Client) LinGet(ctx context.Context, client int, db string) Op {
+	call := c.h.Now()
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	d, err := c.catalog.Database(ctx, db, raftmeta.LinearizableRead())
+	op := Op{Client: client, Kind: LinGet, DB: db, Call: call, Return: c.h.Now()}
+	switch {
+	case err == nil:
+		op.Outcome, op.Found, op.Answer = OK, d.State == fsm.StateActive, "state "+string(d.State)
+	case errors.Is(err, fsm.ErrNotFound):
+		op.Outcome, op.Answer = OK, err.Error()
+	default:
+		op.Outcome, op.Answer = Unknown, err.Error()
+	}
+	return c.h.Add(op)
+}
+
+// Exec runs statements on db through edge, unrecorded (schema set-up).
+func (c *Client) Exec(ctx context.Context, edge int, db string, stmts ...string) error {
+	var batch []any
+	for _, s := range stmts {
+		batch = append(batch, map[string]any{"sql": s})
+	}
+	a := c.do(ctx, edge, http.MethodPost, "/"+db+"/query", map[string]any{"batch": batch})
+	if a.outcome() != OK {
+		return errors.New(a.text())
+	}
+	return nil
+}
+
+// Insert writes the row v = value into db's table t.
+func (c *Client) Insert(ctx context.Context, client, edge int, db string, value int64) Op {
+	return c.write(ctx, client, edge, Insert, db, value, "INSERT INTO t (v) VALUES (?)")
+}
+
+// RegWrite sets db's register to value.
+func (c *Client) RegWrite(ctx context.Context, client, edge int, db string, value int64) Op {
+	return c.write(ctx, client, edge, RegWrite, db, value, "UPDATE reg SET v = ? WHERE k = 0")
+}
+
+func (c *Client) write(ctx context.Context, client, edge int, kind Kind, db string, value int64, sql string) Op {
+	call := c.h.Now()
+	a := c.do(ctx, edge, http.MethodPost, "/"+db+"/query", map[string]any{"sql": sql, "params": []any{value}})
+	op := Op{Client: client, Kind: kind, DB: db, Value: value, Call: call, Return: c.h.Now(), Outcome: a.outcome(), Answer: a.text()}
+	if op.Outcome == OK && a.changes() != 1 {
+		op.Outcome, op.Answer = Unknown, "200 with changes != 1: "+a.text()
+	}
+	return c.h.Add(op)
+}
+
+// RegRead reads db's register.
+func (c *Client) RegRead(ctx context.Context, client, edge int, db string) Op {
+	call := c.h.Now()
+	vals, a := c.column(ctx, edge, db, "SELECT v FROM reg WHERE k = 0")
+	op := Op{Client: client, Kind: RegRead, DB: db, Call: call, Return: c.h.Now(), Outcome: a.outcome(), Answer: a.text()}
+	if op.Outcome == OK {
+		if len(vals) != 1 {
+			op.Outcome, op.Answer = Unknown, fmt.Sprintf("%d register rows: %s", len(vals), a.text())
+		} else {
+			op.Value, op.Found = vals[0], true
+		}
+	}
+	return c.h.Add(op)
+}
+
+// Rows reads every value of db's table t (validation: not recorded).
+func (c *Client) Rows(ctx context.Context, edge int, db string) ([]int64, Outcome, string) {
+	vals, a := c.column(ctx, edge, db, "SELECT v FROM t")
+	return vals, a.outcome(), a.text()
+}
+
+// List is every database the account's list shows through edge (not recorded).
+func (c *Client) List(ctx context.Context, edge int) (map[string]bool, error) {
+	a := c.do(ctx, edge, http.MethodGet, "?per_page=10000", nil)
+	if a.outcome() != OK {
+		return nil, errors.New(a.text())
+	}
+	var items []struct {
+		UUID string `json:"uuid"`
+	}
+	if err := json.Unmarshal(a.Result, &items); err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	out := map[string]bool{}
+	for _, it := range items {
+		out[it.UUID] = true
+	}
+	return out, nil
+}
+
+func (c *Client) column(ctx context.Context, edge int, db, sql string) ([]int64, answer) {
+	a := c.do(ctx, edge, http.MethodPost, "/"+db+"/query", map[string]any{"sql": sql})
+	if a.outcome() != OK {
+		return nil, a
+	}
+	var res []struct {
+		Results []map[string]any `json:"results"`
+	}
+	if err := json.Unmarshal(a.Result, &res); err != nil || len(res) != 1 {
+		a.err = fmt.Errorf("unexpected result: %s", a.text())
+		return nil, a
+	}
+	var out []int64
+	for _, r := range res[0].Results {
+		f, ok := r["v"].(float64)
+		if !ok {
+			a.err = fmt.Errorf("non-integer v: %s", a.text())
+			return nil, a
+		}
+		out = append(out, int64(f))
+	}
+	return out, a
+}
+
+// answer is one HTTP answer in the v4 envelope, or the error instead.
+type answer struct {
+	status  int
+	Result  json.RawMessage `json:"result"`
+	Success bool            `json:"success"`
+	Errors  []struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	} `json:"errors"`
+	raw []byte
+	err error
+}
+
+func (a answer) outcome() Outcome {
+	switch {
+	case a.err != nil:
+		return Unknown
+	case a.status == http.StatusOK && a.Success:
+		return OK
+	case a.status == http.StatusNotFound:
+		return NotFound
+	case a.status == http.StatusTooManyRequests || a.status >= 500:
+		return Unknown
+	default:
+		return Refused
+	}
+}
+
+func (a answer) text() string {
+	if a.err != nil {
+		return a.err.Error()
+	}
+	code := 0
+	if len(a.Errors) > 0 {
+		code = a.Errors[0].Code
+	}
+	s := strings.TrimSpace(string(a.raw))
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	return fmt.Sprintf("%d/%d %s", a.status, code, s)
+}
+
+// changes is meta.changes of a single-statement /query answer, or -1.
+func (a answer) changes() int {
+	var res []struct {
+		Meta struct {
+			Changes int `json:"changes"`
+		} `json:"meta"`
+	}
+	if json.Unmarshal(a.Result, &res) != nil || len(res) != 1 {
+		return -1
+	}
+	return res[0].Meta.Changes
+}
+
+func (c *Client) do(ctx context.Context, edge int, method, path string, body any) answer {
+	return c.call(ctx, method, c.edges[edge]+"/client/v4/accounts/"+c.acct+"/d1/database"+path, c.bearer, body)
+}
+
+func (c *Client) call(ctx context.Context, method, url, auth string, body any) answer {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return answer{err: err}
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return answer{err: err}
+	}
+	req.Header.Set("Authorization", auth)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return answer{err: err}
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return answer{status: resp.StatusCode, err: err}
+	}
+	a := answer{status: resp.StatusCode, raw: raw}
+	if err := json.Unmarshal(raw, &a); err != nil {
+		a.err = fmt.Errorf("status %d, not a v4 envelope: %s", resp.StatusCode, raw)
+	}
+	return a
+}
+
+// retry calls fn until it succeeds or within passes.
+func retry(ctx context.Context, within time.Duration, fn func() error) error {
+	deadline := time.Now().Add(within)
+	for {
+		err := fn()
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -1,0 +1,165 @@
+package traffic
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Config sizes a load. Every random choice comes from Seed: two runs with the
+// same seed make the same choices (the system's answers and timing differ).
+type Config struct {
+	Seed        uint64
+	Creators    int           // clients creating databases (each seeds its table t)
+	DeleteEvery int           // each creator deletes every n-th database it created (0: never)
+	RowWriters  int           // clients inserting unique values into live databases
+	Getters     int           // clients reading databases at the edge and the linearizable level
+	Registers   []string      // register databases (SetupRegisters)
+	RegClients  int           // clients per register, each mixing writes and reads
+	Pace        time.Duration // pause between a client's operations
+}
+
+// Load runs the generators of a Config until its context ends.
+type Load struct {
+	c   *Client
+	cfg Config
+
+	value atomic.Int64 // unique values for inserts and register writes
+
+	mu   sync.Mutex
+	live []string // acknowledged, table created, never deleted
+}
+
+// NewLoad prepares cfg's generators on c.
+func NewLoad(c *Client, cfg Config) *Load { return &Load{c: c, cfg: cfg} }
+
+// Run runs every generator until ctx ends and returns when all have.
+func (l *Load) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	id := 0
+	spawn := func(n int, fn func(ctx context.Context, client int, r *rand.Rand)) {
+		for range n {
+			id++
+			client, r := id, rand.New(rand.NewPCG(l.cfg.Seed, uint64(id)))
+			wg.Add(1)
+			go func() { defer wg.Done(); fn(ctx, client, r) }()
+		}
+	}
+	spawn(l.cfg.Creators, l.creator)
+	spawn(l.cfg.RowWriters, l.rowWriter)
+	spawn(l.cfg.Getters, l.getter)
+	for _, db := range l.cfg.Registers {
+		spawn(l.cfg.RegClients, func(ctx context.Context, client int, r *rand.Rand) { l.register(ctx, client, r, db) })
+	}
+	wg.Wait()
+}
+
+// Live is the databases the load created and never deleted, their table made.
+func (l *Load) Live() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.live...)
+}
+
+func (l *Load) pick(r *rand.Rand) (string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.live) == 0 {
+		return "", false
+	}
+	return l.live[r.IntN(len(l.live))], true
+}
+
+func (l *Load) pause(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+func (l *Load) edge(r *rand.Rand) int { return r.IntN(l.c.Edges()) }
+
+// creator creates databases; each acknowledged one gets its table t and a
+// first row, and every DeleteEvery-th is deleted instead.
+func (l *Load) creator(ctx context.Context, client int, r *rand.Rand) {
+	for i := 0; ctx.Err() == nil; i++ {
+		op := l.c.Create(ctx, client, l.edge(r), fmt.Sprintf("c%d-%d", client, i))
+		if op.Outcome == OK {
+			if l.cfg.DeleteEvery > 0 && i%l.cfg.DeleteEvery == l.cfg.DeleteEvery-1 {
+				l.c.Delete(ctx, client, l.edge(r), op.DB)
+			} else if l.c.Exec(ctx, l.edge(r), op.DB, "CREATE TABLE IF NOT EXISTS t (v INTEGER PRIMARY KEY)") == nil {
+				l.c.Insert(ctx, client, l.edge(r), op.DB, l.value.Add(1))
+				l.mu.Lock()
+				l.live = append(l.live, op.DB)
+				l.mu.Unlock()
+			}
+		}
+		l.pause(ctx, l.cfg.Pace)
+	}
+}
+
+func (l *Load) rowWriter(ctx context.Context, client int, r *rand.Rand) {
+	for ctx.Err() == nil {
+		if db, ok := l.pick(r); ok {
+			l.c.Insert(ctx, client, l.edge(r), db, l.value.Add(1))
+		}
+		l.pause(ctx, l.cfg.Pace)
+	}
+}
+
+func (l *Load) getter(ctx context.Context, client int, r *rand.Rand) {
+	for ctx.Err() == nil {
+		if db, ok := l.pick(r); ok {
+			l.c.EdgeGet(ctx, client, l.edge(r), db)
+			l.c.LinGet(ctx, client, db)
+		}
+		l.pause(ctx, l.cfg.Pace)
+	}
+}
+
+// register mixes writes of unique values and reads on one register. After
+// an answer of unknown outcome it backs off: each such write stays open in
+// the history until the end, and many open writes make the check slow.
+func (l *Load) register(ctx context.Context, client int, r *rand.Rand, db string) {
+	for ctx.Err() == nil {
+		var op Op
+		if r.IntN(2) == 0 {
+			op = l.c.RegWrite(ctx, client, l.edge(r), db, l.value.Add(1))
+		} else {
+			op = l.c.RegRead(ctx, client, l.edge(r), db)
+		}
+		if op.Outcome != OK {
+			l.pause(ctx, 10*l.cfg.Pace)
+		}
+		l.pause(ctx, l.cfg.Pace)
+	}
+}
+
+// SetupRegisters creates n register databases (table reg, one row k = 0,
+// v = 0), retrying transient failures; they exist before any fault.
+func SetupRegisters(ctx context.Context, c *Client, n int) ([]string, error) {
+	var out []string
+	for i := range n {
+		var db string
+		err := retry(ctx, 30*time.Second, func() error {
+			if db == "" {
+				op := c.Create(ctx, 0, i%c.Edges(), fmt.Sprintf("reg-%d", i))
+				if op.Outcome != OK {
+					return fmt.Errorf("create register %d: %s", i, op.Answer)
+				}
+				db = op.DB
+			}
+			return c.Exec(ctx, i%c.Edges(), db,
+				"CREATE TABLE IF NOT EXISTS reg (k INTEGER PRIMARY KEY, v INTEGER NOT NULL)",
+				"INSERT OR IGNORE INTO reg (k, v) VALUES (0, 0)")
+		})
+		if err != nil {
+			return out, err
+		}
+		out = append(out, db)
+	}
+	return out, nil
+}

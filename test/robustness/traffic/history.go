@@ -1,0 +1,92 @@
+// Package traffic generates client load against a Shoal deployment and
+// records the call and the return of every operation, the raw material of
+// the robustness suite's checkers: creates and deletes through the edge,
+// gets at the edge's (stale-tolerant) level and at the catalog's
+// linearizable level, row inserts whose acknowledged values must survive,
+// and register writes and reads that porcupine checks.
+package traffic
+
+import (
+	"sync"
+	"time"
+)
+
+// Kind names an operation.
+type Kind string
+
+// The operations the generators issue.
+const (
+	Create    Kind = "create"     // POST /database; DB is the acknowledged UUID
+	Delete    Kind = "delete"     // DELETE /database/{id}
+	EdgeGet   Kind = "edge-get"   // GET /database/{id}: the edge's read level (follower, route cache)
+	LinGet    Kind = "lin-get"    // the catalog's linearizable read of the database row
+	Insert    Kind = "insert"     // INSERT of the unique Value into the database's table t
+	RegWrite  Kind = "reg-write"  // UPDATE reg SET v = Value through the edge
+	RegRead   Kind = "reg-read"   // SELECT v FROM reg through the edge; Value is what it read
+	ListCheck Kind = "list-check" // a final list (validation, not load)
+)
+
+// Outcome is what the client knows of an operation's effect.
+type Outcome string
+
+const (
+	// OK: acknowledged (2xx with the expected result).
+	OK Outcome = "ok"
+	// NotFound: a definite "no such database" (404 / 7404).
+	NotFound Outcome = "not-found"
+	// Refused: a definite refusal (4xx): it did not happen.
+	Refused Outcome = "refused"
+	// Unknown: transport error, timeout or 5xx: it may or may not have
+	// happened, and a checker must allow both.
+	Unknown Outcome = "unknown"
+)
+
+// Op is one operation as the client saw it. Call and Return are offsets from
+// the History's start, on the test process's monotonic clock.
+type Op struct {
+	ID      int           `json:"id"`
+	Client  int           `json:"client"`
+	Kind    Kind          `json:"kind"`
+	DB      string        `json:"db,omitempty"`
+	Name    string        `json:"name,omitempty"`
+	Value   int64         `json:"value,omitempty"`
+	Found   bool          `json:"found,omitempty"` // lin-get / edge-get: the row was there
+	Outcome Outcome       `json:"outcome"`
+	Answer  string        `json:"answer,omitempty"` // status/code or error, for the report
+	Call    time.Duration `json:"call"`
+	Return  time.Duration `json:"return"`
+}
+
+// History is the record of every operation. Safe for concurrent use.
+type History struct {
+	start time.Time
+
+	mu  sync.Mutex
+	ops []Op
+}
+
+// NewHistory starts the clock.
+func NewHistory() *History { return &History{start: time.Now()} }
+
+// Now is the offset of this instant from the start (the clock of Op.Call,
+// Op.Return and the failpoints' timeline).
+func (h *History) Now() time.Duration { return time.Since(h.start) }
+
+// Start is the wall-clock instant offsets count from.
+func (h *History) Start() time.Time { return h.start }
+
+// Add records op, numbering it.
+func (h *History) Add(op Op) Op {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	op.ID = len(h.ops)
+	h.ops = append(h.ops, op)
+	return op
+}
+
+// Ops is a copy of the history so far, in the order operations returned.
+func (h *History) Ops() []Op {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Op(nil), h.ops...)
+}

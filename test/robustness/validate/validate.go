@@ -1,0 +1,210 @@
+// Package validate checks a recorded history, and the state observed after
+// the faults healed, against what Shoal promises its users: nothing
+// acknowledged is lost, and what must be linearizable is (porcupine, with the
+// models of package model).
+package validate
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/shoaldb/shoal/test/robustness/model"
+	"github.com/shoaldb/shoal/test/robustness/traffic"
+)
+
+// Result is one check's verdict.
+type Result struct {
+	Check      string
+	Checked    int      // how many items (databases, rows, operations) it checked
+	Violations []string // empty: passed
+}
+
+// OK reports whether the check passed.
+func (r Result) OK() bool { return len(r.Violations) == 0 }
+
+func (r Result) String() string {
+	if r.OK() {
+		return fmt.Sprintf("%s: ok (%d checked)", r.Check, r.Checked)
+	}
+	shown := r.Violations[:min(len(r.Violations), 10)]
+	s := fmt.Sprintf("%s: %d VIOLATIONS of %d checked", r.Check, len(r.Violations), r.Checked)
+	for _, v := range shown {
+		s += "\n    " + v
+	}
+	return s
+}
+
+// Final is what the test observed once every fault had healed and the
+// system had settled.
+type Final struct {
+	Listed  map[string]bool            // UUIDs the account's list shows
+	Rows    map[string]map[int64]bool  // per queried database, the values of table t
+	Errors  map[string]string          // per database, why its final query failed
+	EdgeGet map[string]traffic.Outcome // per database, the final edge GET's outcome
+}
+
+// deleteAttempted is the set of databases any delete was sent for, whatever
+// its answer: they may be gone.
+func deleteAttempted(ops []traffic.Op) map[string]bool {
+	out := map[string]bool{}
+	for _, op := range ops {
+		if op.Kind == traffic.Delete {
+			out[op.DB] = true
+		}
+	}
+	return out
+}
+
+// AckedCreatesPresent: every acknowledged create never deleted is listed,
+// found by the edge and answers queries. A live database is never deleted.
+func AckedCreatesPresent(ops []traffic.Op, f Final) Result {
+	r := Result{Check: "acknowledged creates listed, found and queryable"}
+	deleted := deleteAttempted(ops)
+	for _, op := range ops {
+		if op.Kind != traffic.Create || op.Outcome != traffic.OK || deleted[op.DB] {
+			continue
+		}
+		r.Checked++
+		var why []string
+		if !f.Listed[op.DB] {
+			why = append(why, "not in the list")
+		}
+		if o, ok := f.EdgeGet[op.DB]; ok && o != traffic.OK {
+			why = append(why, "edge GET: "+string(o))
+		}
+		if e, ok := f.Errors[op.DB]; ok {
+			why = append(why, "query: "+e)
+		}
+		if len(why) > 0 {
+			r.Violations = append(r.Violations, fmt.Sprintf("%s (%s, acknowledged at %s): %v", op.DB, op.Name, op.Return.Round(time.Millisecond), why))
+		}
+	}
+	sort.Strings(r.Violations)
+	return r
+}
+
+// AckedDeletesGone: a database whose delete was acknowledged is not listed.
+func AckedDeletesGone(ops []traffic.Op, f Final) Result {
+	r := Result{Check: "acknowledged deletes not listed"}
+	for _, op := range ops {
+		if op.Kind == traffic.Delete && op.Outcome == traffic.OK {
+			r.Checked++
+			if f.Listed[op.DB] {
+				r.Violations = append(r.Violations, op.DB+": deleted (acknowledged) but still listed")
+			}
+		}
+	}
+	return r
+}
+
+// AckedRowsReadable: every acknowledged insert's value is in its database's
+// table, for every database queried at the end; and no value appears that
+// no insert (acknowledged or of unknown outcome) wrote.
+func AckedRowsReadable(ops []traffic.Op, f Final) Result {
+	r := Result{Check: "acknowledged rows readable, no phantom rows"}
+	attempted := map[string]map[int64]bool{}
+	for _, op := range ops {
+		if op.Kind != traffic.Insert {
+			continue
+		}
+		if attempted[op.DB] == nil {
+			attempted[op.DB] = map[int64]bool{}
+		}
+		if op.Outcome != traffic.Refused {
+			attempted[op.DB][op.Value] = true
+		}
+		rows, queried := f.Rows[op.DB]
+		if op.Outcome != traffic.OK || !queried {
+			continue
+		}
+		r.Checked++
+		if !rows[op.Value] {
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: value %d acknowledged at %s, not in the table", op.DB, op.Value, op.Return.Round(time.Millisecond)))
+		}
+	}
+	for db, rows := range f.Rows {
+		for v := range rows {
+			if !attempted[db][v] {
+				r.Violations = append(r.Violations, fmt.Sprintf("%s: value %d in the table, never written", db, v))
+			}
+		}
+	}
+	sort.Strings(r.Violations)
+	return r
+}
+
+// RegisterOperations turns the register writes and reads into porcupine's
+// form. A write of unknown outcome may have taken effect at any time after
+// its call: it stays open until the end. Reads that failed observed nothing
+// and are left out; so are writes refused outright.
+func RegisterOperations(ops []traffic.Op) []porcupine.Operation {
+	var out []porcupine.Operation
+	for _, op := range ops {
+		ret := int64(op.Return)
+		switch {
+		case op.Kind == traffic.RegWrite && op.Outcome == traffic.OK:
+		case op.Kind == traffic.RegWrite && op.Outcome == traffic.Unknown:
+			ret = math.MaxInt64
+		case op.Kind == traffic.RegRead && op.Outcome == traffic.OK:
+		default:
+			continue
+		}
+		out = append(out, porcupine.Operation{ClientId: op.Client, Call: int64(op.Call), Return: ret,
+			Input:  model.RegisterInput{DB: op.DB, Write: op.Kind == traffic.RegWrite, Value: op.Value},
+			Output: model.RegisterOutput{Value: op.Value}})
+	}
+	return out
+}
+
+// ExistenceOperations turns acknowledged creates, deletes and linearizable
+// gets into porcupine's form, for the databases whose create was
+// acknowledged (an unacknowledged create has no UUID to follow).
+func ExistenceOperations(ops []traffic.Op) []porcupine.Operation {
+	acked := map[string]bool{}
+	for _, op := range ops {
+		if op.Kind == traffic.Create && op.Outcome == traffic.OK {
+			acked[op.DB] = true
+		}
+	}
+	var out []porcupine.Operation
+	for _, op := range ops {
+		if !acked[op.DB] {
+			continue
+		}
+		o := porcupine.Operation{ClientId: op.Client, Call: int64(op.Call), Return: int64(op.Return)}
+		switch {
+		case op.Kind == traffic.Create && op.Outcome == traffic.OK:
+			o.Input = model.ExistenceInput{DB: op.DB, Op: model.Created}
+		case op.Kind == traffic.Delete && (op.Outcome == traffic.OK || op.Outcome == traffic.NotFound):
+			o.Input, o.Output = model.ExistenceInput{DB: op.DB, Op: model.Deleted}, model.ExistenceOutput{NotFound: op.Outcome == traffic.NotFound}
+		case op.Kind == traffic.Delete && op.Outcome == traffic.Unknown:
+			o.Input, o.Return = model.ExistenceInput{DB: op.DB, Op: model.Deleted}, math.MaxInt64
+			o.Output = model.ExistenceOutput{}
+		case op.Kind == traffic.LinGet && op.Outcome == traffic.OK:
+			o.Input, o.Output = model.ExistenceInput{DB: op.DB, Op: model.Got}, model.ExistenceOutput{Found: op.Found}
+		default:
+			continue
+		}
+		out = append(out, o)
+	}
+	return out
+}
+
+// Linearizable checks ops against m. A check that times out is a failure
+// too: nothing is waved through.
+func Linearizable(name string, m porcupine.Model, ops []porcupine.Operation, timeout time.Duration) (Result, porcupine.LinearizationInfo) {
+	res, info := porcupine.CheckOperationsVerbose(m, ops, timeout)
+	r := Result{Check: name + " linearizable (porcupine)", Checked: len(ops)}
+	switch res {
+	case porcupine.Ok:
+	case porcupine.Illegal:
+		r.Violations = append(r.Violations, "history is not linearizable: see the visualization in the report")
+	default:
+		r.Violations = append(r.Violations, fmt.Sprintf("check did not finish within %s (result %q)", timeout, res))
+	}
+	return r, info
+}
