@@ -3,14 +3,12 @@ package limiter
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -24,45 +22,23 @@ import (
 	"github.com/shoaldb/shoal/internal/plane"
 	"github.com/shoaldb/shoal/pipeline"
 	"github.com/shoaldb/shoal/pipeline/broker"
-	"github.com/shoaldb/shoal/pipeline/chlocal"
+	"github.com/shoaldb/shoal/pipeline/chlocal/chtest"
 	"github.com/shoaldb/shoal/pipeline/chsink"
 	"github.com/shoaldb/shoal/pipeline/event"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
-var (
-	sharedCH    *chlocal.Server
-	sharedCHErr error
-)
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "limiter-test-ch-")
-	if err != nil {
-		panic(err)
-	}
-	sharedCH, sharedCHErr = chlocal.Start(context.Background(), chlocal.Config{DataDir: dir})
-	code := m.Run()
-	if sharedCH != nil {
-		_ = sharedCH.Close()
-	}
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { chtest.Main(m) }
 
 var nonIdent = regexp.MustCompile(`[^A-Za-z0-9_]`)
 
 // openStore is a chsink.Store on a ClickHouse database of the test's own.
 func openStore(t *testing.T) *chsink.Store {
 	t.Helper()
-	if sharedCHErr != nil {
-		if errors.Is(sharedCHErr, chlocal.ErrNotInstalled) && os.Getenv("SHOAL_REQUIRE_CLICKHOUSE") != "1" {
-			t.Skipf("clickhouse-server not installed: %v", sharedCHErr)
-		}
-		t.Fatalf("clickhouse-server: %v", sharedCHErr)
-	}
+	ch := chtest.Require(t)
 	db := "lim_" + strings.ToLower(nonIdent.ReplaceAllString(t.Name(), "_"))
-	st, err := chsink.Open(chsink.StoreConfig{Options: sharedCH.Options(), Database: db, Logger: slog.New(slog.DiscardHandler)})
+	st, err := chsink.Open(chsink.StoreConfig{Options: ch.Options(), Database: db, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = st.Close() })
 	ctx := context.Background()

@@ -2,7 +2,6 @@ package snapshot
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,43 +18,16 @@ import (
 
 	"github.com/shoaldb/shoal/internal/ids"
 	"github.com/shoaldb/shoal/pipeline/chlocal"
+	"github.com/shoaldb/shoal/pipeline/chlocal/chtest"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
-// sharedCH is one clickhouse-server for the package's tests (each test has
-// its own database); tests that stop ClickHouse start their own.
-var (
-	sharedCH    *chlocal.Server
-	sharedCHErr error
-)
+func TestMain(m *testing.M) { chtest.Main(m) }
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "snapshot-test-ch-")
-	if err != nil {
-		panic(err)
-	}
-	sharedCH, sharedCHErr = chlocal.Start(context.Background(), chlocal.Config{DataDir: dir})
-	code := m.Run()
-	if sharedCH != nil {
-		_ = sharedCH.Close()
-	}
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// requireCH returns the shared server; a missing clickhouse-server skips
-// the test (fails it with SHOAL_REQUIRE_CLICKHOUSE=1).
-func requireCH(t testing.TB) *chlocal.Server {
-	t.Helper()
-	if sharedCHErr != nil {
-		if errors.Is(sharedCHErr, chlocal.ErrNotInstalled) && os.Getenv("SHOAL_REQUIRE_CLICKHOUSE") != "1" {
-			t.Skipf("clickhouse-server not installed (scripts/deps.sh installs it): %v", sharedCHErr)
-		}
-		t.Fatalf("clickhouse-server: %v", sharedCHErr)
-	}
-	return sharedCH
-}
+// requireCH is the package's shared server (tests that stop ClickHouse
+// start their own).
+func requireCH(t testing.TB) *chlocal.Server { t.Helper(); return chtest.Require(t) }
 
 func quietLogger() *slog.Logger {
 	if os.Getenv("SHOAL_TEST_LOG") != "" {
