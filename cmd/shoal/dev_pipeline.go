@@ -115,7 +115,7 @@ func (p *devPipeline) insights() edge.InsightsSource {
 func (p *devPipeline) analyticsLine(out io.Writer) {
 	switch {
 	case p.clickhouse != nil:
-		fmt.Fprintf(out, "  Analytics   ClickHouse %s (database shoal: requests, query_insights, storage_snapshots); limiter on (free-tier daily row limits)\n", p.clickhouse.Addr())
+		fmt.Fprintf(out, "  Analytics   ClickHouse %s (database shoal: requests, query_shapes, storage_snapshots); limiter on (free-tier daily row limits)\n", p.clickhouse.Addr())
 	case errors.Is(p.chErr, chlocal.ErrNotInstalled):
 		fmt.Fprintf(out, "  Analytics   OFF: clickhouse-server is not installed (sudo apt-get install clickhouse-server, or make deps); everything else runs\n")
 	default:

@@ -57,7 +57,8 @@ func newPipelineServeCmd() *cobra.Command {
 		Short: "Serve the pipeline role until SIGINT/SIGTERM",
 		Long: `Serve the pipeline role: the storage consumer (sizes from the storage topic
 into the catalog) and the ClickHouse sink (usage into requests and
-query_insights), plus /metrics, /healthz and /v1/status on --http-addr.
+query_shapes; insights are read from requests), the storage snapshotter and the
+reconciler, plus /metrics, /healthz and /v1/status on --http-addr.
 
 Kafka: --kafka-brokers (with SASL/TLS flags), or cluster.hcl's kafka block;
 with kafka { embedded = true } this process also runs the embedded

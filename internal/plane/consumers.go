@@ -48,7 +48,7 @@ type ConsumersConfig struct {
 	Kafka   Kafka
 	Catalog *raftmeta.Client
 	// ClickHouse, when set, starts the ClickHouse sink (usage → requests,
-	// query_insights). Nil: analytics off; the storage consumer still runs.
+	// query_shapes) and the storage snapshotter. Nil: analytics off; the storage consumer still runs.
 	ClickHouse *ClickHouse
 	// StorageConsumers is the number of storage consumer members (default 1).
 	StorageConsumers int

@@ -30,7 +30,7 @@ func TestDesignDocMatchesCode(t *testing.T) {
 	}{
 		{"Consumer group `shoal-chsink`", c.Group == "shoal-chsink"},
 		{"topic `usage`", c.Topic == "usage"},
-		{"`MaxBatch` events (50,000)", c.MaxBatch == 50_000},
+		{"`MaxBatch` events (100,000)", c.MaxBatch == 100_000},
 		{"`FlushInterval` (1 s)", c.FlushInterval == time.Second},
 		{"`RetryMin` 100 ms doubling to `RetryMax` 5 s", c.RetryMin == 100*time.Millisecond && c.RetryMax == 5*time.Second},
 		{"`InsertTimeout` 30 s", c.InsertTimeout == 30*time.Second},

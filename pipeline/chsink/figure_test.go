@@ -279,4 +279,26 @@ func TestFigureFinalCost(t *testing.T) {
 		".requests FINAL WHERE day = toDate(?)"+having, day, 300_000, 1_000)
 	timeIt("all accounts HAVING, GROUP BY event", "SELECT account_id, sum(rr) r, sum(ww) w FROM (SELECT account_id, any(rows_read) rr, any(rows_written) ww FROM "+db+
 		".requests WHERE day = toDate(?) GROUP BY account_id, event_producer, event_seq)"+having, day, 300_000, 1_000)
+
+	// Insights: TopShapes of one database over its day, read from requests
+	// (sorted by day, account, database) against the former per-event
+	// query_insights layout (sorted by account, database, day, shape),
+	// rebuilt here from the same rows.
+	since := base
+	for r := 0; r < 3; r++ {
+		t0 := time.Now()
+		top, err := st.TopShapes(ctx, "acct-42", "db-42", since, ByDuration, 20)
+		require.NoError(t, err)
+		require.NotEmpty(t, top)
+		t.Logf("FIGURE final-cost %-40s run %d: %s", "TopShapes one database-day (requests)", r, time.Since(t0).Round(100*time.Microsecond))
+	}
+	require.NoError(t, st.Conn().Exec(ctx, "CREATE TABLE "+db+".insights_layout ENGINE = ReplacingMergeTree() PARTITION BY toYYYYMM(day) "+
+		"ORDER BY (account_id, database_uuid, day, shape_hash, event_producer, event_seq) AS SELECT * FROM "+db+".requests WHERE shape_hash != 0"))
+	shapesQuery := func(tbl string) string {
+		return "SELECT shape_hash, sum(ed) AS d FROM (SELECT shape_hash, any(duration_us) AS ed FROM " + db + "." + tbl +
+			" WHERE day >= toDate(?) AND account_id = ? AND database_uuid = ? AND window_start_ms >= ? AND shape_hash != 0" +
+			" GROUP BY day, shape_hash, event_producer, event_seq) GROUP BY shape_hash ORDER BY d DESC, shape_hash LIMIT 20"
+	}
+	timeIt("shapes of one database-day, requests", shapesQuery("requests"), day, "acct-42", "db-42", since.UnixMilli())
+	timeIt("shapes of one database-day, old layout", shapesQuery("insights_layout"), day, "acct-42", "db-42", since.UnixMilli())
 }

@@ -21,7 +21,7 @@ var skipReasons = []string{skipUndecodable, skipNewerVersion}
 type Stats struct {
 	Consumed          uint64            // records polled from the topic (redeliveries included)
 	Inserted          uint64            // events written (rows of requests), retries of a batch counted once
-	InsightRows       uint64            // rows written to query_insights
+	InsightRows       uint64            // usage events with a shape written (insight rows of requests)
 	Batches           uint64            // batches inserted and committed
 	DuplicatesDropped uint64            // events dropped as already inserted by this sink (see recentIDs)
 	Skipped           uint64            // records skipped, all reasons
@@ -91,7 +91,7 @@ func (s *Sink) collectors() []prometheus.Collector {
 	cs := []prometheus.Collector{
 		counter("shoal_pipeline_chsink_consumed_total", "Usage records polled from Kafka, redeliveries included.", s.c.consumed.Load),
 		counter("shoal_pipeline_chsink_inserted_events_total", "Usage events written to ClickHouse requests (a retried batch counts once).", s.c.inserted.Load),
-		counter("shoal_pipeline_chsink_inserted_insight_rows_total", "Rows written to ClickHouse query_insights.", s.c.insightRows.Load),
+		counter("shoal_pipeline_chsink_inserted_insight_rows_total", "Usage events with a query shape written to ClickHouse requests (the insight rows).", s.c.insightRows.Load),
 		counter("shoal_pipeline_chsink_batches_total", "Batches inserted and committed.", s.c.batches.Load),
 		counter("shoal_pipeline_chsink_duplicates_dropped_total", "Events dropped before insert as already inserted by this sink (others are collapsed by ReplacingMergeTree).", s.c.dupes.Load),
 		counter("shoal_pipeline_chsink_insert_errors_total", "Failed ClickHouse insert attempts (each is retried; offsets are not committed meanwhile).", s.c.insertErrors.Load),

@@ -135,12 +135,12 @@ func (s *Store) TopShapes(ctx context.Context, account, database string, since t
 	rows, err := s.conn.Query(ctx, `SELECT shape_hash, sum(eq) AS q, sum(ee), sum(er) AS r, sum(ew) AS w, sum(ed) AS d, max(em) FROM (
     SELECT shape_hash, any(queries) AS eq, any(errors) AS ee, any(rows_read) AS er, any(rows_written) AS ew,
            any(duration_us) AS ed, any(max_duration_us) AS em
-    FROM `+s.db+`.query_insights
-    WHERE account_id = ? AND database_uuid = ? AND day >= toDate(?) AND window_start_ms >= ?
+    FROM `+s.db+`.requests
+    WHERE day >= toDate(?) AND account_id = ? AND database_uuid = ? AND window_start_ms >= ? AND shape_hash != 0
     GROUP BY day, shape_hash, event_producer, event_seq)
 GROUP BY shape_hash
 ORDER BY `+expr+` DESC, shape_hash
-LIMIT ?`, account, database, dayString(since), since.UnixMilli(), limit)
+LIMIT ?`, dayString(since), account, database, since.UnixMilli(), limit)
 	if err != nil {
 		return nil, fmt.Errorf("chsink: top shapes of %s: %w", database, err)
 	}
@@ -209,12 +209,20 @@ func (c TableCounts) PendingDuplicates() uint64 { return c.Rows - c.Distinct }
 
 // Counts returns a table's stored and distinct row counts (a full scan of
 // the key columns; for reconciliation and operators, not the hot path).
+// "query_insights" names the insight rows of requests (those with a
+// shape), where insights have lived since they stopped having a table of
+// their own.
 func (s *Store) Counts(ctx context.Context, table string) (TableCounts, error) {
-	if table != "requests" && table != "query_insights" {
+	where := ""
+	switch table {
+	case "requests":
+	case "query_insights":
+		where = " WHERE shape_hash != 0"
+	default:
 		return TableCounts{}, fmt.Errorf("chsink: unknown table %q", table)
 	}
 	var c TableCounts
-	q := `SELECT (SELECT count() FROM ` + s.db + `.` + table + `), (SELECT count() FROM ` + s.db + `.` + table + ` FINAL)`
+	q := `SELECT (SELECT count() FROM ` + s.db + `.requests` + where + `), (SELECT count() FROM ` + s.db + `.requests FINAL` + where + `)`
 	if err := s.conn.QueryRow(ctx, q).Scan(&c.Rows, &c.Distinct); err != nil {
 		return TableCounts{}, fmt.Errorf("chsink: counts of %s: %w", table, err)
 	}

@@ -36,7 +36,7 @@ type Config struct {
 	// Store is where batches go (required). The Sink does not close it.
 	Store *Store
 
-	// MaxBatch is the most events in one insert (default 50,000).
+	// MaxBatch is the most events in one insert (default 100,000).
 	MaxBatch int
 	// FlushInterval is the longest the first event of a batch waits for
 	// the batch to fill (default 1 s).
@@ -50,9 +50,11 @@ type Config struct {
 	// the batch in hand (default 10 s); what it cannot, the group
 	// redelivers.
 	ShutdownTimeout time.Duration
-	// DedupeWindow is how many recently inserted event IDs the sink
-	// remembers to drop repeats before inserting them (default 262,144,
-	// ~7 MB; negative disables). Correctness does not depend on it.
+	// DedupeWindow is how many of each producer's most recent sequences
+	// the sink remembers having inserted, to drop repeats before inserting
+	// them (default 262,144, rounded up to a power of two: 32 KiB per
+	// producer, at most 256 producers, and as much again for the batch in
+	// hand; negative disables). Correctness does not depend on it.
 	DedupeWindow int
 
 	// Registerer receives shoal_pipeline_chsink_* metrics (optional).
@@ -175,7 +177,7 @@ func (c *Config) setDefaults() {
 		c.Topic = event.TopicUsage
 	}
 	if c.MaxBatch <= 0 {
-		c.MaxBatch = 50_000
+		c.MaxBatch = 100_000
 	}
 	if c.FlushInterval <= 0 {
 		c.FlushInterval = time.Second
@@ -231,6 +233,9 @@ func (s *Sink) run() {
 		return
 	}
 	b := &batch{events: make([]event.Usage, 0, min(s.cfg.MaxBatch, 1<<16)), last: make(map[partKey]*kgo.Record)}
+	if s.dedup != nil {
+		b.ids = newRecentIDs(s.cfg.DedupeWindow)
+	}
 	for s.runCtx.Err() == nil {
 		if !s.cycle(b) {
 			return
@@ -260,14 +265,14 @@ func (s *Sink) ensureSchema() bool {
 // last record consumed (what the commit names).
 type batch struct {
 	events []event.Usage
-	ids    map[uint64]struct{} // recentIDs keys of this batch: repeats within it are dropped
+	ids    *recentIDs // the IDs of this batch: repeats within it are dropped (nil: no filter)
 	last   map[partKey]*kgo.Record
 }
 
 func (b *batch) reset() {
 	clear(b.events)
 	b.events = b.events[:0]
-	clear(b.ids)
+	b.ids.clear()
 	clear(b.last)
 }
 
@@ -277,7 +282,6 @@ func (b *batch) reset() {
 func (s *Sink) cycle(b *batch) bool {
 	defer s.cl.AllowRebalance()
 	defer b.reset()
-	s.dedup.resetIfFull()
 	var flushAt time.Time
 	for len(b.events) < s.cfg.MaxBatch && s.runCtx.Err() == nil {
 		pollCtx, cancel := s.runCtx, context.CancelFunc(func() {})
@@ -349,20 +353,10 @@ func (s *Sink) duplicate(b *batch, id event.ID) bool {
 	if s.dedup == nil {
 		return false
 	}
-	if s.dedup.seen(id) {
+	if s.dedup.seen(id) || b.ids.seen(id) {
 		return true
 	}
-	k := s.dedup.key(id, true)
-	if k == noKey {
-		return false
-	}
-	if b.ids == nil {
-		b.ids = make(map[uint64]struct{})
-	}
-	if _, dup := b.ids[k]; dup {
-		return true
-	}
-	b.ids[k] = struct{}{}
+	b.ids.add(id)
 	return false
 }
 

@@ -364,8 +364,45 @@ func TestSchemaIdempotent(t *testing.T) {
 	assert.Error(t, err)
 }
 
+// TestSchemaMigratesOldRequests: a database created by the two-table
+// schema (requests without shape columns, query_insights) is brought to
+// the current one by EnsureSchema, old rows keep counting for billing,
+// and new events are served by TopShapes.
+func TestSchemaMigratesOldRequests(t *testing.T) {
+	ch := requireCH(t)
+	st := openStore(t, ch)
+	ctx := context.Background()
+	db := st.Database()
+	require.NoError(t, st.Conn().Exec(ctx, "DROP TABLE "+db+".requests"))
+	require.NoError(t, st.Conn().Exec(ctx, `CREATE TABLE `+db+`.requests (
+    day Date, account_id String, database_uuid String, host String, event_producer String, event_seq UInt64,
+    window_start_ms Int64, window_end_ms Int64, queries Int64, errors Int64, rows_read Int64, rows_written Int64, duration_us Int64
+) ENGINE = ReplacingMergeTree() PARTITION BY toYYYYMM(day) ORDER BY (day, account_id, database_uuid, event_producer, event_seq)`))
+	b, err := st.Conn().PrepareBatch(ctx, "INSERT INTO "+db+".requests (day, account_id, database_uuid, host, event_producer, event_seq, "+
+		"window_start_ms, window_end_ms, queries, errors, rows_read, rows_written, duration_us)")
+	require.NoError(t, err)
+	start := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+	require.NoError(t, b.Append(Day(start.UnixMilli()), "acct-m", "db-m", "h", "h@1/usage", uint64(1),
+		start.UnixMilli(), start.UnixMilli()+1000, int64(2), int64(0), int64(10), int64(1), int64(30)))
+	require.NoError(t, b.Send())
+
+	require.NoError(t, st.EnsureSchema(ctx))
+	require.NoError(t, st.EnsureSchema(ctx), "idempotent once migrated")
+	ev := event.Usage{V: 1, EventID: event.ID{Producer: "h@1/usage", Seq: 2}, Host: "h", AccountID: "acct-m", DatabaseUUID: "db-m",
+		Shape: "SELECT 1", ShapeHash: 77, WindowStart: start.UnixMilli() + 1000, WindowEnd: start.UnixMilli() + 2000,
+		Queries: 3, RowsRead: 5, RowsWritten: 0, DurationUs: 40, MaxDuration: 20}
+	require.NoError(t, st.Insert(ctx, []event.Usage{ev}))
+	tot, err := st.TotalsForAccountDay(ctx, "acct-m", start)
+	require.NoError(t, err)
+	assert.Equal(t, Totals{Events: 2, Queries: 5, RowsRead: 15, RowsWritten: 1, DurationUs: 70}, tot)
+	top, err := st.TopShapes(ctx, "acct-m", "db-m", start, ByCount, 10)
+	require.NoError(t, err)
+	assert.Equal(t, []ShapeStats{{ShapeHash: 77, Shape: "SELECT 1", Queries: 3, RowsRead: 5, DurationUs: 40, MaxDurationUs: 20}}, top,
+		"the pre-migration row has no shape")
+}
+
 func TestRecentIDs(t *testing.T) {
-	r := newRecentIDs(3)
+	r := newRecentIDs(3) // rounded up to a window of 64 sequences per producer
 	id := func(p string, s uint64) event.ID { return event.ID{Producer: p, Seq: s} }
 	assert.False(t, r.seen(id("a", 1)))
 	r.add(id("a", 1))
@@ -374,20 +411,31 @@ func TestRecentIDs(t *testing.T) {
 	assert.True(t, r.seen(id("a", 1)))
 	assert.True(t, r.seen(id("b", 1)))
 	assert.False(t, r.seen(id("b", 2)))
-	r.add(id("a", 3)) // evicts a/1
+	assert.False(t, r.seen(id("c", 1)))
+	r.add(id("a", 65)) // a/1 is now outside a's window (the 64 sequences up to 65)
 	assert.False(t, r.seen(id("a", 1)))
-	assert.True(t, r.seen(id("a", 3)))
-	r.add(id("a", 3)) // re-adding does not evict
-	assert.True(t, r.seen(id("b", 1)))
+	assert.True(t, r.seen(id("a", 2)))
+	assert.False(t, r.seen(id("a", 3)), "a skipped sequence is not seen")
+	assert.True(t, r.seen(id("a", 65)))
+	r.add(id("a", 65)) // re-adding does not move the window
+	assert.True(t, r.seen(id("a", 2)))
+	assert.True(t, r.seen(id("b", 1)), "producers have windows of their own")
+	r.add(id("a", 1)) // older than the window: not remembered
+	assert.False(t, r.seen(id("a", 1)))
+	r.add(id("a", 1000)) // a jump past the window forgets all of it
+	assert.False(t, r.seen(id("a", 65)))
+	assert.True(t, r.seen(id("a", 1000)))
+	assert.False(t, r.seen(id("a", 1000-64)), "a slot reused by the slide was cleared")
+	r.add(id("a", 999)) // in order or not
+	assert.True(t, r.seen(id("a", 999)))
+	r.clear()
+	assert.False(t, r.seen(id("a", 1000)))
+	assert.False(t, r.seen(id("b", 1)))
 	var nilR *recentIDs
 	assert.False(t, nilR.seen(id("a", 1)))
 	nilR.add(id("a", 1))
+	nilR.clear()
 
-	// An ID that does not fit the packed key is never remembered, so
-	// never dropped.
-	big := id("a", 1<<seqBits)
-	r.add(big)
-	assert.False(t, r.seen(big))
 	// Runs of one producer and alternation give the same answers.
 	r2 := newRecentIDs(100)
 	for i := uint64(0); i < 20; i++ {
@@ -396,6 +444,39 @@ func TestRecentIDs(t *testing.T) {
 	for i := uint64(0); i < 20; i++ {
 		assert.True(t, r2.seen(id("p"+strconv.Itoa(int(i%3)), i)))
 		assert.False(t, r2.seen(id("p"+strconv.Itoa(int((i+1)%3)), i)))
+	}
+	// More producers than it keeps: the least recently used is forgotten,
+	// never confused with another.
+	r3 := newRecentIDs(64)
+	for p := 0; p <= maxProducers; p++ {
+		r3.add(id("q"+strconv.Itoa(p), 5))
+	}
+	assert.False(t, r3.seen(id("q0", 5)))
+	assert.True(t, r3.seen(id("q"+strconv.Itoa(maxProducers), 5)))
+	assert.True(t, r3.seen(id("q1", 5)))
+	assert.Len(t, r3.producers, maxProducers)
+
+	// Against a plain set of every ID added, random IDs in a sliding
+	// range: whatever it says is seen was added (exactness), and within
+	// the window everything added is seen.
+	rng := rand.New(rand.NewPCG(5, 5))
+	r4 := newRecentIDs(256)
+	added := map[event.ID]bool{}
+	var hi [4]uint64
+	for i := 0; i < 20_000; i++ {
+		p := rng.IntN(4)
+		s := uint64(i/4) + uint64(rng.IntN(300))
+		e := id("r"+strconv.Itoa(p), s)
+		if rng.IntN(3) == 0 {
+			r4.add(e)
+			added[e] = true
+			hi[p] = max(hi[p], s)
+		}
+		if r4.seen(e) {
+			assert.True(t, added[e], "seen but never added: %v", e)
+		} else if added[e] && hi[p]-s < 256 {
+			t.Fatalf("added within the window but not seen: %v (hi %d)", e, hi[p])
+		}
 	}
 }
 

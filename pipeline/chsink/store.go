@@ -1,12 +1,12 @@
 // Package chsink moves query usage from Kafka into ClickHouse and answers
 // the questions asked of it: the Sink is a consumer-group consumer of the
-// usage topic that writes batches into the requests and query_insights
-// tables; the Store owns those tables (schema, idempotent inserts, and the
-// queries the limiter and `d1 insights` use).
+// usage topic that writes batches into the requests table (shape texts
+// into query_shapes); the Store owns those tables (schema, idempotent
+// inserts, and the queries the limiter and `d1 insights` use).
 //
 // Delivery is at least once in (offsets are committed only after a batch's
-// inserts were acknowledged) and exactly once in effect out: both tables
-// are ReplacingMergeTree keyed on the event identity and every query
+// inserts were acknowledged) and exactly once in effect out: requests is
+// a ReplacingMergeTree keyed on the event identity and every query
 // deduplicates by that key (FINAL, or GROUP BY the identity: queries.go),
 // so an event inserted twice — a redelivery after a sink crash, a retried
 // insert, a producer that replayed its spill — counts once. See schema.go for the keys and pipeline/DESIGN.md for why this
@@ -99,9 +99,9 @@ func (s *Store) Conn() driver.Conn { return s.conn }
 // Ping checks that ClickHouse answers.
 func (s *Store) Ping(ctx context.Context) error { return s.conn.Ping(ctx) }
 
-// Insert writes events into requests and query_insights, and the shape
-// texts this Store has not written yet into query_shapes (events without
-// a shape go to requests only). It is idempotent: inserting the same
+// Insert writes events into requests (one row each, shape hash and
+// slowest query included), and the shape texts this Store has not written
+// yet into query_shapes. It is idempotent: inserting the same
 // events again, in whole or in part, leaves every total unchanged, so a
 // caller that does not know whether an attempt landed simply retries it.
 // The events are durable on the server's disk when Insert returns nil (in
@@ -112,12 +112,12 @@ func (s *Store) Insert(ctx context.Context, events []event.Usage) error {
 		return nil
 	}
 	shapes := s.newShapes(events)
-	// The tables are written concurrently, on separate connections: an
-	// event may then be in one and not yet another, which a retry of the
-	// whole call repairs (every insert is idempotent).
+	// The tables are written concurrently, on separate connections: a
+	// shape text may then be missing while its events are stored (or the
+	// reverse), which a retry of the whole call repairs (every insert is
+	// idempotent).
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.insertRequests(gctx, events) })
-	g.Go(func() error { return s.insertInsights(gctx, events) })
 	if len(shapes) > 0 {
 		g.Go(func() error { return s.insertShapes(gctx, shapes) })
 	}
@@ -182,51 +182,19 @@ func (s *Store) insertRequests(ctx context.Context, events []event.Usage) error 
 	n := len(events)
 	day := make([]time.Time, n)
 	account, database, host, producer := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	seq := make([]uint64, n)
-	start, end, queries, errs, read, written, dur := make([]int64, n), make([]int64, n), make([]int64, n),
-		make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	seq, hash := make([]uint64, n), make([]uint64, n)
+	start, end, queries, errs, read, written, dur, maxDur := make([]int64, n), make([]int64, n), make([]int64, n),
+		make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
 	for i := range events {
 		u := &events[i]
 		day[i] = Day(u.WindowStart)
 		account[i], database[i], host[i], producer[i] = u.AccountID, u.DatabaseUUID, u.Host, u.EventID.Producer
-		seq[i] = u.EventID.Seq
+		seq[i], hash[i] = u.EventID.Seq, u.ShapeHash
 		start[i], end[i], queries[i], errs[i] = u.WindowStart, u.WindowEnd, u.Queries, u.Errors
-		read[i], written[i], dur[i] = u.RowsRead, u.RowsWritten, u.DurationUs
+		read[i], written[i], dur[i], maxDur[i] = u.RowsRead, u.RowsWritten, u.DurationUs, u.MaxDuration
 	}
 	return s.send(ctx, "requests", requestsColumns, []any{
-		day, account, database, host, producer, seq, start, end, queries, errs, read, written, dur,
-	})
-}
-
-func (s *Store) insertInsights(ctx context.Context, events []event.Usage) error {
-	n := 0
-	for i := range events {
-		if hasShape(&events[i]) {
-			n++
-		}
-	}
-	if n == 0 {
-		return nil
-	}
-	day := make([]time.Time, 0, n)
-	account, database, producer := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
-	hash, seq := make([]uint64, 0, n), make([]uint64, 0, n)
-	start, queries, errs, read, written, dur, maxDur := make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n),
-		make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n)
-	for i := range events {
-		u := &events[i]
-		if !hasShape(u) {
-			continue
-		}
-		day = append(day, Day(u.WindowStart))
-		account, database, producer = append(account, u.AccountID), append(database, u.DatabaseUUID), append(producer, u.EventID.Producer)
-		hash, seq = append(hash, u.ShapeHash), append(seq, u.EventID.Seq)
-		start, queries, errs = append(start, u.WindowStart), append(queries, u.Queries), append(errs, u.Errors)
-		read, written = append(read, u.RowsRead), append(written, u.RowsWritten)
-		dur, maxDur = append(dur, u.DurationUs), append(maxDur, u.MaxDuration)
-	}
-	return s.send(ctx, "query_insights", insightsColumns, []any{
-		day, account, database, hash, producer, seq, start, queries, errs, read, written, dur, maxDur,
+		day, account, database, host, producer, seq, start, end, queries, errs, read, written, dur, hash, maxDur,
 	})
 }
 
@@ -238,7 +206,9 @@ func (s *Store) insertShapes(ctx context.Context, shapes map[shapeKey]string) er
 	return s.send(ctx, "query_shapes", shapesColumns, []any{account, hash, text})
 }
 
-func hasShape(u *event.Usage) bool { return u.Shape != "" || u.ShapeHash != 0 }
+// hasShape reports whether an event is an insight row: shape hash 0 is
+// reserved for events without a shape.
+func hasShape(u *event.Usage) bool { return u.ShapeHash != 0 }
 
 func (s *Store) send(ctx context.Context, table, cols string, values []any) (err error) {
 	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+table+" ("+cols+")")
