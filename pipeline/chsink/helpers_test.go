@@ -2,11 +2,9 @@ package chsink
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -19,43 +17,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/shoaldb/shoal/pipeline/chlocal"
+	"github.com/shoaldb/shoal/pipeline/chlocal/chtest"
 	"github.com/shoaldb/shoal/pipeline/event"
 )
 
-// sharedCH is one clickhouse-server for the package's tests (each test
-// uses its own database); tests that stop ClickHouse start their own.
-var (
-	sharedCH    *chlocal.Server
-	sharedCHErr error
-)
+func TestMain(m *testing.M) { chtest.Main(m) }
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "chsink-test-ch-")
-	if err != nil {
-		panic(err)
-	}
-	sharedCH, sharedCHErr = chlocal.Start(context.Background(), chlocal.Config{DataDir: dir})
-	code := m.Run()
-	if sharedCH != nil {
-		_ = sharedCH.Close()
-	}
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// requireCH returns the shared server. A missing clickhouse-server skips
-// the test (fails it with SHOAL_REQUIRE_CLICKHOUSE=1); any other start
-// failure fails it.
-func requireCH(t *testing.T) *chlocal.Server {
-	t.Helper()
-	if sharedCHErr != nil {
-		if errors.Is(sharedCHErr, chlocal.ErrNotInstalled) && os.Getenv("SHOAL_REQUIRE_CLICKHOUSE") != "1" {
-			t.Skipf("clickhouse-server not installed (scripts/deps.sh installs it): %v", sharedCHErr)
-		}
-		t.Fatalf("clickhouse-server: %v", sharedCHErr)
-	}
-	return sharedCH
-}
+// requireCH returns the package's shared server (chtest): tests that stop
+// ClickHouse start their own.
+func requireCH(t *testing.T) *chlocal.Server { t.Helper(); return chtest.Require(t) }
 
 var nonIdent = regexp.MustCompile(`[^A-Za-z0-9_]`)
 
