@@ -32,6 +32,7 @@ type databaseJSON struct {
 	FileSize        int64           `json:"file_size"`
 	Jurisdiction    *string         `json:"jurisdiction"`
 	RunningInRegion string          `json:"running_in_region,omitempty"`
+	CreatedInRegion string          `json:"created_in_region,omitempty"` // create's answer only, as D1
 	ReadReplication readReplication `json:"read_replication"`
 }
 
@@ -286,7 +287,10 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 	if a.Limits.MaxDatabases > 0 && a.ActiveDatabases >= a.Limits.MaxDatabases {
 		return fsm.Database{}, &databaseLimitError{max: a.Limits.MaxDatabases, tier: a.Tier}
 	}
-	jur, hint := "", ""
+	jur, hint, mode := "", "", "disabled"
+	if body.ReadReplication != nil {
+		mode = *body.ReadReplication.Mode // validated by parseCreateBody
+	}
 	if body.Jurisdiction != nil {
 		jur = strings.ToLower(*body.Jurisdiction)
 	}
@@ -344,7 +348,7 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 			var err error
 			d, err = s.catalog.CreateDatabase(ctx, fsm.CreateDatabase{
 				UUID: id, AccountID: acct, Name: *body.Name, ObjectID: objectID, HostID: host.ID,
-				Region: host.Region, Jurisdiction: jur, ReadReplication: "disabled",
+				Region: host.Region, Jurisdiction: jur, ReadReplication: mode,
 			})
 			return err
 		})
@@ -444,7 +448,9 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ principa
 		return
 	}
 	s.writes.wrote(acct)
-	v4.WriteResult(w, toJSON(d, 0, 0))
+	out := toJSON(d, 0, 0)
+	out.CreatedInRegion = out.RunningInRegion
+	v4.WriteResult(w, out)
 }
 
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request, _ principal) {
@@ -551,8 +557,13 @@ func (s *Server) handleUpdate(w http.ResponseWriter, r *http.Request, _ principa
 		s.writeErr(w, r, err)
 		return
 	}
-	if _, err := s.ownDatabase(r.Context(), acct, id); err != nil {
+	cur, err := s.ownDatabase(r.Context(), acct, id)
+	if err != nil {
 		s.writeErr(w, r, err)
+		return
+	}
+	if mode == "" { // `{}`: nothing to change
+		v4.WriteResult(w, s.liveJSON(r.Context(), cur))
 		return
 	}
 	var d fsm.Database

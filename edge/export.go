@@ -179,6 +179,7 @@ type exportBody struct {
 
 // ExportStatus is D1's export polling answer.
 type ExportStatus struct {
+	Success    bool          `json:"success"` // wrangler and cloudflare-go check it
 	Type       string        `json:"type"`
 	Status     string        `json:"status"`
 	AtBookmark string        `json:"at_bookmark"`
@@ -196,7 +197,7 @@ type ExportResult struct {
 // dumpRequest does what every export and import call starts with: signed
 // URLs must be configured, the path names a database of the caller's
 // account, the rate limits allow it, and the (small) JSON body decodes
-// strictly into dst. It has answered the client when ok is false.
+// into dst (decodeD1: unknown fields ignored, known ones typed). It has answered the client when ok is false.
 func (s *Server) dumpRequest(w http.ResponseWriter, r *http.Request, dst any) (acct, id string, ok bool) {
 	if _, err := s.urlKey(); err != nil {
 		s.writeDumpErr(w, r, err)
@@ -207,7 +208,7 @@ func (s *Server) dumpRequest(w http.ResponseWriter, r *http.Request, dst any) (a
 		s.writeErr(w, r, err)
 		return "", "", false
 	}
-	if err := readJSON(r.Body, smallBodyBytes, dst); err != nil {
+	if err := readD1JSON(r.Body, smallBodyBytes, dst); err != nil {
 		s.writeErr(w, r, err)
 		return "", "", false
 	}
@@ -256,7 +257,7 @@ func (s *Server) handleExport(w http.ResponseWriter, r *http.Request, _ principa
 		s.writeDumpErr(w, r, err)
 		return
 	}
-	v4.WriteResult(w, ExportStatus{Type: "export", Status: "complete", AtBookmark: bookmark,
+	v4.WriteResult(w, ExportStatus{Success: true, Type: "export", Status: "complete", AtBookmark: bookmark,
 		Messages: []string{"Export ready: the dump is read from a consistent snapshot when downloaded; the URL expires in 1 hour"},
 		Result:   &ExportResult{Filename: c.Filename, SignedURL: publicBase(r) + "/client/v4/shoal/dump/" + tok}})
 }

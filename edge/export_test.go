@@ -1,13 +1,16 @@
 package edge
 
 import (
+	"crypto/md5"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/shoaldb/shoal/internal/binding"
@@ -105,4 +108,105 @@ func TestExportImportNeedKeyring(t *testing.T) {
 	require.Equal(t, http.StatusNotImplemented, a.Status)
 	a = e.call(http.MethodPost, dbPath(acctA)+"/"+d.UUID+"/import", tokA, map[string]any{"action": "init", "etag": strings.Repeat("ab", 16)})
 	require.Equal(t, http.StatusNotImplemented, a.Status)
+}
+
+// TestImportFlowAsWranglerSeesIt follows wrangler's d1 execute --file: the
+// upload's ETag must be the quoted MD5 of the file, every status carries
+// success: true, each poll returns only the messages not yet seen, and a
+// failed job reports errors[] (strings, which wrangler joins).
+func TestImportFlowAsWranglerSeesIt(t *testing.T) {
+	e := newEnv(t)
+	d := e.create(acctA, tokA, "importme")
+	base := dbPath(acctA) + "/" + d.UUID
+	file := "CREATE TABLE t(x);\nINSERT INTO t VALUES (1);\n"
+	sum := md5.Sum([]byte(file))
+	etag := hex.EncodeToString(sum[:])
+
+	run := func(filename string) []ImportStatus {
+		a := e.call(http.MethodPost, base+"/import", tokA, map[string]any{"action": "init", "etag": etag})
+		require.Equal(t, http.StatusOK, a.Status, string(a.Raw))
+		var ini ImportInit
+		require.NoError(t, json.Unmarshal(a.Result, &ini))
+		if filename == "" {
+			filename = ini.Filename
+		}
+		req, err := http.NewRequest(http.MethodPut, ini.UploadURL, strings.NewReader(file))
+		require.NoError(t, err)
+		resp, err := e.ts.Client().Do(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Equal(t, `"`+etag+`"`, resp.Header.Get("ETag"), "wrangler compares the ETag with the file's MD5")
+
+		var out []ImportStatus
+		a = e.call(http.MethodPost, base+"/import", tokA, map[string]any{"action": "ingest", "etag": etag, "filename": filename})
+		for i := 0; i < 10; i++ {
+			require.Equal(t, http.StatusOK, a.Status, string(a.Raw))
+			var st ImportStatus
+			require.NoError(t, json.Unmarshal(a.Result, &st))
+			out = append(out, st)
+			if st.Status != "active" {
+				return out
+			}
+			a = e.call(http.MethodPost, base+"/import", tokA, map[string]any{"action": "poll", "current_bookmark": st.AtBookmark})
+		}
+		t.Fatal("import never finished")
+		return nil
+	}
+
+	sts := run("")
+	require.Len(t, sts, 3)
+	var msgs []string
+	for _, st := range sts {
+		assert.True(t, st.Success, "%+v", st)
+		assert.Equal(t, "import", st.Type)
+		assert.NotNil(t, st.Errors)
+		assert.Empty(t, st.Errors)
+		msgs = append(msgs, st.Messages...)
+	}
+	assert.Equal(t, []string{"Import started", "Imported 1 statements (9 bytes)"}, msgs, "each message is reported once")
+	assert.Equal(t, "complete", sts[2].Status)
+	assert.Empty(t, sts[2].Messages)
+	assert.NotEmpty(t, sts[2].Result)
+
+	// A bare job name (an older client's bookmark) still polls, from the start.
+	job, _ := splitImportBookmark(sts[2].AtBookmark)
+	a := e.call(http.MethodPost, base+"/import", tokA, map[string]any{"action": "poll", "current_bookmark": job})
+	require.Equal(t, http.StatusOK, a.Status, string(a.Raw))
+	var st ImportStatus
+	require.NoError(t, json.Unmarshal(a.Result, &st))
+	assert.Len(t, st.Messages, 2)
+
+	// A failed job: errors[] holds the reason; error stays for old clients.
+	sts = run("bad-" + etag + ".sql")
+	last := sts[len(sts)-1]
+	assert.Equal(t, "error", last.Status)
+	assert.True(t, last.Success)
+	assert.Equal(t, []string{`near "SELEC": syntax error`}, last.Errors)
+	assert.Equal(t, `near "SELEC": syntax error`, last.Error)
+	assert.Equal(t, []string{`near "SELEC": syntax error`}, last.Messages)
+}
+
+func TestExportStatusHasSuccess(t *testing.T) {
+	e := newEnv(t)
+	d := e.create(acctA, tokA, "exportme")
+	a := e.call(http.MethodPost, dbPath(acctA)+"/"+d.UUID+"/export", tokA, map[string]any{"output_format": "polling"})
+	require.Equal(t, http.StatusOK, a.Status, string(a.Raw))
+	var st map[string]any
+	require.NoError(t, json.Unmarshal(a.Result, &st))
+	assert.Equal(t, true, st["success"], "wrangler and cloudflare-go read success")
+	assert.Equal(t, "complete", st["status"])
+}
+
+func TestSplitImportBookmark(t *testing.T) {
+	for in, want := range map[string]struct {
+		job  string
+		seen int
+	}{
+		"abc-1.sql:3": {"abc-1.sql", 3}, "abc-1.sql": {"abc-1.sql", 0}, "a:b": {"a:b", 0}, "a:-1": {"a:-1", 0}, "": {"", 0},
+	} {
+		job, seen := splitImportBookmark(in)
+		assert.Equal(t, want.job, job, in)
+		assert.Equal(t, want.seen, seen, in)
+	}
 }

@@ -2,6 +2,8 @@ package edge
 
 import (
 	"context"
+	"crypto/md5"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -355,6 +357,7 @@ type fakeObject struct {
 	state     string
 	confirmed bool
 	gen       int64
+	imp       map[string]any // the import job: cumulative messages, like the real host
 }
 
 func newFakeHost(t *testing.T, keys *binding.Keyring) *fakeHost {
@@ -447,7 +450,42 @@ func (h *fakeHost) serveObject(w http.ResponseWriter, r *http.Request, id, op st
 			return
 		}
 		h.answer(w, op, body)
+	case "export":
+		v4.WriteResult(w, map[string]any{})
+	case "import/ingest":
+		var in struct{ Filename string }
+		_ = json.Unmarshal(body, &in)
+		o.imp = map[string]any{"type": "import", "status": "active", "at_bookmark": in.Filename,
+			"messages": []string{"Import started"}, "progress": map[string]any{"bytes": 0}}
+		v4.WriteResult(w, o.imp)
+	case "import/poll":
+		var in struct {
+			CurrentBookmark string `json:"current_bookmark"`
+		}
+		_ = json.Unmarshal(body, &in)
+		if o.imp == nil || in.CurrentBookmark != o.imp["at_bookmark"] {
+			v4.WriteError(w, 400, 7400, "no import with that bookmark on this database")
+			return
+		}
+		msgs := o.imp["messages"].([]string)
+		switch {
+		case strings.HasPrefix(in.CurrentBookmark, "bad"):
+			o.imp["status"], o.imp["error"] = "error", "near \"SELEC\": syntax error"
+			msgs = append(msgs, "near \"SELEC\": syntax error")
+		case len(msgs) == 1:
+			msgs = append(msgs, "Imported 1 statements (9 bytes)")
+		default:
+			o.imp["status"] = "complete"
+			o.imp["result"] = map[string]any{"final_bookmark": in.CurrentBookmark, "num_queries": 1}
+		}
+		o.imp["messages"] = msgs
+		v4.WriteResult(w, o.imp)
 	default:
+		if name, ok := strings.CutPrefix(op, "import/upload/"); ok {
+			sum := md5.Sum(body)
+			v4.WriteResult(w, map[string]any{"filename": name, "size": len(body), "etag": hex.EncodeToString(sum[:])})
+			return
+		}
 		v4.WriteError(w, 404, 7404, "no such op")
 	}
 }

@@ -4,8 +4,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/gorilla/mux"
@@ -29,6 +32,54 @@ type importBody struct {
 type ImportInit struct {
 	UploadURL string `json:"upload_url"`
 	Filename  string `json:"filename"`
+}
+
+// ImportStatus is D1's import polling answer as the client sees it. The
+// object host keeps one job per database and reports every message of it
+// on each poll, with the job's file name as its bookmark; the edge keeps no
+// state, so it puts the number of messages a client has already been given
+// in the bookmark it hands out ("<file>:<n>") and answers each poll with the
+// new ones only (wrangler prints every message it receives). errors holds
+// the failure as wrangler reads it (a list of strings, joined for display);
+// error is the same text, kept for older Shoal clients.
+type ImportStatus struct {
+	Success    bool            `json:"success"`
+	Type       string          `json:"type"`
+	Status     string          `json:"status"`
+	AtBookmark string          `json:"at_bookmark"`
+	Messages   []string        `json:"messages"`
+	Errors     []string        `json:"errors"`
+	Error      string          `json:"error,omitempty"`
+	Result     json.RawMessage `json:"result,omitempty"`
+	Progress   json.RawMessage `json:"progress,omitempty"`
+}
+
+// forClient turns the host's status into the answer to a client that has
+// seen the first seen messages of the job.
+func (st ImportStatus) forClient(seen int) ImportStatus {
+	all := st.Messages
+	if seen > len(all) || seen < 0 {
+		seen = len(all) // a bookmark from a previous job of the same file
+	}
+	st.Messages = append([]string{}, all[seen:]...)
+	st.AtBookmark = st.AtBookmark + ":" + strconv.Itoa(len(all))
+	st.Errors = []string{}
+	if st.Error != "" {
+		st.Errors = append(st.Errors, st.Error)
+	}
+	st.Success = true // the poll succeeded; status says how the job is doing
+	return st
+}
+
+// splitImportBookmark reads a bookmark made by forClient; a bare job name
+// (what the host and older edges hand out) means nothing seen yet.
+func splitImportBookmark(b string) (job string, seen int) {
+	if i := strings.LastIndexByte(b, ':'); i >= 0 {
+		if n, err := strconv.Atoi(b[i+1:]); err == nil && n >= 0 {
+			return b[:i], n
+		}
+	}
+	return b, 0
 }
 
 // handleImport serves POST /{id}/import: init (sign an upload URL), ingest
@@ -67,21 +118,22 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request, _ principa
 			s.writeErr(w, r, invalid("Invalid request: ingest needs etag and filename"))
 			return
 		}
-		var st json.RawMessage
+		var st ImportStatus
 		if err := s.hostCall(r.Context(), acct, id, http.MethodPost, "/import/ingest",
 			map[string]string{"etag": etag, "filename": body.Filename}, &st); err != nil {
 			s.writeErr(w, r, err)
 			return
 		}
-		v4.WriteResult(w, st)
+		v4.WriteResult(w, st.forClient(0))
 	case "poll":
-		var st json.RawMessage
+		job, seen := splitImportBookmark(body.CurrentBookmark)
+		var st ImportStatus
 		if err := s.hostCall(r.Context(), acct, id, http.MethodPost, "/import/poll",
-			map[string]string{"current_bookmark": body.CurrentBookmark}, &st); err != nil {
+			map[string]string{"current_bookmark": job}, &st); err != nil {
 			s.writeErr(w, r, err)
 			return
 		}
-		v4.WriteResult(w, st)
+		v4.WriteResult(w, st.forClient(seen))
 	default:
 		s.writeErr(w, r, invalid(`Invalid property: action => must be "init", "ingest" or "poll"`))
 	}
@@ -89,7 +141,9 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request, _ principa
 
 // handleImportUpload serves PUT /client/v4/shoal/upload/{token}: the body
 // streams to the object host (never buffered here); the host computes its
-// MD5, which ingest checks against the etag.
+// MD5, which ingest checks against the etag. Like R2's PUT, the answer
+// carries that MD5 as a quoted hex ETag header: wrangler compares it with
+// the file's MD5 before it asks for the ingest.
 func (s *Server) handleImportUpload(w http.ResponseWriter, r *http.Request) {
 	c, err := s.verifyURL(mux.Vars(r)["token"], "import")
 	if err != nil {
@@ -111,5 +165,25 @@ func (s *Server) handleImportUpload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer resp.Body.Close()
-	s.passThrough(w, resp)
+	if resp.StatusCode != http.StatusOK {
+		s.passThrough(w, resp)
+		return
+	}
+	// The host's answer is a small v4 envelope with the upload's MD5.
+	b, err := io.ReadAll(io.LimitReader(resp.Body, smallBodyBytes))
+	if err != nil {
+		s.writeErr(w, r, fmt.Errorf("%w: object host upload answer: %w", ErrUnavailable, err))
+		return
+	}
+	var env struct {
+		Result struct {
+			Etag string `json:"etag"`
+		} `json:"result"`
+	}
+	if json.Unmarshal(b, &env) == nil && etagRe.MatchString(env.Result.Etag) {
+		w.Header().Set("ETag", `"`+strings.ToLower(env.Result.Etag)+`"`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
 }

@@ -87,17 +87,37 @@ func readJSON(r io.Reader, max int64, v any) error {
 	return decodeStrict(b, v)
 }
 
+// readD1JSON reads a body of at most max bytes and decodes it into v with
+// decodeD1.
+func readD1JSON(r io.Reader, max int64, v any) error {
+	b, err := readBody(r, max)
+	if err != nil {
+		return err
+	}
+	return decodeD1(b, v)
+}
+
 // decodeStrict decodes exactly one JSON value into v, refusing unknown fields
 // and trailing data, and text the decoder would not keep exactly (raw NUL,
 // invalid UTF-8, unpaired surrogate escapes: d1body.CheckText) — it would
 // replace the last two with U+FFFD without a word, changing SQL, parameters
 // or names.
-func decodeStrict(b []byte, v any) error {
+func decodeStrict(b []byte, v any) error { return decodeJSON(b, v, true) }
+
+// decodeD1 decodes the body of a D1 control call (create, update, export,
+// import) like decodeStrict, except that unknown fields are ignored, as
+// Cloudflare's API does: a field D1 adds tomorrow must not break every
+// client that sends it. Known fields are still checked for their types.
+func decodeD1(b []byte, v any) error { return decodeJSON(b, v, false) }
+
+func decodeJSON(b []byte, v any, strict bool) error {
 	if terr := d1body.CheckText(b); terr != nil {
 		return invalid("malformed JSON body: %s: %s", terr, terr.Problem.BodyHint())
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
+	if strict {
+		dec.DisallowUnknownFields()
+	}
 	dec.UseNumber()
 	if err := dec.Decode(v); err != nil {
 		var te *json.UnmarshalTypeError
@@ -234,6 +254,24 @@ type CreateBody struct {
 	Name                *string `json:"name"`
 	PrimaryLocationHint *string `json:"primary_location_hint,omitempty"`
 	Jurisdiction        *string `json:"jurisdiction,omitempty"`
+	// ReadReplication is the initial mode; absent or null means "disabled".
+	ReadReplication *readReplicationBody `json:"read_replication,omitempty"`
+}
+
+// readReplicationBody is D1's read_replication input object.
+type readReplicationBody struct {
+	Mode *string `json:"mode"`
+}
+
+// mode validates the object: mode is required and "auto" or "disabled".
+func (rr *readReplicationBody) mode() (string, error) {
+	if rr.Mode == nil {
+		return "", invalid("Invalid property: read_replication.mode => required")
+	}
+	if m := *rr.Mode; m != "auto" && m != "disabled" {
+		return "", invalid("Invalid property: read_replication.mode => must be \"auto\" or \"disabled\"")
+	}
+	return *rr.Mode, nil
 }
 
 var (
@@ -243,7 +281,7 @@ var (
 
 func parseCreateBody(b []byte, l Limits) (CreateBody, error) {
 	var c CreateBody
-	if err := decodeStrict(b, &c); err != nil {
+	if err := decodeD1(b, &c); err != nil {
 		return c, err
 	}
 	if c.Name == nil {
@@ -257,6 +295,11 @@ func parseCreateBody(b []byte, l Limits) (CreateBody, error) {
 	}
 	if c.Jurisdiction != nil && *c.Jurisdiction != "" && !jurisdictions[strings.ToLower(*c.Jurisdiction)] {
 		return c, invalid("Invalid property: jurisdiction => must be one of eu, fedramp, us")
+	}
+	if c.ReadReplication != nil {
+		if _, err := c.ReadReplication.mode(); err != nil {
+			return c, err
+		}
 	}
 	return c, nil
 }
@@ -305,24 +348,20 @@ func checkNameFilter(name string) error {
 
 // UpdateBody is the body of PUT/PATCH /d1/database/{id}.
 type UpdateBody struct {
-	ReadReplication *struct {
-		Mode *string `json:"mode"`
-	} `json:"read_replication"`
+	ReadReplication *readReplicationBody `json:"read_replication"`
 }
 
+// parseUpdateBody returns the new read replication mode, or "" when the
+// body changes nothing (`{}`: D1 answers the database unchanged).
 func parseUpdateBody(b []byte) (string, error) {
 	var u UpdateBody
-	if err := decodeStrict(b, &u); err != nil {
+	if err := decodeD1(b, &u); err != nil {
 		return "", err
 	}
-	if u.ReadReplication == nil || u.ReadReplication.Mode == nil {
-		return "", invalid("Invalid property: read_replication.mode => required")
+	if u.ReadReplication == nil {
+		return "", nil
 	}
-	m := *u.ReadReplication.Mode
-	if m != "auto" && m != "disabled" {
-		return "", invalid("Invalid property: read_replication.mode => must be \"auto\" or \"disabled\"")
-	}
-	return m, nil
+	return u.ReadReplication.mode()
 }
 
 // canonicalUUID validates a database id from a path: the hyphenated 36-char

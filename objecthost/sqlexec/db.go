@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -95,9 +96,11 @@ func Open(path string, opts Options) (*DB, error) {
 		nreaders = 0
 	}
 	db := &DB{
-		path:         path,
-		lim:          lim,
-		base:         Meta{ServedByRegion: opts.Region, ServedByPrimary: true, ServedByColo: opts.Host},
+		path: path,
+		lim:  lim,
+		// D1 and its SDKs' enums spell regions upper-case ("WEUR"); hosts
+		// are configured with the location-hint spelling ("weur").
+		base:         Meta{ServedByRegion: strings.ToUpper(opts.Region), ServedByPrimary: true, ServedByColo: opts.Host},
 		maxGroupTime: defaultMaxGroupTime,
 	}
 	db.closing, db.stopClosing = context.WithCancel(context.Background())

@@ -324,3 +324,11 @@ func TestMisclassifiedWriteFallsBackToWriter(t *testing.T) {
 	v, _ := db.readonly.Load(ins)
 	assert.Equal(t, false, v, "relearned as writing")
 }
+
+// TestServedByRegionUpperCase: hosts are configured with the location-hint
+// spelling ("weur"); answers carry D1's ("WEUR"), which the SDKs' enums use.
+func TestServedByRegionUpperCase(t *testing.T) {
+	db, _ := openTest(t, Options{Region: "weur", Host: "host-1"})
+	res := run(t, db, stmt("SELECT 1"))
+	assert.Equal(t, "WEUR", res[0].Meta.ServedByRegion)
+}
