@@ -17,7 +17,7 @@ import (
 // databases, and dropping back lifts it, without waiting for a heartbeat;
 // accounts far from their limit are never read this way.
 func TestStorageRefreshNearTheLimit(t *testing.T) {
-	th := newTestHost(t, nil)
+	th := hbHost(t, nil) // beat() makes every database due
 	ctx := context.Background()
 	var near []db
 	for range 3 {
@@ -32,7 +32,8 @@ func TestStorageRefreshNearTheLimit(t *testing.T) {
 	limits := fsm.Limits{MaxStorageBytes: 1 << 20}
 	th.cat.setAccount(fsm.Account{ID: "near", StorageBytes: 950 << 10, Limits: limits}) // 93%
 	th.cat.setAccount(fsm.Account{ID: "far", StorageBytes: 10 << 10, Limits: limits})
-	th.beat()
+	rep := th.beat()
+	require.Equal(t, 4, rep.Sent, "every database heartbeated: %+v", rep)
 	for _, d := range near {
 		_, err := th.Query(ctx, d.obj, d.id(), q("CREATE TABLE t (x)"))
 		require.NoError(t, err)
