@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/shoaldb/shoal/pipeline"
 	"github.com/shoaldb/shoal/pipeline/event"
 )
 
@@ -231,25 +232,20 @@ func (f *routeFeed) refresh(ctx context.Context) error {
 	if len(add) > 0 {
 		f.cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{f.o.Topic: add})
 	}
-	starts, err := f.adm.ListStartOffsets(ctx, f.o.Topic)
-	if err != nil {
-		return err
-	}
-	ends, err := f.adm.ListEndOffsets(ctx, f.o.Topic)
+	starts, ends, err := pipeline.PartitionOffsets(ctx, f.adm, f.o.Topic)
 	if err != nil {
 		return err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for p, lo := range ends[f.o.Topic] {
-		if lo.Err == nil && f.assigned[p] {
-			f.end[p] = lo.Offset
+	for p, off := range ends {
+		if f.assigned[p] {
+			f.end[p] = off
 		}
 	}
-	for p, lo := range starts[f.o.Topic] {
-		// Below the log start there is nothing left to read.
-		if lo.Err == nil && f.assigned[p] && f.next[p] < lo.Offset {
-			f.next[p] = lo.Offset
+	for p, off := range starts {
+		if f.assigned[p] && f.next[p] < off {
+			f.next[p] = off // nothing left to read below the log start
 		}
 	}
 	f.refreshed = true

@@ -135,3 +135,28 @@ func reconcileConfigs(ctx context.Context, adm *kadm.Client, t TopicSpec) error 
 	}
 	return nil
 }
+
+// PartitionOffsets lists topic's start and end offsets per partition,
+// leaving out partitions the brokers answered with an error: what the
+// feeds that read every partition themselves (edge route feed, object
+// host limits feed) measure their lag and skip compacted-away ranges with.
+func PartitionOffsets(ctx context.Context, adm *kadm.Client, topic string) (starts, ends map[int32]int64, err error) {
+	ls, err := adm.ListStartOffsets(ctx, topic)
+	if err != nil {
+		return nil, nil, err
+	}
+	le, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return nil, nil, err
+	}
+	pick := func(l kadm.ListedOffsets) map[int32]int64 {
+		m := make(map[int32]int64, len(l[topic]))
+		for p, o := range l[topic] {
+			if o.Err == nil {
+				m[p] = o.Offset
+			}
+		}
+		return m
+	}
+	return pick(ls), pick(le), nil
+}

@@ -6,7 +6,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/shoaldb/shoal/edge"
 	"github.com/shoaldb/shoal/internal/config"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
 func newConfigCmd() *cobra.Command {
@@ -59,4 +61,30 @@ func loadNode(path, id, role string) (*config.Cluster, *config.Node, error) {
 		return nil, nil, fmt.Errorf("%s: node %q has no %s role", path, id, role)
 	}
 	return c, n, nil
+}
+
+// clusterTiers is every tier's limits: D1's defaults (edge.DefaultTiers)
+// with the non-zero fields of cluster.hcl's tier blocks over them. The
+// edge enforces them at create; the limiter takes the free tier's daily
+// row thresholds from them.
+func clusterTiers(c *config.Cluster) map[string]fsm.Limits {
+	tiers := edge.DefaultTiers()
+	for name, l := range tiers {
+		t, ok := c.Tier(name)
+		if !ok {
+			continue
+		}
+		over := func(dst *int64, v int64) {
+			if v > 0 {
+				*dst = v
+			}
+		}
+		over(&l.MaxDatabases, t.MaxDatabases)
+		over(&l.MaxStorageBytes, t.MaxStorageBytes)
+		over(&l.MaxDatabaseBytes, t.MaxDatabaseBytes)
+		over(&l.RowsReadPerDay, t.RowsReadPerDay)
+		over(&l.RowsWrittenPerDay, t.RowsWrittenPerDay)
+		tiers[name] = l
+	}
+	return tiers
 }

@@ -97,28 +97,7 @@ secrets come from the file; flags given explicitly win.`,
 						bindingKey = s.BindingKey
 					}
 				}
-				tiers = edge.DefaultTiers()
-				for _, name := range []string{"free", "paid"} {
-					if t, ok := c.Tier(name); ok {
-						l := tiers[name]
-						if t.MaxDatabases > 0 {
-							l.MaxDatabases = t.MaxDatabases
-						}
-						if t.MaxStorageBytes > 0 {
-							l.MaxStorageBytes = t.MaxStorageBytes
-						}
-						if t.MaxDatabaseBytes > 0 {
-							l.MaxDatabaseBytes = t.MaxDatabaseBytes
-						}
-						if t.RowsReadPerDay > 0 {
-							l.RowsReadPerDay = t.RowsReadPerDay
-						}
-						if t.RowsWrittenPerDay > 0 {
-							l.RowsWrittenPerDay = t.RowsWrittenPerDay
-						}
-						tiers[name] = l
-					}
-				}
+				tiers = clusterTiers(c)
 			}
 			if httpAddr == "" || dir == "" || len(catalog) == 0 {
 				return errors.New("--http-addr, --dir and --catalog are required (or --config with --node)")

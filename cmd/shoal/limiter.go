@@ -164,13 +164,8 @@ func runLimiterServe(cmd *cobra.Command, o *limiterServeOpts) error {
 				o.smtpStartTLS = true
 			}
 		}
-		if t, ok := c.Tier("free"); ok {
-			if t.RowsReadPerDay > 0 {
-				free.RowsReadPerDay = t.RowsReadPerDay
-			}
-			if t.RowsWrittenPerDay > 0 {
-				free.RowsWrittenPerDay = t.RowsWrittenPerDay
-			}
+		if t := clusterTiers(c)["free"]; t.RowsReadPerDay > 0 || t.RowsWrittenPerDay > 0 {
+			free.RowsReadPerDay, free.RowsWrittenPerDay = t.RowsReadPerDay, t.RowsWrittenPerDay
 		}
 	}
 	if o.rowsRead > 0 {
