@@ -368,6 +368,15 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 			s.m.stepAfter.Observe(time.Since(t0).Seconds())
 			return d, nil
 		}
+		if errors.Is(err, fsm.ErrExists) {
+			// The host fenced this UUID as an orphan (fsm.CmdFenceOrphans:
+			// the init outlived its creation grace before this write
+			// landed) and is deleting the object: retry from (2) with new
+			// IDs, as after a failed init.
+			s.m.createTries.WithLabelValues("fenced").Inc()
+			lastErr = err
+			continue
+		}
 		if errors.Is(err, fsm.ErrNameTaken) && len(unknown) > 0 {
 			// An earlier attempt whose answer was lost may have committed.
 			if d, ok := s.resolveLostCreate(ctx, acct, *body.Name, unknown); ok {

@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -50,15 +51,23 @@ func TestCatalogRefusalsAreFinal(t *testing.T) {
 				err := form.err
 				require.True(t, isCatalogRefusal(err))
 
-				// A create refused at the checkpoint is answered at once.
+				// A create refused at the checkpoint is answered at once —
+				// except "UUID exists": that refuses the edge's own fresh
+				// UUID (a host fenced it as an orphan), not the client's
+				// request, and the create retries with new IDs.
 				before := e.cat.count("CreateDatabase")
 				e.cat.mu.Lock()
 				e.cat.failWrite = []error{err}
 				e.cat.mu.Unlock()
 				a := e.call("POST", dbPath(acctA), tokA, map[string]any{"name": "refused-" + form.name})
-				assert.False(t, a.Success)
-				assert.Equal(t, before+1, e.cat.count("CreateDatabase"), "a refused create was retried")
-				assertNotRetryAnswer(t, a.Status, a.code(), a.Header, a.Raw)
+				if errors.Is(err, fsm.ErrExists) {
+					assert.True(t, a.Success, "a fenced UUID is retried with new IDs: %s", a.Raw)
+					assert.Equal(t, before+2, e.cat.count("CreateDatabase"), "one retry with new IDs")
+				} else {
+					assert.False(t, a.Success)
+					assert.Equal(t, before+1, e.cat.count("CreateDatabase"), "a refused create was retried")
+					assertNotRetryAnswer(t, a.Status, a.code(), a.Header, a.Raw)
+				}
 
 				// A read refused is the answer, not an outage.
 				got := e.srv.fb.do(ctx, func(context.Context) error { return err })

@@ -393,6 +393,9 @@ func (c *countingCatalog) Heartbeat(_ context.Context, uuids []string) (fsm.Hear
 func (c *countingCatalog) ConfirmHeartbeat(ctx context.Context, uuids []string) (fsm.HeartbeatAnswer, error) {
 	return c.Heartbeat(ctx, uuids)
 }
+func (c *countingCatalog) FenceOrphans(_ context.Context, _ string, uuids []string) (fsm.FenceAnswer, error) {
+	return fsm.FenceAnswer{Known: uuids}, nil
+}
 func (c *countingCatalog) RegisterHost(context.Context, fsm.RegisterHost) error     { return nil }
 func (c *countingCatalog) ReportHostLoad(context.Context, fsm.ReportHostLoad) error { return nil }
 

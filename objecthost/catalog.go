@@ -22,8 +22,10 @@ import (
 // does not know only when ConfirmHeartbeat — a linearizable read, which
 // observes every catalog write acknowledged before it — also answers
 // unknown, the object is past the creation grace and was never confirmed
-// active, and the pass is not a mass of such verdicts (see Config.
-// OrphanMassFloor). Anything else is held and raises an alarm.
+// active, the pass is not a mass of such verdicts (see Config.
+// OrphanMassFloor), and FenceOrphans then fences the UUID (a create for it
+// still in flight can no longer commit). Anything else is held and raises
+// an alarm.
 type Catalog interface {
 	// Heartbeat returns the state of each UUID (Known=false for a UUID the
 	// catalog has no row for, as far as the serving replica knows) and, once
@@ -37,6 +39,13 @@ type Catalog interface {
 	// started. The host calls it only for the UUIDs a Heartbeat answered
 	// unknown past the creation grace, before it deletes anything.
 	ConfirmHeartbeat(ctx context.Context, uuids []string) (fsm.HeartbeatAnswer, error)
+	// FenceOrphans makes the catalog refuse any future create of these
+	// UUIDs (a catalog write, fsm.CmdFenceOrphans) and answers which are
+	// fenced — the only ones the host may delete — and which turned out
+	// to exist after all (a create that committed after the confirming
+	// read: keep the object). The host calls it after ConfirmHeartbeat and
+	// the mass brake, with at most one pass's orphans.
+	FenceOrphans(ctx context.Context, hostID string, uuids []string) (fsm.FenceAnswer, error)
 	// RegisterHost records this host (address, region, jurisdiction,
 	// capacity). Called at start until it succeeds; must be idempotent.
 	RegisterHost(ctx context.Context, h fsm.RegisterHost) error

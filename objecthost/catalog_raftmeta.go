@@ -37,6 +37,10 @@ func (a RaftmetaCatalog) ConfirmHeartbeat(ctx context.Context, uuids []string) (
 	return a.C.Heartbeat(ctx, uuids, raftmeta.LinearizableRead())
 }
 
+func (a RaftmetaCatalog) FenceOrphans(ctx context.Context, hostID string, uuids []string) (fsm.FenceAnswer, error) {
+	return a.C.FenceOrphans(ctx, fsm.FenceOrphans{HostID: hostID, UUIDs: uuids})
+}
+
 func (a RaftmetaCatalog) RegisterHost(ctx context.Context, h fsm.RegisterHost) error {
 	_, err := a.C.RegisterHost(ctx, h)
 	return err

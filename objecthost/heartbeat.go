@@ -119,6 +119,7 @@ type HeartbeatReport struct {
 	Failed         int // databases whose call failed (rescheduled sooner)
 	Confirmations  int // unknown-on-a-stale-read databases re-asked linearizably
 	OrphansKilled  int // unknown to the catalog (confirmed) after the grace period
+	OrphansSaved   int // orphan verdicts the fence refuted (a create committed after the confirming read)
 	OrphansHeld    int // confirmed orphans kept: the pass had a mass of them (alarm)
 	LostHeld       int // unknown to the catalog although once confirmed active: kept (alarm)
 	Deleted        int // deleted in the catalog

@@ -57,7 +57,12 @@ type fakeCatalog struct {
 	staleUnknown map[string]bool // UUIDs a stale Heartbeat answers unknown
 	confirmFail  bool            // ConfirmHeartbeat fails
 	confirms     []string        // UUIDs ConfirmHeartbeat was asked about
-	accountReads int             // Account calls (storage refresh)
+	// confirmMisses are UUIDs ConfirmHeartbeat answers unknown although
+	// dbs has them: their create committed just after the confirming read.
+	confirmMisses map[string]bool
+	fenced        []string // UUIDs FenceOrphans fenced
+	fenceFail     bool     // FenceOrphans fails
+	accountReads  int      // Account calls (storage refresh)
 }
 
 // seen returns how many heartbeats each UUID sent.
@@ -104,7 +109,32 @@ func (c *fakeCatalog) ConfirmHeartbeat(_ context.Context, uuids []string) (fsm.H
 	if c.fail || c.confirmFail {
 		return fsm.HeartbeatAnswer{}, errCatalogDown
 	}
-	return c.answerLocked(uuids, false), nil
+	ans := c.answerLocked(uuids, false)
+	for i, st := range ans.Databases {
+		if c.confirmMisses[st.UUID] {
+			ans.Databases[i] = fsm.HeartbeatState{UUID: st.UUID}
+		}
+	}
+	return ans, nil
+}
+
+// FenceOrphans fences the UUIDs dbs does not have, like the catalog.
+func (c *fakeCatalog) FenceOrphans(_ context.Context, _ string, uuids []string) (fsm.FenceAnswer, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fail || c.fenceFail {
+		return fsm.FenceAnswer{}, errCatalogDown
+	}
+	var ans fsm.FenceAnswer
+	for _, u := range uuids {
+		if _, ok := c.dbs[u]; ok {
+			ans.Known = append(ans.Known, u)
+		} else {
+			ans.Fenced = append(ans.Fenced, u)
+			c.fenced = append(c.fenced, u)
+		}
+	}
+	return ans, nil
 }
 
 func (c *fakeCatalog) answerLocked(uuids []string, stale bool) fsm.HeartbeatAnswer {

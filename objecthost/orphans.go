@@ -191,7 +191,46 @@ func (h *Host) killOrphans(ctx context.Context, orphans []*object, rep *Heartbea
 			"sample", sampleUUIDs(orphans, 5))
 		return
 	}
-	if _, err := h.markDeleted(ctx, orphans, 0, "orphan: unknown to the catalog (linearizable read) past the creation grace, never confirmed"); err != nil {
+	// Fence before deleting: a create of one of these UUIDs may be in
+	// flight (proposed, not yet committed: the confirming read could not
+	// see it). Once fenced it can never commit; one that committed first
+	// is answered known and its object kept (the next heartbeat applies
+	// its state). The fence is this flow's checkpoint: a crash after it
+	// leaves fenced UUIDs whose objects the next pass fences again (a
+	// no-op) and deletes.
+	fctx, cancel := context.WithTimeout(ctx, h.cfg.CatalogTimeout)
+	uuids := make([]string, 0, len(orphans))
+	for _, o := range orphans {
+		uuids = append(uuids, o.meta.Load().DatabaseUUID)
+	}
+	ans, err := h.cfg.Catalog.FenceOrphans(fctx, h.cfg.ID, uuids)
+	cancel()
+	if err != nil {
+		h.m.catalogCalls.WithLabelValues("fence_orphans", "error").Inc()
+		h.log.Warn("fencing orphans failed; none deleted, asking again next beat", "orphans", len(orphans), "err", err)
+		return
+	}
+	h.m.catalogCalls.WithLabelValues("fence_orphans", "ok").Inc()
+	fenced := make(map[string]bool, len(ans.Fenced))
+	for _, u := range ans.Fenced {
+		fenced[u] = true
+	}
+	kill := orphans[:0:0]
+	for _, o := range orphans {
+		if fenced[o.meta.Load().DatabaseUUID] {
+			kill = append(kill, o)
+		}
+	}
+	if n := len(orphans) - len(kill); n > 0 {
+		rep.OrphansSaved += n
+		h.m.heartbeats.WithLabelValues("orphan_saved_by_fence").Add(float64(n))
+		h.log.Info("orphan verdicts refuted by the fence: their create committed after the confirming read; kept", "databases", n)
+	}
+	orphans = kill
+	if len(orphans) == 0 {
+		return
+	}
+	if _, err := h.markDeleted(ctx, orphans, 0, "orphan: unknown to the catalog (linearizable read) past the creation grace, never confirmed, fenced"); err != nil {
 		h.log.Error("killing orphans failed; retrying next beat", "err", err)
 		return
 	}

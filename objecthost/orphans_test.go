@@ -204,3 +204,51 @@ func TestHostDeletesAreLogged(t *testing.T) {
 	assert.Contains(t, got[gone.uuid].Reason, "deleted in the catalog")
 	assert.Contains(t, got[api.uuid].Reason, "API")
 }
+
+// The race the robustness suite found (issue 12): an edge's create for an
+// object was still in flight when the host's linearizable read answered
+// unknown past the grace, and committed just after. Without the fence the
+// host deleted the object of a database the API then acknowledged (listed,
+// every query 404). The fence finds the row and the object is kept.
+func TestHeartbeatOrphanVerdictRefutedByTheFence(t *testing.T) {
+	th := hbHost(t, nil)
+	ctx := context.Background()
+	d := newDB("a")
+	th.mustInit(t, d)
+	th.cat.set(d.uuid, "a", fsm.StateActive, 0)
+	th.cat.staleUnknown = map[string]bool{d.uuid: true}
+	th.cat.confirmMisses = map[string]bool{d.uuid: true}
+
+	var killed, saved int
+	for i := 0; i < 5; i++ { // well past the grace
+		rep := th.beat()
+		killed += rep.OrphansKilled
+		saved += rep.OrphansSaved
+	}
+	assert.Zero(t, killed)
+	assert.Positive(t, saved, "the fence refuted the orphan verdict")
+	assert.Empty(t, th.cat.fenced)
+	_, err := th.Query(ctx, d.obj, d.id(), q("SELECT 1"))
+	assert.NoError(t, err, "the database still answers")
+}
+
+// A failed fence deletes nothing; the next pass fences and deletes.
+func TestHeartbeatOrphanKilledOnlyOnceFenced(t *testing.T) {
+	th := hbHost(t, nil)
+	ctx := context.Background()
+	orphan := newDB("a")
+	th.mustInit(t, orphan)
+	th.cat.fenceFail = true
+	for i := 0; i < 5; i++ {
+		assert.Zero(t, th.beat().OrphansKilled, "no fence, no delete")
+	}
+	_, err := th.Query(ctx, orphan.obj, orphan.id(), q("SELECT 1"))
+	require.NoError(t, err)
+	th.cat.fenceFail = false
+	killed := 0
+	for i := 0; i < 3 && killed == 0; i++ {
+		killed += th.beat().OrphansKilled
+	}
+	assert.Equal(t, 1, killed)
+	assert.Equal(t, []string{orphan.uuid}, th.cat.fenced)
+}

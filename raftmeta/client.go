@@ -481,6 +481,12 @@ func (c *Client) ReportHostLoad(ctx context.Context, h fsm.ReportHostLoad) (fsm.
 	return out, err
 }
 
+// FenceOrphans fences the UUIDs a host is about to delete as orphans
+// (fsm.CmdFenceOrphans): only the answer's Fenced ones may be deleted.
+func (c *Client) FenceOrphans(ctx context.Context, f fsm.FenceOrphans) (fsm.FenceAnswer, error) {
+	return apply[fsm.FenceAnswer](ctx, c, fsm.CmdFenceOrphans, f)
+}
+
 func (c *Client) CreateDatabase(ctx context.Context, d fsm.CreateDatabase) (fsm.Database, error) {
 	out, err := apply[fsm.Database](ctx, c, fsm.CmdCreateDatabase, d)
 	c.invalidate(d.AccountID, d.UUID, d.Name)

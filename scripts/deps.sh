@@ -13,6 +13,8 @@ command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3) # dump compatibility test 
 command -v clickhouse-server >/dev/null 2>&1 || { [ -x /usr/sbin/clickhouse-server ] || need+=(clickhouse-server clickhouse-client); }
 # test/robustness builds its topology with ip netns, veth and tc (iproute2).
 command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || need+=(iproute2)
+# Its partitions (split brain, one-way) are iptables drops inside the namespaces.
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v go >/dev/null 2>&1 || { [ -x /usr/local/go/bin/go ] || need+=(golang-go); }
 # make bench: wrk drives the edge and the object host from its own process
 # (the benches skip those figures without it).

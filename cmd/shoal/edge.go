@@ -156,7 +156,12 @@ secrets come from the file; flags given explicitly win.`,
 				defer pub.Close()
 				accountChanged = pub.Publish
 			}
+			fp, err := envFailpoints(cmd.Context(), logger)
+			if err != nil {
+				return err
+			}
 			srv, err := edge.New(edge.Options{
+				Failpoint:      fp,
 				RouteFeed:      feed,
 				RateShare:      share,
 				AccountChanged: accountChanged,

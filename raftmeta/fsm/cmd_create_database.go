@@ -25,8 +25,9 @@ type CreateDatabase struct {
 
 // createDatabaseCommand answers the new Database. Refusals, in the order
 // they are checked: an unknown account (ErrAccountNotFound), a UUID ever
-// used before (ErrExists), an active database of that name in the account
-// (ErrNameTaken), the account's limit (ErrDatabaseLimit).
+// used before or fenced by a host (ErrExists), an active database of that
+// name in the account (ErrNameTaken), the account's limit
+// (ErrDatabaseLimit).
 var createDatabaseCommand = command[CreateDatabase, *createDatabaseStmts]{
 	prepareS: prepareCreateDatabase,
 	validate: validateCreateDatabase,
@@ -42,7 +43,7 @@ func prepareCreateDatabase(p *preparer) *createDatabaseStmts {
 		// such account. Each EXISTS is one search of a unique index (uuid;
 		// the partial (account_id, name) index of active rows).
 		check: p.prep(`SELECT a.active_databases, a.max_databases,
-		EXISTS (SELECT 1 FROM databases WHERE uuid = ?2),
+		EXISTS (SELECT 1 FROM databases WHERE uuid = ?2) OR EXISTS (SELECT 1 FROM meta WHERE key = 'fence/' || ?2),
 		EXISTS (SELECT 1 FROM databases WHERE account_id = ?1 AND name = ?3 AND state = 'active'),
 		COALESCE((SELECT h.address FROM hosts h WHERE h.id = ?4), '')
 		FROM accounts a WHERE a.id = ?1`),
@@ -83,7 +84,9 @@ func applyCreateDatabase(f *FSM, ctx context.Context, c *Command, st *createData
 		return nil, storageErr(err)
 	}
 	// A UUID is never reused, not even after deletion: a retry with new IDs
-	// must never meet an old object under the same UUID.
+	// must never meet an old object under the same UUID. A UUID a host
+	// fenced as an orphan (fence_orphans) counts as used: its object is
+	// being deleted, and the edge retries with new IDs.
 	if uuidUsed {
 		return nil, fmt.Errorf("%w: database %q", ErrExists, b.UUID)
 	}

@@ -29,6 +29,7 @@ var commands = map[CommandType]commandSpec{
 	CmdDrainStats:       drainStatsCommand,
 	CmdNoop:             noopCommand,
 	CmdClaimLimitNotice: claimLimitNoticeCommand,
+	CmdFenceOrphans:     fenceOrphansCommand,
 }
 
 // envelopeRefusals are the refusals any entry can get, whatever its type:

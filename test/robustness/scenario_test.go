@@ -2,6 +2,7 @@ package robustness
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
 	"github.com/shoaldb/shoal/test/robustness/failpoint"
 	"github.com/shoaldb/shoal/test/robustness/model"
 	"github.com/shoaldb/shoal/test/robustness/report"
@@ -42,19 +45,25 @@ const (
 	// finalClient is the client ID of the final observations in the
 	// history (the generators number theirs from 1).
 	finalClient = 999
+	// hostDisk is each object host's tmpfs: small enough for the
+	// disk-full failpoint to fill at once.
+	hostDisk = "64m"
+	// edgeFailpoints are armed by the lost-create failpoint (SIGUSR1): a
+	// third of creates lose their answer after the catalog write (the
+	// checkpoint), and a third of init calls fail after the object was
+	// made (leaving an orphan for the heartbeats to kill).
+	edgeFailpoints = "create:after-catalog-write=30%,create:after-init=30%"
 )
 
 // schedule sizes a run: the short one `make test` runs, or the long one
 // SHOAL_FAULT=long (`make fault`) runs.
 type schedule struct {
-	name        string
-	rounds      int           // each: isolate the leader, kill -9 a host (alternating)
-	warmup      time.Duration // traffic before the first fault
-	partitioned time.Duration // how long the leader stays cut off
-	hostDown    time.Duration // how long a killed host stays down
-	between     time.Duration // traffic between faults
-	extras      bool          // also SIGSTOP and throttle a follower each round
-	load        traffic.Config
+	name   string
+	long   bool
+	fault  time.Duration // how long each fault lasts
+	warmup time.Duration // traffic before the first fault
+	gap    time.Duration // traffic between faults
+	load   traffic.Config
 }
 
 func scheduleOf(t *testing.T) schedule {
@@ -70,11 +79,9 @@ func scheduleOf(t *testing.T) schedule {
 	load := traffic.Config{Seed: seed, Creators: 2, DeleteEvery: 5, RowWriters: 2, Getters: 1, RegClients: 2, Pace: 50 * time.Millisecond}
 	if os.Getenv("SHOAL_FAULT") == "long" {
 		load.Creators, load.RowWriters, load.Getters = 4, 4, 2
-		return schedule{name: "long", rounds: 4, warmup: 5 * time.Second, partitioned: 8 * time.Second,
-			hostDown: 3 * time.Second, between: 5 * time.Second, extras: true, load: load}
+		return schedule{name: "long", long: true, fault: 8 * time.Second, warmup: 5 * time.Second, gap: 5 * time.Second, load: load}
 	}
-	return schedule{name: "short", rounds: 1, warmup: 3 * time.Second, partitioned: 4 * time.Second,
-		hostDown: 2 * time.Second, between: 3 * time.Second, load: load}
+	return schedule{name: "short", fault: 4 * time.Second, warmup: 3 * time.Second, gap: 2 * time.Second, load: load}
 }
 
 // newCluster builds the network and starts the deployment, skipping (or,
@@ -93,33 +100,44 @@ func newCluster(t *testing.T) *topology.Cluster {
 	t.Cleanup(func() { assert.NoError(t, netw.Close(), "removing the namespaces") })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := topology.Start(ctx, netw, topology.Options{Bin: bin, Dir: t.TempDir(), Heartbeat: heartbeat, Grace: grace})
+	c, err := topology.Start(ctx, netw, topology.Options{Bin: bin, Dir: t.TempDir(), Heartbeat: heartbeat, Grace: grace,
+		HostDisk: hostDisk, EdgeEnv: []string{"SHOAL_FAILPOINTS=" + edgeFailpoints}})
 	t.Cleanup(func() { assert.NoError(t, c.Stop(), "stopping the cluster") }) // before netw.Close
 	require.NoError(t, err, "starting the cluster")
 	return c
 }
 
-// TestFaultLeaderIsolationAndHostKill: under traffic (creates, deletes,
-// gets at both levels, row inserts, register writes and reads), each round
-// cuts the catalog leader off the network for a few seconds and heals it,
-// then kills an object host with -9 and restarts it. Afterwards every
-// acknowledged create must be listed, found and queryable, every
-// acknowledged row readable, and the register and existence histories
-// linearizable.
-func TestFaultLeaderIsolationAndHostKill(t *testing.T) {
-	sched := scheduleOf(t)
+// env is one running scenario: the cluster, the recorded traffic, and the
+// faults injected so far.
+type env struct {
+	t     *testing.T
+	ctx   context.Context
+	c     *topology.Cluster
+	sched schedule
+	hist  *traffic.History
+	rep   *report.Report
+
+	mu        sync.Mutex
+	integrity []validate.Integrity // files checked while their host was down
+	cutOffs   []validate.Window    // when the catalog was cut off
+}
+
+// scenario runs steps under the schedule's load on a fresh cluster, then
+// lets the system settle and runs every check. Faults are injected with
+// e.run; each step helper below builds one failpoint.
+func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	c := newCluster(t)
 	ctx := context.Background()
-	hist := traffic.NewHistory()
+	e := &env{t: t, ctx: ctx, c: c, sched: sched, hist: traffic.NewHistory(),
+		rep: &report.Report{Scenario: name, Seed: sched.load.Seed, Schedule: sched.name}}
 	catalog, err := c.CatalogClient()
 	require.NoError(t, err)
 	t.Cleanup(catalog.Close)
-	cl, err := traffic.NewClient(ctx, c.EdgeURLs(), c.Admin, catalog, hist)
+	cl, err := traffic.NewClient(ctx, c.EdgeURLs(), c.Admin, catalog, e.hist)
 	require.NoError(t, err, "account and token")
 	sched.load.Registers, err = traffic.SetupRegisters(ctx, cl, 4)
 	require.NoError(t, err, "register databases")
 
-	rep := &report.Report{Scenario: t.Name(), Seed: sched.load.Seed, Schedule: sched.name}
 	t.Logf("seed %d (SHOAL_ROBUSTNESS_SEED reruns it), schedule %s, network %s.0/24", sched.load.Seed, sched.name, c.Net.Subnet())
 	load := traffic.NewLoad(cl, sched.load)
 	loadCtx, stopLoad := context.WithCancel(ctx)
@@ -128,56 +146,30 @@ func TestFaultLeaderIsolationAndHostKill(t *testing.T) {
 	go func() { defer loadDone.Done(); load.Run(loadCtx) }()
 	t.Cleanup(func() { stopLoad(); loadDone.Wait() })
 
-	run := func(f failpoint.Failpoint) {
-		inj := f.Run(ctx, hist.Now)
-		rep.Injections = append(rep.Injections, inj)
-		t.Logf("%s: %s → %s", f, inj.Start.Round(time.Millisecond), inj.Healed.Round(time.Millisecond))
-		assert.NoError(t, inj.Err)
-	}
 	time.Sleep(sched.warmup)
-	for round := 1; round <= sched.rounds; round++ {
-		leader, err := c.Leader(ctx)
-		require.NoError(t, err)
-		run(failpoint.NewPartition(leader.Name, leader.Node(), sched.partitioned))
-		after, err := c.Leader(ctx)
-		require.NoError(t, err, "no leader after the partition healed")
-		t.Logf("leader before the partition %s, after %s", leader.Name, after.Name)
-		time.Sleep(sched.between)
-
-		host := c.Hosts[(round-1)%len(c.Hosts)]
-		run(failpoint.NewKillRestart(host.Name, host, sched.hostDown))
-		require.NoError(t, c.WaitHealthy(ctx, host, 60*time.Second), "host after its restart")
-		time.Sleep(sched.between)
-
-		if sched.extras {
-			leader, err := c.Leader(ctx)
-			require.NoError(t, err)
-			follower := c.Catalog[0]
-			for _, m := range c.Catalog {
-				if m != leader {
-					follower = m
-					break
-				}
-			}
-			run(failpoint.NewStopCont(follower.Name, follower, sched.partitioned))
-			time.Sleep(sched.between)
-			run(failpoint.NewThrottle(follower.Name, follower.Node(), "256kbit", sched.partitioned))
-			time.Sleep(sched.between)
-		}
-	}
+	steps(e)
 	stopLoad()
 	loadDone.Wait()
 	// Past the creation grace and two heartbeats: any destructive verdict a
 	// fault provoked has been acted on by now.
 	time.Sleep(grace + 2*heartbeat)
 
-	final := observe(t, cl, hist, load)
-	ops := hist.Ops()
+	final := observe(t, cl, e.hist, load)
+	objects, rows, finalChecks := e.hostState(catalog, cl.Account())
+	ops := e.hist.Ops()
+	rep := e.rep
 	rep.Ops = ops
 	rep.Results = append(rep.Results,
 		validate.AckedCreatesPresent(ops, final),
 		validate.AckedDeletesGone(ops, final),
-		validate.AckedRowsReadable(ops, final))
+		validate.AckedRowsReadable(ops, final),
+		validate.ListedQueryable(final),
+		validate.OneLiveObject(objects),
+		validate.OrphansConverged(objects, rows, map[string]bool{cl.Account(): true}),
+		validate.IntegrityClean(append(e.integrityChecks(), finalChecks...)))
+	if len(e.cutOffs) > 0 {
+		rep.Results = append(rep.Results, validate.QueriesAvailableDuring(ops, e.cutOffs))
+	}
 	regRes, regInfo := validate.Linearizable("register writes and reads through the edge", model.Register, validate.RegisterOperations(ops), time.Minute)
 	exRes, exInfo := validate.Linearizable("database existence (create, delete, linearizable get)", model.Existence, validate.ExistenceOperations(ops), time.Minute)
 	rep.Results = append(rep.Results, regRes, exRes)
@@ -185,7 +177,7 @@ func TestFaultLeaderIsolationAndHostKill(t *testing.T) {
 
 	t.Log("\n" + rep.Summary())
 	assertTrafficChecked(t, ops)
-	if rep.Failed() {
+	if rep.Failed() || t.Failed() {
 		rep.Logs = map[string]string{}
 		for _, m := range c.Members() {
 			rep.Logs[m.Name] = report.Tail(m.Output(), 64<<10)
@@ -195,13 +187,256 @@ func TestFaultLeaderIsolationAndHostKill(t *testing.T) {
 		if dir == "" {
 			dir = os.TempDir()
 		}
-		dir = filepath.Join(dir, fmt.Sprintf("shoal-robustness-%s-%d", sched.name, sched.load.Seed))
+		dir = filepath.Join(dir, fmt.Sprintf("shoal-robustness-%s-%s-%d", sanitize(name), sched.name, sched.load.Seed))
 		files, err := rep.Write(dir)
 		t.Logf("report written to %s: %v (err %v)", dir, files, err)
 	}
+	recordResults(t, rep)
 	for _, res := range rep.Results {
 		assert.True(t, res.OK(), "%s", res)
 	}
+}
+
+// run injects f, records it, and waits the schedule's gap of plain traffic.
+func (e *env) run(f failpoint.Failpoint) {
+	inj := f.Run(e.ctx, e.hist.Now)
+	e.rep.Injections = append(e.rep.Injections, inj)
+	e.t.Logf("%s: %s → %s", f, inj.Start.Round(time.Millisecond), inj.Healed.Round(time.Millisecond))
+	assert.NoError(e.t, inj.Err)
+	if f.Kind == failpoint.CatalogCutOff {
+		e.mu.Lock()
+		e.cutOffs = append(e.cutOffs, validate.Window{Name: f.String(), From: inj.Start, To: inj.Healed})
+		e.mu.Unlock()
+	}
+	// Every member serves again (a restarted process has started, a
+	// healed partition has a leader) before the next fault.
+	for _, m := range e.c.Members() {
+		require.NoError(e.t, e.c.WaitHealthy(e.ctx, m, 60*time.Second), "%s after %s", m.Name, f)
+	}
+	_, err := e.c.Leader(e.ctx)
+	require.NoError(e.t, err, "no catalog leader after %s", f)
+	time.Sleep(e.sched.gap)
+}
+
+func (e *env) leader() *topology.Member {
+	l, err := e.c.Leader(e.ctx)
+	require.NoError(e.t, err)
+	return l
+}
+
+func (e *env) followers() []*topology.Member {
+	l := e.leader()
+	var out []*topology.Member
+	for _, m := range e.c.Catalog {
+		if m != l {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func (e *env) isolateLeader() failpoint.Failpoint {
+	l := e.leader()
+	return failpoint.NewPartition(l.Name, l.Node(), e.sched.fault)
+}
+
+// killHost kills h with -9; while it is down, every live object's file it
+// left is integrity-checked.
+func (e *env) killHost(h *topology.Member) failpoint.Failpoint {
+	return failpoint.NewKillRestart(h.Name, h, e.sched.fault/2, func() {
+		checks := e.checkHostFiles(h, fmt.Sprintf("after kill -9 of %s at %s", h.Name, e.hist.Now().Round(time.Millisecond)))
+		e.mu.Lock()
+		e.integrity = append(e.integrity, checks...)
+		e.mu.Unlock()
+	})
+}
+
+func (e *env) killMember(m *topology.Member) failpoint.Failpoint {
+	return failpoint.NewKillRestart(m.Name, m, e.sched.fault/2, nil)
+}
+
+// splitBrain splits the catalog 2/1 with the leader in the minority, one
+// object host on each side and the edge with the majority: the old leader
+// keeps believing it leads until its lease lapses, and the host beside it
+// can reach only it.
+func (e *env) splitBrain() failpoint.Failpoint {
+	l, fs := e.leader(), e.followers()
+	minority := []*topology.Member{l, e.c.Hosts[0]}
+	majority := append(append([]*topology.Member{}, fs...), e.c.Hosts[1:]...)
+	majority = append(majority, e.c.Edges...)
+	param := fmt.Sprintf("%v | %v", topology.Names(minority...), topology.Names(majority...))
+	return failpoint.Custom(failpoint.SplitBrain, l.Name+"+"+e.c.Hosts[0].Name, param, e.sched.fault,
+		func() error { return e.c.Net.Partition(topology.Nodes(minority...), topology.Nodes(majority...)) },
+		e.c.Net.Heal)
+}
+
+// oneWay: the leader stops receiving from a follower, which still receives
+// the leader's appends (and so never times out and campaigns).
+func (e *env) oneWay() failpoint.Failpoint {
+	l, f := e.leader(), e.followers()[0]
+	return failpoint.Custom(failpoint.OneWay, f.Name+"→"+l.Name, "", e.sched.fault,
+		func() error { return l.Node().DropFrom(f.Node()) }, e.c.Net.Heal)
+}
+
+func (e *env) cutOffCatalog() failpoint.Failpoint {
+	return failpoint.Custom(failpoint.CatalogCutOff, "catalog", "", e.sched.fault, e.c.CutOffCatalog, e.c.RejoinCatalog)
+}
+
+func (e *env) diskFull(h *topology.Member) failpoint.Failpoint {
+	return failpoint.Custom(failpoint.DiskFull, h.Name, hostDisk+" tmpfs", e.sched.fault,
+		func() error { return topology.FillDisk(h.Dir) }, func() error { return topology.FreeDisk(h.Dir) })
+}
+
+// routePurge purges every edge's route cache every 100 ms: each query then
+// misses the cache and takes the bounded fallback to the catalog.
+func (e *env) routePurge() failpoint.Failpoint {
+	f := failpoint.Custom(failpoint.RoutePurge, "edges", "every 100ms", e.sched.fault,
+		func() error { return e.c.PurgeRoutes(e.ctx) }, func() error { return nil })
+	return f.WithDuring(func(ctx context.Context) {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				_ = e.c.PurgeRoutes(ctx)
+			}
+		}
+	})
+}
+
+// lostCreate arms the edges' create failpoints (edgeFailpoints) for the
+// fault's duration.
+func (e *env) lostCreate() failpoint.Failpoint {
+	return failpoint.Custom(failpoint.LostCreate, "edges", edgeFailpoints, e.sched.fault, e.c.ToggleEdgeFailpoints, e.c.ToggleEdgeFailpoints)
+}
+
+func (e *env) stopFollower() failpoint.Failpoint {
+	f := e.followers()[0]
+	return failpoint.NewStopCont(f.Name, f, e.sched.fault)
+}
+
+func (e *env) throttleFollower() failpoint.Failpoint {
+	f := e.followers()[0]
+	return failpoint.NewThrottle(f.Name, f.Node(), "256kbit", e.sched.fault)
+}
+
+func (e *env) integrityChecks() []validate.Integrity {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]validate.Integrity(nil), e.integrity...)
+}
+
+// checkHostFiles integrity-checks every live object h left on its disk (h
+// must be down).
+func (e *env) checkHostFiles(h *topology.Member, when string) []validate.Integrity {
+	objs, err := validate.HostObjects(h.Name, h.Dir)
+	if err != nil {
+		return []validate.Integrity{{Object: validate.Object{Host: h.Name, ObjectID: "index.db"}, When: when, Err: err}}
+	}
+	var out []validate.Integrity
+	for _, o := range objs {
+		if o.Live() {
+			out = append(out, validate.IntegrityCheck(o, when))
+		}
+	}
+	return out
+}
+
+// hostState stops every object host with kill -9 (a last kill), reads their
+// indexes, integrity-checks every live object, and asks the catalog
+// (linearizable) about every database of account found on them. The hosts
+// stay down: the scenario is over.
+func (e *env) hostState(catalog *raftmeta.Client, account string) ([]validate.Object, map[string]validate.CatalogRow, []validate.Integrity) {
+	var objs []validate.Object
+	var checks []validate.Integrity
+	for _, h := range e.c.Hosts {
+		require.NoError(e.t, h.Kill())
+		o, err := validate.HostObjects(h.Name, h.Dir)
+		require.NoError(e.t, err, "reading %s's index", h.Name)
+		objs = append(objs, o...)
+		for _, ob := range o {
+			if ob.Live() {
+				checks = append(checks, validate.IntegrityCheck(ob, "final, after kill -9 of "+h.Name))
+			}
+		}
+	}
+	rows := map[string]validate.CatalogRow{}
+	for _, o := range objs {
+		if o.AccountID != account {
+			continue
+		}
+		if _, ok := rows[o.DatabaseUUID]; ok {
+			continue
+		}
+		var d fsm.Database
+		var err error
+		deadline := time.Now().Add(settleFor)
+		for {
+			ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+			d, err = catalog.Database(ctx, o.DatabaseUUID, raftmeta.LinearizableRead())
+			cancel()
+			if err == nil || errors.Is(err, fsm.ErrNotFound) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		switch {
+		case err == nil:
+			rows[o.DatabaseUUID] = validate.CatalogRow{Found: true, Active: d.State == fsm.StateActive, ObjectID: d.ObjectID, HostID: d.HostID}
+		case errors.Is(err, fsm.ErrNotFound):
+			rows[o.DatabaseUUID] = validate.CatalogRow{}
+		default:
+			e.t.Errorf("catalog read of %s: %v", o.DatabaseUUID, err)
+		}
+	}
+	return objs, rows, checks
+}
+
+// TestFaultLeaderIsolationAndHostKill: under traffic (creates, deletes,
+// gets at both levels, row inserts, register writes and reads), the catalog
+// leader is cut off the network and healed, then an object host is killed
+// with -9 and restarted (long: each of four rounds also SIGSTOPs, then
+// throttles a follower).
+func TestFaultLeaderIsolationAndHostKill(t *testing.T) {
+	sched := scheduleOf(t)
+	rounds := 1
+	if sched.long {
+		rounds = 4
+	}
+	scenario(t, t.Name(), sched, func(e *env) {
+		for round := range rounds {
+			e.run(e.isolateLeader())
+			e.run(e.killHost(e.c.Hosts[round%len(e.c.Hosts)]))
+			if sched.long {
+				e.run(e.stopFollower())
+				e.run(e.throttleFollower())
+			}
+		}
+	})
+}
+
+// TestFaultPartitionsDiskAndSeedInjections: a split brain 2/1 with the
+// leader and a host in the minority, a one-way link into the leader, a
+// host's disk full, the seed design's injections (the central catalog cut
+// off — every query to an existing database must still succeed —, a
+// routing-miss storm, create answers lost after the checkpoint), and the
+// stale-read issue's permanent schedule: every catalog node killed and
+// restarted in turn under load.
+func TestFaultPartitionsDiskAndSeedInjections(t *testing.T) {
+	sched := scheduleOf(t)
+	scenario(t, t.Name(), sched, func(e *env) {
+		e.run(e.splitBrain())
+		e.run(e.oneWay())
+		e.run(e.diskFull(e.c.Hosts[0]))
+		e.run(e.cutOffCatalog())
+		e.run(e.routePurge())
+		e.run(e.lostCreate())
+		for _, m := range e.c.Catalog {
+			e.run(e.killMember(m))
+		}
+	})
 }
 
 // assertTrafficChecked fails a run whose traffic was too thin for its checks
@@ -220,12 +455,13 @@ func assertTrafficChecked(t *testing.T, ops []traffic.Op) {
 
 // observe reads the state the checkers judge, once every fault has healed:
 // the account's list, each acknowledged database's edge GET, each live
-// database's rows, and a final linearizable get and register read (recorded
-// in the history, so the models check them too). Transient answers are
-// retried for up to settleFor.
+// database's rows, a probe query on every listed database, and a final
+// linearizable get and register read (recorded in the history, so the
+// models check them too). Transient answers are retried for up to
+// settleFor.
 func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traffic.Load) validate.Final {
 	ctx := context.Background()
-	f := validate.Final{Rows: map[string]map[int64]bool{}, Errors: map[string]string{}, EdgeGet: map[string]traffic.Outcome{}}
+	f := validate.Final{Rows: map[string]map[int64]bool{}, Errors: map[string]string{}, EdgeGet: map[string]traffic.Outcome{}, Probe: map[string]string{}}
 	var err error
 	deadline := time.Now().Add(settleFor)
 	for f.Listed, err = cl.List(ctx, 0); err != nil && time.Now().Before(deadline); f.Listed, err = cl.List(ctx, 0) {
@@ -290,6 +526,30 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 			f.Rows[db][v] = true
 		}
 	})
+	var listed []string
+	for db := range f.Listed {
+		listed = append(listed, db)
+	}
+	concurrently(len(listed), 8, func(i int) {
+		db := listed[i]
+		var out traffic.Outcome
+		var text string
+		deadline := time.Now().Add(settleFor)
+		for {
+			out, text = cl.Probe(ctx, i%cl.Edges(), db)
+			if out != traffic.Unknown || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if out != traffic.OK {
+			f.Probe[db] = text
+		} else {
+			f.Probe[db] = ""
+		}
+	})
 	for i, db := range regs {
 		settle(func() traffic.Op { return cl.RegRead(ctx, finalClient, i%cl.Edges(), db) })
 	}
@@ -314,4 +574,22 @@ func concurrently(n, workers int, fn func(i int)) {
 	}
 	close(next)
 	wg.Wait()
+}
+
+func sanitize(s string) string {
+	out := []rune(s)
+	for i, r := range out {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-') {
+			out[i] = '_'
+		}
+	}
+	return string(out)
+}
+
+// recordResults appends the run's record to $SHOAL_ROBUSTNESS_RESULTS (the
+// raw material of docs/reliability.md), when set.
+func recordResults(t *testing.T, rep *report.Report) {
+	if path := os.Getenv("SHOAL_ROBUSTNESS_RESULTS"); path != "" {
+		assert.NoError(t, rep.AppendRecord(path), "recording the run")
+	}
 }

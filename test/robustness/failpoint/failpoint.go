@@ -1,7 +1,9 @@
 // Package failpoint is the robustness suite's enumerated faults. Each
-// failpoint acts on a real process or a real link of the topology — kill -9
-// and restart, SIGSTOP and SIGCONT, a node's bridge port taken down, its link
-// delayed or throttled — for a set time, then heals, and reports when it
+// failpoint acts on real processes, links or disks of the topology — kill -9
+// and restart, SIGSTOP and SIGCONT, a node's bridge port taken down, packet
+// filters splitting the network, a link delayed or throttled, a host's disk
+// filled, the edges' route caches purged over and over, create answers lost
+// after the checkpoint — for a set time, then heals, and reports when it
 // started and ended on the history's clock so the report can lay faults and
 // operations on one timeline.
 package failpoint
@@ -17,20 +19,27 @@ import (
 // Kind enumerates the failpoints.
 type Kind string
 
-// The failpoints this package implements. The others (disk full,
-// split brain 2/1, catalog cut off, route-cache purge storm, stopped usage
-// consumer, lost create response, broker / ClickHouse / object store down)
-// are not here yet: see test/robustness/README.md.
+// The failpoints this package implements. Still missing (see
+// test/robustness/README.md): packet loss, broker / ClickHouse / object
+// store down, a stopped usage consumer.
 const (
-	KillRestart   Kind = "kill-restart"   // kill -9, down for Duration, start with the same arguments
-	StopCont      Kind = "stop-cont"      // SIGSTOP for Duration, then SIGCONT
-	PartitionNode Kind = "partition-node" // the node's bridge port down for Duration: no packet in or out
-	FollowerLag   Kind = "follower-lag"   // netem delay on the node's link, both ways, for Duration
-	Throttle      Kind = "throttle"       // tbf bandwidth limit on the node's link, both ways, for Duration
+	KillRestart   Kind = "kill-restart"    // kill -9, down for Duration, start with the same arguments
+	StopCont      Kind = "stop-cont"       // SIGSTOP for Duration, then SIGCONT
+	PartitionNode Kind = "partition-node"  // the node's bridge port down for Duration: no packet in or out
+	SplitBrain    Kind = "split-brain"     // packet filters split the nodes into groups (e.g. catalog 2/1)
+	OneWay        Kind = "one-way"         // one node stops receiving from another; the reverse still flows
+	CatalogCutOff Kind = "catalog-cut-off" // every catalog node's port down: the central catalog is gone
+	FollowerLag   Kind = "follower-lag"    // netem delay on the node's link, both ways, for Duration
+	Throttle      Kind = "throttle"        // tbf bandwidth limit on the node's link, both ways, for Duration
+	DiskFull      Kind = "disk-full"       // an object host's (tmpfs) disk filled to the last byte
+	RoutePurge    Kind = "route-purge"     // every edge's route cache purged again and again: a routing-miss storm
+	LostCreate    Kind = "lost-create"     // edges drop create answers after the catalog write (and fail some after init)
 )
 
 // Kinds is every failpoint kind, in the order the README lists them.
-func Kinds() []Kind { return []Kind{KillRestart, StopCont, PartitionNode, FollowerLag, Throttle} }
+func Kinds() []Kind {
+	return []Kind{KillRestart, StopCont, PartitionNode, SplitBrain, OneWay, CatalogCutOff, FollowerLag, Throttle, DiskFull, RoutePurge, LostCreate}
+}
 
 // Process is what KillRestart and StopCont need of a process
 // (*topology.Proc provides it).
@@ -40,8 +49,8 @@ type Process interface {
 	Signal(syscall.Signal) error
 }
 
-// Link is what the network failpoints need of a node (*topology.Node
-// provides it).
+// Link is what the single-node network failpoints need of a node
+// (*topology.Node provides it).
 type Link interface {
 	Isolate() error
 	Rejoin() error
@@ -53,37 +62,71 @@ type Link interface {
 // Failpoint is one fault: what, on which target, for how long.
 type Failpoint struct {
 	Kind     Kind
-	Target   string        // the member's name, for the timeline
+	Target   string        // the member(s), for the timeline
 	Duration time.Duration // how long the fault lasts before it heals
-	Param    string        // FollowerLag: the delay ("200ms"); Throttle: the rate ("256kbit")
+	Param    string        // e.g. FollowerLag's delay, Throttle's rate, SplitBrain's groups
 
-	proc Process
-	link Link
+	inject, heal func() error
+	// during, if set, runs while the fault is in effect (after inject,
+	// before heal) until its context ends: RoutePurge's repeated purges.
+	during func(ctx context.Context)
+	// noHealOnFailedInject: a failed kill leaves the process running, so
+	// it gets no second start; every other failed inject is healed.
+	noHealOnFailedInject bool
 }
 
-// NewKillRestart: kill -9 of p, down for d, then restarted.
-func NewKillRestart(name string, p Process, d time.Duration) Failpoint {
-	return Failpoint{Kind: KillRestart, Target: name, Duration: d, proc: p}
+// Custom builds a failpoint from its actions (the kinds whose targets are
+// wider than one process or link: SplitBrain, CatalogCutOff, DiskFull,
+// RoutePurge, LostCreate, with the actions topology provides).
+func Custom(kind Kind, target, param string, d time.Duration, inject, heal func() error) Failpoint {
+	return Failpoint{Kind: kind, Target: target, Param: param, Duration: d, inject: inject, heal: heal}
+}
+
+// WithDuring returns f with fn running from the injection to the heal.
+func (f Failpoint) WithDuring(fn func(ctx context.Context)) Failpoint {
+	f.during = fn
+	return f
+}
+
+// NewKillRestart: kill -9 of p, down for d, then restarted. whileDown, if
+// set, runs once p has exited and before it starts again (e.g. integrity
+// checks of the files it left).
+func NewKillRestart(name string, p Process, d time.Duration, whileDown func()) Failpoint {
+	return Failpoint{Kind: KillRestart, Target: name, Duration: d, noHealOnFailedInject: true,
+		inject: func() error {
+			if err := p.Kill(); err != nil {
+				return err
+			}
+			if whileDown != nil {
+				whileDown()
+			}
+			return nil
+		},
+		heal: p.Start}
 }
 
 // NewStopCont: p hangs (SIGSTOP) for d, then continues.
 func NewStopCont(name string, p Process, d time.Duration) Failpoint {
-	return Failpoint{Kind: StopCont, Target: name, Duration: d, proc: p}
+	return Failpoint{Kind: StopCont, Target: name, Duration: d,
+		inject: func() error { return p.Signal(syscall.SIGSTOP) },
+		heal:   func() error { return p.Signal(syscall.SIGCONT) }}
 }
 
 // NewPartition: the node is cut off from every other for d.
 func NewPartition(name string, l Link, d time.Duration) Failpoint {
-	return Failpoint{Kind: PartitionNode, Target: name, Duration: d, link: l}
+	return Failpoint{Kind: PartitionNode, Target: name, Duration: d, inject: l.Isolate, heal: l.Rejoin}
 }
 
 // NewFollowerLag: every packet to and from the node is delayed by delay for d.
 func NewFollowerLag(name string, l Link, delay string, d time.Duration) Failpoint {
-	return Failpoint{Kind: FollowerLag, Target: name, Duration: d, Param: delay, link: l}
+	return Failpoint{Kind: FollowerLag, Target: name, Duration: d, Param: delay,
+		inject: func() error { return l.Delay(delay) }, heal: l.Unshape}
 }
 
 // NewThrottle: the node's bandwidth is limited to rate both ways for d.
 func NewThrottle(name string, l Link, rate string, d time.Duration) Failpoint {
-	return Failpoint{Kind: Throttle, Target: name, Duration: d, Param: rate, link: l}
+	return Failpoint{Kind: Throttle, Target: name, Duration: d, Param: rate,
+		inject: func() error { return l.Throttle(rate) }, heal: l.Unshape}
 }
 
 func (f Failpoint) String() string {
@@ -107,50 +150,33 @@ type Injection struct {
 // has ended: a fault is never left in place.
 func (f Failpoint) Run(ctx context.Context, now func() time.Duration) Injection {
 	inj := Injection{Failpoint: f, Start: now()}
-	inject, heal := f.actions()
-	if err := inject(); err != nil {
+	if f.inject == nil || f.heal == nil {
+		inj.Err = errors.New("failpoint has no actions")
+		inj.Healed = now()
+		return inj
+	}
+	if err := f.inject(); err != nil {
 		inj.Err = fmt.Errorf("inject %s: %w", f, err)
-		if f.Kind != KillRestart { // a failed kill leaves the process running: no second start
-			_ = heal()
+		if !f.noHealOnFailedInject {
+			_ = f.heal()
 		}
 		inj.Healed = now()
 		return inj
 	}
-	select {
-	case <-ctx.Done():
-	case <-time.After(f.Duration):
-	}
-	if err := heal(); err != nil {
+	wait, cancel := context.WithTimeout(ctx, f.Duration)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if f.during != nil {
+			f.during(wait)
+		}
+		<-wait.Done()
+	}()
+	<-done
+	cancel()
+	if err := f.heal(); err != nil {
 		inj.Err = fmt.Errorf("heal %s: %w", f, err)
 	}
 	inj.Healed = now()
 	return inj
-}
-
-func (f Failpoint) actions() (inject, heal func() error) {
-	none := func() error { return errors.New("failpoint has no target") }
-	switch f.Kind {
-	case KillRestart:
-		if f.proc == nil {
-			return none, func() error { return nil }
-		}
-		return f.proc.Kill, f.proc.Start
-	case StopCont:
-		if f.proc == nil {
-			return none, func() error { return nil }
-		}
-		return func() error { return f.proc.Signal(syscall.SIGSTOP) }, func() error { return f.proc.Signal(syscall.SIGCONT) }
-	}
-	if f.link == nil {
-		return none, func() error { return nil }
-	}
-	switch f.Kind {
-	case PartitionNode:
-		return f.link.Isolate, f.link.Rejoin
-	case FollowerLag:
-		return func() error { return f.link.Delay(f.Param) }, f.link.Unshape
-	case Throttle:
-		return func() error { return f.link.Throttle(f.Param) }, f.link.Unshape
-	}
-	return func() error { return fmt.Errorf("unknown failpoint kind %q", f.Kind) }, func() error { return nil }
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -35,12 +36,19 @@ type Options struct {
 	Heartbeat time.Duration
 	Grace     time.Duration // object hosts' creation grace
 	Admin     string        // the edges' admin token
+	// HostDisk, when set (e.g. "64m"), gives every object host a tmpfs
+	// of that size as its data directory, so the disk-full failpoint
+	// fills a small disk rather than the machine's.
+	HostDisk string
+	// EdgeEnv is added to the edges' environment (e.g. SHOAL_FAILPOINTS).
+	EdgeEnv []string
 }
 
 // Member is one process of the cluster and the address it serves on.
 type Member struct {
 	*Proc
 	Addr string // host:port of its HTTP API
+	Dir  string // its data directory
 }
 
 // Health is the URL answering 200 once the member serves.
@@ -60,6 +68,7 @@ type Cluster struct {
 	Hosts   []*Member
 	Edges   []*Member
 	Admin   string
+	mounts  []string // tmpfs data directories, unmounted by Stop
 }
 
 // Start creates the nodes on net and starts every member, waiting until each
@@ -68,15 +77,16 @@ type Cluster struct {
 func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 	o = o.withDefaults()
 	c := &Cluster{Net: net, Admin: o.Admin}
+	var env []string
 	add := func(list *[]*Member, name string, port int, args func(addr string) []string) error {
 		nd, err := net.AddNode(name)
 		if err != nil {
 			return err
 		}
 		addr := fmt.Sprintf("%s:%d", nd.IP, port)
-		p, err := StartProc(nd, name, o.Bin, args(addr)...)
+		p, err := StartProcEnv(nd, name, env, o.Bin, args(addr)...)
 		if p != nil {
-			*list = append(*list, &Member{Proc: p, Addr: addr})
+			*list = append(*list, &Member{Proc: p, Addr: addr, Dir: filepath.Join(o.Dir, name)})
 		}
 		if err != nil {
 			return err
@@ -101,6 +111,13 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 	catalog := c.catalogList()
 	for i := range o.Hosts {
 		id := fmt.Sprintf("h%d", i+1)
+		if o.HostDisk != "" {
+			dir := filepath.Join(o.Dir, id)
+			if err := mountTmpfs(dir, o.HostDisk); err != nil {
+				return c, err
+			}
+			c.mounts = append(c.mounts, dir)
+		}
 		err := add(&c.Hosts, id, hostPort, func(addr string) []string {
 			return []string{"objecthost", "serve", "--id", id, "--dir", filepath.Join(o.Dir, id),
 				"--http-addr", addr, "--region", "weur", "--catalog", catalog, "--log-level", "warn",
@@ -110,6 +127,7 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 			return c, err
 		}
 	}
+	env = o.EdgeEnv
 	for i := range o.Edges {
 		id := fmt.Sprintf("e%d", i+1)
 		err := add(&c.Edges, id, edgePort, func(addr string) []string {
@@ -254,7 +272,21 @@ func (c *Cluster) Stop() error {
 			errs = append(errs, err)
 		}
 	}
+	for _, dir := range c.mounts {
+		if err := run("umount", dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	c.mounts = nil
 	return errors.Join(errs...)
+}
+
+// mountTmpfs mounts a tmpfs of size at dir (created if missing).
+func mountTmpfs(dir, size string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return run("mount", "-t", "tmpfs", "-o", "size="+size+",mode=0755", "tmpfs", dir)
 }
 
 func tailOf(s string, n int) string {

@@ -300,3 +300,74 @@ func run(name string, args ...string) error {
 	}
 	return nil
 }
+
+// Partition splits the given nodes into groups that cannot reach one another:
+// in each node's namespace, iptables drops every packet from or to a node of
+// another group. Nodes in no group (and the test's own link) still reach
+// everyone, so e.g. {n1,n2,h1,e1} / {n3,h2} is a split brain 2/1 of the
+// catalog with a host and the edge on each side. Heal undoes it.
+func (n *Net) Partition(groups ...[]*Node) error {
+	if err := iptablesAvailable(); err != nil {
+		return err
+	}
+	for gi, g := range groups {
+		for _, nd := range g {
+			for gj, other := range groups {
+				if gi == gj {
+					continue
+				}
+				for _, peer := range other {
+					if err := errors.Join(nd.iptables("-I", "INPUT", "-s", peer.IP, "-j", "DROP"),
+						nd.iptables("-I", "OUTPUT", "-d", peer.IP, "-j", "DROP")); err != nil {
+						_ = n.Heal()
+						return err
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// DropFrom makes the link from src to nd one-way dead: nd's namespace drops
+// every packet whose source is src, while src still receives what nd sends.
+// (Over TCP both directions of a connection fail, but each side sees it
+// differently: src's requests vanish, nd's requests arrive and their
+// answers vanish.) Heal undoes it.
+func (nd *Node) DropFrom(src *Node) error {
+	if err := iptablesAvailable(); err != nil {
+		return err
+	}
+	return nd.iptables("-I", "INPUT", "-s", src.IP, "-j", "DROP")
+}
+
+// Heal removes every packet filter Partition and DropFrom installed (the
+// namespaces are the suite's own: their filter tables hold nothing else).
+func (n *Net) Heal() error {
+	n.mu.Lock()
+	nodes := append([]*Node(nil), n.nodes...)
+	n.mu.Unlock()
+	if iptablesAvailable() != nil {
+		return nil
+	}
+	var errs []error
+	for _, nd := range nodes {
+		if err := nd.iptables("-F"); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (nd *Node) iptables(args ...string) error {
+	return run("ip", append([]string{"netns", "exec", nd.NS, "iptables", "-w", "5"}, args...)...)
+}
+
+// iptablesAvailable reports ErrUnsupported where iptables is missing
+// (scripts/deps.sh installs it).
+func iptablesAvailable() error {
+	if _, err := exec.LookPath("iptables"); err != nil {
+		return fmt.Errorf("iptables not found (apt-get install iptables): %w", ErrUnsupported)
+	}
+	return nil
+}

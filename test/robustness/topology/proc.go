@@ -21,6 +21,7 @@ type Proc struct {
 	node *Node
 	bin  string
 	args []string
+	env  []string // added to the test's environment
 	log  *Log
 
 	mu     sync.Mutex
@@ -30,7 +31,12 @@ type Proc struct {
 
 // StartProc starts bin args in node's namespace.
 func StartProc(node *Node, name, bin string, args ...string) (*Proc, error) {
-	p := &Proc{Name: name, node: node, bin: bin, args: args, log: &Log{}}
+	return StartProcEnv(node, name, nil, bin, args...)
+}
+
+// StartProcEnv is StartProc with env added to the test's environment.
+func StartProcEnv(node *Node, name string, env []string, bin string, args ...string) (*Proc, error) {
+	p := &Proc{Name: name, node: node, bin: bin, args: args, env: env, log: &Log{}}
 	return p, p.Start()
 }
 
@@ -41,6 +47,9 @@ func (p *Proc) Start() error {
 	defer p.mu.Unlock()
 	cmd := p.node.Command(p.bin, p.args...)
 	cmd.Stdout, cmd.Stderr = p.log, p.log
+	if len(p.env) > 0 {
+		cmd.Env = append(os.Environ(), p.env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", p.Name, err)

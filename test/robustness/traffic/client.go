@@ -329,3 +329,10 @@ func retry(ctx context.Context, within time.Duration, fn func() error) error {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// Probe runs SELECT 1 on db through edge (validation: not recorded): a
+// listed database must answer queries.
+func (c *Client) Probe(ctx context.Context, edge int, db string) (Outcome, string) {
+	a := c.do(ctx, edge, http.MethodPost, "/"+db+"/query", map[string]any{"sql": "SELECT 1 AS one"})
+	return a.outcome(), a.text()
+}

@@ -45,6 +45,7 @@ type Final struct {
 	Rows    map[string]map[int64]bool  // per queried database, the values of table t
 	Errors  map[string]string          // per database, why its final query failed
 	EdgeGet map[string]traffic.Outcome // per database, the final edge GET's outcome
+	Probe   map[string]string          // per listed database, why SELECT 1 failed ("" when it answered)
 }
 
 // deleteAttempted is the set of databases any delete was sent for, whatever
@@ -207,4 +208,60 @@ func Linearizable(name string, m porcupine.Model, ops []porcupine.Operation, tim
 		r.Violations = append(r.Violations, fmt.Sprintf("check did not finish within %s (result %q)", timeout, res))
 	}
 	return r, info
+}
+
+// Window is a span of the history's clock during which a fault was in
+// effect.
+type Window struct {
+	Name       string
+	From, To   time.Duration
+	Exceptions map[string]bool // databases the promise does not cover (e.g. created during the fault)
+}
+
+// QueriesAvailableDuring: every query (insert, register write and read) to
+// an existing database called while the catalog was cut off succeeded — the
+// seed design's promise that no query needs the catalog. A database counts
+// as existing if its create was acknowledged before the window opened.
+func QueriesAvailableDuring(ops []traffic.Op, windows []Window) Result {
+	r := Result{Check: "100% of queries to existing databases succeed while the catalog is cut off"}
+	createdAt := map[string]time.Duration{}
+	for _, op := range ops {
+		if op.Kind == traffic.Create && op.Outcome == traffic.OK {
+			createdAt[op.DB] = op.Return
+		}
+	}
+	for _, w := range windows {
+		for _, op := range ops {
+			if op.Call < w.From || op.Call > w.To {
+				continue
+			}
+			switch op.Kind {
+			case traffic.Insert, traffic.RegWrite, traffic.RegRead:
+			default:
+				continue
+			}
+			if at, ok := createdAt[op.DB]; (ok && at > w.From) || w.Exceptions[op.DB] {
+				continue
+			}
+			r.Checked++
+			if op.Outcome != traffic.OK {
+				r.Violations = append(r.Violations, fmt.Sprintf("%s at %s on %s (%s): %s %s", op.Kind, op.Call.Round(time.Millisecond), op.DB, w.Name, op.Outcome, op.Answer))
+			}
+		}
+	}
+	return r
+}
+
+// ListedQueryable: every database the final list shows answers a query (no
+// zombie: listed, while every query answers 404).
+func ListedQueryable(f Final) Result {
+	r := Result{Check: "every listed database answers queries"}
+	for db := range f.Listed {
+		r.Checked++
+		if why, ok := f.Probe[db]; ok && why != "" {
+			r.Violations = append(r.Violations, db+": "+why)
+		}
+	}
+	sort.Strings(r.Violations)
+	return r
 }

@@ -1,0 +1,136 @@
+package topology
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// Nodes are the members' network nodes.
+func Nodes(ms ...*Member) []*Node {
+	var out []*Node
+	for _, m := range ms {
+		out = append(out, m.Node())
+	}
+	return out
+}
+
+// Names are the members' names, for a failpoint's target.
+func Names(ms ...*Member) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.Name)
+	}
+	return out
+}
+
+// CutOffCatalog takes every catalog node's port off the bridge: no host,
+// edge or test reaches any catalog node, and each catalog node is alone (no
+// quorum): the seed design's "central catalog cut off". RejoinCatalog
+// undoes it.
+func (c *Cluster) CutOffCatalog() error {
+	var errs []error
+	for _, m := range c.Catalog {
+		errs = append(errs, m.Node().Isolate())
+	}
+	if err := errors.Join(errs...); err != nil {
+		_ = c.RejoinCatalog()
+		return err
+	}
+	return nil
+}
+
+// RejoinCatalog undoes CutOffCatalog.
+func (c *Cluster) RejoinCatalog() error {
+	var errs []error
+	for _, m := range c.Catalog {
+		errs = append(errs, m.Node().Rejoin())
+	}
+	return errors.Join(errs...)
+}
+
+// PurgeRoutes asks every edge to drop its route cache (POST
+// /admin/v1/routes/purge), as an operator's mass purge does.
+func (c *Cluster) PurgeRoutes(ctx context.Context) error {
+	hc := &http.Client{Timeout: 5 * time.Second}
+	var errs []error
+	for _, e := range c.Edges {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+e.Addr+"/admin/v1/routes/purge", nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer "+c.Admin)
+		resp, err := hc.Do(req)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			errs = append(errs, fmt.Errorf("purge on %s: status %d", e.Name, resp.StatusCode))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ToggleEdgeFailpoints sends SIGUSR1 to every edge: the failpoints their
+// SHOAL_FAILPOINTS environment names (Options.EdgeEnv) flip between armed
+// and disarmed.
+func (c *Cluster) ToggleEdgeFailpoints() error {
+	var errs []error
+	for _, e := range c.Edges {
+		errs = append(errs, e.Signal(syscall.SIGUSR1))
+	}
+	return errors.Join(errs...)
+}
+
+// ballast is the file FillDisk writes into a data directory.
+const ballast = "robustness-ballast"
+
+// FillDisk fills the file system holding dir to its last byte (a tmpfs of
+// Options.HostDisk, not the machine's disk), so every write of the process
+// using dir fails with ENOSPC. FreeDisk removes the ballast.
+func FillDisk(dir string) error {
+	path := filepath.Join(dir, ballast)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return err
+	}
+	if avail := int64(st.Bavail) * st.Bsize; avail > 0 {
+		if err := syscall.Fallocate(int(f.Fd()), 0, 0, avail); err != nil && !errors.Is(err, syscall.ENOSPC) {
+			return fmt.Errorf("fallocate %d bytes: %w", avail, err)
+		}
+	}
+	// Whatever fallocate left (rounding), byte by block until ENOSPC.
+	if _, err := f.Seek(0, 2); err != nil {
+		return err
+	}
+	block := make([]byte, 4096)
+	for {
+		if _, err := f.Write(block); err != nil {
+			if errors.Is(err, syscall.ENOSPC) {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// FreeDisk removes FillDisk's ballast.
+func FreeDisk(dir string) error {
+	err := os.Remove(filepath.Join(dir, ballast))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,207 @@
+package validate
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	_ "github.com/mattn/go-sqlite3" // PRAGMA integrity_check on copies of the hosts' files
+	bolt "go.etcd.io/bbolt"
+)
+
+// Object is one object an object host keeps in its index (objecthost.Meta:
+// the fields the checks need), and where its SQLite file is.
+type Object struct {
+	Host         string
+	ObjectID     string `json:"object_id"`
+	DatabaseUUID string `json:"database_uuid"`
+	AccountID    string `json:"account_id"`
+	State        string `json:"state"`
+	Path         string
+}
+
+// Live reports whether the host serves the object (state active).
+func (o Object) Live() bool { return o.State == "active" }
+
+// HostObjects reads the object index a host left in dir (index.db, bbolt).
+// The host must not be running: bbolt's lock is exclusive.
+func HostObjects(host, dir string) ([]Object, error) {
+	db, err := bolt.Open(filepath.Join(dir, "index.db"), 0o600, &bolt.Options{ReadOnly: true, Timeout: 5 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("%s index: %w", host, err)
+	}
+	defer db.Close()
+	var out []Object
+	err = db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("objects"))
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, v []byte) error {
+			var o Object
+			if err := json.Unmarshal(v, &o); err != nil {
+				return fmt.Errorf("object %s: %w", k, err)
+			}
+			o.Host = host
+			if len(o.ObjectID) >= 4 {
+				o.Path = filepath.Join(dir, "dbs", o.ObjectID[0:2], o.ObjectID[2:4], o.ObjectID+".db")
+			}
+			out = append(out, o)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// Integrity is PRAGMA integrity_check of one object's file.
+type Integrity struct {
+	Object Object
+	When   string // e.g. "after kill -9 of h1 at 12.3s", "final"
+	Answer string // "ok" when clean
+	Err    error  // the file could not be checked
+}
+
+// IntegrityCheck copies the object's file with its WAL (the host's own files
+// stay untouched, and a WAL left by a kill is replayed into the copy as a
+// restart would) and runs PRAGMA integrity_check on the copy.
+func IntegrityCheck(o Object, when string) Integrity {
+	res := Integrity{Object: o, When: when}
+	tmp, err := os.MkdirTemp("", "shoal-integrity-")
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	defer os.RemoveAll(tmp)
+	dst := filepath.Join(tmp, "copy.db")
+	for _, suffix := range []string{"", "-wal"} {
+		if err := copyFile(o.Path+suffix, dst+suffix); err != nil && !(suffix != "" && os.IsNotExist(err)) {
+			res.Err = err
+			return res
+		}
+	}
+	db, err := sql.Open("sqlite3", "file:"+dst)
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res.Err = db.QueryRowContext(ctx, "PRAGMA integrity_check").Scan(&res.Answer)
+	return res
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// IntegrityClean: every checked file answered "ok".
+func IntegrityClean(checks []Integrity) Result {
+	r := Result{Check: "PRAGMA integrity_check clean on every live object's file after every host kill and at the end", Checked: len(checks)}
+	for _, c := range checks {
+		switch {
+		case c.Err != nil:
+			r.Violations = append(r.Violations, fmt.Sprintf("%s %s (%s): %v", c.Object.Host, c.Object.ObjectID, c.When, c.Err))
+		case c.Answer != "ok":
+			r.Violations = append(r.Violations, fmt.Sprintf("%s %s (%s): %s", c.Object.Host, c.Object.ObjectID, c.When, c.Answer))
+		}
+	}
+	sort.Strings(r.Violations)
+	return r
+}
+
+// CatalogRow is what the catalog's linearizable read says of a database.
+type CatalogRow struct {
+	Found    bool
+	Active   bool
+	ObjectID string
+	HostID   string
+}
+
+// OneLiveObject: no database has two live objects on the hosts.
+func OneLiveObject(objs []Object) Result {
+	r := Result{Check: "never two live objects for one database"}
+	live := map[string][]Object{}
+	for _, o := range objs {
+		if o.Live() {
+			live[o.DatabaseUUID] = append(live[o.DatabaseUUID], o)
+		}
+	}
+	for db, os := range live {
+		r.Checked++
+		if len(os) > 1 {
+			var where []string
+			for _, o := range os {
+				where = append(where, o.Host+"/"+o.ObjectID)
+			}
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: %d live objects %v", db, len(os), where))
+		}
+	}
+	sort.Strings(r.Violations)
+	return r
+}
+
+// OrphansConverged: once the creation grace and heartbeats have passed,
+// every live object is the one the catalog names for an active database
+// (the orphans of failed create attempts and the objects of deleted
+// databases have marked themselves deleted); and every active database the
+// catalog names has its object live on its host (a live database is never
+// deleted). catalog holds the catalog's linearizable answer for every
+// database UUID of the checked accounts; objects of other accounts are
+// ignored.
+func OrphansConverged(objs []Object, catalog map[string]CatalogRow, accounts map[string]bool) Result {
+	r := Result{Check: "orphans converged, and every active database has its live object"}
+	liveByObject := map[string]Object{}
+	for _, o := range objs {
+		if !accounts[o.AccountID] {
+			continue
+		}
+		if o.Live() {
+			liveByObject[o.ObjectID] = o
+			r.Checked++
+			row, ok := catalog[o.DatabaseUUID]
+			switch {
+			case !ok:
+				r.Violations = append(r.Violations, fmt.Sprintf("%s/%s (database %s): live, the catalog was not asked", o.Host, o.ObjectID, o.DatabaseUUID))
+			case !row.Found || !row.Active:
+				r.Violations = append(r.Violations, fmt.Sprintf("%s/%s (database %s): live orphan, catalog found=%v active=%v", o.Host, o.ObjectID, o.DatabaseUUID, row.Found, row.Active))
+			case row.ObjectID != o.ObjectID:
+				r.Violations = append(r.Violations, fmt.Sprintf("%s/%s (database %s): live, but the catalog names object %s", o.Host, o.ObjectID, o.DatabaseUUID, row.ObjectID))
+			}
+		}
+	}
+	for db, row := range catalog {
+		if !row.Active {
+			continue
+		}
+		r.Checked++
+		o, ok := liveByObject[row.ObjectID]
+		switch {
+		case !ok:
+			r.Violations = append(r.Violations, fmt.Sprintf("database %s: active in the catalog, its object %s is not live on any host", db, row.ObjectID))
+		case o.Host != row.HostID:
+			r.Violations = append(r.Violations, fmt.Sprintf("database %s: object %s live on %s, the catalog says %s", db, row.ObjectID, o.Host, row.HostID))
+		}
+	}
+	sort.Strings(r.Violations)
+	return r
+}
