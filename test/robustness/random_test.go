@@ -36,6 +36,9 @@ func randomFault(e *env, r *rand.Rand) failpoint.Failpoint {
 		e.stopFollower,
 		e.throttleFollower,
 	}
+	if e.c.Pipeline != nil { // broker, ClickHouse and consumers down at once
+		choices = append(choices, func() failpoint.Failpoint { return e.killMember(e.c.Pipeline) })
+	}
 	return choices[r.IntN(len(choices))]()
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -101,7 +102,7 @@ func newCluster(t *testing.T) *topology.Cluster {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := topology.Start(ctx, netw, topology.Options{Bin: bin, Dir: t.TempDir(), Heartbeat: heartbeat, Grace: grace,
-		HostDisk: hostDisk, EdgeEnv: []string{"SHOAL_FAILPOINTS=" + edgeFailpoints}})
+		HostDisk: hostDisk, EdgeEnv: []string{"SHOAL_FAILPOINTS=" + edgeFailpoints}, Pipeline: true})
 	t.Cleanup(func() { assert.NoError(t, c.Stop(), "stopping the cluster") }) // before netw.Close
 	require.NoError(t, err, "starting the cluster")
 	return c
@@ -118,6 +119,7 @@ type env struct {
 	rep   *report.Report
 
 	mu        sync.Mutex
+	account   string
 	integrity []validate.Integrity // files checked while their host was down
 	cutOffs   []validate.Window    // when the catalog was cut off
 }
@@ -135,6 +137,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	t.Cleanup(catalog.Close)
 	cl, err := traffic.NewClient(ctx, c.EdgeURLs(), c.Admin, catalog, e.hist)
 	require.NoError(t, err, "account and token")
+	e.account = cl.Account()
 	sched.load.Registers, err = traffic.SetupRegisters(ctx, cl, 4)
 	require.NoError(t, err, "register databases")
 
@@ -155,7 +158,9 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	time.Sleep(grace + 2*heartbeat)
 
 	final := observe(t, cl, e.hist, load)
+	billed, producers := e.usage()
 	objects, rows, finalChecks := e.hostState(catalog, cl.Account())
+	usage := validate.UsageExact(e.hist.Ops(), cl.Sent(), billed, producers, e.crashWindows(objects))
 	ops := e.hist.Ops()
 	rep := e.rep
 	rep.Ops = ops
@@ -166,7 +171,8 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 		validate.ListedQueryable(final),
 		validate.OneLiveObject(objects),
 		validate.OrphansConverged(objects, rows, map[string]bool{cl.Account(): true}),
-		validate.IntegrityClean(append(e.integrityChecks(), finalChecks...)))
+		validate.IntegrityClean(append(e.integrityChecks(), finalChecks...)),
+		usage)
 	if len(e.cutOffs) > 0 {
 		rep.Results = append(rep.Results, validate.QueriesAvailableDuring(ops, e.cutOffs))
 	}
@@ -342,6 +348,106 @@ func (e *env) checkHostFiles(h *topology.Member, when string) []validate.Integri
 		}
 	}
 	return out
+}
+
+// crashLoss bounds what a host killed -9 may lose of its usage: the open
+// 1 s aggregation window plus the records in flight to the broker.
+const crashLoss = 2 * time.Second
+
+// crashWindows lists, per database, the crashLoss before each kill -9 of
+// the host holding its live object.
+func (e *env) crashWindows(objs []validate.Object) map[string][]validate.Window {
+	kills := map[string][]time.Duration{}
+	for _, inj := range e.rep.Injections {
+		if inj.Failpoint.Kind == failpoint.KillRestart {
+			kills[inj.Failpoint.Target] = append(kills[inj.Failpoint.Target], inj.Start)
+		}
+	}
+	out := map[string][]validate.Window{}
+	for _, o := range objs {
+		for _, at := range kills[o.Host] {
+			out[o.DatabaseUUID] = append(out[o.DatabaseUUID], validate.Window{Name: "kill of " + o.Host, From: at - crashLoss, To: at})
+		}
+	}
+	return out
+}
+
+// usage waits (up to usageFor) until ClickHouse bills at least every
+// acknowledged query, then returns what it billed per database and each
+// producer's sequence numbers.
+func (e *env) usage() (map[string]int64, []validate.ProducerSeqs) {
+	// Until every acknowledged query is billed, or the totals have not
+	// moved for stableFor (what a killed host lost never comes), or
+	// usageFor has passed.
+	const usageFor, stableFor = 45 * time.Second, 5 * time.Second
+	acked := validate.AckedQueries(e.hist.Ops())
+	var billed map[string]int64
+	var producers []validate.ProducerSeqs
+	var last int64 = -1
+	lastChange := time.Now()
+	deadline := time.Now().Add(usageFor)
+	for {
+		var err error
+		billed, producers, err = e.clickhouseUsage(e.account)
+		short, total := 0, int64(0)
+		for db, n := range acked {
+			if billed[db] < n {
+				short++
+			}
+		}
+		for _, n := range billed {
+			total += n
+		}
+		if total != last {
+			last, lastChange = total, time.Now()
+		}
+		done := err == nil && (short == 0 || time.Since(lastChange) > stableFor)
+		if done || time.Now().After(deadline) {
+			if err != nil {
+				e.t.Errorf("reading usage from ClickHouse: %v", err)
+			}
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	return billed, producers
+}
+
+func (e *env) clickhouseUsage(account string) (map[string]int64, []validate.ProducerSeqs, error) {
+	ctx, cancel := context.WithTimeout(e.ctx, 20*time.Second)
+	defer cancel()
+	out, err := e.c.ClickHouseQuery(ctx, "SELECT database_uuid, sum(queries) FROM shoal.requests FINAL WHERE account_id = '"+account+"' GROUP BY database_uuid FORMAT TSV")
+	if err != nil {
+		return nil, nil, err
+	}
+	billed := map[string]int64{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var db string
+		var n int64
+		if line == "" {
+			continue
+		}
+		if _, err := fmt.Sscanf(line, "%s\t%d", &db, &n); err != nil {
+			return nil, nil, fmt.Errorf("usage line %q: %w", line, err)
+		}
+		billed[db] = n
+	}
+	out, err = e.c.ClickHouseQuery(ctx, "SELECT event_producer, min(event_seq), max(event_seq), uniqExact(event_seq) FROM shoal.requests GROUP BY event_producer FORMAT TSV") // seqs count every account's events
+	if err != nil {
+		return nil, nil, err
+	}
+	var producers []validate.ProducerSeqs
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if line == "" {
+			continue
+		}
+		var p validate.ProducerSeqs
+		if _, err := fmt.Sscanf(line, "%s\t%d\t%d\t%d", &p.Producer, &p.Min, &p.Max, &p.Distinct); err != nil {
+			return nil, nil, fmt.Errorf("producer line %q: %w", line, err)
+		}
+		producers = append(producers, p)
+	}
+	return billed, producers, nil
 }
 
 // hostState stops every object host with kill -9 (a last kill), reads their

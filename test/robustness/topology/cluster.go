@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -24,6 +25,11 @@ const (
 	raftPort        = 4002
 	hostPort        = 4003
 	edgePort        = 8787
+	pipelinePort    = 4005
+	kafkaPort       = 9092
+	// ClickHousePort is the managed clickhouse-server's native port on
+	// the pipeline node's own loopback (reach it with ClickHouseQuery).
+	ClickHousePort = 9000
 )
 
 // Options size a Cluster.
@@ -42,6 +48,12 @@ type Options struct {
 	HostDisk string
 	// EdgeEnv is added to the edges' environment (e.g. SHOAL_FAILPOINTS).
 	EdgeEnv []string
+	// Pipeline adds the background plane: node p1 runs `shoal pipeline
+	// serve` with the embedded Kafka-protocol broker, a managed
+	// clickhouse-server, the storage consumer, the ClickHouse sink and the
+	// reconciler; hosts produce usage, storage and routes to it and edges
+	// read the route feed from it.
+	Pipeline bool
 }
 
 // Member is one process of the cluster and the address it serves on.
@@ -67,8 +79,10 @@ type Cluster struct {
 	Catalog []*Member
 	Hosts   []*Member
 	Edges   []*Member
-	Admin   string
-	mounts  []string // tmpfs data directories, unmounted by Stop
+	// Pipeline is the background plane's node (Options.Pipeline), or nil.
+	Pipeline *Member
+	Admin    string
+	mounts   []string // tmpfs data directories, unmounted by Stop
 }
 
 // Start creates the nodes on net and starts every member, waiting until each
@@ -109,6 +123,24 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 		}
 	}
 	catalog := c.catalogList()
+	var kafka []string
+	if o.Pipeline {
+		var ps []*Member
+		err := add(&ps, "p1", pipelinePort, func(addr string) []string {
+			ip := strings.TrimSuffix(addr, fmt.Sprintf(":%d", pipelinePort))
+			kafka = []string{"--kafka-brokers", fmt.Sprintf("%s:%d", ip, kafkaPort)}
+			return []string{"pipeline", "serve", "--http-addr", addr, "--dir", filepath.Join(o.Dir, "p1"),
+				"--catalog", catalog, kafka[0], kafka[1], "--embedded-broker",
+				"--managed-clickhouse", "--managed-clickhouse-addr", fmt.Sprintf("127.0.0.1:%d", ClickHousePort),
+				"--reconcile-interval", "2s", "--log-level", "warn"}
+		})
+		if len(ps) > 0 {
+			c.Pipeline = ps[0]
+		}
+		if err != nil {
+			return c, err
+		}
+	}
 	for i := range o.Hosts {
 		id := fmt.Sprintf("h%d", i+1)
 		if o.HostDisk != "" {
@@ -119,9 +151,9 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 			c.mounts = append(c.mounts, dir)
 		}
 		err := add(&c.Hosts, id, hostPort, func(addr string) []string {
-			return []string{"objecthost", "serve", "--id", id, "--dir", filepath.Join(o.Dir, id),
+			return append([]string{"objecthost", "serve", "--id", id, "--dir", filepath.Join(o.Dir, id),
 				"--http-addr", addr, "--region", "weur", "--catalog", catalog, "--log-level", "warn",
-				"--heartbeat-interval", o.Heartbeat.String(), "--creation-grace", o.Grace.String()}
+				"--heartbeat-interval", o.Heartbeat.String(), "--creation-grace", o.Grace.String()}, kafka...)
 		})
 		if err != nil {
 			return c, err
@@ -133,9 +165,9 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 		err := add(&c.Edges, id, edgePort, func(addr string) []string {
 			// Rate limits far above what the generators send: they are
 			// not what the suite is about.
-			return []string{"edge", "serve", "--http-addr", addr, "--dir", filepath.Join(o.Dir, id),
+			return append([]string{"edge", "serve", "--http-addr", addr, "--dir", filepath.Join(o.Dir, id),
 				"--region", "weur", "--catalog", catalog, "--admin-token", o.Admin, "--log-level", "warn",
-				"--account-rate", "100000", "--database-rate", "100000"}
+				"--account-rate", "100000", "--database-rate", "100000"}, kafka...)
 		})
 		if err != nil {
 			return c, err
@@ -211,9 +243,28 @@ func (c *Cluster) EdgeURLs() []string {
 	return out
 }
 
-// Members is every member, catalog first.
+// Members is every member, catalog first, then the pipeline node.
 func (c *Cluster) Members() []*Member {
-	return append(append(append([]*Member(nil), c.Catalog...), c.Hosts...), c.Edges...)
+	ms := append([]*Member(nil), c.Catalog...)
+	if c.Pipeline != nil {
+		ms = append(ms, c.Pipeline)
+	}
+	return append(append(ms, c.Hosts...), c.Edges...)
+}
+
+// ClickHouseQuery runs query on the pipeline node's managed ClickHouse
+// (clickhouse-client inside its namespace) and returns the TSV answer.
+func (c *Cluster) ClickHouseQuery(ctx context.Context, query string) (string, error) {
+	if c.Pipeline == nil {
+		return "", errors.New("no pipeline node")
+	}
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", c.Pipeline.Node().NS, "clickhouse-client",
+		"--port", fmt.Sprint(ClickHousePort), "--query", query)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("clickhouse-client: %w: %s", err, out)
+	}
+	return string(out), nil
 }
 
 // Leader returns the catalog member a majority of the reachable members name

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/shoaldb/shoal/raftmeta"
@@ -24,6 +25,9 @@ type Client struct {
 	hc      *http.Client
 	catalog *raftmeta.Client
 	h       *History
+
+	sentMu sync.Mutex
+	sent   map[string]int // per database, every /query request sent (recorded or not)
 }
 
 // requestTimeout bounds one call: longer than the edge's own budgets (a
@@ -57,6 +61,19 @@ func NewClient(ctx context.Context, edges []string, admin string, catalog *raftm
 		}
 	}
 	return c, nil
+}
+
+// Sent is, per database, how many queries the client sent (recorded
+// operations and unrecorded set-up and validation queries alike): an upper
+// bound of the queries the hosts can have billed.
+func (c *Client) Sent() map[string]int {
+	c.sentMu.Lock()
+	defer c.sentMu.Unlock()
+	out := make(map[string]int, len(c.sent))
+	for k, v := range c.sent {
+		out[k] = v
+	}
+	return out
 }
 
 // Account is the client's account ID.
@@ -282,6 +299,14 @@ func (a answer) changes() int {
 }
 
 func (c *Client) do(ctx context.Context, edge int, method, path string, body any) answer {
+	if db, ok := strings.CutSuffix(path, "/query"); ok {
+		c.sentMu.Lock()
+		if c.sent == nil {
+			c.sent = map[string]int{}
+		}
+		c.sent[strings.TrimPrefix(db, "/")]++
+		c.sentMu.Unlock()
+	}
 	return c.call(ctx, method, c.edges[edge]+"/client/v4/accounts/"+c.acct+"/d1/database"+path, c.bearer, body)
 }
 
