@@ -37,7 +37,7 @@ func randomFault(e *env, r *rand.Rand) failpoint.Failpoint {
 		e.throttleFollower,
 	}
 	if e.c.Pipeline != nil { // broker, ClickHouse and consumers down at once
-		choices = append(choices, func() failpoint.Failpoint { return e.killMember(e.c.Pipeline) })
+		choices = append(choices, func() failpoint.Failpoint { return e.killMember(e.c.Pipeline) }, e.stopClickHouse)
 	}
 	return choices[r.IntN(len(choices))]()
 }

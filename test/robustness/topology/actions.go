@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"time"
@@ -134,3 +135,36 @@ func FreeDisk(dir string) error {
 	}
 	return err
 }
+
+// ClickHouse is the pipeline node's managed clickhouse-server as a process
+// the stop-cont failpoint can pause (the pipeline restarts nothing: a
+// paused server is ClickHouse unresponsive, then back). Found by its data
+// directory under the pipeline node's.
+func (c *Cluster) ClickHouse() (*PidProc, error) {
+	if c.Pipeline == nil {
+		return nil, errors.New("no pipeline node")
+	}
+	out, err := exec.Command("pgrep", "-f", "--", "--config-file="+c.Pipeline.Dir).Output()
+	if err != nil {
+		return nil, fmt.Errorf("pgrep clickhouse-server under %s: %w", c.Pipeline.Dir, err)
+	}
+	var pid int
+	if _, err := fmt.Sscanf(string(out), "%d", &pid); err != nil {
+		return nil, fmt.Errorf("pgrep: %q: %w", out, err)
+	}
+	return &PidProc{Pid: pid}, nil
+}
+
+// PidProc is a process the suite did not start (signals only).
+type PidProc struct{ Pid int }
+
+// Signal sends sig to the process.
+func (p *PidProc) Signal(sig syscall.Signal) error { return syscall.Kill(p.Pid, sig) }
+
+// Kill is not offered: nothing would restart the process.
+func (p *PidProc) Kill() error {
+	return errors.New("PidProc: kill not supported (nothing restarts it)")
+}
+
+// Start is not offered.
+func (p *PidProc) Start() error { return errors.New("PidProc: start not supported") }
