@@ -2,6 +2,7 @@ package raftmeta
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -264,4 +265,54 @@ func staleReads(t *testing.T, n *Node) float64 {
 		}
 	}
 	return 0
+}
+
+// hangingNode never answers until the test ends: a SIGSTOPped follower.
+type hangingNode struct {
+	reads atomic.Int64
+	done  chan struct{}
+}
+
+func (h *hangingNode) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.reads.Add(1)
+	select {
+	case <-h.done:
+	case <-r.Context().Done():
+	}
+}
+
+// A stale read whose first node hangs is answered by the next one once the
+// hedge delay passes, not after the attempt timeout: with an attempt
+// timeout of an hour and a 5 s budget, only hedging can answer at all.
+// Every read succeeds whichever node the round-robin puts first.
+func TestClientStaleReadHedgesPastAHungNode(t *testing.T) {
+	hung := &hangingNode{done: make(chan struct{})}
+	hsrv := httptest.NewServer(hung)
+	defer hsrv.Close()
+	defer close(hung.done)
+	good := &fakeNode{}
+	gsrv := httptest.NewServer(good)
+	defer gsrv.Close()
+	cl, err := NewClient([]string{hsrv.Listener.Addr().String(), gsrv.Listener.Addr().String()},
+		WithCacheTTL(0), WithAttemptTimeouts(time.Hour, time.Hour), WithHedge(20*time.Millisecond))
+	require.NoError(t, err)
+	defer cl.Close()
+	for i := range 6 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		a, err := cl.Account(ctx, fmt.Sprintf("acct%d", i), StaleRead())
+		cancel()
+		require.NoError(t, err, "read %d", i)
+		assert.Equal(t, fmt.Sprintf("acct%d", i), a.ID)
+	}
+	assert.Positive(t, hung.reads.Load(), "the hung node was asked first at least once")
+
+	// Hedging off: a read that starts on the hung node waits for it.
+	off, err := NewClient([]string{hsrv.Listener.Addr().String()}, WithCacheTTL(0),
+		WithAttemptTimeouts(time.Hour, time.Hour), WithHedge(0), WithRetries(1, time.Millisecond, time.Millisecond))
+	require.NoError(t, err)
+	defer off.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = off.Account(ctx, "x", StaleRead())
+	assert.Error(t, err)
 }
