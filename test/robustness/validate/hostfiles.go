@@ -80,10 +80,11 @@ func IntegrityCheck(o Object, when string) Integrity {
 	}
 	defer os.RemoveAll(tmp)
 	dst := filepath.Join(tmp, "copy.db")
-	if _, err := os.Stat(o.Path); os.IsNotExist(err) && !o.Confirmed {
-		// An object is a file only once it is first opened (a create's
-		// confirm or first query); an unconfirmed object without one is
-		// a create's orphan that never served.
+	if _, err := os.Stat(o.Path); os.IsNotExist(err) {
+		// An object is a file only once it is first opened (its first
+		// query): an orphan, or a database whose create answer was lost
+		// and that nobody queried, has none. A file lost after serving
+		// shows as lost rows ("acknowledged rows readable").
 		res.Answer = "no file"
 		return res
 	}
