@@ -13,7 +13,7 @@ DEV_ARGS ?=
 RACE_PKGS  ?= ./raftmeta/... ./objecthost/... ./edge/... ./internal/... ./d1client/... ./pipeline/... ./limiter/...
 PLAIN_PKGS ?= ./cmd/... ./test/...
 
-.PHONY: all build dev test test-short bench fault lint deps clean
+.PHONY: all build dev test test-short bench fault compat lint deps clean
 
 all: build
 
@@ -39,6 +39,9 @@ test-short: deps
 bench: deps ## figures for docs/benchmarks.md (minutes; not part of make test)
 	@SHOAL_DEPS_BENCH=1 ./scripts/deps.sh
 	SHOAL_BENCH=1 go test -count=1 -timeout 60m -run 'Bench|Figure' -bench . -benchtime 3s ./...
+
+compat: deps ## the D1 differential suite (miniflare) and the wrangler/SDK runs (make test runs them too)
+	SHOAL_REQUIRE_NODE=1 go test -count=1 -v ./test/compat/ ./test/wrangler/
 
 fault: deps ## long fault schedules (make test runs their short versions)
 	SHOAL_FAULT=long SHOAL_FAULT_SCHEDULES=$${SHOAL_FAULT_SCHEDULES:-200} go test -count=1 -timeout 240m -run 'Fault' ./test/...

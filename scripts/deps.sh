@@ -20,12 +20,24 @@ command -v go >/dev/null 2>&1 || { [ -x /usr/local/go/bin/go ] || need+=(golang-
 # (the benches skip those figures without it).
 if [ "${SHOAL_DEPS_BENCH:-}" = 1 ]; then command -v wrk >/dev/null 2>&1 || need+=(wrk); fi
 
-if [ ${#need[@]} -eq 0 ]; then
-  exit 0
+# test/compat (miniflare) and test/wrangler (wrangler 3/4, the TypeScript SDK)
+# run real D1 clients in Node (>= 20 for wrangler 4.86; these machines ship it).
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
+
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}" >&2
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq "${need[@]}"
 fi
-echo "installing: ${need[*]}" >&2
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq "${need[@]}"
+
+# npm packages, pinned by each folder's package-lock.json; idempotent (a few
+# ms when installed, ~30 s the first time).
+here="$(cd "$(dirname "$0")" && pwd)"
+for suite in compat wrangler; do
+  if [ -f "$here/../test/$suite/install.sh" ]; then
+    sh "$here/../test/$suite/install.sh" >/dev/null
+  fi
+done
