@@ -36,6 +36,9 @@ test: deps lint ## every test, race detector on concurrent packages
 test-short: deps
 	go test -count=1 -short ./...
 
+# The cluster harnesses are in test/bench (each skips unless SHOAL_BENCH is
+# set); ./... also runs the components' Go benchmarks and the figures that
+# stay beside their tests in test/ (TestEdgePurgeFigure, TestD1ExportImportBench).
 bench: deps ## figures for docs/benchmarks.md (minutes; not part of make test)
 	@SHOAL_DEPS_BENCH=1 ./scripts/deps.sh
 	SHOAL_BENCH=1 go test -count=1 -timeout 60m -run 'Bench|Figure' -bench . -benchtime 3s ./...

@@ -166,13 +166,15 @@ func (s *Server) activeHosts(ctx context.Context) ([]fsm.Host, error) {
 		return nil, err
 	}
 	var active []fsm.Host
+	jurs := map[string]bool{}
 	for _, h := range fresh {
 		if h.State == "" || h.State == "active" {
 			active = append(active, h)
 		}
+		jurs[h.Jurisdiction] = true
 	}
 	s.hostsMu.Lock()
-	s.hostsList, s.hostsFetched = active, now
+	s.hostsList, s.hostsFetched, s.hostsJurs = active, now, jurs
 	s.hostsPending = make(map[string]int64)
 	s.hostsMu.Unlock()
 	return active, nil
@@ -203,7 +205,7 @@ func (s *Server) pickHost(ctx context.Context, jurisdiction, hint string, exclud
 	if jurisdiction != "" {
 		cands = filter(func(h fsm.Host) bool { return h.Jurisdiction == jurisdiction })
 		if len(cands) == 0 {
-			return fsm.Host{}, fmt.Errorf("%w: no object host in jurisdiction %s", ErrUnavailable, jurisdiction)
+			return fsm.Host{}, s.noHostInJurisdiction(jurisdiction, hosts)
 		}
 	} else {
 		region := s.o.Region
@@ -318,6 +320,11 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 			// No candidate host: the (cached) host list will not change
 			// within this request's backoff, so waiting buys nothing.
 			s.m.createTries.WithLabelValues("no_host").Inc()
+			var nj *noJurisdictionError
+			if errors.As(err, &nj) {
+				s.log.Warn("create refused: no object host serves the jurisdiction", "request_id", requestIDFrom(ctx),
+					"account", acct, "jurisdiction", nj.jurisdiction, "served", nj.served)
+			}
 			return fsm.Database{}, err
 		}
 		// (4) Init on the object.

@@ -14,4 +14,10 @@
 // database whose route is cached: with every catalog node down, queries keep
 // working. The create, delete, list and info flows do use the catalog; see
 // DESIGN.md for the flows and their checkpoints.
+//
+// Beside D1's endpoints it answers what D1's clients ask around them: the
+// identity calls (/memberships, /accounts, /user, tokens/verify; identity.go)
+// and the two D1 datasets of the GraphQL Analytics API (/graphql;
+// graphql.go), read from the usage pipeline through InsightsSource and
+// UsageAnalytics.
 package edge

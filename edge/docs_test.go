@@ -207,6 +207,7 @@ func TestAPIDocExamples(t *testing.T) {
 		"POST /client/v4/accounts/A/d1/database/D/raw", "POST /client/v4/accounts/A/d1/database/D/binding",
 		"POST /client/v4/bound/query", "POST /admin/v1/accounts", "GET /admin/v1/accounts/A",
 		"PATCH /admin/v1/accounts/A", "POST /admin/v1/accounts/A/tokens",
+		"GET /client/v4/memberships", "GET /client/v4/accounts/A/tokens/verify",
 	} {
 		assert.True(t, seen[ep], "docs/api.md has no example for %s", ep)
 	}

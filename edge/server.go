@@ -137,6 +137,7 @@ type Server struct {
 	hostsList    []fsm.Host
 	hostsFetched time.Time
 	hostsPending map[string]int64 // creates placed since the last refresh
+	hostsJurs    map[string]bool  // jurisdictions of every registered host, in any state
 
 	bgCtx     context.Context
 	bgCancel  context.CancelFunc
@@ -480,6 +481,8 @@ func (s *Server) routes() *mux.Router {
 	r.Handle("/client/v4/shoal/upload/{token}", s.instrument("import_upload", http.HandlerFunc(s.handleImportUpload))).Methods(http.MethodPut)
 
 	r.Handle("/client/v4/bound/{kind:query|raw}", s.instrument("bound", http.HandlerFunc(s.handleBound))).Methods(http.MethodPost)
+	s.identityRoutes(r) // identity.go: /memberships, /user, /accounts, tokens/verify
+	s.graphqlRoutes(r)  // graphql.go: /graphql (D1's analytics datasets)
 
 	adm := r.PathPrefix("/admin/v1").Subrouter()
 	adm.Handle("/accounts", s.admin("admin_create_account", s.handleAdminCreateAccount)).Methods(http.MethodPost)

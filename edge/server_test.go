@@ -240,9 +240,10 @@ func TestCreatePlacement(t *testing.T) {
 	var d databaseJSON
 	require.NoError(t, json.Unmarshal(a.Result, &d))
 	assert.Equal(t, "ENAM", d.RunningInRegion)
-	// No host in jurisdiction eu: retryable refusal, not a silent misplacement.
+	// No host in jurisdiction eu: refused, not a silent misplacement
+	// (placement_test.go checks the refusal itself).
 	a = e.call("POST", dbPath(acctA), tokA, map[string]any{"name": "eu-db", "jurisdiction": "eu"})
-	assert.Equal(t, 503, a.Status)
+	assert.Equal(t, 400, a.Status)
 	e.cat.mu.Lock()
 	h := e.cat.hosts["h2"]
 	h.Jurisdiction = "eu"

@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/shoaldb/shoal/objecthost/dump"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // d1cliBasePort finds a base port p with p, p+100 and p+200 free (shoal dev
@@ -53,7 +53,7 @@ func freePortBase(t *testing.T, offsets ...int) int {
 type devProc struct {
 	dir    string
 	apiURL string
-	stdout *syncWriter
+	stdout *harness.SyncWriter
 	pid    int
 }
 
@@ -62,8 +62,8 @@ type devProc struct {
 func startDev(t *testing.T, bin string) *devProc {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "dev")
-	addr := freeAddr(t)
-	out, errb := &syncWriter{}, &syncWriter{}
+	addr := harness.FreeAddr(t)
+	out, errb := &harness.SyncWriter{}, &harness.SyncWriter{}
 	cmd := exec.Command(bin, "dev", "--dir", dir, "--reset", "--addr", addr, "--base-port", fmt.Sprint(d1cliBasePort(t)))
 	cmd.Stdout, cmd.Stderr = out, errb
 	require.NoError(t, cmd.Start())
@@ -97,25 +97,6 @@ func (p *devProc) output() string { return p.stdout.String() }
 
 func devPID(t *testing.T, p *devProc) int { t.Helper(); return p.pid }
 
-// syncWriter guards a buffer written by a child process pipe and read by
-// the test.
-type syncWriter struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
 type cliResult struct {
 	stdout, stderr string
 	code           int
@@ -140,7 +121,7 @@ func runCLI(t *testing.T, bin string, env []string, stdin string, args ...string
 }
 
 func TestD1CLI(t *testing.T) {
-	bin := buildShoal(t)
+	bin := shoalBin.Path(t)
 	dev := startDev(t, bin)
 	// Configuration comes from dev.json via --dev-dir; the environment must
 	// not leak a real user's settings into the test.
@@ -201,7 +182,7 @@ func TestD1CLI(t *testing.T) {
 	require.Contains(t, r.stdout, "Exported cli-db")
 	b, err := os.ReadFile(dump1)
 	require.NoError(t, err)
-	require.True(t, strings.HasPrefix(string(b), "PRAGMA foreign_keys=OFF;\nBEGIN TRANSACTION;\n"))
+	require.True(t, strings.HasPrefix(string(b), dump.Header+"\n"))
 	require.Contains(t, string(b), "CREATE VIRTUAL TABLE docs USING fts5(body);")
 	require.NotContains(t, string(b), "docs_data")
 
@@ -257,7 +238,7 @@ func TestD1CLI(t *testing.T) {
 	r = d1("", "--token", "wrong-token", "list")
 	require.Equal(t, 4, r.code)
 	require.Contains(t, r.stderr, "[10000]")
-	r = d1("", "--api-url", "http://"+freeAddr(t), "list")
+	r = d1("", "--api-url", "http://"+harness.FreeAddr(t), "list")
 	require.Equal(t, 5, r.code)
 	r = runCLI(t, bin, clean, "", "d1", "--dev-dir", filepath.Join(t.TempDir(), "none"), "list")
 	require.Equal(t, 2, r.code)
@@ -313,7 +294,7 @@ func TestD1ExportImportBench(t *testing.T) {
 	if os.Getenv("SHOAL_BENCH") != "1" {
 		t.Skip("set SHOAL_BENCH=1")
 	}
-	bin := buildShoal(t)
+	bin := shoalBin.Path(t)
 	dev := startDev(t, bin)
 	pid := devPID(t, dev)
 	clean := []string{"SHOAL_API_URL=", "SHOAL_API_TOKEN=", "SHOAL_ACCOUNT_ID="}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // devBasePort3 finds a base port whose ranges for a 3-voter `shoal dev`
@@ -23,9 +25,9 @@ func devBasePort3(t *testing.T) int {
 }
 
 // runDevUntilReady starts `shoal dev` with args and waits until it serves.
-func runDevUntilReady(t *testing.T, bin, apiURL string, args ...string) (*exec.Cmd, *syncWriter) {
+func runDevUntilReady(t *testing.T, bin, apiURL string, args ...string) (*exec.Cmd, *harness.SyncWriter) {
 	t.Helper()
-	out, errb := &syncWriter{}, &syncWriter{}
+	out, errb := &harness.SyncWriter{}, &harness.SyncWriter{}
 	cmd := exec.Command(bin, append([]string{"dev"}, args...)...)
 	cmd.Stdout, cmd.Stderr = out, errb
 	require.NoError(t, cmd.Start())
@@ -61,9 +63,9 @@ func stopDev(t *testing.T, cmd *exec.Cmd) {
 // restart on the same directory, the saved account and token still work,
 // and the catalog has its three voters again.
 func TestDevRestartKeepsEverything(t *testing.T) {
-	bin := buildShoal(t)
+	bin := shoalBin.Path(t)
 	dir := filepath.Join(t.TempDir(), "dev")
-	addr := freeAddr(t)
+	addr := harness.FreeAddr(t)
 	base := devBasePort3(t)
 	args := []string{"--nodes", "3", "--dir", dir, "--addr", addr, "--base-port", fmt.Sprint(base)}
 	apiURL := "http://" + addr
@@ -108,9 +110,9 @@ func TestDevRestartKeepsEverything(t *testing.T) {
 // leader). Before, stale lists spread over followers made `execute NAME`
 // right after `create NAME` answer 7404 now and then.
 func TestDevCreateThenUseAtOnce(t *testing.T) {
-	bin := buildShoal(t)
+	bin := shoalBin.Path(t)
 	dir := filepath.Join(t.TempDir(), "dev")
-	addr := freeAddr(t)
+	addr := harness.FreeAddr(t)
 	base := devBasePort3(t)
 	cmd, _ := runDevUntilReady(t, bin, "http://"+addr, "--nodes", "3", "--dir", dir, "--addr", addr, "--base-port", fmt.Sprint(base))
 	defer stopDev(t, cmd)

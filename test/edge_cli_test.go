@@ -19,12 +19,13 @@ import (
 	"github.com/shoaldb/shoal/internal/binding"
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // TestEdgeCLI runs `shoal edge serve` as a real process against an
 // in-process catalog node and object host, and drives it with `shoal admin`.
 func TestEdgeCLI(t *testing.T) {
-	bin := buildShoal(t)
+	bin := shoalBin.Path(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	node, err := raftmeta.NewNode(raftmeta.Config{ID: "c0", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 		Bootstrap: true, Logger: quiet, RaftLogOutput: io.Discard})
@@ -36,14 +37,14 @@ func TestEdgeCLI(t *testing.T) {
 	require.NoError(t, err)
 	cl, err := raftmeta.NewClient([]string{node.HTTPAddr()})
 	require.NoError(t, err)
-	ln, addr := e2eListen(t)
+	ln, addr := harness.Listen(t)
 	h, err := objecthost.Open(objecthost.Config{ID: "h0", Dir: t.TempDir(), Address: addr, Region: "weur",
 		Capacity: 100, Catalog: objecthost.RaftmetaCatalog{C: cl}, Bindings: keys, Logger: quiet})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = h.Close() })
-	e2eServe(t, ln, h.Handler())
+	harness.Serve(t, ln, h.Handler())
 
-	edgeAddr := freeAddr(t)
+	edgeAddr := harness.FreeAddr(t)
 	var logs bytes.Buffer
 	srv := exec.Command(bin, "edge", "serve", "--http-addr", edgeAddr, "--dir", t.TempDir(), "--region", "weur",
 		"--catalog", node.HTTPAddr(), "--log-level", "warn")
@@ -83,23 +84,23 @@ func TestEdgeCLI(t *testing.T) {
 	bearer := "Bearer " + secret
 
 	base := edgeURL + "/client/v4/accounts/" + id + "/d1/database"
-	var a e2eAnswer
+	var a harness.Answer
 	require.Eventually(t, func() bool {
-		a = e2eCall(t, "POST", base, bearer, map[string]any{"name": "from-cli"})
-		return a.status == 200
-	}, 20*time.Second, 100*time.Millisecond, "create: %s", &a.raw)
+		a = harness.Call(t, "POST", base, bearer, map[string]any{"name": "from-cli"})
+		return a.Status == 200
+	}, 20*time.Second, 100*time.Millisecond, "create: %s", &a.Raw)
 	var db struct{ UUID string }
 	require.NoError(t, json.Unmarshal(a.Result, &db))
-	a = e2eCall(t, "POST", base+"/"+db.UUID+"/query", bearer, map[string]any{"sql": "SELECT 40 + 2 AS answer"})
-	require.Equal(t, 200, a.status, "%s", a.raw)
+	a = harness.Call(t, "POST", base+"/"+db.UUID+"/query", bearer, map[string]any{"sql": "SELECT 40 + 2 AS answer"})
+	require.Equal(t, 200, a.Status, "%s", a.Raw)
 	assert.Contains(t, string(a.Result), `"answer":42`)
 	// Binding tokens work end to end with the key from the environment.
-	a = e2eCall(t, "POST", base+"/"+db.UUID+"/binding", bearer, nil)
-	require.Equal(t, 200, a.status, "%s", a.raw)
+	a = harness.Call(t, "POST", base+"/"+db.UUID+"/binding", bearer, nil)
+	require.Equal(t, 200, a.Status, "%s", a.Raw)
 	var mint struct{ Token string }
 	require.NoError(t, json.Unmarshal(a.Result, &mint))
-	a = e2eCall(t, "POST", edgeURL+"/client/v4/bound/query", "Binding "+mint.Token, map[string]any{"sql": "SELECT 1 AS one"})
-	require.Equal(t, 200, a.status, "%s", a.raw)
+	a = harness.Call(t, "POST", edgeURL+"/client/v4/bound/query", "Binding "+mint.Token, map[string]any{"sql": "SELECT 1 AS one"})
+	require.Equal(t, 200, a.Status, "%s", a.Raw)
 
 	got := admin("account", "update", id, "--max-databases", "1")
 	limits := got["limits"].(map[string]any)

@@ -19,6 +19,7 @@ import (
 	"github.com/shoaldb/shoal/edge"
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // TestEdgeCreateFaultsConverge injects the create flow's failpoints with real
@@ -35,7 +36,7 @@ func TestEdgeCreateFaultsConverge(t *testing.T) {
 	require.Eventually(t, node.IsLeader, 20*time.Second, 20*time.Millisecond)
 	hostCl, err := raftmeta.NewClient([]string{node.HTTPAddr()})
 	require.NoError(t, err)
-	ln, hostAddr := e2eListen(t)
+	ln, hostAddr := harness.Listen(t)
 	h, err := objecthost.Open(objecthost.Config{ID: "h0", Dir: t.TempDir(), Address: hostAddr, Region: "weur", Capacity: 100,
 		Catalog: objecthost.RaftmetaCatalog{C: hostCl}, Logger: quiet,
 		HeartbeatInterval: 300 * time.Millisecond, HeartbeatTick: 50 * time.Millisecond, CreationGrace: time.Second})
@@ -45,7 +46,7 @@ func TestEdgeCreateFaultsConverge(t *testing.T) {
 	var mu sync.Mutex
 	var inits []string
 	inner := h.Handler()
-	e2eServe(t, ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	harness.Serve(t, ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasSuffix(r.URL.Path, "/init") {
 			mu.Lock()
 			inits = append(inits, strings.Split(r.URL.Path, "/")[3])
@@ -71,20 +72,20 @@ func TestEdgeCreateFaultsConverge(t *testing.T) {
 		}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = srv.Close() })
-	eln, eaddr := e2eListen(t)
-	e2eServe(t, eln, srv)
-	c := &e2eCluster{t: t, admin: "admin", edgeURL: []string{"http://" + eaddr}}
+	eln, eaddr := harness.Listen(t)
+	harness.Serve(t, eln, srv)
+	c := &harness.E2ECluster{Admin: "admin", EdgeURL: []string{"http://" + eaddr}}
 	require.Eventually(t, func() bool {
 		hs, err := edgeCl.Hosts(t.Context(), raftmeta.ReadOptions{Consistency: raftmeta.Stale, NoCache: true})
 		return err == nil && len(hs) == 1
 	}, 20*time.Second, 50*time.Millisecond)
-	acct, bearer := c.setupAccount(t, "free")
-	base := c.edgeURL[0] + "/client/v4/accounts/" + acct + "/d1/database"
+	acct, bearer := c.SetupAccount(t, "free")
+	base := c.EdgeURL[0] + "/client/v4/accounts/" + acct + "/d1/database"
 
 	// 1. Init succeeds, then the attempt fails before the checkpoint: the edge
 	// retries with new ids and answers success.
-	a := e2eCall(t, "POST", base, bearer, map[string]any{"name": "first"})
-	require.Equal(t, 200, a.status, "%s", a.raw)
+	a := harness.Call(t, "POST", base, bearer, map[string]any{"name": "first"})
+	require.Equal(t, 200, a.Status, "%s", a.Raw)
 	var first struct{ UUID string }
 	require.NoError(t, json.Unmarshal(a.Result, &first))
 	mu.Lock()
@@ -96,7 +97,7 @@ func TestEdgeCreateFaultsConverge(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, live, row.ObjectID, "the catalog names the retry's object")
 	objectState := func(id string) (string, bool) {
-		a := e2eCall(t, "GET", "http://"+hostAddr+"/v1/objects/"+id, "", nil)
+		a := harness.Call(t, "GET", "http://"+hostAddr+"/v1/objects/"+id, "", nil)
 		var info struct {
 			State     string `json:"state"`
 			Confirmed bool   `json:"confirmed"`
@@ -110,17 +111,17 @@ func TestEdgeCreateFaultsConverge(t *testing.T) {
 		30*time.Second, 100*time.Millisecond, "the orphan of the failed attempt never died")
 	require.Eventually(t, func() bool { st, ok := objectState(live); return st == "active" && ok },
 		30*time.Second, 100*time.Millisecond)
-	a = e2eCall(t, "POST", base+"/"+first.UUID+"/query", bearer, map[string]any{"sql": "SELECT 1"})
-	assert.Equal(t, 200, a.status, "%s", a.raw)
+	a = harness.Call(t, "POST", base+"/"+first.UUID+"/query", bearer, map[string]any{"sql": "SELECT 1"})
+	assert.Equal(t, 200, a.Status, "%s", a.Raw)
 
 	// 2. The edge "dies" right after the checkpoint: the client sees an error,
 	// the database exists, is queryable, and heartbeats confirm its object.
 	afterWriteFails.Store(1)
-	a = e2eCall(t, "POST", base, bearer, map[string]any{"name": "second"})
-	require.GreaterOrEqual(t, a.status, 500, "%s", a.raw)
+	a = harness.Call(t, "POST", base, bearer, map[string]any{"name": "second"})
+	require.GreaterOrEqual(t, a.Status, 500, "%s", a.Raw)
 	var second string
 	require.Eventually(t, func() bool {
-		a = e2eCall(t, "GET", base+"?name=second", bearer, nil)
+		a = harness.Call(t, "GET", base+"?name=second", bearer, nil)
 		var items []struct{ UUID string }
 		_ = json.Unmarshal(a.Result, &items)
 		if len(items) == 1 {
@@ -128,14 +129,14 @@ func TestEdgeCreateFaultsConverge(t *testing.T) {
 		}
 		return second != ""
 	}, 10*time.Second, 50*time.Millisecond)
-	a = e2eCall(t, "POST", base+"/"+second+"/query", bearer, map[string]any{"sql": "SELECT 2"})
-	assert.Equal(t, 200, a.status, "%s", a.raw)
+	a = harness.Call(t, "POST", base+"/"+second+"/query", bearer, map[string]any{"sql": "SELECT 2"})
+	assert.Equal(t, 200, a.Status, "%s", a.Raw)
 	row, err = edgeCl.Database(t.Context(), second, raftmeta.LeaderRead())
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { st, ok := objectState(row.ObjectID); return st == "active" && ok },
 		30*time.Second, 100*time.Millisecond, "heartbeats never confirmed the object the edge could not")
 	// A client retry of the lost create is refused: the name exists.
-	a = e2eCall(t, "POST", base, bearer, map[string]any{"name": "second"})
-	assert.Equal(t, 400, a.status, "%s", a.raw)
-	assert.Equal(t, 7502, a.code())
+	a = harness.Call(t, "POST", base, bearer, map[string]any{"name": "second"})
+	assert.Equal(t, 400, a.Status, "%s", a.Raw)
+	assert.Equal(t, 7502, a.Code())
 }

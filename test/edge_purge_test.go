@@ -1,7 +1,6 @@
 package test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +22,7 @@ import (
 	"github.com/shoaldb/shoal/edge"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // The purge scenario: an edge whose route cache holds 1,000 hot databases
@@ -116,16 +115,16 @@ type purgeEdge struct {
 	fallbackCap int64
 }
 
-func (c *e2eCluster) addPurgeEdge(t *testing.T, fallbackCap int64) *purgeEdge {
-	cl, err := raftmeta.NewClient(c.catAddrs)
+func addPurgeEdge(t *testing.T, c *harness.E2ECluster, fallbackCap int64) *purgeEdge {
+	cl, err := raftmeta.NewClient(c.CatAddrs)
 	require.NoError(t, err)
 	cat := &countingCatalog{Catalog: edge.RaftmetaCatalog{C: cl}}
-	srv, err := edge.New(edge.Options{Catalog: cat, Dir: t.TempDir(), Region: "weur", AdminToken: c.admin,
-		BindingKeys: c.keys, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), FallbackCap: fallbackCap,
+	srv, err := edge.New(edge.Options{Catalog: cat, Dir: t.TempDir(), Region: "weur", AdminToken: c.Admin,
+		BindingKeys: c.Keys, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), FallbackCap: fallbackCap,
 		AccountRate: edge.RateLimit{Rate: 1e6, Burst: 1e6}, DatabaseRate: edge.RateLimit{Rate: 1e6, Burst: 1e6}})
 	require.NoError(t, err)
-	ln, addr := e2eListen(t)
-	e2eServe(t, ln, srv)
+	ln, addr := harness.Listen(t)
+	harness.Serve(t, ln, srv)
 	t.Cleanup(func() { _ = srv.Close() })
 	return &purgeEdge{srv: srv, url: "http://" + addr, cat: cat, fallbackCap: fallbackCap}
 }
@@ -135,8 +134,8 @@ var purgeHTTP = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transpo
 // createPurgeDatabases creates n real databases through edge 0 (init on an
 // object host + catalog write, exactly as a client would) and returns their
 // UUIDs.
-func createPurgeDatabases(t *testing.T, c *e2eCluster, acct, bearer string, n int) []string {
-	base := c.edgeURL[0] + "/client/v4/accounts/" + acct + "/d1/database"
+func createPurgeDatabases(t *testing.T, c *harness.E2ECluster, acct, bearer string, n int) []string {
+	base := c.EdgeURL[0] + "/client/v4/accounts/" + acct + "/d1/database"
 	uuids := make([]string, n)
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -195,37 +194,6 @@ func purgePost(url, auth string, body []byte) (status int, raw []byte, hdr http.
 	return resp.StatusCode, raw, resp.Header, err
 }
 
-// raftmetaReads sums shoal_raftmeta_reads_total (every consistency level and
-// outcome) over the catalog nodes' /metrics.
-func raftmetaReads(addrs []string) (int64, error) {
-	var total float64
-	for _, a := range addrs {
-		resp, err := purgeHTTP.Get("http://" + a + "/metrics")
-		if err != nil {
-			return 0, err
-		}
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			if !strings.HasPrefix(line, "shoal_raftmeta_reads_total{") {
-				continue
-			}
-			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-			if err != nil {
-				_ = resp.Body.Close()
-				return 0, fmt.Errorf("metrics line %q: %w", line, err)
-			}
-			total += v
-		}
-		_ = resp.Body.Close()
-		if err := sc.Err(); err != nil {
-			return 0, err
-		}
-	}
-	return int64(total), nil
-}
-
 // purgeTick is one sampling interval of the scenario.
 type purgeTick struct {
 	end         time.Duration // end of the interval, relative to the purge
@@ -249,7 +217,7 @@ type purgeResult struct {
 	bad          []string // first few unexpected answers
 	badTotal     int64
 	probeErrs    []string
-	probeLat     *latencies
+	probeLat     *harness.Latencies
 	finalOK      int64
 	finalTotal   int64
 	refilled     bool
@@ -272,7 +240,7 @@ type purgeScenario struct {
 // clients, the catalog probe and the sampler; purges e through the admin API
 // after sc.before; keeps going until the cache holds every route again (at
 // least sc.minAfter, at most sc.maxAfter), then measures a final window.
-func runPurgeScenario(t *testing.T, c *e2eCluster, e *purgeEdge, acct, bearer string, uuids []string, sc purgeScenario) purgeResult {
+func runPurgeScenario(t *testing.T, c *harness.E2ECluster, e *purgeEdge, acct, bearer string, uuids []string, sc purgeScenario) purgeResult {
 	base := e.url + "/client/v4/accounts/" + acct + "/d1/database/"
 	query := []byte(`{"sql":"SELECT 1 AS one"}`)
 
@@ -311,11 +279,11 @@ func runPurgeScenario(t *testing.T, c *e2eCluster, e *purgeEdge, acct, bearer st
 	}
 	require.Equal(t, len(uuids), e.srv.Routes().Len(), "warm-up did not cache every route")
 
-	probeCl, err := raftmeta.NewClient(c.catAddrs)
+	probeCl, err := raftmeta.NewClient(c.CatAddrs)
 	require.NoError(t, err)
 	defer probeCl.Close()
 
-	res := purgeResult{interval: sc.interval, probeLat: &latencies{}}
+	res := purgeResult{interval: sc.interval, probeLat: &harness.Latencies{}}
 	var (
 		ok, failFast, bad          atomic.Int64 // swapped by the sampler
 		okTotal, ffTotal, badTotal atomic.Int64 // cumulative
@@ -396,7 +364,7 @@ func runPurgeScenario(t *testing.T, c *e2eCluster, e *purgeEdge, acct, bearer st
 				badMu.Unlock()
 				continue
 			}
-			res.probeLat.add(d)
+			res.probeLat.Add(d)
 			probeN.Add(1)
 			raiseTo(&probeMax, int64(d))
 		}
@@ -407,7 +375,7 @@ func runPurgeScenario(t *testing.T, c *e2eCluster, e *purgeEdge, acct, bearer st
 	var tickTimes []time.Time
 	var scrapeErrs atomic.Int64
 	samplerDone := make(chan struct{})
-	lastRaft, err := raftmetaReads(c.catAddrs)
+	lastRaft, err := harness.RaftmetaReads(c.CatAddrs)
 	require.NoError(t, err)
 	lastStats := e.srv.Stats()
 	lastEdgeReads := e.cat.reads.Load()
@@ -430,7 +398,7 @@ func runPurgeScenario(t *testing.T, c *e2eCluster, e *purgeEdge, acct, bearer st
 				maxInFlight: e.cat.takeWindowMax(), edgeReads: reads - lastEdgeReads,
 				probeN: probeN.Swap(0), probeMax: time.Duration(probeMax.Swap(0)), cached: e.srv.Routes().Len(), breaker: st.BreakerState, raftReads: -1}
 			lastStats, lastEdgeReads = st, reads
-			if r, err := raftmetaReads(c.catAddrs); err == nil {
+			if r, err := harness.RaftmetaReads(c.CatAddrs); err == nil {
 				tick.raftReads, lastRaft = r-lastRaft, r
 			} else {
 				scrapeErrs.Add(1)
@@ -442,9 +410,9 @@ func runPurgeScenario(t *testing.T, c *e2eCluster, e *purgeEdge, acct, bearer st
 
 	// Phases. The purge goes through the operator's endpoint.
 	time.Sleep(sc.before)
-	a := e2eCall(t, http.MethodPost, e.url+"/admin/v1/routes/purge", "Bearer "+c.admin, nil)
+	a := harness.Call(t, http.MethodPost, e.url+"/admin/v1/routes/purge", "Bearer "+c.Admin, nil)
 	purgedAt := time.Now()
-	require.Equal(t, 200, a.status, "%s", a.raw)
+	require.Equal(t, 200, a.Status, "%s", a.Raw)
 	for {
 		time.Sleep(20 * time.Millisecond)
 		since := time.Since(purgedAt)
@@ -541,8 +509,8 @@ func (r purgeResult) summary() string {
 		"probe p50 %s p99 %s max %s (%d ops), slowest probe before the purge %s, during the refill %s",
 		r.refillAfter.Round(time.Millisecond), int(n), peak, mean, base, okBefore/max(beforeN, 1),
 		r.maxAll, r.stats.FallbackMaxSeen, r.fallbackCap, r.stats.FallbackRejected,
-		r.probeLat.pct(.5).Round(10*time.Microsecond), r.probeLat.pct(.99).Round(10*time.Microsecond),
-		r.probeLat.pct(1).Round(10*time.Microsecond), len(r.probeLat.d),
+		r.probeLat.Pct(.5).Round(10*time.Microsecond), r.probeLat.Pct(.99).Round(10*time.Microsecond),
+		r.probeLat.Pct(1).Round(10*time.Microsecond), r.probeLat.Len(),
 		probeBefore.Round(10*time.Microsecond), probeDuring.Round(10*time.Microsecond))
 }
 
@@ -555,13 +523,13 @@ func TestEdgePurgeUnderLoadIsBounded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster and 1,000 databases")
 	}
-	c := newE2ECluster(t)
-	acct, bearer := c.setupAccount(t, "paid")
+	c := harness.NewE2ECluster(t)
+	acct, bearer := c.SetupAccount(t, "paid")
 	t0 := time.Now()
 	uuids := createPurgeDatabases(t, c, acct, bearer, purgeDatabases)
 	t.Logf("created %d databases in %s", len(uuids), time.Since(t0).Round(time.Millisecond))
 
-	e := c.addPurgeEdge(t, purgeCap)
+	e := addPurgeEdge(t, c, purgeCap)
 	res := runPurgeScenario(t, c, e, acct, bearer, uuids, purgeScenario{
 		before: 2 * time.Second, minAfter: 3 * time.Second, maxAfter: 45 * time.Second,
 		final: time.Second, interval: 250 * time.Millisecond})
@@ -580,7 +548,7 @@ func TestEdgePurgeUnderLoadIsBounded(t *testing.T) {
 	assert.Zero(t, res.badTotal, "unexpected answers: %v", res.bad)
 	// 3. The catalog stayed responsive: every probe completed.
 	assert.Empty(t, res.probeErrs)
-	assert.NotZero(t, len(res.probeLat.d), "no probe completed")
+	assert.NotZero(t, res.probeLat.Len(), "no probe completed")
 	// 4. The purge happened and the cache refilled: hits resumed.
 	var missesAfter int64
 	for _, k := range res.ticks {
@@ -604,13 +572,13 @@ func TestEdgePurgeFigure(t *testing.T) {
 	if os.Getenv("SHOAL_BENCH") == "" {
 		t.Skip("set SHOAL_BENCH=1")
 	}
-	c := newE2ECluster(t)
-	acct, bearer := c.setupAccount(t, "paid")
+	c := harness.NewE2ECluster(t)
+	acct, bearer := c.SetupAccount(t, "paid")
 	t0 := time.Now()
 	uuids := createPurgeDatabases(t, c, acct, bearer, purgeDatabases)
 	t.Logf("created %d databases in %s", len(uuids), time.Since(t0).Round(time.Millisecond))
 	for _, fallbackCap := range []int64{purgeCap, 64} {
-		e := c.addPurgeEdge(t, fallbackCap)
+		e := addPurgeEdge(t, c, fallbackCap)
 		res := runPurgeScenario(t, c, e, acct, bearer, uuids, purgeScenario{
 			before: 3 * time.Second, minAfter: 3 * time.Second, maxAfter: 60 * time.Second,
 			final: 2 * time.Second, interval: 250 * time.Millisecond})

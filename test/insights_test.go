@@ -28,6 +28,7 @@ import (
 	"github.com/shoaldb/shoal/pipeline/event"
 	"github.com/shoaldb/shoal/pipeline/shape"
 	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // startClickHouse starts a clickhouse-server of the test's own. Without
@@ -108,7 +109,7 @@ func topTruth(evs []event.Usage, acct, db string, since time.Time, key func(insi
 // ClickHouse is "unavailable", not zeros.
 func TestInsightsCLIAgainstClickHouse(t *testing.T) {
 	ch := startClickHouse(t)
-	bin := buildShoal(t)
+	bin := shoalBin.Path(t)
 	ctx := context.Background()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 
@@ -130,12 +131,12 @@ func TestInsightsCLIAgainstClickHouse(t *testing.T) {
 	require.NoError(t, err)
 	hcl, err := raftmeta.NewClient([]string{cat.HTTPAddr()})
 	require.NoError(t, err)
-	hln, haddr := e2eListen(t)
+	hln, haddr := harness.Listen(t)
 	host, err := objecthost.Open(objecthost.Config{ID: "h0", Dir: t.TempDir(), Address: haddr, Region: "weur", Capacity: 100,
 		Catalog: objecthost.RaftmetaCatalog{C: hcl}, Bindings: keys, Logger: quiet})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = host.Close() })
-	e2eServe(t, hln, host.Handler())
+	harness.Serve(t, hln, host.Handler())
 	require.Eventually(t, func() bool {
 		hs, err := hcl.Hosts(ctx, raftmeta.ReadOptions{Consistency: raftmeta.Stale, NoCache: true})
 		return err == nil && len(hs) == 1
@@ -147,14 +148,14 @@ func TestInsightsCLIAgainstClickHouse(t *testing.T) {
 		AdminToken: admin, BindingKeys: keys, Logger: quiet, Insights: chinsights.NewSource(st)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = srv.Close() })
-	eln, eaddr := e2eListen(t)
-	e2eServe(t, eln, srv)
-	c := &e2eCluster{t: t, admin: admin, edgeURL: []string{"http://" + eaddr}}
-	acctA, bearerA := c.setupAccount(t, "paid")
-	acctB, bearerB := c.setupAccount(t, "paid")
+	eln, eaddr := harness.Listen(t)
+	harness.Serve(t, eln, srv)
+	c := &harness.E2ECluster{Admin: admin, EdgeURL: []string{"http://" + eaddr}}
+	acctA, bearerA := c.SetupAccount(t, "paid")
+	acctB, bearerB := c.SetupAccount(t, "paid")
 	createDB := func(acct, bearer, name string) string {
-		a := e2eCall(t, "POST", c.edgeURL[0]+"/client/v4/accounts/"+acct+"/d1/database", bearer, map[string]any{"name": name})
-		require.Equal(t, 200, a.status, "%s", a.raw)
+		a := harness.Call(t, "POST", c.EdgeURL[0]+"/client/v4/accounts/"+acct+"/d1/database", bearer, map[string]any{"name": name})
+		require.Equal(t, 200, a.Status, "%s", a.Raw)
 		var d struct{ UUID string }
 		require.NoError(t, json.Unmarshal(a.Result, &d))
 		return d.UUID
@@ -226,7 +227,7 @@ func TestInsightsCLIAgainstClickHouse(t *testing.T) {
 	clean := []string{"SHOAL_API_URL=", "SHOAL_API_TOKEN=", "SHOAL_ACCOUNT_ID="}
 	d1 := func(acct, bearer string, args ...string) cliResult {
 		t.Helper()
-		return runCLI(t, bin, clean, "", append([]string{"d1", "--dev-dir", t.TempDir(), "--api-url", c.edgeURL[0],
+		return runCLI(t, bin, clean, "", append([]string{"d1", "--dev-dir", t.TempDir(), "--api-url", c.EdgeURL[0],
 			"--token", strings.TrimPrefix(bearer, "Bearer "), "--account-id", acct}, args...)...)
 	}
 	jsonInsights := func(r cliResult) []d1client.QueryInsight {
@@ -344,7 +345,7 @@ func TestInsightsCLIAgainstClickHouse(t *testing.T) {
 	// ClickHouse stopped: 503 with Retry-After and an analytics message;
 	// the CLI exits 5 and prints no figures.
 	require.NoError(t, ch.Close())
-	req, err := http.NewRequest("GET", c.edgeURL[0]+"/client/v4/accounts/"+acctA+"/d1/database/"+dbA+"/insights", nil)
+	req, err := http.NewRequest("GET", c.EdgeURL[0]+"/client/v4/accounts/"+acctA+"/d1/database/"+dbA+"/insights", nil)
 	require.NoError(t, err)
 	req.Header.Set("Authorization", bearerA)
 	resp, err := http.DefaultClient.Do(req)

@@ -25,6 +25,7 @@ import (
 	"github.com/shoaldb/shoal/pipeline/broker"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // The limiter system test: the whole daily-row-limit loop as a cluster runs
@@ -147,16 +148,16 @@ type limiterSystem struct {
 	cat            *raftmeta.Client
 	catAddr        string
 	hosts          []string // host IDs
-	limiters       []*shoalProc
+	limiters       []*harness.Proc
 	limiterURLs    []string
 	mail           *sysMailbox
 	hook           *sysHook
 }
 
 func newLimiterSystem(t *testing.T) *limiterSystem {
-	bin := buildShoal(t)
+	bin := shoalBin.Path(t)
 	dir := t.TempDir()
-	ch := startTestClickHouse(t, filepath.Join(dir, "clickhouse"), 0, 0)
+	ch := harness.StartClickHouse(t, filepath.Join(dir, "clickhouse"), 0, 0)
 	t.Cleanup(func() { _ = ch.Close() })
 	b, err := broker.Start(broker.Config{DataDir: filepath.Join(dir, "kafka")})
 	require.NoError(t, err)
@@ -164,46 +165,46 @@ func newLimiterSystem(t *testing.T) *limiterSystem {
 	s := &limiterSystem{admin: "limiter-system-admin", hosts: []string{"h1", "h2"}, mail: startSysMailbox(t), hook: startSysHook(t)}
 	dsn := "clickhouse://default:@" + ch.Addr() + "/shoal"
 
-	s.catAddr = raftmetaFreeAddr(t)
-	cat := startShoalProc(t, bin, "n1", "raftmeta", "serve", "--id", "n1", "--dir", filepath.Join(dir, "n1"),
-		"--raft-addr", raftmetaFreeAddr(t), "--http-addr", s.catAddr, "--bootstrap", "--log-level", "warn")
-	waitHTTP200(t, "http://"+s.catAddr+"/readyz", 30*time.Second, "catalog never ready: %s", cat.log)
+	s.catAddr = harness.FreeAddr(t)
+	cat := harness.StartProc(t, bin, "n1", "raftmeta", "serve", "--id", "n1", "--dir", filepath.Join(dir, "n1"),
+		"--raft-addr", harness.FreeAddr(t), "--http-addr", s.catAddr, "--bootstrap", "--log-level", "warn")
+	harness.WaitHTTP200(t, "http://"+s.catAddr+"/readyz", 30*time.Second, "catalog never ready: %s", cat.Log)
 	s.cat, err = raftmeta.NewClient([]string{s.catAddr})
 	require.NoError(t, err)
 	t.Cleanup(s.cat.Close)
 
-	pipeAddr := raftmetaFreeAddr(t)
-	pipe := startShoalProc(t, bin, "pipeline", "pipeline", "serve", "--http-addr", pipeAddr, "--dir", filepath.Join(dir, "pipeline"),
+	pipeAddr := harness.FreeAddr(t)
+	pipe := harness.StartProc(t, bin, "pipeline", "pipeline", "serve", "--http-addr", pipeAddr, "--dir", filepath.Join(dir, "pipeline"),
 		"--catalog", s.catAddr, "--kafka-brokers", b.Addr(), "--clickhouse-dsn", dsn, "--log-level", "warn")
-	waitHTTP200(t, "http://"+pipeAddr+"/healthz", 60*time.Second, "pipeline never healthy: %s", pipe.log)
+	harness.WaitHTTP200(t, "http://"+pipeAddr+"/healthz", 60*time.Second, "pipeline never healthy: %s", pipe.Log)
 	for _, id := range s.hosts {
-		addr := raftmetaFreeAddr(t)
-		h := startShoalProc(t, bin, id, "objecthost", "serve", "--id", id, "--dir", filepath.Join(dir, id),
+		addr := harness.FreeAddr(t)
+		h := harness.StartProc(t, bin, id, "objecthost", "serve", "--id", id, "--dir", filepath.Join(dir, id),
 			"--http-addr", addr, "--region", "weur", "--catalog", s.catAddr, "--kafka-brokers", b.Addr(),
 			"--heartbeat-interval", "1s", "--log-level", "warn")
-		waitHTTP200(t, "http://"+addr+"/healthz", 30*time.Second, "%s never healthy: %s", id, h.log)
+		harness.WaitHTTP200(t, "http://"+addr+"/healthz", 30*time.Second, "%s never healthy: %s", id, h.Log)
 	}
 	require.Eventually(t, func() bool {
 		hs, err := s.cat.Hosts(context.Background(), raftmeta.LeaderRead())
 		return err == nil && len(hs) == len(s.hosts)
 	}, 30*time.Second, 50*time.Millisecond, "both hosts registered")
-	edgeAddr := raftmetaFreeAddr(t)
+	edgeAddr := harness.FreeAddr(t)
 	s.edgeURL = "http://" + edgeAddr
-	edge := startShoalProc(t, bin, "e1", "edge", "serve", "--http-addr", edgeAddr, "--dir", filepath.Join(dir, "e1"),
+	edge := harness.StartProc(t, bin, "e1", "edge", "serve", "--http-addr", edgeAddr, "--dir", filepath.Join(dir, "e1"),
 		"--region", "weur", "--catalog", s.catAddr, "--admin-token", s.admin, "--kafka-brokers", b.Addr(),
 		"--account-rate", "100000", "--database-rate", "100000", "--log-level", "warn")
-	waitHTTP200(t, s.edgeURL+"/healthz", 30*time.Second, "edge never healthy: %s", edge.log)
+	harness.WaitHTTP200(t, s.edgeURL+"/healthz", 30*time.Second, "edge never healthy: %s", edge.Log)
 
 	secret := filepath.Join(dir, "hook-secret")
 	require.NoError(t, os.WriteFile(secret, []byte(sysHookSecret+"\n"), 0o600))
 	for i := range 2 {
-		addr := raftmetaFreeAddr(t)
-		l := startShoalProc(t, bin, fmt.Sprintf("limiter%d", i+1), "limiter", "serve", "--http-addr", addr,
+		addr := harness.FreeAddr(t)
+		l := harness.StartProc(t, bin, fmt.Sprintf("limiter%d", i+1), "limiter", "serve", "--http-addr", addr,
 			"--catalog", s.catAddr, "--kafka-brokers", b.Addr(), "--clickhouse-dsn", dsn,
 			"--interval", "1s", "--rows-written-per-day", strconv.Itoa(sysLimit),
 			"--smtp-addr", s.mail.addr, "--smtp-from", "limits@shoal.test", "--smtp-to", "owner+{account_id}@example.com",
 			"--webhook-url", s.hook.srv.URL, "--webhook-secret-file", secret, "--log-level", "warn")
-		waitHTTP200(t, "http://"+addr+"/healthz", 60*time.Second, "limiter %d never healthy: %s", i+1, l.log)
+		harness.WaitHTTP200(t, "http://"+addr+"/healthz", 60*time.Second, "limiter %d never healthy: %s", i+1, l.Log)
 		s.limiters, s.limiterURLs = append(s.limiters, l), append(s.limiterURLs, "http://"+addr)
 	}
 	require.Eventually(t, func() bool { return s.activeLimiter() >= 0 }, sysWaitBound, 100*time.Millisecond, "no limiter became active")
@@ -212,7 +213,7 @@ func newLimiterSystem(t *testing.T) *limiterSystem {
 
 // sysMetric reads one unlabelled sample from a /metrics page.
 func sysMetric(url, name string) (float64, bool) {
-	resp, err := e2eHTTP.Get(url + "/metrics")
+	resp, err := harness.Client().Get(url + "/metrics")
 	if err != nil {
 		return 0, false
 	}
@@ -261,24 +262,24 @@ func (s *limiterSystem) account(t *testing.T, name, tier string) sysAccount {
 		body["limits"] = fsm.Limits{MaxDatabases: 10, MaxStorageBytes: 5 << 30, MaxDatabaseBytes: 500 << 20,
 			RowsReadPerDay: 5_000_000, RowsWrittenPerDay: sysLimit}
 	}
-	a := e2eCall(t, http.MethodPost, s.edgeURL+"/admin/v1/accounts", "Bearer "+s.admin, body)
-	require.Equal(t, http.StatusOK, a.status, "%s", a.raw)
+	a := harness.Call(t, http.MethodPost, s.edgeURL+"/admin/v1/accounts", "Bearer "+s.admin, body)
+	require.Equal(t, http.StatusOK, a.Status, "%s", a.Raw)
 	var ac struct{ ID string }
 	require.NoError(t, json.Unmarshal(a.Result, &ac))
-	tok := e2eCall(t, http.MethodPost, s.edgeURL+"/admin/v1/accounts/"+ac.ID+"/tokens", "Bearer "+s.admin, map[string]any{"name": "t"})
-	require.Equal(t, http.StatusOK, tok.status, "%s", tok.raw)
+	tok := harness.Call(t, http.MethodPost, s.edgeURL+"/admin/v1/accounts/"+ac.ID+"/tokens", "Bearer "+s.admin, map[string]any{"name": "t"})
+	require.Equal(t, http.StatusOK, tok.Status, "%s", tok.Raw)
 	var tk struct{ Token string }
 	require.NoError(t, json.Unmarshal(tok.Result, &tk))
 	acct := sysAccount{id: ac.ID, token: tk.Token, name: name, dbs: map[string][]string{}}
 	for i := 0; i < 10 && (len(acct.dbs[s.hosts[0]]) < 2 || len(acct.dbs[s.hosts[1]]) < 2); i++ {
-		cr := e2eCall(t, http.MethodPost, s.edgeURL+"/client/v4/accounts/"+ac.ID+"/d1/database", "Bearer "+tk.Token, map[string]any{"name": fmt.Sprintf("db-%d", i)})
-		require.Equal(t, http.StatusOK, cr.status, "%s", cr.raw)
+		cr := harness.Call(t, http.MethodPost, s.edgeURL+"/client/v4/accounts/"+ac.ID+"/d1/database", "Bearer "+tk.Token, map[string]any{"name": fmt.Sprintf("db-%d", i)})
+		require.Equal(t, http.StatusOK, cr.Status, "%s", cr.Raw)
 		var d struct{ UUID string }
 		require.NoError(t, json.Unmarshal(cr.Result, &d))
 		rec, err := s.cat.Database(context.Background(), d.UUID, raftmeta.LeaderRead())
 		require.NoError(t, err)
 		q := s.query(acct, d.UUID, "CREATE TABLE t(id INTEGER PRIMARY KEY, v)")
-		require.Equal(t, http.StatusOK, q.status, "%s", q.raw)
+		require.Equal(t, http.StatusOK, q.Status, "%s", q.Raw)
 		acct.dbs[rec.HostID] = append(acct.dbs[rec.HostID], d.UUID)
 	}
 	for _, h := range s.hosts {
@@ -287,16 +288,16 @@ func (s *limiterSystem) account(t *testing.T, name, tier string) sysAccount {
 	return acct
 }
 
-func (s *limiterSystem) query(a sysAccount, uuid, sql string) e2eAnswer {
-	ans, err := e2eTry(http.MethodPost, s.edgeURL+"/client/v4/accounts/"+a.id+"/d1/database/"+uuid+"/query",
+func (s *limiterSystem) query(a sysAccount, uuid, sql string) harness.Answer {
+	ans, err := harness.Try(http.MethodPost, s.edgeURL+"/client/v4/accounts/"+a.id+"/d1/database/"+uuid+"/query",
 		"Bearer "+a.token, map[string]any{"sql": sql})
 	if err != nil {
-		ans.status, ans.raw = -1, []byte(err.Error())
+		ans.Status, ans.Raw = -1, []byte(err.Error())
 	}
 	return ans
 }
 
-func rowsWritten(a e2eAnswer) int64 {
+func rowsWritten(a harness.Answer) int64 {
 	var res []struct {
 		Meta struct {
 			RowsWritten int64 `json:"rows_written"`
@@ -326,7 +327,7 @@ func (s *limiterSystem) cross(t *testing.T, a sysAccount) time.Time {
 	var total int64
 	for i := 0; ; i++ {
 		ans := s.query(a, all[i%len(all)], sysBulkInsert)
-		require.Equal(t, http.StatusOK, ans.status, "write %d before the crossing refused: %s", i, ans.raw)
+		require.Equal(t, http.StatusOK, ans.Status, "write %d before the crossing refused: %s", i, ans.Raw)
 		total += rowsWritten(ans)
 		if total > sysLimit {
 			return time.Now()
@@ -337,17 +338,17 @@ func (s *limiterSystem) cross(t *testing.T, a sysAccount) time.Time {
 // perHost polls a query on one database per host from its own goroutine
 // until done holds; it returns, per host, the time after start and the
 // answer that satisfied done.
-func (s *limiterSystem) perHost(t *testing.T, a sysAccount, sql string, start time.Time, what string, done func(e2eAnswer) bool) (map[string]time.Duration, map[string]e2eAnswer) {
+func (s *limiterSystem) perHost(t *testing.T, a sysAccount, sql string, start time.Time, what string, done func(harness.Answer) bool) (map[string]time.Duration, map[string]harness.Answer) {
 	t.Helper()
 	var mu sync.Mutex
-	took, answers := map[string]time.Duration{}, map[string]e2eAnswer{}
+	took, answers := map[string]time.Duration{}, map[string]harness.Answer{}
 	var wg sync.WaitGroup
 	for _, h := range s.hosts {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			db := a.dbs[h][0]
-			var last e2eAnswer
+			var last harness.Answer
 			for time.Since(start) < sysWaitBound {
 				if last = s.query(a, db, sql); done(last) {
 					mu.Lock()
@@ -357,7 +358,7 @@ func (s *limiterSystem) perHost(t *testing.T, a sysAccount, sql string, start ti
 				}
 				time.Sleep(sysProbePeriod)
 			}
-			t.Errorf("%s: %s on %s not within %s; last answer %d %s", what, a.name, h, sysWaitBound, last.status, last.raw)
+			t.Errorf("%s: %s on %s not within %s; last answer %d %s", what, a.name, h, sysWaitBound, last.Status, last.Raw)
 		}()
 	}
 	wg.Wait()
@@ -365,20 +366,20 @@ func (s *limiterSystem) perHost(t *testing.T, a sysAccount, sql string, start ti
 }
 
 // everyDB asserts want on every database of the account.
-func (s *limiterSystem) everyDB(t *testing.T, a sysAccount, sql, what string, want func(e2eAnswer) bool) {
+func (s *limiterSystem) everyDB(t *testing.T, a sysAccount, sql, what string, want func(harness.Answer) bool) {
 	t.Helper()
 	for _, h := range s.hosts {
 		for _, db := range a.dbs[h] {
 			ans := s.query(a, db, sql)
-			assert.True(t, want(ans), "%s: %s on %s (%s): %d %s", what, a.name, h, db, ans.status, ans.raw)
+			assert.True(t, want(ans), "%s: %s on %s (%s): %d %s", what, a.name, h, db, ans.Status, ans.Raw)
 		}
 	}
 }
 
 func (s *limiterSystem) upgrade(t *testing.T, a sysAccount) time.Time {
 	t.Helper()
-	ans := e2eCall(t, http.MethodPatch, s.edgeURL+"/admin/v1/accounts/"+a.id, "Bearer "+s.admin, map[string]any{"tier": fsm.TierPaid})
-	require.Equal(t, http.StatusOK, ans.status, "%s", ans.raw)
+	ans := harness.Call(t, http.MethodPatch, s.edgeURL+"/admin/v1/accounts/"+a.id, "Bearer "+s.admin, map[string]any{"tier": fsm.TierPaid})
+	require.Equal(t, http.StatusOK, ans.Status, "%s", ans.Raw)
 	return time.Now()
 }
 
@@ -389,7 +390,7 @@ func (s *limiterSystem) waitNotices(t *testing.T, a sysAccount) {
 		sysWaitBound, 50*time.Millisecond, "notices of %s: %d mails, %d webhooks", a.name, s.mail.count(a.rcpt()), len(s.hook.of(a.id)))
 }
 
-func okAnswer(a e2eAnswer) bool { return a.status == http.StatusOK }
+func okAnswer(a harness.Answer) bool { return a.Status == http.StatusOK }
 
 // TestLimiterSystem: free accounts with databases on both object hosts
 // write rows through the edge until the limiter (a process, reading the
@@ -434,10 +435,10 @@ func TestLimiterSystem(t *testing.T) {
 			}
 			ans := s.query(paid, all[i%len(all)], sysBulkInsert)
 			paidMu.Lock()
-			if ans.status == http.StatusOK {
+			if ans.Status == http.StatusOK {
 				paidRows += rowsWritten(ans)
 			} else if len(paidFail) < 10 {
-				paidFail = append(paidFail, fmt.Sprintf("%d %s", ans.status, ans.raw))
+				paidFail = append(paidFail, fmt.Sprintf("%d %s", ans.Status, ans.Raw))
 			}
 			paidMu.Unlock()
 			time.Sleep(20 * time.Millisecond)
@@ -480,8 +481,8 @@ func TestLimiterSystem(t *testing.T) {
 	other := 1 - active
 	passesBefore, _ := sysMetric(s.limiterURLs[other], "shoal_limiter_passes_total")
 	killedAt := time.Now()
-	s.limiters[active].signal(syscall.SIGKILL)
-	<-s.limiters[active].exited
+	s.limiters[active].Signal(syscall.SIGKILL)
+	<-s.limiters[active].Exited
 	require.Eventually(t, func() bool {
 		v, ok := sysMetric(s.limiterURLs[other], "shoal_limiter_is_active")
 		return ok && v == 1
@@ -489,7 +490,7 @@ func TestLimiterSystem(t *testing.T) {
 	t.Logf("kill -9 of the active limiter → the other active: %v", time.Since(killedAt).Round(time.Millisecond))
 	// A further period: at least 5 passes by the new active limiter, with
 	// the killed one restarted (a new holder) as the standby.
-	s.limiters[active].start(t)
+	s.limiters[active].Start(t)
 	require.Eventually(t, func() bool {
 		v, _ := sysMetric(s.limiterURLs[other], "shoal_limiter_passes_total")
 		return v >= passesBefore+5

@@ -20,6 +20,7 @@ import (
 	"github.com/shoaldb/shoal/pipeline/event"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // limitsCluster is a catalog node, an object host consuming the limits
@@ -27,13 +28,13 @@ import (
 // TCP that the test publishes the limiter's records to.
 type limitsCluster struct {
 	edgeURL, admin, hostURL, catAddr string
-	host                             *shoalProc
+	host                             *harness.Proc
 	kcl                              *kgo.Client
 	seq                              uint64
 }
 
 func newLimitsCluster(t *testing.T) *limitsCluster {
-	bin := buildShoal(t)
+	bin := shoalBin.Path(t)
 	dir := t.TempDir()
 	b, err := broker.Start(broker.Config{DataDir: filepath.Join(dir, "kafka")})
 	require.NoError(t, err)
@@ -46,22 +47,22 @@ func newLimitsCluster(t *testing.T) *limitsCluster {
 	defer cancel()
 	require.NoError(t, pipeline.EnsureTopics(ctx, c.kcl)) // as the limiter and the plane do at start
 
-	c.catAddr = raftmetaFreeAddr(t)
-	cat := startShoalProc(t, bin, "n1", "raftmeta", "serve", "--id", "n1", "--dir", filepath.Join(dir, "n1"),
-		"--raft-addr", raftmetaFreeAddr(t), "--http-addr", c.catAddr, "--bootstrap", "--log-level", "warn")
-	waitHTTP200(t, "http://"+c.catAddr+"/readyz", 30*time.Second, "catalog never ready: %s", cat.log)
-	hostAddr := raftmetaFreeAddr(t)
+	c.catAddr = harness.FreeAddr(t)
+	cat := harness.StartProc(t, bin, "n1", "raftmeta", "serve", "--id", "n1", "--dir", filepath.Join(dir, "n1"),
+		"--raft-addr", harness.FreeAddr(t), "--http-addr", c.catAddr, "--bootstrap", "--log-level", "warn")
+	harness.WaitHTTP200(t, "http://"+c.catAddr+"/readyz", 30*time.Second, "catalog never ready: %s", cat.Log)
+	hostAddr := harness.FreeAddr(t)
 	c.hostURL = "http://" + hostAddr
-	c.host = startShoalProc(t, bin, "h1", "objecthost", "serve", "--id", "h1", "--dir", filepath.Join(dir, "h1"),
+	c.host = harness.StartProc(t, bin, "h1", "objecthost", "serve", "--id", "h1", "--dir", filepath.Join(dir, "h1"),
 		"--http-addr", hostAddr, "--region", "weur", "--catalog", c.catAddr, "--kafka-brokers", b.Addr(),
 		"--heartbeat-interval", "1s", "--log-level", "warn")
-	edgeAddr := raftmetaFreeAddr(t)
+	edgeAddr := harness.FreeAddr(t)
 	c.edgeURL = "http://" + edgeAddr
-	edge := startShoalProc(t, bin, "e1", "edge", "serve", "--http-addr", edgeAddr, "--dir", filepath.Join(dir, "e1"),
+	edge := harness.StartProc(t, bin, "e1", "edge", "serve", "--http-addr", edgeAddr, "--dir", filepath.Join(dir, "e1"),
 		"--region", "weur", "--catalog", c.catAddr, "--admin-token", c.admin, "--kafka-brokers", b.Addr(),
 		"--account-rate", "100000", "--database-rate", "100000", "--log-level", "warn")
-	waitHTTP200(t, c.hostURL+"/healthz", 30*time.Second, "host never healthy: %s", c.host.log)
-	waitHTTP200(t, c.edgeURL+"/healthz", 30*time.Second, "edge never healthy: %s", edge.log)
+	harness.WaitHTTP200(t, c.hostURL+"/healthz", 30*time.Second, "host never healthy: %s", c.host.Log)
+	harness.WaitHTTP200(t, c.edgeURL+"/healthz", 30*time.Second, "edge never healthy: %s", edge.Log)
 	return c
 }
 
@@ -75,31 +76,31 @@ func (c *limitsCluster) account(t *testing.T, name string, limits *fsm.Limits, n
 	if limits != nil {
 		body["limits"] = limits
 	}
-	a := e2eCall(t, http.MethodPost, c.edgeURL+"/admin/v1/accounts", "Bearer "+c.admin, body)
-	require.Equal(t, http.StatusOK, a.status, "%s", a.raw)
+	a := harness.Call(t, http.MethodPost, c.edgeURL+"/admin/v1/accounts", "Bearer "+c.admin, body)
+	require.Equal(t, http.StatusOK, a.Status, "%s", a.Raw)
 	var ac struct{ ID string }
 	require.NoError(t, json.Unmarshal(a.Result, &ac))
-	tok := e2eCall(t, http.MethodPost, c.edgeURL+"/admin/v1/accounts/"+ac.ID+"/tokens", "Bearer "+c.admin, map[string]any{"name": "t"})
-	require.Equal(t, http.StatusOK, tok.status, "%s", tok.raw)
+	tok := harness.Call(t, http.MethodPost, c.edgeURL+"/admin/v1/accounts/"+ac.ID+"/tokens", "Bearer "+c.admin, map[string]any{"name": "t"})
+	require.Equal(t, http.StatusOK, tok.Status, "%s", tok.Raw)
 	var tk struct{ Token string }
 	require.NoError(t, json.Unmarshal(tok.Result, &tk))
 	var out []limitsDB
 	for i := range n {
-		cr := e2eCall(t, http.MethodPost, c.edgeURL+"/client/v4/accounts/"+ac.ID+"/d1/database", "Bearer "+tk.Token, map[string]any{"name": fmt.Sprintf("db-%d", i)})
-		require.Equal(t, http.StatusOK, cr.status, "%s", cr.raw)
+		cr := harness.Call(t, http.MethodPost, c.edgeURL+"/client/v4/accounts/"+ac.ID+"/d1/database", "Bearer "+tk.Token, map[string]any{"name": fmt.Sprintf("db-%d", i)})
+		require.Equal(t, http.StatusOK, cr.Status, "%s", cr.Raw)
 		var d struct{ UUID string }
 		require.NoError(t, json.Unmarshal(cr.Result, &d))
 		db := limitsDB{acct: ac.ID, token: tk.Token, uuid: d.UUID}
 		a := c.query(t, db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t(v) VALUES (1), (2)")
-		require.Equal(t, http.StatusOK, a.status, "%s", a.raw)
+		require.Equal(t, http.StatusOK, a.Status, "%s", a.Raw)
 		out = append(out, db)
 	}
 	return out
 }
 
-func (c *limitsCluster) query(t *testing.T, db limitsDB, sql string) e2eAnswer {
+func (c *limitsCluster) query(t *testing.T, db limitsDB, sql string) harness.Answer {
 	t.Helper()
-	return e2eCall(t, http.MethodPost, c.edgeURL+"/client/v4/accounts/"+db.acct+"/d1/database/"+db.uuid+"/query",
+	return harness.Call(t, http.MethodPost, c.edgeURL+"/client/v4/accounts/"+db.acct+"/d1/database/"+db.uuid+"/query",
 		"Bearer "+db.token, map[string]any{"sql": sql})
 }
 
@@ -117,22 +118,22 @@ func (c *limitsCluster) publish(t *testing.T, acct string, until time.Time) {
 	require.NoError(t, c.kcl.ProduceSync(context.Background(), rec).FirstErr())
 }
 
-func rowLimited(a e2eAnswer) bool {
-	return a.status == http.StatusTooManyRequests && len(a.Errors) > 0 && a.Errors[0].Code == 7505
+func rowLimited(a harness.Answer) bool {
+	return a.Status == http.StatusTooManyRequests && len(a.Errors) > 0 && a.Errors[0].Code == 7505
 }
 
 // waitFor polls the query until done holds, up to 30 s; it returns how long
 // that took after start.
-func (c *limitsCluster) waitFor(t *testing.T, db limitsDB, sql string, start time.Time, what string, done func(e2eAnswer) bool) time.Duration {
+func (c *limitsCluster) waitFor(t *testing.T, db limitsDB, sql string, start time.Time, what string, done func(harness.Answer) bool) time.Duration {
 	t.Helper()
-	var last e2eAnswer
+	var last harness.Answer
 	for time.Since(start) < 30*time.Second {
 		if last = c.query(t, db, sql); done(last) {
 			return time.Since(start)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	t.Fatalf("%s: not within 30 s; last answer %d %s", what, last.status, last.raw)
+	t.Fatalf("%s: not within 30 s; last answer %d %s", what, last.Status, last.Raw)
 	return 0
 }
 
@@ -164,7 +165,7 @@ func TestRowLimitFlagRefusesThroughEdge(t *testing.T) {
 		start = time.Now()
 		c.publish(t, limited.acct, time.Time{})
 		unblock = append(unblock, c.waitFor(t, limited, "SELECT count(*) FROM t", start, "unblocked after the tombstone",
-			func(a e2eAnswer) bool { return a.status == http.StatusOK }))
+			func(a harness.Answer) bool { return a.Status == http.StatusOK }))
 	}
 	t.Logf("limit record → refused through the edge: %s", durQuantiles(block))
 	t.Logf("tombstone → unblocked through the edge: %s", durQuantiles(unblock))
@@ -172,34 +173,34 @@ func TestRowLimitFlagRefusesThroughEdge(t *testing.T) {
 	c.publish(t, limited.acct, endOfDay)
 	c.waitFor(t, limited, "SELECT 1", time.Now(), "refused", rowLimited)
 	a := c.query(t, limited, "INSERT INTO t(v) VALUES (3)")
-	require.True(t, rowLimited(a), "%d %s", a.status, a.raw)
+	require.True(t, rowLimited(a), "%d %s", a.Status, a.Raw)
 	msg := a.Errors[0].Message
 	assert.Contains(t, msg, "rows written per day limit")
 	assert.Contains(t, msg, "lifts at "+endOfDay.Format(time.RFC3339))
 	assert.False(t, a.Success)
 	ok := c.query(t, other, "INSERT INTO t(v) VALUES (3)")
-	assert.Equal(t, http.StatusOK, ok.status, "another account is unaffected: %s", ok.raw)
+	assert.Equal(t, http.StatusOK, ok.Status, "another account is unaffected: %s", ok.Raw)
 
 	// kill -9 and restart while limited: the restarted host re-reads the
 	// topic before it serves, so its first answers already refuse.
-	c.host.restart(t, 0)
-	waitHTTP200(t, c.hostURL+"/healthz", 30*time.Second, "host never healthy after restart: %s", c.host.log)
-	var first e2eAnswer
+	c.host.Restart(t, 0)
+	harness.WaitHTTP200(t, c.hostURL+"/healthz", 30*time.Second, "host never healthy after restart: %s", c.host.Log)
+	var first harness.Answer
 	for range 100 { // the edge may need a retry while its connection to the old process dies
 		first = c.query(t, limited, "SELECT count(*) FROM t")
-		if first.status != http.StatusServiceUnavailable && first.status != http.StatusBadGateway && first.status != http.StatusInternalServerError {
+		if first.Status != http.StatusServiceUnavailable && first.Status != http.StatusBadGateway && first.Status != http.StatusInternalServerError {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	assert.True(t, rowLimited(first), "after a restart the account is still refused: %d %s", first.status, first.raw)
+	assert.True(t, rowLimited(first), "after a restart the account is still refused: %d %s", first.Status, first.Raw)
 	ok = c.query(t, other, "SELECT count(*) FROM t")
-	assert.Equal(t, http.StatusOK, ok.status, "%s", ok.raw)
+	assert.Equal(t, http.StatusOK, ok.Status, "%s", ok.Raw)
 
 	start := time.Now()
 	c.publish(t, limited.acct, time.Time{})
 	took := c.waitFor(t, limited, "INSERT INTO t(v) VALUES (4)", start, "unblocked after restart",
-		func(a e2eAnswer) bool { return a.status == http.StatusOK })
+		func(a harness.Answer) bool { return a.Status == http.StatusOK })
 	t.Logf("after the restart, tombstone → unblocked: %v", took)
 }
 
@@ -226,8 +227,8 @@ func TestStorageLimitBlocksGrowthOnEveryDatabase(t *testing.T) {
 		_, err := cat.SetDatabaseStats(context.Background(), stats)
 		require.NoError(t, err)
 	}
-	storageRefused := func(a e2eAnswer) bool {
-		return a.status == http.StatusBadRequest && len(a.Errors) > 0 && a.Errors[0].Code == 7504 &&
+	storageRefused := func(a harness.Answer) bool {
+		return a.Status == http.StatusBadRequest && len(a.Errors) > 0 && a.Errors[0].Code == 7504 &&
 			strings.Contains(a.Errors[0].Message, "the account is over its storage limit")
 	}
 
@@ -238,23 +239,23 @@ func TestStorageLimitBlocksGrowthOnEveryDatabase(t *testing.T) {
 	for _, d := range dbs {
 		c.waitFor(t, d, "INSERT INTO t(v) VALUES (10)", time.Now(), "INSERT refused on every database", storageRefused)
 		a := c.query(t, d, "CREATE TABLE u(x)")
-		assert.True(t, storageRefused(a), "CREATE TABLE refused: %d %s", a.status, a.raw)
+		assert.True(t, storageRefused(a), "CREATE TABLE refused: %d %s", a.Status, a.Raw)
 		a = c.query(t, d, "SELECT count(*) AS n FROM t")
-		assert.Equal(t, http.StatusOK, a.status, "SELECT works: %s", a.raw)
+		assert.Equal(t, http.StatusOK, a.Status, "SELECT works: %s", a.Raw)
 		a = c.query(t, d, "DELETE FROM t WHERE v = 1")
-		assert.Equal(t, http.StatusOK, a.status, "DELETE works: %s", a.raw)
+		assert.Equal(t, http.StatusOK, a.Status, "DELETE works: %s", a.Raw)
 	}
 	a := c.query(t, other, "INSERT INTO t(v) VALUES (10)")
-	assert.Equal(t, http.StatusOK, a.status, "another account is unaffected: %s", a.raw)
+	assert.Equal(t, http.StatusOK, a.Status, "another account is unaffected: %s", a.Raw)
 
 	// After deleting, the measured sizes drop below the limit.
 	start = time.Now()
 	setSizes(10_000, time.Now().UnixNano())
 	took = c.waitFor(t, dbs[0], "INSERT INTO t(v) VALUES (11)", start, "writes resume under the limit",
-		func(a e2eAnswer) bool { return a.status == http.StatusOK })
+		func(a harness.Answer) bool { return a.Status == http.StatusOK })
 	t.Logf("account total back under → INSERT accepted: %v", took)
 	for _, d := range dbs {
 		c.waitFor(t, d, "CREATE TABLE IF NOT EXISTS u(x)", time.Now(), "CREATE TABLE resumes on every database",
-			func(a e2eAnswer) bool { return a.status == http.StatusOK })
+			func(a harness.Answer) bool { return a.Status == http.StatusOK })
 	}
 }

@@ -3,11 +3,9 @@ package test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -17,86 +15,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/shoaldb/shoal/pipeline/broker"
-	"github.com/shoaldb/shoal/pipeline/chlocal"
 	"github.com/shoaldb/shoal/pipeline/chsink"
 	"github.com/shoaldb/shoal/pipeline/snapshot"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
+	"github.com/shoaldb/shoal/test/harness"
 )
-
-// startTestClickHouse runs a clickhouse-server for one test on dir (ports
-// 0: free ones). A missing server skips the test, unless
-// SHOAL_REQUIRE_CLICKHOUSE=1 (CI), which fails it.
-func startTestClickHouse(t *testing.T, dir string, tcpPort, httpPort int) *chlocal.Server {
-	t.Helper()
-	srv, err := chlocal.Start(context.Background(), chlocal.Config{DataDir: dir, TCPPort: tcpPort, HTTPPort: httpPort})
-	if errors.Is(err, chlocal.ErrNotInstalled) && os.Getenv("SHOAL_REQUIRE_CLICKHOUSE") != "1" {
-		t.Skipf("clickhouse-server not installed (scripts/deps.sh installs it): %v", err)
-	}
-	require.NoError(t, err, "clickhouse-server")
-	return srv
-}
-
-// pipelineCluster is the background plane as a cluster runs it: a catalog
-// node, an object host and an edge as processes publishing to a
-// Kafka-protocol broker over TCP (in the test process, so it can be closed
-// and restarted on its data), the pipeline role as a process consuming into
-// a clickhouse-server the test owns (so it can be stopped).
-type pipelineCluster struct {
-	dir              string
-	brokerAddr       string
-	broker           *broker.Broker
-	ch               *chlocal.Server
-	chTCP, chHTTP    int
-	cat, host, edge  *shoalProc
-	pipe             *shoalProc
-	edgeURL, admin   string
-	catAddr, pipeURL string
-}
-
-func newPipelineCluster(t *testing.T) *pipelineCluster {
-	bin := buildShoal(t)
-	c := &pipelineCluster{dir: t.TempDir(), admin: "pipeline-admin-token"}
-	c.ch = startTestClickHouse(t, filepath.Join(c.dir, "clickhouse"), 0, 0)
-	t.Cleanup(func() { _ = c.ch.Close() })
-	c.chTCP, c.chHTTP = c.ch.TCPPort(), c.ch.HTTPPort()
-	c.startBroker(t, "127.0.0.1:0")
-	c.brokerAddr = c.broker.Addr()
-
-	c.catAddr = raftmetaFreeAddr(t)
-	c.cat = startShoalProc(t, bin, "n1", "raftmeta", "serve", "--id", "n1", "--dir", filepath.Join(c.dir, "n1"),
-		"--raft-addr", raftmetaFreeAddr(t), "--http-addr", c.catAddr, "--bootstrap", "--log-level", "warn")
-	waitHTTP200(t, "http://"+c.catAddr+"/readyz", 30*time.Second, "catalog never ready: %s", c.cat.log)
-
-	pipeAddr := raftmetaFreeAddr(t)
-	c.pipeURL = "http://" + pipeAddr
-	c.pipe = startShoalProc(t, bin, "pipeline", "pipeline", "serve", "--http-addr", pipeAddr, "--dir", filepath.Join(c.dir, "pipeline"),
-		"--catalog", c.catAddr, "--kafka-brokers", c.brokerAddr, "--clickhouse-dsn", "clickhouse://default:@"+c.ch.Addr()+"/shoal", "--snapshot-interval", "2s", "--reconcile-interval", "1s", "--log-level", "warn")
-	hostAddr := raftmetaFreeAddr(t)
-	c.host = startShoalProc(t, bin, "h1", "objecthost", "serve", "--id", "h1", "--dir", filepath.Join(c.dir, "h1"),
-		"--http-addr", hostAddr, "--region", "weur", "--catalog", c.catAddr, "--kafka-brokers", c.brokerAddr, "--log-level", "warn")
-	edgeAddr := raftmetaFreeAddr(t)
-	c.edgeURL = "http://" + edgeAddr
-	c.edge = startShoalProc(t, bin, "e1", "edge", "serve", "--http-addr", edgeAddr, "--dir", filepath.Join(c.dir, "e1"),
-		"--region", "weur", "--catalog", c.catAddr, "--admin-token", c.admin, "--kafka-brokers", c.brokerAddr,
-		"--account-rate", "100000", "--database-rate", "100000", "--log-level", "warn")
-	for _, p := range []struct {
-		url  string
-		proc *shoalProc
-	}{{c.pipeURL, c.pipe}, {"http://" + hostAddr, c.host}, {c.edgeURL, c.edge}} {
-		waitHTTP200(t, p.url+"/healthz", 30*time.Second, "%s never healthy: %s", p.proc.name, p.proc.log)
-	}
-	return c
-}
-
-func (c *pipelineCluster) startBroker(t *testing.T, addr string) {
-	t.Helper()
-	b, err := broker.Start(broker.Config{Addr: addr, DataDir: filepath.Join(c.dir, "kafka")})
-	require.NoError(t, err)
-	c.broker = b
-	t.Cleanup(func() { c.broker.Close() })
-}
 
 // usageTruth is what the edge answered: per account, requests and the rows
 // its meta reported read and written.
@@ -121,26 +45,24 @@ func (u *usageTruth) add(acct string, rowsRead, rowsWritten int64) {
 // pipelineTraffic sends queries to every database through the edge and
 // records what each answer reported.
 type pipelineTraffic struct {
-	c      *pipelineCluster
-	dbs    []pipelineDB
+	c      *harness.PipelineCluster
+	dbs    []harness.PipelineDB
 	truth  *usageTruth
 	mu     sync.Mutex
 	failed []string
 	sent   int
 }
 
-type pipelineDB struct{ acct, token, uuid string }
-
-func (w *pipelineTraffic) query(db pipelineDB, sql string) {
-	a, err := e2eTry(http.MethodPost, w.c.edgeURL+"/client/v4/accounts/"+db.acct+"/d1/database/"+db.uuid+"/query",
-		"Bearer "+db.token, map[string]any{"sql": sql})
+func (w *pipelineTraffic) query(db harness.PipelineDB, sql string) {
+	a, err := harness.Try(http.MethodPost, w.c.EdgeURL+"/client/v4/accounts/"+db.Acct+"/d1/database/"+db.UUID+"/query",
+		"Bearer "+db.Token, map[string]any{"sql": sql})
 	w.mu.Lock()
 	w.sent++
 	w.mu.Unlock()
-	if err != nil || a.status != http.StatusOK {
+	if err != nil || a.Status != http.StatusOK {
 		w.mu.Lock()
 		if len(w.failed) < 10 {
-			w.failed = append(w.failed, answerText(a, err))
+			w.failed = append(w.failed, harness.AnswerText(a, err))
 		}
 		w.mu.Unlock()
 		return
@@ -153,7 +75,7 @@ func (w *pipelineTraffic) query(db pipelineDB, sql string) {
 	}
 	if err := json.Unmarshal(a.Result, &results); err != nil {
 		w.mu.Lock()
-		w.failed = append(w.failed, "undecodable result: "+string(a.raw))
+		w.failed = append(w.failed, "undecodable result: "+string(a.Raw))
 		w.mu.Unlock()
 		return
 	}
@@ -162,7 +84,7 @@ func (w *pipelineTraffic) query(db pipelineDB, sql string) {
 		r += s.Meta.RowsRead
 		wr += s.Meta.RowsWritten
 	}
-	w.truth.add(db.acct, r, wr)
+	w.truth.add(db.Acct, r, wr)
 }
 
 // run sends queries from workers until stop is closed.
@@ -200,23 +122,23 @@ func (w *pipelineTraffic) run(workers int, stop <-chan struct{}) (wait func()) {
 // restarted, and ClickHouse is down for 30 s. No query fails meanwhile:
 // the query path never waits on the plane.
 func TestPipelineUsageExactThroughFaults(t *testing.T) {
-	c := newPipelineCluster(t)
+	c := harness.NewPipelineCluster(t, shoalBin.Path(t))
 	w := &pipelineTraffic{c: c, truth: &usageTruth{acct: map[string]*chsink.Totals{}}}
 	for a := range 4 {
-		acct := e2eCall(t, http.MethodPost, c.edgeURL+"/admin/v1/accounts", "Bearer "+c.admin, map[string]any{"name": fmt.Sprintf("acct-%d", a), "tier": "paid"})
-		require.Equal(t, http.StatusOK, acct.status, "%s", acct.raw)
+		acct := harness.Call(t, http.MethodPost, c.EdgeURL+"/admin/v1/accounts", "Bearer "+c.Admin, map[string]any{"name": fmt.Sprintf("acct-%d", a), "tier": "paid"})
+		require.Equal(t, http.StatusOK, acct.Status, "%s", acct.Raw)
 		var ac struct{ ID string }
 		require.NoError(t, json.Unmarshal(acct.Result, &ac))
-		tok := e2eCall(t, http.MethodPost, c.edgeURL+"/admin/v1/accounts/"+ac.ID+"/tokens", "Bearer "+c.admin, map[string]any{"name": "t"})
-		require.Equal(t, http.StatusOK, tok.status, "%s", tok.raw)
+		tok := harness.Call(t, http.MethodPost, c.EdgeURL+"/admin/v1/accounts/"+ac.ID+"/tokens", "Bearer "+c.Admin, map[string]any{"name": "t"})
+		require.Equal(t, http.StatusOK, tok.Status, "%s", tok.Raw)
 		var tk struct{ Token string }
 		require.NoError(t, json.Unmarshal(tok.Result, &tk))
 		for d := range 3 {
-			cr := e2eCall(t, http.MethodPost, c.edgeURL+"/client/v4/accounts/"+ac.ID+"/d1/database", "Bearer "+tk.Token, map[string]any{"name": fmt.Sprintf("db-%d", d)})
-			require.Equal(t, http.StatusOK, cr.status, "%s", cr.raw)
+			cr := harness.Call(t, http.MethodPost, c.EdgeURL+"/client/v4/accounts/"+ac.ID+"/d1/database", "Bearer "+tk.Token, map[string]any{"name": fmt.Sprintf("db-%d", d)})
+			require.Equal(t, http.StatusOK, cr.Status, "%s", cr.Raw)
 			var db struct{ UUID string }
 			require.NoError(t, json.Unmarshal(cr.Result, &db))
-			pdb := pipelineDB{acct: ac.ID, token: tk.Token, uuid: db.UUID}
+			pdb := harness.PipelineDB{Acct: ac.ID, Token: tk.Token, UUID: db.UUID}
 			w.query(pdb, "CREATE TABLE t(id INTEGER PRIMARY KEY, v INTEGER); INSERT INTO t(v) VALUES (1), (2), (3)")
 			w.dbs = append(w.dbs, pdb)
 		}
@@ -232,41 +154,41 @@ func TestPipelineUsageExactThroughFaults(t *testing.T) {
 	phase("healthy", 3*time.Second)
 
 	// The broker goes away: hosts spill, consumers retry.
-	c.broker.Close()
+	c.Broker.Close()
 	phase("broker closed", 5*time.Second)
-	c.startBroker(t, c.brokerAddr)
+	c.StartBroker(t, c.BrokerAddr)
 	phase("broker restarted on its data", 4*time.Second)
 
 	// The sink dies mid-stream (between inserts and commits, whatever it
 	// was doing) and comes back: its uncommitted batches are redelivered.
-	c.pipe.restart(t, 2*time.Second)
+	c.Pipe.Restart(t, 2*time.Second)
 	phase("pipeline role killed and restarted", 0)
 	// The restarted sink takes over the dead member's partitions once the
 	// group's session timeout (10 s) expires; wait until it inserts.
 	require.Eventually(t, func() bool {
 		var st pipelineStatusJSON
-		return getJSONTest(c.pipeURL+"/v1/status", &st) == nil && st.ClickHouse != nil && st.ClickHouse.Sink.Inserted > 0
-	}, 45*time.Second, 250*time.Millisecond, "the restarted sink never inserted: %s", c.pipe.log)
+		return harness.GetJSON(c.PipeURL+"/v1/status", &st) == nil && st.ClickHouse != nil && st.ClickHouse.Sink.Inserted > 0
+	}, 45*time.Second, 250*time.Millisecond, "the restarted sink never inserted: %s", c.Pipe.Log)
 	phase("restarted sink inserting", time.Second)
 
 	// ClickHouse is down for 30 s: the sink retries without committing.
-	require.NoError(t, c.ch.Close())
+	require.NoError(t, c.CH.Close())
 	phase("clickhouse stopped", 30*time.Second)
 	var down pipelineStatusJSON
-	require.NoError(t, getJSONTest(c.pipeURL+"/v1/status", &down))
+	require.NoError(t, harness.GetJSON(c.PipeURL+"/v1/status", &down))
 	require.NotNil(t, down.ClickHouse)
 	t.Logf("after 30 s without ClickHouse: reachable=%v, %d insert attempts failed, lag %d records",
 		down.ClickHouse.Reachable, down.ClickHouse.Sink.InsertErrors, down.ClickHouse.Sink.Lag)
 	assert.False(t, down.ClickHouse.Reachable, "the status must say ClickHouse is down")
 	assert.NotZero(t, down.ClickHouse.Sink.InsertErrors, "the sink never tried to insert while ClickHouse was down: the fault was not exercised")
-	c.ch = startTestClickHouse(t, filepath.Join(c.dir, "clickhouse"), c.chTCP, c.chHTTP)
+	c.CH = harness.StartClickHouse(t, filepath.Join(c.Dir, "clickhouse"), c.CHTCP, c.CHHTTP)
 	phase("clickhouse restarted on its data", 3*time.Second)
 
 	close(stop)
 	wait()
 	require.Empty(t, w.failed, "queries failed while the plane was faulted (%d sent)", w.sent)
 
-	st, err := chsink.Open(chsink.StoreConfig{Options: c.ch.Options()})
+	st, err := chsink.Open(chsink.StoreConfig{Options: c.CH.Options()})
 	require.NoError(t, err)
 	defer st.Close()
 	got := func() map[string]chsink.Totals {
@@ -309,7 +231,7 @@ func TestPipelineUsageExactThroughFaults(t *testing.T) {
 	// Storage: the sizes the hosts measured reached the catalog's account
 	// totals (storage consumer), and the snapshotter copied those totals
 	// into storage_snapshots (a pass every 2 s here).
-	cat, err := raftmeta.NewClient([]string{c.catAddr})
+	cat, err := raftmeta.NewClient([]string{c.CatAddr})
 	require.NoError(t, err)
 	defer cat.Close()
 	hist, err := snapshot.NewHistory(st.Conn(), st.Database())
@@ -332,7 +254,7 @@ func TestPipelineUsageExactThroughFaults(t *testing.T) {
 	var status pipelineStatusJSON
 	settled := time.Now()
 	require.Eventually(t, func() bool {
-		return getJSONTest(c.pipeURL+"/v1/status", &status) == nil && status.ClickHouse != nil &&
+		return harness.GetJSON(c.PipeURL+"/v1/status", &status) == nil && status.ClickHouse != nil &&
 			status.ClickHouse.Reconcile.At.After(settled) && status.ClickHouse.Reconcile.Error == ""
 	}, 15*time.Second, 250*time.Millisecond, "no reconciliation after the totals settled")
 	assert.Zero(t, status.ClickHouse.Reconcile.Missing, "usage events missing in ClickHouse")
@@ -357,16 +279,4 @@ type pipelineStatusJSON struct {
 			Error     string    `json:"error"`
 		} `json:"reconcile"`
 	} `json:"clickhouse"`
-}
-
-func getJSONTest(url string, out any) error {
-	resp, err := e2eHTTP.Get(url)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(out)
 }

@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // TestRaftmetaCLIThreeProcesses builds the shoal binary, starts three
@@ -28,7 +27,7 @@ import (
 // checks `shoal cluster status`, writes through one node and reads through
 // another.
 func TestRaftmetaCLIThreeProcesses(t *testing.T) {
-	bin := buildShoal(t)
+	bin := shoalBin.Path(t)
 	dir := t.TempDir()
 	type proc struct {
 		id, raftAddr, httpAddr string
@@ -37,7 +36,7 @@ func TestRaftmetaCLIThreeProcesses(t *testing.T) {
 	}
 	var procs []*proc
 	start := func(id string, extra ...string) *proc {
-		p := &proc{id: id, raftAddr: raftmetaFreeAddr(t), httpAddr: raftmetaFreeAddr(t), log: &bytes.Buffer{}}
+		p := &proc{id: id, raftAddr: harness.FreeAddr(t), httpAddr: harness.FreeAddr(t), log: &bytes.Buffer{}}
 		args := append([]string{"raftmeta", "serve", "--id", id, "--dir", filepath.Join(dir, id),
 			"--raft-addr", p.raftAddr, "--http-addr", p.httpAddr}, extra...)
 		p.cmd = exec.Command(bin, args...)
@@ -66,11 +65,11 @@ func TestRaftmetaCLIThreeProcesses(t *testing.T) {
 	})
 
 	n1 := start("n1", "--bootstrap")
-	raftmetaWaitReady(t, n1.httpAddr)
+	harness.WaitReady(t, n1.httpAddr)
 	n2 := start("n2", "--join", n1.httpAddr)
 	n3 := start("n3", "--join", n2.httpAddr) // a follower's address: join follows it to the leader
-	raftmetaWaitReady(t, n2.httpAddr)
-	raftmetaWaitReady(t, n3.httpAddr)
+	harness.WaitReady(t, n2.httpAddr)
+	harness.WaitReady(t, n3.httpAddr)
 
 	shoal := func(args ...string) (string, error) {
 		out, err := exec.Command(bin, args...).CombinedOutput()
@@ -104,7 +103,7 @@ func TestRaftmetaCLIThreeProcesses(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, out, "not the leader")
 	assert.Contains(t, out, "rerun with --addr "+n1.httpAddr)
-	out, err = shoal("cluster", "status", "--addr", raftmetaFreeAddr(t), "--timeout", "2s")
+	out, err = shoal("cluster", "status", "--addr", harness.FreeAddr(t), "--timeout", "2s")
 	require.Error(t, err)
 	assert.Contains(t, out, "cannot reach a raftmeta node")
 
@@ -136,30 +135,4 @@ func TestRaftmetaCLIThreeProcesses(t *testing.T) {
 	fi, err := os.Stat(bak)
 	require.NoError(t, err)
 	assert.Positive(t, fi.Size())
-}
-
-func raftmetaFreeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func raftmetaWaitReady(t *testing.T, addr string) {
-	t.Helper()
-	waitHTTP200(t, "http://"+addr+"/readyz", 20*time.Second, "node at %s never ready", addr)
-}
-
-// waitHTTP200 waits until a GET of url answers 200.
-func waitHTTP200(t *testing.T, url string, within time.Duration, msgAndArgs ...any) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		resp, err := http.Get(url)
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	}, within, 50*time.Millisecond, msgAndArgs...)
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // TestRaftmetaCLIRestoreRefusesBadFiles runs `shoal cluster restore` against
@@ -23,9 +24,9 @@ import (
 // fails with the reason, the process keeps serving with its catalog
 // unchanged and restarts normally; then a real backup restores.
 func TestRaftmetaCLIRestoreRefusesBadFiles(t *testing.T) {
-	bin := buildShoal(t)
+	bin := shoalBin.Path(t)
 	dir := t.TempDir()
-	raftAddr, httpAddr := raftmetaFreeAddr(t), raftmetaFreeAddr(t)
+	raftAddr, httpAddr := harness.FreeAddr(t), harness.FreeAddr(t)
 	var log bytes.Buffer
 	var proc *exec.Cmd
 	start := func(extra ...string) {
@@ -33,7 +34,7 @@ func TestRaftmetaCLIRestoreRefusesBadFiles(t *testing.T) {
 			"--raft-addr", raftAddr, "--http-addr", httpAddr}, extra...)...)
 		proc.Stdout, proc.Stderr = &log, &log
 		require.NoError(t, proc.Start())
-		raftmetaWaitReady(t, httpAddr)
+		harness.WaitReady(t, httpAddr)
 	}
 	stop := func() {
 		_ = proc.Process.Signal(syscall.SIGTERM)

@@ -19,6 +19,7 @@ import (
 	"github.com/shoaldb/shoal/pipeline/broker"
 	"github.com/shoaldb/shoal/pipeline/event"
 	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // Issue 11, "Rate limits that hold across edges": one database hammered
@@ -46,7 +47,7 @@ func newRateShareCluster(t *testing.T) *rateShareCluster {
 	if testing.Short() {
 		t.Skip("multi-process test; skipped with -short")
 	}
-	c := &rateShareCluster{bin: buildShoal(t), dir: t.TempDir(), admin: "ratelimit-admin-token"}
+	c := &rateShareCluster{bin: shoalBin.Path(t), dir: t.TempDir(), admin: "ratelimit-admin-token"}
 	b, err := broker.Start(broker.Config{})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
@@ -60,14 +61,14 @@ func newRateShareCluster(t *testing.T) *rateShareCluster {
 	defer cancel()
 	require.NoError(t, pipeline.EnsureTopics(ctx, cl, pipeline.DefaultTopics()...))
 
-	c.catAddr = raftmetaFreeAddr(t)
-	cat := startShoalProc(t, c.bin, "n1", "raftmeta", "serve", "--id", "n1", "--dir", filepath.Join(c.dir, "n1"),
-		"--raft-addr", raftmetaFreeAddr(t), "--http-addr", c.catAddr, "--bootstrap", "--log-level", "warn")
-	waitHTTP200(t, "http://"+c.catAddr+"/readyz", 30*time.Second, "catalog never ready: %s", cat.log)
-	hostAddr := raftmetaFreeAddr(t)
-	host := startShoalProc(t, c.bin, "h1", "objecthost", "serve", "--id", "h1", "--dir", filepath.Join(c.dir, "h1"),
+	c.catAddr = harness.FreeAddr(t)
+	cat := harness.StartProc(t, c.bin, "n1", "raftmeta", "serve", "--id", "n1", "--dir", filepath.Join(c.dir, "n1"),
+		"--raft-addr", harness.FreeAddr(t), "--http-addr", c.catAddr, "--bootstrap", "--log-level", "warn")
+	harness.WaitHTTP200(t, "http://"+c.catAddr+"/readyz", 30*time.Second, "catalog never ready: %s", cat.Log)
+	hostAddr := harness.FreeAddr(t)
+	host := harness.StartProc(t, c.bin, "h1", "objecthost", "serve", "--id", "h1", "--dir", filepath.Join(c.dir, "h1"),
 		"--http-addr", hostAddr, "--region", "weur", "--catalog", c.catAddr, "--log-level", "warn")
-	waitHTTP200(t, "http://"+hostAddr+"/healthz", 30*time.Second, "host never healthy: %s", host.log)
+	harness.WaitHTTP200(t, "http://"+hostAddr+"/healthz", 30*time.Second, "host never healthy: %s", host.Log)
 	reader, err := raftmeta.NewClient([]string{c.catAddr})
 	require.NoError(t, err)
 	defer reader.Close()
@@ -83,15 +84,15 @@ func newRateShareCluster(t *testing.T) *rateShareCluster {
 func (c *rateShareCluster) edges(t *testing.T, prefix string, share bool) []string {
 	var urls []string
 	for i := 1; i <= 3; i++ {
-		name, addr := fmt.Sprintf("%s%d", prefix, i), raftmetaFreeAddr(t)
+		name, addr := fmt.Sprintf("%s%d", prefix, i), harness.FreeAddr(t)
 		args := []string{"edge", "serve", "--http-addr", addr, "--dir", filepath.Join(c.dir, name),
 			"--region", "weur", "--catalog", c.catAddr, "--admin-token", c.admin, "--log-level", "warn",
 			"--account-rate", strconv.Itoa(rateShareRate), "--database-rate", strconv.Itoa(rateShareRate)}
 		if share {
 			args = append(args, "--kafka-brokers", c.brokerAddr)
 		}
-		p := startShoalProc(t, c.bin, name, args...)
-		waitHTTP200(t, "http://"+addr+"/healthz", 30*time.Second, "%s never healthy: %s", name, p.log)
+		p := harness.StartProc(t, c.bin, name, args...)
+		harness.WaitHTTP200(t, "http://"+addr+"/healthz", 30*time.Second, "%s never healthy: %s", name, p.Log)
 		urls = append(urls, "http://"+addr)
 	}
 	return urls
@@ -109,7 +110,7 @@ func (c *rateShareCluster) waitSharing(t *testing.T, urls []string) {
 		require.NoError(t, err)
 		_ = cl.ProduceSync(context.Background(), &kgo.Record{Topic: event.TopicRateLimits, Key: []byte("probe"), Value: v}).FirstErr()
 		for _, u := range urls {
-			if scrapeMetrics(t, u+"/metrics")["shoal_edge_rate_share_reports_received_total"] < 1 {
+			if harness.ScrapeMetrics(t, u+"/metrics")["shoal_edge_rate_share_reports_received_total"] < 1 {
 				return false
 			}
 		}
@@ -136,17 +137,17 @@ func rateShareHammer(t *testing.T, urls []string, acct, bearer, uuid string, d t
 				defer wg.Done()
 				url := u + "/client/v4/accounts/" + acct + "/d1/database/" + uuid + "/query"
 				for time.Now().Before(deadline) {
-					a, err := e2eTry("POST", url, bearer, map[string]any{"sql": "SELECT 1"})
+					a, err := harness.Try("POST", url, bearer, map[string]any{"sql": "SELECT 1"})
 					switch {
-					case err == nil && a.status == 200:
+					case err == nil && a.Status == 200:
 						atomic.AddInt64(&res.ok, 1)
-					case err == nil && a.status == 429:
+					case err == nil && a.Status == 429:
 						atomic.AddInt64(&res.limited, 1)
 					default:
 						atomic.AddInt64(&res.other, 1)
 						mu.Lock()
 						if res.example == "" {
-							res.example = fmt.Sprintf("%v %s", err, a.raw)
+							res.example = fmt.Sprintf("%v %s", err, a.Raw)
 						}
 						mu.Unlock()
 					}
@@ -161,15 +162,15 @@ func rateShareHammer(t *testing.T, urls []string, acct, bearer, uuid string, d t
 // setupDB creates an account, a token and a database through urls[0] and
 // waits until every edge serves it; then it lets the buckets refill.
 func (c *rateShareCluster) setupDB(t *testing.T, urls []string) (acct, bearer, uuid string) {
-	acct, bearer = (&e2eCluster{t: t, admin: c.admin, edgeURL: urls}).setupAccount(t, "paid")
-	a := e2eCall(t, "POST", urls[0]+"/client/v4/accounts/"+acct+"/d1/database", bearer, map[string]any{"name": "hot"})
-	require.Equal(t, 200, a.status, "%s", a.raw)
+	acct, bearer = (&harness.E2ECluster{Admin: c.admin, EdgeURL: urls}).SetupAccount(t, "paid")
+	a := harness.Call(t, "POST", urls[0]+"/client/v4/accounts/"+acct+"/d1/database", bearer, map[string]any{"name": "hot"})
+	require.Equal(t, 200, a.Status, "%s", a.Raw)
 	var db struct{ UUID string }
 	require.NoError(t, json.Unmarshal(a.Result, &db))
 	for _, u := range urls {
 		require.Eventually(t, func() bool {
-			return e2eCall(t, "POST", u+"/client/v4/accounts/"+acct+"/d1/database/"+db.UUID+"/query", bearer,
-				map[string]any{"sql": "SELECT 1"}).status == 200
+			return harness.Call(t, "POST", u+"/client/v4/accounts/"+acct+"/d1/database/"+db.UUID+"/query", bearer,
+				map[string]any{"sql": "SELECT 1"}).Status == 200
 		}, 20*time.Second, 100*time.Millisecond)
 	}
 	time.Sleep(time.Duration(float64(rateShareBurst)/rateShareRate*float64(time.Second)) + time.Second) // full buckets
@@ -194,7 +195,7 @@ func TestRateLimitHoldsAcrossThreeEdges(t *testing.T) {
 
 	var lags []string
 	for _, u := range shared {
-		m := scrapeMetrics(t, u+"/metrics")
+		m := harness.ScrapeMetrics(t, u+"/metrics")
 		lags = append(lags, fmt.Sprintf("sent %.0f received %.0f errors %.0f lag %.3fs",
 			m["shoal_edge_rate_share_reports_sent_total"], m["shoal_edge_rate_share_reports_received_total"],
 			m["shoal_edge_rate_share_errors_total"], m["shoal_edge_rate_share_lag_seconds"]))

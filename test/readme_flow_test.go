@@ -42,7 +42,7 @@ func TestReadmeFlow(t *testing.T) {
 	// `make test`) installs curl.
 	_, err := exec.LookPath("curl")
 	require.NoError(t, err, "curl is needed: run scripts/deps.sh")
-	bin := buildShoal(t)
+	bin := shoalBin.Path(t)
 	dev := startDev(t, bin)
 	export, cmds := devBanner(t, dev.output())
 	require.Contains(t, export, dev.apiURL)

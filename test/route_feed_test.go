@@ -20,6 +20,7 @@ import (
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/pipeline/event"
 	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // The route feed (principle 3 of ../shared/design.md): object hosts publish
@@ -29,9 +30,9 @@ import (
 // through objecthost.KafkaRoutes, and edges consuming with
 // edge.Options.RouteFeed.
 
-// feedCluster is e2eCluster with the route feed wired in.
+// feedCluster is harness.E2ECluster with the route feed wired in.
 type feedCluster struct {
-	*e2eCluster
+	*harness.E2ECluster
 	broker *kfake.Cluster
 	quiet  *slog.Logger
 }
@@ -46,43 +47,43 @@ func newFeedCluster(t *testing.T) *feedCluster {
 	// them for delete.retention.ms (default 24 h).
 	require.NoError(t, broker.CreateTopic(event.TopicRoutes, 4, map[string]string{"cleanup.policy": "compact"}))
 
-	c := &feedCluster{e2eCluster: &e2eCluster{t: t, admin: "feed-admin-token"}, broker: broker, quiet: quiet}
+	c := &feedCluster{E2ECluster: &harness.E2ECluster{Admin: "feed-admin-token"}, broker: broker, quiet: quiet}
 	for i := 0; i < 3; i++ {
 		cfg := raftmeta.Config{ID: fmt.Sprintf("c%d", i), Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 			Logger: quiet, RaftLogOutput: io.Discard, JoinTimeout: 30 * time.Second}
 		if i == 0 {
 			cfg.Bootstrap = true
 		} else {
-			cfg.Join = []string{c.catAddrs[0]}
+			cfg.Join = []string{c.CatAddrs[0]}
 		}
 		n, err := raftmeta.NewNode(cfg)
 		require.NoError(t, err)
-		c.catCfgs, c.catNodes, c.catAddrs = append(c.catCfgs, cfg), append(c.catNodes, n), append(c.catAddrs, n.HTTPAddr())
+		c.CatCfgs, c.CatNodes, c.CatAddrs = append(c.CatCfgs, cfg), append(c.CatNodes, n), append(c.CatAddrs, n.HTTPAddr())
 		if i == 0 {
 			require.Eventually(t, n.IsLeader, 20*time.Second, 20*time.Millisecond)
 		}
 	}
-	t.Cleanup(c.stopCatalog)
+	t.Cleanup(c.StopCatalog)
 	for i, region := range []string{"weur", "enam"} {
-		cl, err := raftmeta.NewClient(c.catAddrs)
+		cl, err := raftmeta.NewClient(c.CatAddrs)
 		require.NoError(t, err)
 		kc, err := kgo.NewClient(kgo.SeedBrokers(broker.ListenAddrs()...))
 		require.NoError(t, err)
 		routes, err := objecthost.NewKafkaRoutes(kc, objecthost.KafkaRoutesOptions{Producer: fmt.Sprintf("h%d", i)})
 		require.NoError(t, err)
-		ln, addr := e2eListen(t)
+		ln, addr := harness.Listen(t)
 		h, err := objecthost.Open(objecthost.Config{ID: fmt.Sprintf("h%d", i), Dir: t.TempDir(), Address: addr,
 			Region: region, Capacity: 1000, Catalog: objecthost.RaftmetaCatalog{C: cl}, Routes: routes, Logger: quiet,
 			HeartbeatInterval: 2 * time.Second})
 		require.NoError(t, err)
 		h.Registry().MustRegister(routes)
 		t.Cleanup(func() { _ = h.Close(); kc.Close() }) // cleanups run last-in first-out: the host goes before its client
-		e2eServe(t, ln, h.Handler())
-		c.hosts, c.hostAddr = append(c.hosts, h), append(c.hostAddr, addr)
+		harness.Serve(t, ln, h.Handler())
+		c.Hosts, c.HostAddr = append(c.Hosts, h), append(c.HostAddr, addr)
 	}
 	srv, url := c.startEdge(t, t.TempDir(), nil)
-	c.edges, c.edgeURL = append(c.edges, srv), append(c.edgeURL, url)
-	cl, err := raftmeta.NewClient(c.catAddrs)
+	c.Edges, c.EdgeURL = append(c.Edges, srv), append(c.EdgeURL, url)
+	cl, err := raftmeta.NewClient(c.CatAddrs)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		hs, err := cl.Hosts(context.Background(), raftmeta.ReadOptions{Consistency: raftmeta.Stale, NoCache: true})
@@ -95,18 +96,18 @@ func newFeedCluster(t *testing.T) *feedCluster {
 // restart an edge). wrap, if set, wraps its catalog (to count its reads).
 // The returned server is closed at the end of the test (Close is idempotent).
 func (c *feedCluster) startEdge(t *testing.T, dir string, wrap func(edge.Catalog) edge.Catalog) (*edge.Server, string) {
-	cl, err := raftmeta.NewClient(c.catAddrs)
+	cl, err := raftmeta.NewClient(c.CatAddrs)
 	require.NoError(t, err)
 	var cat edge.Catalog = edge.RaftmetaCatalog{C: cl}
 	if wrap != nil {
 		cat = wrap(cat)
 	}
-	srv, err := edge.New(edge.Options{Catalog: cat, Dir: dir, Region: "weur", AdminToken: c.admin, Logger: c.quiet,
+	srv, err := edge.New(edge.Options{Catalog: cat, Dir: dir, Region: "weur", AdminToken: c.Admin, Logger: c.quiet,
 		AccountRate: edge.RateLimit{Rate: 1e6, Burst: 1e6}, DatabaseRate: edge.RateLimit{Rate: 1e6, Burst: 1e6},
 		RouteFeed: &edge.RouteFeedOptions{Brokers: c.broker.ListenAddrs(), RefreshInterval: 500 * time.Millisecond}})
 	require.NoError(t, err)
-	ln, addr := e2eListen(t)
-	e2eServe(t, ln, srv)
+	ln, addr := harness.Listen(t)
+	harness.Serve(t, ln, srv)
 	t.Cleanup(func() { _ = srv.Close() })
 	return srv, "http://" + addr
 }
@@ -178,39 +179,39 @@ func readRoutesTopic(t *testing.T, addrs []string) map[string]topicRoute {
 func TestRouteFeedServesWithCatalogDown(t *testing.T) {
 	require.Equal(t, objecthost.RouteGenerationHeader, edge.RouteGenerationHeader, "producer and consumer agree on the tombstone header")
 	c := newFeedCluster(t)
-	acct, bearer := c.setupAccount(t, "paid")
+	acct, bearer := c.SetupAccount(t, "paid")
 	base := func(url string) string { return url + "/client/v4/accounts/" + acct + "/d1/database" }
-	a := c.edgeURL[0]
+	a := c.EdgeURL[0]
 
 	// Create databases through edge A, each with a row that names it.
 	const n = 12
 	uuids := make([]string, n)
 	for i := range uuids {
-		r := e2eCall(t, "POST", base(a), bearer, map[string]any{"name": fmt.Sprintf("feed-%d", i)})
-		require.Equal(t, 200, r.status, "%s", r.raw)
+		r := harness.Call(t, "POST", base(a), bearer, map[string]any{"name": fmt.Sprintf("feed-%d", i)})
+		require.Equal(t, 200, r.Status, "%s", r.Raw)
 		var db struct{ UUID string }
 		require.NoError(t, json.Unmarshal(r.Result, &db))
 		uuids[i] = db.UUID
-		r = e2eCall(t, "POST", base(a)+"/"+db.UUID+"/query", bearer, map[string]any{"batch": []any{
+		r = harness.Call(t, "POST", base(a)+"/"+db.UUID+"/query", bearer, map[string]any{"batch": []any{
 			map[string]any{"sql": "CREATE TABLE t (v TEXT)"},
 			map[string]any{"sql": "INSERT INTO t VALUES (?)", "params": []any{db.UUID}},
 		}})
-		require.Equal(t, 200, r.status, "%s", r.raw)
+		require.Equal(t, 200, r.Status, "%s", r.Raw)
 	}
 	// And two deleted databases (one to replay an old record against, one
 	// for compaction).
-	var r e2eAnswer
+	var r harness.Answer
 	deleted := func(name string) string {
-		r = e2eCall(t, "POST", base(a), bearer, map[string]any{"name": name})
-		require.Equal(t, 200, r.status, "%s", r.raw)
+		r = harness.Call(t, "POST", base(a), bearer, map[string]any{"name": name})
+		require.Equal(t, 200, r.Status, "%s", r.Raw)
 		var db struct{ UUID string }
 		require.NoError(t, json.Unmarshal(r.Result, &db))
 		require.Eventually(t, func() bool { // confirmed (route published) before it is deleted
 			tr, ok := readRoutesTopic(t, c.broker.ListenAddrs())[db.UUID]
 			return ok && tr.route.State == "active"
 		}, 30*time.Second, 100*time.Millisecond)
-		r = e2eCall(t, "DELETE", base(a)+"/"+db.UUID, bearer, nil)
-		require.Equal(t, 200, r.status, "%s", r.raw)
+		r = harness.Call(t, "DELETE", base(a)+"/"+db.UUID, bearer, nil)
+		require.Equal(t, 200, r.Status, "%s", r.Raw)
 		return db.UUID
 	}
 	doomed, gone := deleted("doomed"), deleted("gone")
@@ -229,7 +230,7 @@ func TestRouteFeedServesWithCatalogDown(t *testing.T) {
 	routes := readRoutesTopic(t, c.broker.ListenAddrs())
 	for _, u := range uuids {
 		tr := routes[u]
-		assert.Contains(t, c.hostAddr, tr.route.HostAddress)
+		assert.Contains(t, c.HostAddr, tr.route.HostAddress)
 		assert.Equal(t, acct, tr.route.AccountID)
 		assert.EqualValues(t, 1, tr.route.Generation)
 		assert.Regexp(t, `^h[01]@\d+$`, tr.route.EventID.Producer)
@@ -237,7 +238,7 @@ func TestRouteFeedServesWithCatalogDown(t *testing.T) {
 
 	// Every catalog node stops. Edge B starts now, with an empty cache and
 	// a catalog it cannot reach; it never saw any of these databases.
-	c.stopCatalog()
+	c.StopCatalog()
 	counted := &countingCatalog{}
 	dirB := t.TempDir()
 	countReads := func(cat edge.Catalog) edge.Catalog { counted.Catalog = cat; return counted }
@@ -246,21 +247,21 @@ func TestRouteFeedServesWithCatalogDown(t *testing.T) {
 	st := waitFeed(t, b, n+6) // n routes; per deleted database: route, deleted route, tombstone
 	t.Logf("edge B read the feed: %+v", st)
 	assert.Zero(t, st.Invalid)
-	admin := "Bearer " + c.admin // validated locally: B cannot ask the catalog about user tokens
+	admin := "Bearer " + c.Admin // validated locally: B cannot ask the catalog about user tokens
 	queryAll := func(url string) {
 		t.Helper()
 		for _, u := range uuids {
-			r := e2eCall(t, "POST", base(url)+"/"+u+"/query", admin, map[string]any{"sql": "SELECT v FROM t"})
-			if assert.Equal(t, 200, r.status, "database %s through a fresh edge with the catalog down: %s", u, r.raw) {
+			r := harness.Call(t, "POST", base(url)+"/"+u+"/query", admin, map[string]any{"sql": "SELECT v FROM t"})
+			if assert.Equal(t, 200, r.Status, "database %s through a fresh edge with the catalog down: %s", u, r.Raw) {
 				assert.Contains(t, string(r.Result), u)
 			}
 		}
 	}
 	queryAll(urlB)
 	for _, u := range []string{doomed, gone} {
-		r = e2eCall(t, "POST", base(urlB)+"/"+u+"/query", admin, map[string]any{"sql": "SELECT 1"})
-		assert.Equal(t, 404, r.status, "a deleted database is not found, from the feed alone: %s", r.raw)
-		assert.Equal(t, 7404, r.code())
+		r = harness.Call(t, "POST", base(urlB)+"/"+u+"/query", admin, map[string]any{"sql": "SELECT 1"})
+		assert.Equal(t, 404, r.Status, "a deleted database is not found, from the feed alone: %s", r.Raw)
+		assert.Equal(t, 7404, r.Code())
 	}
 	assert.Zero(t, counted.reads.Load(), "edge B never asked the catalog")
 	assert.EqualValues(t, n+2, b.Stats().CacheHits)
@@ -338,7 +339,7 @@ func TestRouteFeedServesWithCatalogDown(t *testing.T) {
 	cEdge, urlC := c.startEdge(t, t.TempDir(), nil)
 	waitFeed(t, cEdge, n)
 	queryAll(urlC)
-	r = e2eCall(t, "POST", base(urlC)+"/"+gone+"/query", admin, map[string]any{"sql": "SELECT 1"})
-	assert.Equal(t, 404, r.status, "%s", r.raw)
-	assert.Equal(t, 7404, r.code())
+	r = harness.Call(t, "POST", base(urlC)+"/"+gone+"/query", admin, map[string]any{"sql": "SELECT 1"})
+	assert.Equal(t, 404, r.Status, "%s", r.Raw)
+	assert.Equal(t, 7404, r.Code())
 }

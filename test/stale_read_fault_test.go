@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // Issue 9's fault tests: stale catalog reads must never destroy a database,
@@ -74,72 +74,10 @@ func faultScheduleOf(t *testing.T) faultSchedule {
 	return faultSchedule{initialDBs: 240, rounds: 2, createEvery: 250 * time.Millisecond, stoppedFor: 10 * time.Second, freshTokens: 3}
 }
 
-// shoalProc is one `shoal … serve` child in its own process group, so the
-// test can kill -9, stop and continue it the way an operator's tools do, and
-// restart it with the same arguments (same data directory and addresses).
-// Its output, across restarts, is printed if the test fails.
-type shoalProc struct {
-	name   string
-	bin    string
-	args   []string
-	log    *syncWriter
-	cmd    *exec.Cmd
-	exited chan struct{}
-}
-
-func startShoalProc(t *testing.T, bin, name string, args ...string) *shoalProc {
-	t.Helper()
-	p := &shoalProc{name: name, bin: bin, args: args, log: &syncWriter{}}
-	p.start(t)
-	t.Cleanup(func() {
-		p.signal(syscall.SIGKILL) // also ends a SIGSTOPped process
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-			t.Errorf("%s (pid %d) did not exit on SIGKILL", p.name, p.cmd.Process.Pid)
-		}
-		if t.Failed() {
-			t.Logf("--- %s output (tail):\n%s", p.name, tail(p.log.String(), 3000))
-		}
-	})
-	return p
-}
-
-func (p *shoalProc) start(t *testing.T) {
-	t.Helper()
-	cmd := exec.Command(p.bin, p.args...)
-	cmd.Stdout, cmd.Stderr = p.log, p.log
-	cmd.SysProcAttr = childProcAttr()
-	require.NoError(t, cmd.Start(), "start %s", p.name)
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	p.cmd, p.exited = cmd, exited
-}
-
-// signal sends sig to the process's group.
-func (p *shoalProc) signal(sig syscall.Signal) { _ = syscall.Kill(-p.cmd.Process.Pid, sig) }
-
-// restart is kill -9, down, then a start with the same arguments.
-func (p *shoalProc) restart(t *testing.T, down time.Duration) {
-	t.Helper()
-	p.signal(syscall.SIGKILL)
-	<-p.exited
-	fmt.Fprintf(p.log, "--- kill -9 at %s, restart after %s ---\n", time.Now().Format(time.TimeOnly), down)
-	time.Sleep(down)
-	p.start(t)
-}
-
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return "…" + s[len(s)-n:]
-}
-
 // faultCluster is the multi-process deployment the fault tests run.
 type faultCluster struct {
-	cat      []*shoalProc // n1 (bootstrapped), n2, n3
-	catAddr  []string     // their HTTP addresses, same order
+	cat      []*harness.Proc // n1 (bootstrapped), n2, n3
+	catAddr  []string        // their HTTP addresses, same order
 	hostID   []string
 	hostAddr []string
 	edgeURL  []string
@@ -155,45 +93,45 @@ const firstListed = 1
 // bootstraps, n2 and n3 join), then two object hosts and two edges whose
 // --catalog lists are n2, n3, n1: the follower n2 first, the leader last.
 func newFaultCluster(t *testing.T) *faultCluster {
-	bin := buildShoal(t)
+	bin := shoalBin.Path(t)
 	dir := t.TempDir()
 	c := &faultCluster{admin: "fault-admin-token"}
 	for i, id := range []string{"n1", "n2", "n3"} {
-		httpAddr := raftmetaFreeAddr(t)
+		httpAddr := harness.FreeAddr(t)
 		args := []string{"raftmeta", "serve", "--id", id, "--dir", filepath.Join(dir, id),
-			"--raft-addr", raftmetaFreeAddr(t), "--http-addr", httpAddr, "--log-level", "warn"}
+			"--raft-addr", harness.FreeAddr(t), "--http-addr", httpAddr, "--log-level", "warn"}
 		if i == 0 {
 			args = append(args, "--bootstrap")
 		} else {
 			args = append(args, "--join", c.catAddr[0])
 		}
-		c.cat = append(c.cat, startShoalProc(t, bin, id, args...))
+		c.cat = append(c.cat, harness.StartProc(t, bin, id, args...))
 		c.catAddr = append(c.catAddr, httpAddr)
-		raftmetaWaitReady(t, httpAddr)
+		harness.WaitReady(t, httpAddr)
 	}
 	catalog := strings.Join([]string{c.catAddr[1], c.catAddr[2], c.catAddr[0]}, ",")
-	var procs []*shoalProc
+	var procs []*harness.Proc
 	var health []string
 	for i := 1; i <= 2; i++ {
-		id, addr := fmt.Sprintf("h%d", i), raftmetaFreeAddr(t)
-		procs = append(procs, startShoalProc(t, bin, id, "objecthost", "serve", "--id", id, "--dir", filepath.Join(dir, id),
+		id, addr := fmt.Sprintf("h%d", i), harness.FreeAddr(t)
+		procs = append(procs, harness.StartProc(t, bin, id, "objecthost", "serve", "--id", id, "--dir", filepath.Join(dir, id),
 			"--http-addr", addr, "--region", "weur", "--catalog", catalog, "--log-level", "warn",
 			"--heartbeat-interval", faultHeartbeat.String(), "--creation-grace", faultGrace.String()))
 		c.hostID, c.hostAddr = append(c.hostID, id), append(c.hostAddr, addr)
 		health = append(health, "http://"+addr+"/healthz")
 	}
 	for i := 1; i <= 2; i++ {
-		id, addr := fmt.Sprintf("e%d", i), raftmetaFreeAddr(t)
+		id, addr := fmt.Sprintf("e%d", i), harness.FreeAddr(t)
 		// Rate limits far above what the generators send: they are not
 		// what these tests are about.
-		procs = append(procs, startShoalProc(t, bin, id, "edge", "serve", "--http-addr", addr, "--dir", filepath.Join(dir, id),
+		procs = append(procs, harness.StartProc(t, bin, id, "edge", "serve", "--http-addr", addr, "--dir", filepath.Join(dir, id),
 			"--region", "weur", "--catalog", catalog, "--admin-token", c.admin, "--log-level", "warn",
 			"--account-rate", "100000", "--database-rate", "100000"))
 		c.edgeURL = append(c.edgeURL, "http://"+addr)
 		health = append(health, "http://"+addr+"/healthz")
 	}
 	for i, u := range health {
-		waitHTTP200(t, u, 30*time.Second, "%s never healthy: %s", procs[i].name, tail(procs[i].log.String(), 2000))
+		harness.WaitHTTP200(t, u, 30*time.Second, "%s never healthy: %s", procs[i].Name, harness.Tail(procs[i].Log.String(), 2000))
 	}
 	var err error
 	c.reader, err = raftmeta.NewClient(c.catAddr)
@@ -207,8 +145,8 @@ func newFaultCluster(t *testing.T) *faultCluster {
 }
 
 // e2e is the cluster as the in-process end-to-end tests' helpers see it.
-func (c *faultCluster) e2e(t *testing.T) *e2eCluster {
-	return &e2eCluster{t: t, admin: c.admin, edgeURL: c.edgeURL}
+func (c *faultCluster) e2e(t *testing.T) *harness.E2ECluster {
+	return &harness.E2ECluster{Admin: c.admin, EdgeURL: c.edgeURL}
 }
 
 // leader returns the index in cat of the current leader, asking the nodes in
@@ -223,7 +161,7 @@ func (c *faultCluster) leader(t *testing.T) int {
 				continue
 			}
 			for i, p := range c.cat {
-				if st.Leader != "" && p.name == st.Leader {
+				if st.Leader != "" && p.Name == st.Leader {
 					idx = i
 					return true
 				}
@@ -239,7 +177,7 @@ func (c *faultCluster) leader(t *testing.T) int {
 func (c *faultCluster) orphanKills(t *testing.T) []float64 {
 	var out []float64
 	for _, a := range c.hostAddr {
-		out = append(out, scrapeMetrics(t, "http://"+a+"/metrics")[`shoal_objecthost_heartbeats_total{outcome="orphan_killed"}`])
+		out = append(out, harness.ScrapeMetrics(t, "http://"+a+"/metrics")[`shoal_objecthost_heartbeats_total{outcome="orphan_killed"}`])
 	}
 	return out
 }
@@ -250,7 +188,7 @@ func (c *faultCluster) orphanKills(t *testing.T) []float64 {
 func (c *faultCluster) orphansMade(t *testing.T) float64 {
 	var n float64
 	for _, u := range c.edgeURL {
-		m := scrapeMetrics(t, u+"/metrics")
+		m := harness.ScrapeMetrics(t, u+"/metrics")
 		n += m[`shoal_edge_create_attempts_total{outcome="catalog_failed"}`] + m[`shoal_edge_create_attempts_total{outcome="init_failed"}`]
 	}
 	return n
@@ -281,7 +219,7 @@ type faultTraffic struct {
 }
 
 func newFaultTraffic(t *testing.T, c *faultCluster) *faultTraffic {
-	acct, bearer := c.e2e(t).setupAccount(t, "paid")
+	acct, bearer := c.e2e(t).SetupAccount(t, "paid")
 	return &faultTraffic{c: c, acct: acct, bearer: bearer, lost: map[string]string{}, seen: map[string]int{}}
 }
 
@@ -290,39 +228,32 @@ func (w *faultTraffic) base(edge int) string {
 }
 
 // answerKind names an answer for the error tally: "503/7503", "transport".
-func answerKind(a e2eAnswer, err error) string {
+func answerKind(a harness.Answer, err error) string {
 	if err != nil {
 		return "transport"
 	}
-	return fmt.Sprintf("%d/%d", a.status, a.code())
-}
-
-func answerText(a e2eAnswer, err error) string {
-	if err != nil {
-		return err.Error()
-	}
-	return fmt.Sprintf("%d %s", a.status, tail(string(a.raw), 300))
+	return fmt.Sprintf("%d/%d", a.Status, a.Code())
 }
 
 // transient reports whether a client would retry the answer: the edge is
 // unreachable for a moment, or answers 503 while the catalog elects a leader.
-func transient(a e2eAnswer, err error) bool {
-	return err != nil || a.status == http.StatusServiceUnavailable || a.status == http.StatusTooManyRequests
+func transient(a harness.Answer, err error) bool {
+	return err != nil || a.Status == http.StatusServiceUnavailable || a.Status == http.StatusTooManyRequests
 }
 
-func (w *faultTraffic) note(what string, a e2eAnswer, err error) {
+func (w *faultTraffic) note(what string, a harness.Answer, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	k := answerKind(a, err)
 	w.seen[what+" "+k]++
 	if len(w.examples) < 12 {
-		w.examples = append(w.examples, what+": "+answerText(a, err))
+		w.examples = append(w.examples, what+": "+harness.AnswerText(a, err))
 	}
 }
 
 // settle makes call until it answers something other than a transient error,
 // for up to faultSettle; transient answers are counted and noted.
-func (w *faultTraffic) settle(what string, call func() (e2eAnswer, error)) (e2eAnswer, error) {
+func (w *faultTraffic) settle(what string, call func() (harness.Answer, error)) (harness.Answer, error) {
 	deadline := time.Now().Add(faultSettle)
 	for {
 		a, err := call()
@@ -342,16 +273,16 @@ func (w *faultTraffic) settle(what string, call func() (e2eAnswer, error)) (e2eA
 // acknowledged database whose row cannot be written is lost.
 func (w *faultTraffic) create(edge int, name string) bool {
 	t0 := time.Now()
-	a, err := e2eTry(http.MethodPost, w.base(edge), w.bearer, map[string]any{"name": name})
+	a, err := harness.Try(http.MethodPost, w.base(edge), w.bearer, map[string]any{"name": name})
 	took := time.Since(t0)
 	var d struct {
 		UUID string `json:"uuid"`
 	}
-	if err != nil || a.status != http.StatusOK || json.Unmarshal(a.Result, &d) != nil || d.UUID == "" {
+	if err != nil || a.Status != http.StatusOK || json.Unmarshal(a.Result, &d) != nil || d.UUID == "" {
 		w.note("create", a, err)
 		w.mu.Lock()
 		w.failed++
-		if err == nil && (a.status == http.StatusUnauthorized || a.status == http.StatusForbidden) {
+		if err == nil && (a.Status == http.StatusUnauthorized || a.Status == http.StatusForbidden) {
 			w.refused++
 		}
 		w.mu.Unlock()
@@ -370,16 +301,16 @@ func (w *faultTraffic) create(edge int, name string) bool {
 	}
 	w.mu.Unlock()
 	db := &faultDB{uuid: d.UUID, name: name}
-	a, err = w.settle("seed", func() (e2eAnswer, error) {
-		return e2eTry(http.MethodPost, w.base(edge)+"/"+db.uuid+"/query", w.bearer, map[string]any{"batch": []any{
+	a, err = w.settle("seed", func() (harness.Answer, error) {
+		return harness.Try(http.MethodPost, w.base(edge)+"/"+db.uuid+"/query", w.bearer, map[string]any{"batch": []any{
 			map[string]any{"sql": "CREATE TABLE IF NOT EXISTS t (v TEXT PRIMARY KEY)"},
 			map[string]any{"sql": "INSERT OR IGNORE INTO t (v) VALUES (?)", "params": []any{name}},
 		}})
 	})
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if err != nil || a.status != http.StatusOK {
-		w.lost[db.uuid] = "writing its first row: " + answerText(a, err)
+	if err != nil || a.Status != http.StatusOK {
+		w.lost[db.uuid] = "writing its first row: " + harness.AnswerText(a, err)
 		return true
 	}
 	w.dbs = append(w.dbs, db)
@@ -388,28 +319,7 @@ func (w *faultTraffic) create(edge int, name string) bool {
 
 // createMany makes n databases with 8 concurrent clients, alternating edges.
 func (w *faultTraffic) createMany(prefix string, n int) {
-	concurrently(n, 8, func(i int) { w.create(i%len(w.c.edgeURL), fmt.Sprintf("%s-%d", prefix, i)) })
-}
-
-// concurrently calls fn(0) … fn(n-1) from `workers` goroutines and returns
-// when every call has.
-func concurrently(n, workers int, fn func(i int)) {
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				fn(i)
-			}
-		}()
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
+	harness.Concurrently(n, 8, func(i int) { w.create(i%len(w.c.edgeURL), fmt.Sprintf("%s-%d", prefix, i)) })
 }
 
 // createInBackground creates a database every `every`, alternating edges,
@@ -449,19 +359,19 @@ func (w *faultTraffic) checkAll(t *testing.T, pass int, label string) {
 	}
 	w.mu.Unlock()
 	var newlyLost []string
-	concurrently(len(todo), 8, func(i int) {
+	harness.Concurrently(len(todo), 8, func(i int) {
 		db := todo[i]
 		edge := (i + pass) % len(w.c.edgeURL)
-		a, err := w.settle("select", func() (e2eAnswer, error) {
-			return e2eTry(http.MethodPost, w.base(edge)+"/"+db.uuid+"/query", w.bearer, map[string]any{"sql": "SELECT v FROM t"})
+		a, err := w.settle("select", func() (harness.Answer, error) {
+			return harness.Try(http.MethodPost, w.base(edge)+"/"+db.uuid+"/query", w.bearer, map[string]any{"sql": "SELECT v FROM t"})
 		})
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		if err == nil && a.status == http.StatusOK && hasRow(a, db.name) {
+		if err == nil && a.Status == http.StatusOK && hasRow(a, db.name) {
 			w.checked++
 			return
 		}
-		why := fmt.Sprintf("%s via edge %d: %s", label, edge+1, answerText(a, err))
+		why := fmt.Sprintf("%s via edge %d: %s", label, edge+1, harness.AnswerText(a, err))
 		w.lost[db.uuid] = why
 		newlyLost = append(newlyLost, db.uuid+" ("+db.name+"): "+why)
 	})
@@ -472,7 +382,7 @@ func (w *faultTraffic) checkAll(t *testing.T, pass int, label string) {
 }
 
 // hasRow reports whether a /query answer holds exactly the row v = want.
-func hasRow(a e2eAnswer, want string) bool {
+func hasRow(a harness.Answer, want string) bool {
 	var res []struct {
 		Results []map[string]any `json:"results"`
 	}
@@ -486,7 +396,7 @@ func hasRow(a e2eAnswer, want string) bool {
 // themselves, that every acknowledged database is active in both.
 func (w *faultTraffic) checkObjects(t *testing.T) {
 	t.Helper()
-	rows, _, err := w.c.reader.ListDatabases(context.Background(), w.acct, fsmListAll(), raftmeta.LinearizableRead())
+	rows, _, err := w.c.reader.ListDatabases(context.Background(), w.acct, harness.ListAll(), raftmeta.LinearizableRead())
 	require.NoError(t, err)
 	type where struct{ object, host string }
 	inCatalog := map[string]where{}
@@ -507,12 +417,12 @@ func (w *faultTraffic) checkObjects(t *testing.T) {
 			bad = append(bad, db.uuid+": not in the catalog's list")
 			continue
 		}
-		a, err := e2eTry(http.MethodGet, "http://"+hostAddr[loc.host]+"/v1/objects/"+loc.object, "", nil)
+		a, err := harness.Try(http.MethodGet, "http://"+hostAddr[loc.host]+"/v1/objects/"+loc.object, "", nil)
 		var info struct {
 			State string `json:"state"`
 		}
-		if err != nil || a.status != http.StatusOK || json.Unmarshal(a.Result, &info) != nil || info.State != "active" {
-			bad = append(bad, fmt.Sprintf("%s: object %s on %s: %s", db.uuid, loc.object, loc.host, answerText(a, err)))
+		if err != nil || a.Status != http.StatusOK || json.Unmarshal(a.Result, &info) != nil || info.State != "active" {
+			bad = append(bad, fmt.Sprintf("%s: object %s on %s: %s", db.uuid, loc.object, loc.host, harness.AnswerText(a, err)))
 		}
 	}
 	sort.Strings(bad)
@@ -577,15 +487,15 @@ func TestFaultCatalogRestartsLoseNoDatabase(t *testing.T) {
 			if victim == leader {
 				role = "leader"
 			}
-			c.cat[victim].restart(t, faultDowntime)
+			c.cat[victim].Restart(t, faultDowntime)
 			restarted := time.Now()
 			restarts++
-			raftmetaWaitReady(t, c.catAddr[victim])
+			harness.WaitReady(t, c.catAddr[victim])
 			ready := time.Since(restarted)
 			time.Sleep(2 * faultHeartbeat)
 			pass++
 			w.checkAll(t, pass, fmt.Sprintf("round %d, kill -9 of the %s %s (ready %s after its restart)",
-				round, role, c.cat[victim].name, ready.Round(time.Millisecond)))
+				round, role, c.cat[victim].Name, ready.Round(time.Millisecond)))
 		}
 	}
 	stop()
@@ -612,26 +522,26 @@ func TestFaultCatalogRestartsLoseNoDatabase(t *testing.T) {
 // faultOps records the calls of a load phase by operation.
 type faultOps struct {
 	mu       sync.Mutex
-	lat      map[string]*latencies
+	lat      map[string]*harness.Latencies
 	ok       map[string]int
 	failed   map[string]int
 	examples []string
 }
 
-func (o *faultOps) record(op string, d time.Duration, a e2eAnswer, err error) {
+func (o *faultOps) record(op string, d time.Duration, a harness.Answer, err error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.lat[op] == nil {
-		o.lat[op] = &latencies{}
+		o.lat[op] = &harness.Latencies{}
 	}
-	o.lat[op].add(d)
-	if err == nil && a.status == http.StatusOK {
+	o.lat[op].Add(d)
+	if err == nil && a.Status == http.StatusOK {
 		o.ok[op]++
 		return
 	}
 	o.failed[op]++
 	if len(o.examples) < 8 {
-		o.examples = append(o.examples, fmt.Sprintf("%s after %s: %s", op, d.Round(time.Millisecond), answerText(a, err)))
+		o.examples = append(o.examples, fmt.Sprintf("%s after %s: %s", op, d.Round(time.Millisecond), harness.AnswerText(a, err)))
 	}
 }
 
@@ -644,7 +554,7 @@ func (o *faultOps) report() string {
 		}
 		l := o.lat[op]
 		fmt.Fprintf(&b, "%s: %d requests, %.1f%% succeeded, p50 %.1f ms, p99 %.1f ms, max %.1f ms; ", op, n,
-			100*float64(o.ok[op])/float64(n), ms(l.pct(0.50)), ms(l.pct(0.99)), ms(l.pct(1)))
+			100*float64(o.ok[op])/float64(n), harness.Millis(l.Pct(0.50)), harness.Millis(l.Pct(0.99)), harness.Millis(l.Pct(1)))
 	}
 	return b.String()
 }
@@ -653,7 +563,7 @@ func (o *faultOps) report() string {
 // listing them, from now until the deadline; wait returns when every request
 // started before the deadline has its answer.
 func (w *faultTraffic) controlPlaneLoad(phase string, deadline time.Time) (wait func() *faultOps) {
-	ops := &faultOps{lat: map[string]*latencies{}, ok: map[string]int{}, failed: map[string]int{}}
+	ops := &faultOps{lat: map[string]*harness.Latencies{}, ok: map[string]int{}, failed: map[string]int{}}
 	var wg sync.WaitGroup
 	for edge := range w.c.edgeURL {
 		for worker := range 4 {
@@ -663,11 +573,11 @@ func (w *faultTraffic) controlPlaneLoad(phase string, deadline time.Time) (wait 
 				for i := 0; time.Now().Before(deadline); i++ {
 					t0 := time.Now()
 					if worker < 2 {
-						a, err := e2eTry(http.MethodPost, w.base(edge), w.bearer,
+						a, err := harness.Try(http.MethodPost, w.base(edge), w.bearer,
 							map[string]any{"name": fmt.Sprintf("%s-e%d-w%d-%d", phase, edge+1, worker, i)})
 						ops.record("create", time.Since(t0), a, err)
 					} else {
-						a, err := e2eTry(http.MethodGet, w.base(edge)+"?per_page=20", w.bearer, nil)
+						a, err := harness.Try(http.MethodGet, w.base(edge)+"?per_page=20", w.bearer, nil)
 						ops.record("list", time.Since(t0), a, err)
 					}
 				}
@@ -693,12 +603,12 @@ func TestFaultHungFollowerKeepsControlPlaneUp(t *testing.T) {
 	require.Empty(t, healthy.examples, "requests failed with a healthy cluster")
 
 	hung := c.cat[firstListed]
-	hung.signal(syscall.SIGSTOP)
+	hung.Signal(syscall.SIGSTOP)
 	wait := w.controlPlaneLoad("hung", time.Now().Add(sched.stoppedFor))
 	time.Sleep(sched.stoppedFor)
-	hung.signal(syscall.SIGCONT)
+	hung.Signal(syscall.SIGCONT)
 	stopped := wait()
-	t.Logf("first-listed follower %s stopped for %s: %s", hung.name, sched.stoppedFor, stopped.report())
+	t.Logf("first-listed follower %s stopped for %s: %s", hung.Name, sched.stoppedFor, stopped.report())
 	var failed int
 	for _, n := range stopped.failed {
 		failed += n
@@ -716,24 +626,24 @@ func TestFaultFreshTokenWorksOnEveryEdgeAtOnce(t *testing.T) {
 	c := newFaultCluster(t)
 	// A first account through edge 1: the edge learns the leader, so its
 	// admin writes never wait on the stopped node.
-	c.e2e(t).setupAccount(t, "paid")
+	c.e2e(t).SetupAccount(t, "paid")
 	require.NotEqual(t, firstListed, c.leader(t), "the first-listed node must be a follower")
 	lagging := c.cat[firstListed]
 
 	var refused, other, total int
 	var examples []string
 	for i := range sched.freshTokens {
-		lagging.signal(syscall.SIGSTOP)
+		lagging.Signal(syscall.SIGSTOP)
 		time.Sleep(500 * time.Millisecond)
-		a := e2eCall(t, http.MethodPost, c.edgeURL[0]+"/admin/v1/accounts", "Bearer "+c.admin, map[string]any{"name": fmt.Sprintf("fresh-%d", i), "tier": "paid"})
-		require.Equal(t, http.StatusOK, a.status, "%s", a.raw)
+		a := harness.Call(t, http.MethodPost, c.edgeURL[0]+"/admin/v1/accounts", "Bearer "+c.admin, map[string]any{"name": fmt.Sprintf("fresh-%d", i), "tier": "paid"})
+		require.Equal(t, http.StatusOK, a.Status, "%s", a.Raw)
 		var acct struct{ ID string }
 		require.NoError(t, json.Unmarshal(a.Result, &acct))
-		a = e2eCall(t, http.MethodPost, c.edgeURL[0]+"/admin/v1/accounts/"+acct.ID+"/tokens", "Bearer "+c.admin, map[string]any{"name": "fresh"})
-		require.Equal(t, http.StatusOK, a.status, "%s", a.raw)
+		a = harness.Call(t, http.MethodPost, c.edgeURL[0]+"/admin/v1/accounts/"+acct.ID+"/tokens", "Bearer "+c.admin, map[string]any{"name": "fresh"})
+		require.Equal(t, http.StatusOK, a.Status, "%s", a.Raw)
 		var tok struct{ Token string }
 		require.NoError(t, json.Unmarshal(a.Result, &tok))
-		lagging.signal(syscall.SIGCONT)
+		lagging.Signal(syscall.SIGCONT)
 
 		bearer := "Bearer " + tok.Token
 		base := func(edge int) string { return c.edgeURL[edge] + "/client/v4/accounts/" + acct.ID + "/d1/database" }
@@ -746,18 +656,18 @@ func TestFaultFreshTokenWorksOnEveryEdgeAtOnce(t *testing.T) {
 				if call.method == http.MethodPost {
 					body = map[string]any{"name": fmt.Sprintf("first-on-e%d", edge+1)}
 				}
-				a, err := e2eTry(call.method, call.url, bearer, body)
+				a, err := harness.Try(call.method, call.url, bearer, body)
 				total++
 				switch {
-				case err == nil && a.status == http.StatusOK:
+				case err == nil && a.Status == http.StatusOK:
 					continue
-				case err == nil && (a.status == http.StatusUnauthorized || a.status == http.StatusForbidden):
+				case err == nil && (a.Status == http.StatusUnauthorized || a.Status == http.StatusForbidden):
 					refused++
 				default:
 					other++
 				}
 				if len(examples) < 10 {
-					examples = append(examples, fmt.Sprintf("token %d, %s on edge %d: %s", i+1, call.op, edge+1, answerText(a, err)))
+					examples = append(examples, fmt.Sprintf("token %d, %s on edge %d: %s", i+1, call.op, edge+1, harness.AnswerText(a, err)))
 				}
 			}
 		}
@@ -772,7 +682,7 @@ func TestFaultFreshTokenWorksOnEveryEdgeAtOnce(t *testing.T) {
 // both hosts are listed, reachable, with their databases and no alarm (a
 // held destructive verdict would show here).
 func (c *faultCluster) checkStatusShowsHosts(t *testing.T) {
-	bin := buildShoal(t)
+	bin := shoalBin.Path(t)
 	res := runCLI(t, bin, nil, "", "cluster", "status", "--json", "--addr", c.catAddr[0])
 	require.Zero(t, res.code, "cluster status: %s", res.stderr)
 	var st struct {

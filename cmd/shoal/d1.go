@@ -68,8 +68,11 @@ func (e *d1Env) command() *cobra.Command {
 		Long: `Manage databases through Shoal's public, D1-compatible HTTP API.
 
 Configuration, first match wins: the flags --api-url, --token, --account-id;
-then SHOAL_API_URL, SHOAL_API_TOKEN, SHOAL_ACCOUNT_ID; then the file written
-by 'shoal dev' (.shoal/dev.json in the current directory, or --dev-dir).
+then SHOAL_API_URL, SHOAL_API_TOKEN, SHOAL_ACCOUNT_ID; then wrangler's
+CLOUDFLARE_API_BASE_URL (…/client/v4), CLOUDFLARE_API_TOKEN,
+CLOUDFLARE_ACCOUNT_ID (only when CLOUDFLARE_API_BASE_URL is set); then the
+file written by 'shoal dev' (.shoal/dev.json in the current directory, or
+--dev-dir).
 DB arguments are a database name or UUID. Exit codes: 0 ok, 1 API error,
 2 usage, 3 not found, 4 authentication, 5 unavailable (retry).`,
 	}
@@ -85,7 +88,28 @@ DB arguments are a database name or UUID. Exit codes: 0 ok, 1 API error,
 	cmd.AddCommand(e.createCmd(), e.listCmd(), e.infoCmd(), e.deleteCmd(), e.executeCmd(),
 		e.exportCmd(), e.importCmd(), e.bindingCmd())
 	cmd.AddCommand(e.insightsCmd())
+	e.group(cmd)
+	for _, sub := range cmd.Commands() {
+		if sub.HasSubCommands() {
+			e.group(sub)
+		}
+	}
 	return cmd
+}
+
+// group makes a command that only holds subcommands refuse an unknown one
+// as a usage error (exit 2, as docs/cli.md says; cobra would print the help
+// and exit 0); without arguments it prints its help.
+func (e *d1Env) group(cmd *cobra.Command) {
+	cmd.Args = cobra.ArbitraryArgs
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return c.Help()
+		}
+		err := usagef("unknown command %q for %q (see '%s --help')", args[0], c.CommandPath(), c.CommandPath())
+		e.fail(err)
+		return err // only reached when exit is a test double
+	}
 }
 
 // fail prints one line and exits with the error's class.
@@ -162,19 +186,29 @@ func (e *d1Env) client() (*d1client.Client, error) {
 			return nil, usagef("%s: %v", filepath.Join(e.devDir, "dev.json"), err)
 		}
 	}
-	pick := func(flag, env, file string) string {
-		if flag != "" {
-			return flag
+	// First non-empty wins. wrangler's variables come after Shoal's own,
+	// so one shell can point both tools at the same deployment. They count
+	// only together with CLOUDFLARE_API_BASE_URL: without it they are a
+	// Cloudflare account's, which must not be sent to the dev.json's
+	// server. CLOUDFLARE_API_BASE_URL names the v4 root (…/client/v4); the
+	// client wants the host.
+	first := func(vs ...string) string {
+		for _, v := range vs {
+			if v != "" {
+				return v
+			}
 		}
-		if v := os.Getenv(env); v != "" {
-			return v
-		}
-		return file
+		return ""
+	}
+	var cfBase, cfToken, cfAccount string
+	if b := os.Getenv("CLOUDFLARE_API_BASE_URL"); b != "" {
+		cfBase = strings.TrimSuffix(strings.TrimRight(b, "/"), "/client/v4")
+		cfToken, cfAccount = os.Getenv("CLOUDFLARE_API_TOKEN"), os.Getenv("CLOUDFLARE_ACCOUNT_ID")
 	}
 	c := &d1client.Client{
-		BaseURL:   pick(e.apiURL, "SHOAL_API_URL", dc.APIURL),
-		Token:     pick(e.token, "SHOAL_API_TOKEN", dc.Token),
-		AccountID: pick(e.accountID, "SHOAL_ACCOUNT_ID", dc.AccountID),
+		BaseURL:   first(e.apiURL, os.Getenv("SHOAL_API_URL"), cfBase, dc.APIURL),
+		Token:     first(e.token, os.Getenv("SHOAL_API_TOKEN"), cfToken, dc.Token),
+		AccountID: first(e.accountID, os.Getenv("SHOAL_ACCOUNT_ID"), cfAccount, dc.AccountID),
 	}
 	var missing []string
 	if c.BaseURL == "" {

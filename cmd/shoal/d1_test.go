@@ -111,3 +111,50 @@ func TestStmtCounter(t *testing.T) {
 	require.Equal(t, int64(4), c.n) // ';\n' inside a string counts too: it is a progress estimate
 	require.Equal(t, "PRAGMA x;\nINSERT 'a;\nb';\nCREATE TRIGGER t BEGIN SELECT 1; END;\n", out.String())
 }
+
+// wrangler's CLOUDFLARE_* variables configure `shoal d1` when
+// CLOUDFLARE_API_BASE_URL points somewhere, after Shoal's own variables;
+// without the base URL they are ignored (a Cloudflare token is never sent
+// to the dev.json's server).
+func TestD1ReadsWranglerVariables(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "dev.json"), []byte(`{"api_url":"http://dev.invalid","account_id":"dev-acct","token":"dev-tok"}`), 0o600))
+	for _, k := range []string{"SHOAL_API_URL", "SHOAL_API_TOKEN", "SHOAL_ACCOUNT_ID"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("CLOUDFLARE_API_TOKEN", "cf-tok")
+	t.Setenv("CLOUDFLARE_ACCOUNT_ID", "cf-acct")
+	t.Setenv("CLOUDFLARE_API_BASE_URL", "")
+	e := &d1Env{devDir: dir}
+	c, err := e.client()
+	require.NoError(t, err)
+	require.Equal(t, [3]string{"http://dev.invalid", "dev-tok", "dev-acct"}, [3]string{c.BaseURL, c.Token, c.AccountID}, "no base URL: dev.json")
+
+	t.Setenv("CLOUDFLARE_API_BASE_URL", "http://127.0.0.1:8787/client/v4/")
+	c, err = e.client()
+	require.NoError(t, err)
+	require.Equal(t, [3]string{"http://127.0.0.1:8787", "cf-tok", "cf-acct"}, [3]string{c.BaseURL, c.Token, c.AccountID})
+
+	t.Setenv("SHOAL_API_TOKEN", "shoal-tok")
+	c, err = e.client()
+	require.NoError(t, err)
+	require.Equal(t, "shoal-tok", c.Token, "Shoal's own variable first")
+	e.token = "flag-tok"
+	c, err = e.client()
+	require.NoError(t, err)
+	require.Equal(t, "flag-tok", c.Token, "the flag first")
+}
+
+// An unknown subcommand is a usage error (exit 2), not the help with exit 0.
+func TestD1UnknownSubcommand(t *testing.T) {
+	for _, c := range []struct {
+		args    []string
+		unknown string
+	}{{[]string{"nosuch"}, "nosuch"}, {[]string{"binding", "nosuch"}, "nosuch"}, {[]string{"lsit", "x"}, "lsit"}} {
+		_, stderr, code := runD1(t, false, c.args...)
+		require.Equal(t, exitUsage, code, "%v: %s", c.args, stderr)
+		require.Contains(t, stderr, `unknown command "`+c.unknown+`"`, "%v", c.args)
+	}
+	_, _, code := runD1(t, false)
+	require.Equal(t, 0, code, "no arguments: the help")
+}

@@ -42,14 +42,21 @@ type schemaObj struct {
 
 var contentOpt = regexp.MustCompile(`(?i)\bcontent\s*=\s*('([^']|'')*'|"([^"]|"")*"|[A-Za-z_0-9]+)`)
 
+// Header is the first line of every export: D1's exports start with it,
+// so that a dump whose tables reference each other imports in any order
+// (foreign keys are checked at the import's commit).
+const Header = "PRAGMA defer_foreign_keys=TRUE;"
+
 // Export writes an SQL dump of the SQLite file at path to w. The dump is
 // taken from one read transaction on its own connection, so it is a
 // consistent snapshot while the database keeps serving reads and writes
 // (WAL). A file that does not exist dumps as an empty database.
 //
-// Format: like sqlite3's .dump — "PRAGMA foreign_keys=OFF;", "BEGIN
-// TRANSACTION;", each table's CREATE and its rows, sqlite_sequence, then
-// indexes, triggers and views in creation order, "COMMIT;". Integers are
+// Format: D1's own export — Header ("PRAGMA defer_foreign_keys=TRUE;"),
+// each table's CREATE and its rows, sqlite_sequence, then indexes,
+// triggers and views in creation order; no BEGIN TRANSACTION / COMMIT,
+// which D1's import refuses (D1 runs an import in a transaction of its
+// own, as Shoal's import does). Integers are
 // exact, reals are Go's shortest round-trip form, text is quoted, blobs are
 // X'…'. A virtual table is dumped as its CREATE VIRTUAL TABLE plus its rows
 // (with rowids) instead of its shadow tables, so FTS5 tables round-trip;
@@ -71,9 +78,7 @@ func Export(ctx context.Context, path string, w io.Writer, opts Options, progres
 		if len(opts.Tables) > 0 {
 			return fmt.Errorf("%w: %s", ErrNoSuchTable, opts.Tables[0])
 		}
-		e.line("PRAGMA foreign_keys=OFF;")
-		e.line("BEGIN TRANSACTION;")
-		e.line("COMMIT;")
+		e.line(Header)
 		return e.err
 	}
 	db := openDB(path, true)
@@ -98,8 +103,7 @@ func Export(ctx context.Context, path string, w io.Writer, opts Options, progres
 	if err != nil {
 		return err
 	}
-	e.line("PRAGMA foreign_keys=OFF;")
-	e.line("BEGIN TRANSACTION;")
+	e.line(Header)
 	var rebuild []string
 	for _, o := range objs {
 		if o.typ != "table" || o.shadow || !sel[strings.ToLower(o.name)] {
@@ -149,7 +153,6 @@ func Export(ctx context.Context, path string, w io.Writer, opts Options, progres
 			e.line(o.sql + ";")
 		}
 	}
-	e.line("COMMIT;")
 	return e.err
 }
 

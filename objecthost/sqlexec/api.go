@@ -102,6 +102,11 @@ type Request struct {
 	// enlarges rows); reads, UPDATE that fits, DELETE and DROP work. The
 	// refusal is CodeStorageLimit with AccountStorageLimitMessage.
 	StorageFull bool
+	// JSNumbers renders integers outside ±2^53 as the nearest double, the
+	// way D1 (through JavaScript) returns them: 9007199254740993 comes back
+	// as 9007199254740992. Off by default: Shoal returns every 64-bit
+	// integer exactly (docs/d1-compatibility.md).
+	JSNumbers bool
 }
 
 // Statement is one SQL string with its JSON-encoded parameters. The SQL may
@@ -149,6 +154,10 @@ type Error struct {
 	Code      int
 	Message   string
 	Statement int // index of the failing statement in execution order, -1 if n/a
+	// Detail says why the sandbox refused a statement ("writes to internal
+	// table not allowed: sqlite_stat1"). It is not part of Message, which
+	// is D1's text ("not authorized: SQLITE_AUTH"); it is for logs and tests.
+	Detail string
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%d: %s", e.Code, e.Message) }
@@ -172,6 +181,23 @@ var (
 
 // ErrClosed is returned by Execute after Close.
 var ErrClosed = errors.New("sqlexec: database closed")
+
+// D1's own messages (code 7500, no result-code suffix: they come from
+// D1, not from SQLite).
+const (
+	// NoSQLMessage: the request holds no statement once D1's comment
+	// filter has run (empty SQL, whitespace, lines of "--" comments).
+	NoSQLMessage = "No SQL statements detected."
+	// NoStatementMessage: SQLite found no statement in the text (only
+	// ";" or /* */ comments).
+	NoStatementMessage = "SQL code did not contain a statement."
+	// WrongParamsMessage: the number of params differs from the number
+	// of parameters the statement takes.
+	WrongParamsMessage = "Wrong number of parameter bindings for SQL query."
+	// MultiParamsMessage: a statement other than the last of a
+	// multi-statement string takes parameters.
+	MultiParamsMessage = "When executing multiple SQL statements in a single call, only the last statement can have parameters."
+)
 
 // TransactionMessage is D1's text for refused BEGIN/COMMIT/SAVEPOINT… statements.
 const TransactionMessage = "To execute a transaction, please use the state.storage.transaction() or state.storage.transactionSync() APIs instead of the SQL BEGIN TRANSACTION or SAVEPOINT statements. The JavaScript API is safer because it will automatically roll back on exceptions, and because it interacts correctly with Durable Objects' automatic atomic write coalescing."

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,6 +52,14 @@ const (
 	maxCachedSQLLen = 16_384 // longer SQL is prepared, run and finalized
 )
 
+// d1Counts reports whether rows read and written are counted the way D1
+// counts them, from the linked SQLite's per-instruction execution counts
+// (shoal_d1_counts); it is a property of the linked library, checked once
+// per process (shoal_counts_check). Without it, rows_read comes from scan
+// statistics and rows_written from the preupdate hook (an approximation;
+// TestD1Counters fails loudly then).
+var d1Counts = sync.OnceValue(func() bool { return C.shoal_counts_check_mem() != 0 })
+
 // errNeedWriter tells the DB that a request routed to a reader holds a
 // statement that writes: it is re-queued on the writer. Nothing has run.
 var errNeedWriter = errors.New("sqlexec: request needs the writer")
@@ -70,6 +79,9 @@ type cstmt struct {
 	nparams     int
 	cols        []string
 	colsGen     uint64 // schema generation cols were read at
+	// The schema it was prepared against (DB schemaGen, this connection's
+	// DDL count): see prepare.
+	prepGen, prepDDL uint64
 }
 
 // conn is one SQLite connection. It is used by one goroutine at a time (the
@@ -91,6 +103,8 @@ type conn struct {
 	// that ran DDL so cached column names and index info are refreshed.
 	schemaGen *atomic.Uint64
 	sizeHint  *atomic.Int64            // database size in bytes as the writer last measured it
+	lastRowID *atomic.Int64            // last_insert_rowid as the writer last saw it (D1 reports it on reads too)
+	d1counts  bool                     // rows counted by shoal_d1_counts (else scan status + preupdate hook)
 	indexInfo map[string]*tableIndexes // writer only: for rows_written
 	infoGen   uint64
 
@@ -101,13 +115,16 @@ type conn struct {
 	scriptNoCache  bool
 	scriptSQLBytes int
 
+	// ddlRuns counts DDL statements run on this connection (see prepare).
+	ddlRuns uint64
+
 	cancelMu sync.Mutex
 	reqGen   uint64      // guarded by cancelMu; odd while a request is armed
 	armed    reqCtx      // guarded by cancelMu; the armed request
 	timer    *time.Timer // guarded by cancelMu; runs onTimer
 }
 
-func openConn(path string, writer bool, lim Limits, schemaGen *atomic.Uint64, sizeHint *atomic.Int64) (*conn, error) {
+func openConn(path string, writer bool, lim Limits, schemaGen *atomic.Uint64, sizeHint, lastRowID *atomic.Int64) (*conn, error) {
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
 	var db *C.sqlite3
@@ -130,6 +147,8 @@ func openConn(path string, writer bool, lim Limits, schemaGen *atomic.Uint64, si
 		internal:  make(map[string]*C.sqlite3_stmt),
 		schemaGen: schemaGen,
 		sizeHint:  sizeHint,
+		lastRowID: lastRowID,
+		d1counts:  d1Counts(),
 	}
 	if err := c.setup(); err != nil {
 		c.close()
@@ -143,7 +162,11 @@ func (c *conn) setup() error {
 	if c.writer {
 		writer = 1
 	}
-	if rc := C.shoal_setup(c.db, c.sc, writer); rc != rcOK {
+	d1c := C.int(0)
+	if c.d1counts {
+		d1c = 1
+	}
+	if rc := C.shoal_setup(c.db, c.sc, writer, d1c); rc != rcOK {
 		return fmt.Errorf("sqlexec: configure connection: code %d", int(rc))
 	}
 	C.sqlite3_busy_timeout(c.db, 5000)
@@ -377,6 +400,20 @@ func (c *conn) errorFor(rc C.int, stmtIdx int) *Error {
 	prim := int(rc) & 0xff
 	msg := C.GoString(C.sqlite3_errmsg(c.db))
 	e := &Error{Code: v4.CodeSQL, Statement: stmtIdx}
+	if prim == 1 && msg == "no such function: load_extension" {
+		// D1 lists load_extension and refuses to run it; its answer.
+		return &Error{Code: v4.CodeSQL, Statement: stmtIdx, Message: "not authorized: SQLITE_ERROR"}
+	}
+	if c.sc.absent_fn[0] != 0 {
+		// A function this build has and D1's does not: D1's answer.
+		msg = "no such function: " + C.GoString(&c.sc.absent_fn[0])
+		c.sc.absent_fn[0] = 0
+	}
+	// Like D1 (workerd's dbErrorMessage): where SQLite knows the offset
+	// of the error in the SQL text, the message says so.
+	if off := int(C.sqlite3_error_offset(c.db)); off >= 0 {
+		msg += " at offset " + strconv.Itoa(off)
+	}
 	switch prim {
 	case rcAuth:
 		if c.sc.txn_denied != 0 {
@@ -384,10 +421,9 @@ func (c *conn) errorFor(rc C.int, stmtIdx int) *Error {
 			e.Message = TransactionMessage
 			return e
 		}
-		reason := C.GoString(&c.sc.reason[0])
-		if reason != "" {
-			msg = msg + ": " + reason
-		}
+		// D1 says "not authorized: SQLITE_AUTH" and nothing more; the
+		// authorizer's reason goes to Detail.
+		e.Detail = C.GoString(&c.sc.reason[0])
 	case rcTooBig:
 		e.Code = v4.CodeTooLarge
 	case rcFull:
@@ -398,7 +434,54 @@ func (c *conn) errorFor(rc C.int, stmtIdx int) *Error {
 		msg = "query exceeded its time limit and was interrupted: " + msg
 	}
 	e.Message = msg + ": " + rcName(prim)
+	// Like D1: a constraint (or other) failure with a more precise
+	// extended code names it too.
+	if ext := int(C.sqlite3_extended_errcode(c.db)); ext != prim && ext&0xff == prim {
+		if name := extendedName(ext); name != "" {
+			e.Message += " (extended: " + name + ")"
+		}
+	}
 	return e
+}
+
+// extendedName is SQLite's name for an extended result code ("" for codes
+// not listed).
+func extendedName(ext int) string {
+	switch ext {
+	case 275:
+		return "SQLITE_CONSTRAINT_CHECK"
+	case 531:
+		return "SQLITE_CONSTRAINT_COMMITHOOK"
+	case 787:
+		return "SQLITE_CONSTRAINT_FOREIGNKEY"
+	case 1043:
+		return "SQLITE_CONSTRAINT_FUNCTION"
+	case 1299:
+		return "SQLITE_CONSTRAINT_NOTNULL"
+	case 1555:
+		return "SQLITE_CONSTRAINT_PRIMARYKEY"
+	case 1811:
+		return "SQLITE_CONSTRAINT_TRIGGER"
+	case 2067:
+		return "SQLITE_CONSTRAINT_UNIQUE"
+	case 2323:
+		return "SQLITE_CONSTRAINT_VTAB"
+	case 2579:
+		return "SQLITE_CONSTRAINT_ROWID"
+	case 2835:
+		return "SQLITE_CONSTRAINT_PINNED"
+	case 3091:
+		return "SQLITE_CONSTRAINT_DATATYPE"
+	case 257:
+		return "SQLITE_ERROR_MISSING_COLLSEQ"
+	case 513:
+		return "SQLITE_ERROR_RETRY"
+	case 516:
+		return "SQLITE_ABORT_ROLLBACK"
+	case 264:
+		return "SQLITE_READONLY_RECOVERY"
+	}
+	return ""
 }
 
 func rcName(rc int) string {
@@ -425,7 +508,15 @@ func sqlErr(code int, stmtIdx int, format string, args ...any) *Error {
 // a nil error means sql holds no statement (whitespace, comments, ';').
 func (c *conn) prepare(sql string, stmtIdx int) (*cstmt, error) {
 	if cs, ok := c.stmts[sql]; ok {
-		return cs, nil
+		if !c.d1counts || cs.s == nil || cs.prepGen == c.schemaGen.Load() && cs.prepDDL == c.ddlRuns {
+			return cs, nil
+		}
+		// The schema changed since it was prepared: prepare it again
+		// here rather than let sqlite3_step re-prepare it, which leaves
+		// some instructions' execution counts uninitialised (shim.c,
+		// count_ops) and would spoil rows read/written for that run.
+		C.sqlite3_finalize(cs.s)
+		delete(c.stmts, sql)
 	}
 	c.sc.user = 1
 	c.sc.txn_denied = 0
@@ -438,6 +529,7 @@ func (c *conn) prepare(sql string, stmtIdx int) (*cstmt, error) {
 		c.sc.ddl = 1
 	}
 	c.sc.reason[0] = 0
+	c.sc.absent_fn[0] = 0
 	var s *C.sqlite3_stmt
 	var consumed C.int
 	p := (*C.char)(unsafe.Pointer(unsafe.StringData(sql)))
@@ -453,6 +545,9 @@ func (c *conn) prepare(sql string, stmtIdx int) (*cstmt, error) {
 	if s == nil {
 		return &cstmt{consumed: int(consumed)}, nil
 	}
+	if c.d1counts {
+		C.shoal_counts_zero(s) // SQLite leaves some uninitialised (shim.c)
+	}
 	maxSQL := c.lim.MaxSQLBytes
 	if c.scriptSQLBytes > 0 {
 		maxSQL = c.scriptSQLBytes
@@ -463,6 +558,8 @@ func (c *conn) prepare(sql string, stmtIdx int) (*cstmt, error) {
 	}
 	cs := &cstmt{
 		s:        s,
+		prepGen:  c.schemaGen.Load(),
+		prepDDL:  c.ddlRuns,
 		consumed: int(consumed),
 		readonly: C.sqlite3_stmt_readonly(s) != 0,
 		ddl:      c.sc.ddl != 0,
@@ -527,8 +624,9 @@ func (c *conn) ensureCells(n int) {
 }
 
 func (c *conn) bind(cs *cstmt, params []param, stmtIdx int) error {
-	if len(params) > cs.nparams {
-		return sqlErr(v4.CodeSQL, stmtIdx, "Wrong number of parameter bindings for SQL query: the statement takes %d, %d given: SQLITE_RANGE", cs.nparams, len(params))
+	if len(params) != cs.nparams {
+		// D1 binds exactly as many values as the statement takes.
+		return sqlErr(v4.CodeSQL, stmtIdx, WrongParamsMessage)
 	}
 	if cs.nparams == 0 {
 		return nil
@@ -566,7 +664,7 @@ func (c *conn) bind(cs *cstmt, params []param, stmtIdx int) error {
 // Column names are read after the first step: a cached statement is
 // re-prepared inside sqlite3_step when the schema changed, and its column
 // list (SELECT *) may differ from the previous run's.
-func (c *conn) stepAll(cs *cstmt, raw bool, stmtIdx int, discard bool) (any, error) {
+func (c *conn) stepAll(cs *cstmt, raw bool, stmtIdx int, discard, jsNumbers bool) (any, error) {
 	rc := C.sqlite3_step(cs.s)
 	cols := c.columns(cs)
 	ncol := len(cols)
@@ -586,7 +684,12 @@ func (c *conn) stepAll(cs *cstmt, raw bool, stmtIdx int, discard bool) (any, err
 			cell := &cells[i]
 			switch cell._type {
 			case 1:
-				vals[i] = int64(cell.i)
+				v := int64(cell.i)
+				if jsNumbers && (v > maxSafeInt || v < -maxSafeInt) {
+					vals[i] = float64(v)
+				} else {
+					vals[i] = v
+				}
 			case 2:
 				vals[i] = float64(cell.f)
 			case 3:
@@ -678,6 +781,9 @@ func startsWithKeyword(sql, kw string) bool {
 	return false
 }
 
+// maxSafeInt is 2^53, beyond which JavaScript numbers skip integers.
+const maxSafeInt = 1 << 53
+
 // reqState is what one request needs while it runs on a connection.
 type reqState struct {
 	base      Meta
@@ -691,6 +797,7 @@ type reqState struct {
 	storageFull bool
 	stmtIdx     int
 	discard     bool // keep no result rows (scripts)
+	jsNumbers   bool // Request.JSNumbers
 	// speculative: a reader runs SQL not known to be read-only (see
 	// Execute); a statement it cannot prepare goes to the writer, whose
 	// view of the schema may differ (a script's tables).
@@ -774,6 +881,7 @@ func (c *conn) body(rq reqCtx, req *Request, params [][]param, st *reqState) (re
 		return nil, e
 	}
 	st.storageFull = req.StorageFull
+	st.jsNumbers = req.JSNumbers
 	checkPages := (req.BlockGrowth || req.StorageFull) && c.writer
 	var pagesBefore int64
 	if checkPages {
@@ -805,7 +913,7 @@ func (c *conn) body(rq reqCtx, req *Request, params [][]param, st *reqState) (re
 		// shares among a group of requests: check this request's here so
 		// its violation fails it alone. Earlier requests of the group
 		// ended with none, so any outstanding now are this request's.
-		return nil, sqlErr(v4.CodeSQL, -1, "FOREIGN KEY constraint failed: SQLITE_CONSTRAINT")
+		return nil, sqlErr(v4.CodeSQL, -1, "FOREIGN KEY constraint failed: SQLITE_CONSTRAINT (extended: SQLITE_CONSTRAINT_FOREIGNKEY)")
 	}
 	if c.canceled() {
 		return nil, rq.cancelError()
@@ -818,10 +926,9 @@ func (c *conn) body(rq reqCtx, req *Request, params [][]param, st *reqState) (re
 func (c *conn) runSQL(rq reqCtx, req *Request, i int, params []param, st *reqState, results []StatementResult) ([]StatementResult, error) {
 	sql := req.Statements[i].SQL
 	if isBlank(sql) {
-		return results, sqlErr(v4.CodeSQL, st.stmtIdx, "No SQL statements detected.: SQLITE_ERROR")
+		return results, sqlErr(v4.CodeSQL, st.stmtIdx, NoStatementMessage)
 	}
 	allReadonly := true
-	first := true
 	rest := sql
 	for !isBlank(rest) {
 		if c.canceled() {
@@ -843,11 +950,16 @@ func (c *conn) runSQL(rq reqCtx, req *Request, i int, params []param, st *reqSta
 		}
 		key := rest
 		rest = rest[cs.consumed:]
-		if first && len(params) > 0 && !isBlank(rest) {
-			c.release(key, cs)
-			return results, sqlErr(v4.CodeInvalidRequest, st.stmtIdx, "params can only be bound to a single SQL statement; this SQL holds several (use batch instead)")
+		// Params bind to the last statement of a string, as D1 does; the
+		// ones before it may not take any.
+		stmtParams := params
+		if !isBlank(rest) {
+			if cs.nparams > 0 {
+				c.release(key, cs)
+				return results, sqlErr(v4.CodeSQL, st.stmtIdx, MultiParamsMessage)
+			}
+			stmtParams = nil
 		}
-		first = false
 		if !cs.readonly {
 			allReadonly = false
 			if !c.writer {
@@ -861,7 +973,7 @@ func (c *conn) runSQL(rq reqCtx, req *Request, i int, params []param, st *reqSta
 		if cs.deferFK {
 			st.deferFK = true
 		}
-		res, err := c.exec(rq, cs, params, req.Raw, st)
+		res, err := c.exec(rq, cs, stmtParams, req.Raw, st)
 		c.release(key, cs)
 		if err != nil {
 			return results, err
@@ -893,6 +1005,15 @@ func (c *conn) exec(rq reqCtx, cs *cstmt, params []param, raw bool, st *reqState
 	totalBefore := int64(C.sqlite3_total_changes64(c.db))
 	if c.writer {
 		C.shoal_clear_recs(c.sc)
+		if !st.sizeKnown && c.sizeHint.Load() == 0 {
+			// Not measured since the database was opened: changed_db
+			// needs the size this statement starts from.
+			size, err := c.usedBytes()
+			if err != nil {
+				return StatementResult{}, err
+			}
+			c.sizeHint.Store(size)
+		}
 	}
 	start := time.Now()
 	if st.storageFull && cs.grows {
@@ -904,8 +1025,11 @@ func (c *conn) exec(rq reqCtx, cs *cstmt, params []param, raw bool, st *reqState
 		c.sc.ddl = 1
 	}
 	c.sc.grows = 0 // likewise: a re-prepare (a new trigger) may make it grow
-	out, err := c.stepAll(cs, raw, idx, st.discard)
+	out, err := c.stepAll(cs, raw, idx, st.discard, st.jsNumbers)
 	c.sc.user = 0
+	if cs.ddl {
+		c.ddlRuns++
+	}
 	if err == nil && st.storageFull && c.sc.grows != 0 && C.sqlite3_stmt_isexplain(cs.s) == 0 {
 		// Re-prepared after a schema change into a growing statement: it
 		// ran inside the request's transaction, which the error rolls back.
@@ -914,7 +1038,11 @@ func (c *conn) exec(rq reqCtx, cs *cstmt, params []param, raw bool, st *reqState
 	}
 	elapsed := time.Since(start)
 	var stats C.shoal_stats
-	C.shoal_stmt_done(c.db, cs.s, &stats) // also resets the scan counters
+	d1c := C.int(0)
+	if c.d1counts {
+		d1c = 1
+	}
+	C.shoal_stmt_done(c.db, cs.s, d1c, C.longlong(totalBefore), &stats) // also resets the counters
 	if err != nil {
 		C.sqlite3_reset(cs.s)
 		if c.canceled() {
@@ -939,17 +1067,33 @@ func (c *conn) exec(rq reqCtx, cs *cstmt, params []param, raw bool, st *reqState
 	if cs.simpleCount {
 		m.RowsRead += countResult(out)
 	}
-	m.LastRowID = int64(stats.last_rowid)
-	if int64(stats.total_changes) > totalBefore {
-		m.Changes = int64(stats.changes)
+	// D1's changes: every row the statement changed, including those of
+	// its triggers, foreign-key actions and FTS5's shadow tables (the
+	// difference of total_changes around it).
+	m.Changes = int64(stats.total_changes) - totalBefore
+	// D1 reports the connection's last_insert_rowid on every statement,
+	// reads included; readers report the writer's.
+	lastBefore := c.lastRowID.Load()
+	if c.writer {
+		m.LastRowID = int64(stats.last_rowid)
+		c.lastRowID.Store(m.LastRowID)
+	} else {
+		m.LastRowID = lastBefore
+	}
+	sizeBefore := st.size
+	if !st.sizeKnown {
+		sizeBefore = c.sizeHint.Load()
 	}
 	if c.writer && !cs.readonly {
-		w, err := c.rowsWritten()
-		if err != nil {
-			return StatementResult{}, err
+		if stats.rows_written >= 0 {
+			m.RowsWritten = int64(stats.rows_written)
+		} else {
+			w, err := c.rowsWritten()
+			if err != nil {
+				return StatementResult{}, err
+			}
+			m.RowsWritten = w
 		}
-		m.RowsWritten = w
-		m.ChangedDB = w > 0 || m.Changes > 0 || cs.ddl
 		st.sizeKnown = false
 	}
 	if !st.sizeKnown {
@@ -958,17 +1102,41 @@ func (c *conn) exec(rq reqCtx, cs *cstmt, params []param, raw bool, st *reqState
 			// SQLite: a read does not change it, and it saves a statement.
 			st.size = c.sizeHint.Load()
 		} else {
-			pages, err := c.queryInt("PRAGMA page_count")
+			size, err := c.usedBytes()
 			if err != nil {
 				return StatementResult{}, err
 			}
-			st.size = pages * c.pageSize
+			st.size = size
 			c.sizeHint.Store(st.size)
 		}
 		st.sizeKnown = true
 	}
 	m.SizeAfter = st.size
+	// D1's changed_db: the statement changed rows, last_row_id or the
+	// database's size.
+	m.ChangedDB = m.Changes != 0 || m.LastRowID != lastBefore || m.SizeAfter != sizeBefore
 	return StatementResult{Results: out, Success: true, Meta: m}, nil
+}
+
+// usedBytes is D1's size_after: the database's pages less its free pages
+// (page_count - freelist_count) times the page size, so a DROP shrinks it
+// although the file keeps its length until VACUUM.
+func (c *conn) usedBytes() (int64, error) {
+	pages, err := c.internalStmt("PRAGMA page_count")
+	if err != nil {
+		return 0, err
+	}
+	free, err := c.internalStmt("PRAGMA freelist_count")
+	if err != nil {
+		return 0, err
+	}
+	c.sc.user = 0
+	var rc C.int
+	n := C.shoal_used_pages(pages, free, &rc)
+	if rc != rcOK {
+		return 0, c.errorFor(rc, -1)
+	}
+	return int64(n) * c.pageSize, nil
 }
 
 // countResult is the single integer a simple count returned (0 if the

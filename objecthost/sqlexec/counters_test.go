@@ -36,10 +36,16 @@ func TestRowsReadCounters(t *testing.T) {
 		minRead int64
 		maxRead int64
 	}{
+		// D1's rules (libSQL's counters): positioning a cursor reads a
+		// row, and so does every step that moves it to one.
 		{"full scan with filter", "SELECT * FROM t WHERE c = 3", 143, 1000, 1000},
 		{"primary key lookup", "SELECT * FROM t WHERE id = 500", 1, 1, 1},
-		{"indexed equality", "SELECT * FROM t WHERE k = 5000", 1, 1, 1},
-		{"indexed range of 110", "SELECT * FROM t WHERE k BETWEEN 1000 AND 2090", 110, 110, 111},
+		// The seek, then the step to the next entry that ends the range.
+		{"indexed equality", "SELECT * FROM t WHERE k = 5000", 1, 2, 2},
+		{"indexed range of 110", "SELECT * FROM t WHERE k BETWEEN 1000 AND 2090", 110, 111, 111},
+		{"empty result of a range", "SELECT * FROM t WHERE k BETWEEN 1 AND 2", 0, 1, 1},
+		// Sorting reads every row again from the sorter.
+		{"unindexed ORDER BY", "SELECT * FROM t WHERE c = 3 ORDER BY k % 13", 143, 1143, 1143},
 		// OP_Count has no loop: the count itself is the rows read (D1).
 		{"count(*) of the table", "SELECT count(*) FROM t", 1, 1000, 1000},
 		{"count(*) with a filter scans", "SELECT COUNT(*) AS n FROM t WHERE c >= 0", 1, 1000, 1000},
@@ -85,10 +91,15 @@ func TestRowsWrittenCountsIndexes(t *testing.T) {
 	assert.Equal(t, int64(2), w("UPDATE u SET a = 'aa' WHERE id = 1"), "one index changed")
 	assert.Equal(t, int64(3), w("UPDATE u SET a = 'a2', b = 'b2' WHERE id = 1"), "both indexes changed")
 	assert.Equal(t, int64(3), w("UPDATE u SET id = 10 WHERE id = 1"), "rowid change touches every index")
-	assert.Equal(t, int64(9), w("DELETE FROM u"), "3 rows x (1 + 2)")
+	// DELETE without WHERE clears the table: its rows are written, its
+	// index entries are not counted, and nothing is read (D1).
+	res := run(t, db, stmt("DELETE FROM u"))
+	assert.Equal(t, int64(3), res[0].Meta.RowsWritten, "3 rows, index entries not counted")
+	assert.Zero(t, res[0].Meta.RowsRead)
+	assert.Equal(t, int64(3), res[0].Meta.Changes)
 
 	// Changes and changed_db for a DML statement.
-	res := run(t, db, stmt("INSERT INTO u(a) VALUES ('q'), ('r')"))
+	res = run(t, db, stmt("INSERT INTO u(a) VALUES ('q'), ('r')"))
 	assert.Equal(t, int64(2), res[0].Meta.Changes)
 	assert.True(t, res[0].Meta.ChangedDB)
 	assert.Positive(t, res[0].Meta.LastRowID)
@@ -103,7 +114,9 @@ func TestRowsWrittenCountsIndexes(t *testing.T) {
 
 	// Triggers' writes count too.
 	run(t, db, stmt("CREATE TABLE audit(x)"), stmt("CREATE TRIGGER u_audit AFTER INSERT ON u BEGIN INSERT INTO audit VALUES (new.id); END"))
-	assert.Equal(t, int64(4), w("INSERT INTO u(a) VALUES ('t')"), "3 for u + 1 for audit")
+	res = run(t, db, stmt("INSERT INTO u(a) VALUES ('t')"))
+	assert.Equal(t, int64(4), res[0].Meta.RowsWritten, "3 for u + 1 for audit")
+	assert.Equal(t, int64(2), res[0].Meta.Changes, "D1 counts the trigger's row as a change too")
 }
 
 func TestReturningAndUpsert(t *testing.T) {
@@ -129,9 +142,9 @@ func TestRowsReadSimpleCount(t *testing.T) {
 	assert.EqualValues(t, 1000, res[0].Meta.RowsRead)
 	res = run(t, db, stmt("SELECT count(*) FROM t WHERE k > 5000"))
 	assert.EqualValues(t, 500, res[0].Results.(Rows)[0].Values()[0])
-	assert.EqualValues(t, 500, res[0].Meta.RowsRead, "index range loop only")
+	assert.EqualValues(t, 500, res[0].Meta.RowsRead, "index range to the index's end: the seek and 499 steps")
 	res = run(t, db, stmt("SELECT c, count(*) FROM t GROUP BY c"))
-	assert.EqualValues(t, 1000, res[0].Meta.RowsRead, "grouped count is a loop")
+	assert.EqualValues(t, 2000, res[0].Meta.RowsRead, "grouped count: the scan, then the sorter")
 	res = run(t, db, stmt("SELECT 'count' AS w, 7 AS n"))
 	assert.Zero(t, res[0].Meta.RowsRead)
 	run(t, db, stmt("CREATE TABLE e(x)"))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,7 @@ type DB struct {
 	nReadonly   atomic.Int64
 	schemaGen   atomic.Uint64
 	sizeHint    atomic.Int64
+	lastRowID   atomic.Int64 // the writer's last_insert_rowid, reported by reads too
 	writerConn  *conn
 	connsMu     sync.Mutex // guards readerConns (appended by lazy opens)
 	readerConns []*conn
@@ -71,6 +73,7 @@ type DB struct {
 	maxGroupTime time.Duration // group commit window (tests widen it)
 	commits      atomic.Int64  // group commits, for tests
 	lostTxns     atomic.Int64  // transactions SQLite rolled back under a group, for tests
+	hook         *commitHook   // writer goroutine only; see commithook.go
 }
 
 type job struct {
@@ -105,7 +108,7 @@ func Open(path string, opts Options) (*DB, error) {
 	}
 	db.closing, db.stopClosing = context.WithCancel(context.Background())
 	// The writer opens first: it sets WAL mode, which readers then share.
-	w, err := openConn(path, true, lim, &db.schemaGen, &db.sizeHint)
+	w, err := openConn(path, true, lim, &db.schemaGen, &db.sizeHint, &db.lastRowID)
 	if err != nil {
 		return nil, err
 	}
@@ -138,6 +141,9 @@ func (db *DB) Execute(ctx context.Context, req Request) ([]StatementResult, erro
 	}
 	// Before anything runs: SQLite would silently stop reading at a NUL.
 	if err := checkStatements(req.Statements); err != nil {
+		return nil, err
+	}
+	if err := dropCommentOnly(&req); err != nil {
 		return nil, err
 	}
 	rq := newReqCtx(ctx, db.lim.QueryTimeout)
@@ -235,7 +241,7 @@ func (db *DB) openReader() (*conn, error) {
 			break
 		}
 	}
-	c, err := openConn(db.path, false, db.lim, &db.schemaGen, &db.sizeHint)
+	c, err := openConn(db.path, false, db.lim, &db.schemaGen, &db.sizeHint, &db.lastRowID)
 	if err != nil {
 		db.readerSlots.Add(-1)
 		return nil, err
@@ -270,6 +276,36 @@ func (db *DB) classify(sql string, ro bool) {
 			db.nReadonly.Store(0)
 		}
 	}
+}
+
+// commentLines is D1's filter for statements that hold only "--" comments
+// (miniflare's D1 Durable Object: sql.replace(/^\s+--.*/gm, "").trim()).
+var commentLines = regexp.MustCompile(`(?m)^\s+--.*`)
+
+// dropCommentOnly removes the statements D1 drops before running a request:
+// those that are empty once lines of "--" comments preceded by whitespace
+// are taken out. They get no result. A request left with none fails with
+// D1's NoSQLMessage. (A statement that is only "--" comments from its
+// first character, ";" or /* */ comments is not dropped: SQLite finds no
+// statement in it, NoStatementMessage.)
+func dropCommentOnly(req *Request) error {
+	keep := req.Statements[:0:0]
+	dropped := false
+	for _, s := range req.Statements {
+		if strings.TrimSpace(s.SQL) == "" || strings.Contains(s.SQL, "--") && strings.TrimSpace(commentLines.ReplaceAllString(s.SQL, "")) == "" {
+			dropped = true
+			continue
+		}
+		keep = append(keep, s)
+	}
+	if !dropped {
+		return nil
+	}
+	if len(keep) == 0 {
+		return &Error{Code: v4.CodeSQL, Message: NoSQLMessage, Statement: -1}
+	}
+	req.Statements = keep
+	return nil
 }
 
 func overloaded(limit int) *Error {

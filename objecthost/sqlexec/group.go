@@ -51,11 +51,18 @@ func (db *DB) writer(c *conn) {
 		if j == nil {
 			var ok bool
 			if j, ok = <-db.writeQ; !ok {
+				db.hookClosing() // the last commit is behind us
 				return
 			}
 		}
 		if j.script != nil {
-			db.runScript(c, j)
+			res, err := db.script(c, j.script)
+			j.script.res = res
+			if err == nil {
+				// After the script's COMMIT, before its acknowledgement.
+				err = db.committed(c)
+			}
+			j.finish(nil, err)
 			continue
 		}
 		group = append(group[:0], j)
@@ -144,7 +151,14 @@ func (db *DB) runGroup(c *conn, group []*job) {
 			}
 			return
 		}
+		// The commit hook (history capture) sees the transaction before
+		// anyone is told it committed.
+		herr := db.committed(c)
 		for _, j := range done {
+			if herr != nil {
+				j.finish(nil, herr)
+				continue
+			}
 			j.finish(j.res, nil)
 		}
 		return

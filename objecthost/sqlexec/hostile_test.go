@@ -165,7 +165,7 @@ func TestAllowedPragmasAndFeatures(t *testing.T) {
 	for _, sql := range []string{
 		"PRAGMA table_info(p)", "PRAGMA table_xinfo(p)", "PRAGMA table_list", "PRAGMA index_list(c)",
 		"PRAGMA index_info(c_p)", "PRAGMA index_xinfo(c_p)", "PRAGMA foreign_key_list(c)",
-		"PRAGMA foreign_key_check", "PRAGMA integrity_check", "PRAGMA quick_check",
+		"PRAGMA foreign_key_check", "PRAGMA quick_check",
 		"PRAGMA foreign_keys", "PRAGMA defer_foreign_keys = ON", "PRAGMA optimize",
 		"SELECT name FROM pragma_table_info('p')", "SELECT * FROM sqlite_master",
 		"ANALYZE", "ANALYZE c", "SELECT * FROM sqlite_stat1",
@@ -196,14 +196,14 @@ func TestVacuumIntoRefusedOutsideTransaction(t *testing.T) {
 	run(t, db, stmt("CREATE TABLE t(a)"), stmt("INSERT INTO t VALUES (1)"))
 	var gen atomic.Uint64
 	var size atomic.Int64
-	c, err := openConn(path, true, DefaultLimits(), &gen, &size)
+	c, err := openConn(path, true, DefaultLimits(), &gen, &size, new(atomic.Int64))
 	require.NoError(t, err)
 	defer c.close()
 	target := filepath.Join(t.TempDir(), "copy.db")
 	for _, sql := range []string{"VACUUM INTO '" + target + "'", "ATTACH '" + target + "' AS x"} {
 		cs, err := c.prepare(sql, 0)
 		if err == nil {
-			_, err = c.stepAll(cs, false, 0, false)
+			_, err = c.stepAll(cs, false, 0, false, false)
 			c.release(sql, cs)
 		}
 		require.Error(t, err, sql)

@@ -115,12 +115,20 @@ func TestParamErrors(t *testing.T) {
 	e = runErr(t, db, stmt("SELECT ?", 1, 2))
 	assert.Equal(t, v4.CodeSQL, e.Code)
 	assert.Contains(t, e.Message, "Wrong number of parameter bindings")
-	// Params with several statements are refused, not silently ignored.
+	assert.Equal(t, WrongParamsMessage, e.Message, "D1's text")
+	// With several statements, params bind to the last one (as on D1);
+	// a statement before it may not take any.
 	e = runErr(t, db, stmt("SELECT ?; SELECT ?", 1))
-	assert.Equal(t, v4.CodeInvalidRequest, e.Code)
-	// Fewer params than placeholders: the rest are NULL, as in SQLite.
-	res := run(t, db, stmt("SELECT ?1 AS a, ?2 AS b", 7))
-	assert.Equal(t, []any{int64(7), nil}, res[0].Results.(Rows)[0].Values())
+	assert.Equal(t, v4.CodeSQL, e.Code)
+	assert.Equal(t, MultiParamsMessage, e.Message)
+	res := run(t, db, stmt("SELECT 1 AS a; SELECT ? AS b", 7))
+	require.Len(t, res, 2)
+	assert.Equal(t, []any{int64(7)}, res[1].Results.(Rows)[0].Values())
+	// Fewer params than placeholders are refused too (D1 binds exactly).
+	e = runErr(t, db, stmt("SELECT ?1 AS a, ?2 AS b", 7))
+	assert.Equal(t, WrongParamsMessage, e.Message)
+	e = runErr(t, db, stmt("SELECT ? AS a"))
+	assert.Equal(t, WrongParamsMessage, e.Message)
 }
 
 func TestAppendStringMatchesEncodingJSON(t *testing.T) {

@@ -163,6 +163,9 @@ func appendValue(b []byte, v any) []byte {
 // appendFloat formats like encoding/json (ES6 number formatting), so 1.0
 // renders as 1, as in JavaScript.
 func appendFloat(b []byte, f float64) []byte {
+	if f == 0 {
+		return append(b, '0') // -0 too, as JSON.stringify writes it (D1)
+	}
 	abs := math.Abs(f)
 	fmtc := byte('f')
 	if abs != 0 && (abs < 1e-6 || abs >= 1e21) {

@@ -265,7 +265,7 @@ func (db *DB) script(c *conn, sj *scriptJob) (res ScriptResult, err error) {
 	if C.shoal_deferred_fks(c.db) != 0 {
 		// COMMIT would fail too, but leave the transaction open; say it
 		// the way a request's deferred check does.
-		return fail(0, sqlErr(v4.CodeSQL, -1, "FOREIGN KEY constraint failed: SQLITE_CONSTRAINT"))
+		return fail(0, sqlErr(v4.CodeSQL, -1, "FOREIGN KEY constraint failed: SQLITE_CONSTRAINT (extended: SQLITE_CONSTRAINT_FOREIGNKEY)"))
 	}
 	if st.ddl {
 		c.schemaGen.Add(1) // before COMMIT too: see runGroup

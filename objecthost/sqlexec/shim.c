@@ -16,7 +16,7 @@ static int reserved_name(const char *s) {
 
 static const char *allowed_pragmas[] = {
 	"table_info", "table_xinfo", "table_list", "index_list", "index_info",
-	"index_xinfo", "foreign_key_list", "foreign_key_check", "integrity_check",
+	"index_xinfo", "foreign_key_list", "foreign_key_check",
 	"quick_check", "foreign_keys", "defer_foreign_keys", "optimize",
 	// Read-only counter FTS5 queries internally through the same connection.
 	"data_version", NULL
@@ -26,6 +26,32 @@ static int pragma_allowed(const char *name) {
 	if (!name) return 0;
 	for (int i = 0; allowed_pragmas[i]; i++) {
 		if (strcasecmp(name, allowed_pragmas[i]) == 0) return 1;
+	}
+	return 0;
+}
+
+// Functions D1 refuses ("not authorized to use function: X"): they reveal
+// build details or are outside workerd's allowlist. Measured against
+// miniflare 4.20260426.0 (test/compat); everything else this build has and
+// D1 has is allowed.
+static const char *denied_functions[] = {
+	"sqlite_version", "sqlite_source_id", "sqlite_compileoption_get", "sqlite_compileoption_used",
+	"sqlite_log", "sqlite_offset", "ceiling", "power", "log10", "subtype", "json_error_position",
+	"json_pretty", "fts5", "fts5_get_locale", "fts5_locale", "fts5_source_id", "load_extension", NULL
+};
+
+// Functions this build has and D1's does not: refused with SQLite's own
+// "no such function: X", as D1 answers.
+static const char *absent_functions[] = {
+	"fts3_tokenizer", "matchinfo", "offsets", "optimize", "rtreecheck", "rtreedepth", "rtreenode",
+	"unistr", "unistr_quote", "if", "json_array_insert", "jsonb_array_insert", "fts5_insttoken",
+	"auth_enabled", "auth_user_add", "auth_user_change", "auth_user_delete", "authenticate", NULL
+};
+
+static int in_list(const char **list, const char *name) {
+	if (!name) return 0;
+	for (int i = 0; list[i]; i++) {
+		if (strcasecmp(name, list[i]) == 0) return 1;
 	}
 	return 0;
 }
@@ -90,6 +116,8 @@ static int shoal_auth(void *p, int code, const char *a1, const char *a2, const c
 	case A_CREATE_TABLE: case A_CREATE_VIEW: case A_DROP_TABLE: case A_DROP_VIEW:
 	case A_CREATE_VTABLE: case A_DROP_VTABLE: case A_REINDEX: case A_ANALYZE:
 		c->ddl = 1;
+		// D1 offers one virtual-table module, FTS5 (rtree, fts3/4 are refused).
+		if (code == A_CREATE_VTABLE && !(a2 && strcasecmp(a2, "fts5") == 0)) return deny(c, "virtual table module not allowed:", a2);
 		if (code == A_CREATE_TABLE || code == A_CREATE_VIEW || code == A_CREATE_VTABLE) c->grows = 1;
 		if (reserved_name(a1)) return deny(c, "reserved table name:", a1);
 		return SHOAL_OK;
@@ -105,7 +133,11 @@ static int shoal_auth(void *p, int code, const char *a1, const char *a2, const c
 		if (reserved_name(a2)) return deny(c, "reserved table name:", a2);
 		return SHOAL_OK;
 	case A_FUNCTION:
-		if (a2 && (strcasecmp(a2, "load_extension") == 0 || strcasecmp(a2, "fts3_tokenizer") == 0)) return deny(c, "function not allowed:", a2);
+		if (in_list(absent_functions, a2)) {
+			snprintf(c->absent_fn, sizeof c->absent_fn, "%s", a2);
+			return deny(c, "function not allowed:", a2);
+		}
+		if (in_list(denied_functions, a2)) return deny(c, "function not allowed:", a2);
 		return SHOAL_OK;
 	case A_SELECT:
 	case A_RECURSIVE:
@@ -188,8 +220,10 @@ shoal_ctx *shoal_new_ctx(void) {
 	return (shoal_ctx*)calloc(1, sizeof(shoal_ctx));
 }
 
-int shoal_setup(sqlite3 *db, shoal_ctx *c, int writer) {
+int shoal_setup(sqlite3 *db, shoal_ctx *c, int writer, int d1counts) {
 	int rc;
+	// Per-instruction execution counts (shoal_d1_counts, scan statistics).
+	rc = sqlite3_db_config(db, 1018, 1, (int*)0); if (rc) return rc; // SQLITE_DBCONFIG_STMT_SCANSTATUS
 	// Defensive mode: no writable_schema, no writes to shadow tables of
 	// virtual tables (FTS5 _data/_idx…), no sqlite_dbpage writes.
 	rc = sqlite3_db_config(db, 1010, 1, (int*)0); if (rc) return rc;
@@ -199,7 +233,10 @@ int shoal_setup(sqlite3 *db, shoal_ctx *c, int writer) {
 	rc = sqlite3_db_config(db, 1005, 0, (int*)0); if (rc) return rc;
 	sqlite3_progress_handler(db, 1000, shoal_progress, c);
 	rc = sqlite3_set_authorizer(db, shoal_auth, c); if (rc) return rc;
-	if (writer) sqlite3_preupdate_hook(db, shoal_preupdate, c);
+	// The preupdate hook is only the fallback source of rows_written: while
+	// one is registered SQLite never takes its truncate shortcut for DELETE
+	// without WHERE, which D1 does (and counts as reading no rows).
+	if (writer && !d1counts) sqlite3_preupdate_hook(db, shoal_preupdate, c);
 	return 0;
 }
 
@@ -342,11 +379,25 @@ int shoal_bind_blob(sqlite3_stmt *s, int i, const void *p, int n) {
 	return sqlite3_bind_blob(s, i, p, n, SHOAL_TRANSIENT);
 }
 
-void shoal_stmt_done(sqlite3 *db, sqlite3_stmt *s, shoal_stats *out) {
-	out->rows_read = shoal_rows_read(s);
+void shoal_stmt_done(sqlite3 *db, sqlite3_stmt *s, int d1counts, long long total_before, shoal_stats *out) {
 	out->total_changes = sqlite3_total_changes64(db);
 	out->changes = sqlite3_changes64(db);
 	out->last_rowid = sqlite3_last_insert_rowid(db);
+	if (d1counts) {
+		shoal_d1_counts(s, out->total_changes - total_before, &out->rows_read, &out->rows_written);
+	} else {
+		out->rows_read = shoal_rows_read(s);
+		out->rows_written = -1;
+	}
+}
+
+// shoal_counts_check_mem runs shoal_counts_check on a connection of its own.
+int shoal_counts_check_mem(void) {
+	sqlite3 *db = 0;
+	if (sqlite3_open_v2(":memory:", &db, 0x02 | 0x04, 0) != 0) { sqlite3_close_v2(db); return 0; }
+	int ok = shoal_counts_check(db);
+	sqlite3_close_v2(db);
+	return ok;
 }
 
 // shoal_deferred_fks returns the number of unresolved (deferred) foreign key
@@ -355,4 +406,285 @@ int shoal_deferred_fks(sqlite3 *db) {
 	int cur = 0, hi = 0;
 	sqlite3_db_status(db, 10, &cur, &hi, 0);
 	return cur;
+}
+
+// ---- D1's rows_read / rows_written ----------------------------------------
+//
+// D1 counts rows with libSQL's statement counters, a patch to SQLite's
+// bytecode engine (workerd's patches/sqlite/0001-row-counts): a row is read
+// each time a cursor is positioned (Rewind, Last, Sort, SorterSort,
+// SeekGE/GT/LE/LT, SeekRowid, NotExists), each time Next/Prev/SorterNext
+// moves to a row, each VNext, and a Count adds the rows it counted; a row
+// is written by each Insert and IdxInsert on a non-ephemeral cursor, each
+// Delete that counts as a change, each VUpdate, and a Clear that counts
+// its rows (DELETE without WHERE). Stock SQLite built with
+// SQLITE_ENABLE_STMT_SCANSTATUS counts how often every instruction ran
+// (VdbeOp.nExec), and sqlite3_stmt_status's counters 0, FULLSCAN_STEP and
+// AUTOINDEX together count every Next/Prev/SorterNext that moved to a row,
+// so the same numbers follow from the program and its execution counts.
+// SQLite keeps both the program and nExec private: the mirrors below are
+// the layout of SQLite 3.54.1's VdbeOp, Vdbe (up to nOp) and SubProgram,
+// checked at startup against EXPLAIN (shoal_counts_check); where the check
+// fails the counts fall back to scan statistics and the preupdate hook.
+
+typedef struct {
+	unsigned char opcode;
+	signed char p4type;
+	unsigned short p5;
+	int p1, p2, p3;
+	union { int i; void *p; } p4;
+	unsigned long long nExec;
+	unsigned long long nCycle;
+} shoal_vop;
+
+typedef struct {
+	shoal_vop *aOp;
+	int nOp;
+} shoal_vsubprog;
+
+typedef struct {
+	void *db;
+	void *ppVPrev, *pVNext;
+	void *pParse;
+	short nVar;
+	int nMem;
+	int nCursor;
+	unsigned int cacheCtr;
+	int pc;
+	int rc;
+	long long nChange;
+	int iStatement;
+	long long iCurrentTime;
+	long long nFkConstraint;
+	long long nStmtDefCons;
+	long long nStmtDefImmCons;
+	void *aMem, *apArg, *apCsr, *aVar;
+	shoal_vop *aOp;
+	int nOp;
+} shoal_vdbe;
+
+// Opcode numbers of SQLite 3.54.1 (its opcodes.h); shoal_counts_check
+// verifies each against EXPLAIN's names.
+enum {
+	V_Init = 8, V_VUpdate = 7, V_SeekLT = 21, V_SeekLE = 22, V_SeekGE = 23, V_SeekGT = 24,
+	V_SeekRowid = 29, V_NotExists = 30, V_Last = 31, V_SorterSort = 33, V_Sort = 34, V_Rewind = 35,
+	V_VNext = 64, V_OpenDup = 116, V_OpenAutoindex = 117, V_OpenEphemeral = 119, V_SorterOpen = 120,
+	V_OpenPseudo = 122, V_Insert = 129, V_Delete = 131, V_IdxInsert = 139, V_Clear = 146, V_Program = 49,
+	V_SeekEnd = 138,
+};
+#define V_P4_SUBPROGRAM (-4)
+#define V_OPFLAG_NCHANGE 0x01
+#define V_OPFLAG_ISNOOP 0x40
+
+static const struct { int op; const char *name; } shoal_known_ops[] = {
+	{V_Init, "Init"}, {V_VUpdate, "VUpdate"}, {V_SeekLT, "SeekLT"}, {V_SeekLE, "SeekLE"}, {V_SeekGE, "SeekGE"},
+	{V_SeekGT, "SeekGT"}, {V_SeekRowid, "SeekRowid"}, {V_NotExists, "NotExists"}, {V_Last, "Last"},
+	{V_SorterSort, "SorterSort"}, {V_Sort, "Sort"}, {V_Rewind, "Rewind"}, {V_VNext, "VNext"},
+	{V_OpenDup, "OpenDup"}, {V_OpenAutoindex, "OpenAutoindex"}, {V_OpenEphemeral, "OpenEphemeral"},
+	{V_SorterOpen, "SorterOpen"}, {V_OpenPseudo, "OpenPseudo"}, {V_Insert, "Insert"}, {V_Delete, "Delete"},
+	{V_IdxInsert, "IdxInsert"}, {V_Clear, "Clear"}, {V_Program, "Program"}, {V_SeekEnd, "SeekEnd"}, {0, NULL}
+};
+
+extern int sqlite3_libversion_number(void);
+extern int sqlite3_stmt_status(sqlite3_stmt*, int, int);
+
+#define SHOAL_MAX_SUBPROGS 32
+
+void shoal_counts_zero(sqlite3_stmt *s);
+
+typedef struct {
+	long long read, written;
+	long long limit;       // instructions the run executed: no count can be larger
+	int readonly;          // the statement writes nothing: skip the write analysis
+	int clears;            // Clear instructions that counted their rows
+	void *seen[SHOAL_MAX_SUBPROGS];
+	int nseen;
+} shoal_count_acc;
+
+static int is_write_op(int op) {
+	return op == V_Insert || op == V_IdxInsert || op == V_VUpdate || op == V_Delete || op == V_Clear;
+}
+
+static void count_ops(shoal_vop *ops, int n, shoal_count_acc *acc, int reset) {
+	// SQLite leaves nExec uninitialised in instructions added by
+	// sqlite3VdbeAddOpList (AUTOINCREMENT's, ALTER's and others' code): they
+	// are zeroed when a statement is prepared (shoal_counts_zero), and a
+	// count larger than the run's executed instructions can only be such
+	// garbage (a statement SQLite re-prepared inside sqlite3_step after a
+	// schema change) and is ignored.
+	// Ephemeral cursors (temporary b-trees, sorters, pseudo tables) are not
+	// counted when written, as in libSQL. Cursor numbers are small.
+	unsigned char eph[256 / 8]; // read by the write cases only
+	if (!acc->readonly) memset(eph, 0, sizeof eph);
+	for (int i = 0; !acc->readonly && i < n; i++) {
+		int op = ops[i].opcode, p1 = ops[i].p1;
+		if ((op == V_OpenEphemeral || op == V_OpenAutoindex || op == V_SorterOpen || op == V_OpenPseudo || op == V_OpenDup) && p1 >= 0 && p1 < 256)
+			eph[p1 / 8] |= 1 << (p1 % 8);
+	}
+	for (int i = 0; i < n; i++) {
+		shoal_vop *o = &ops[i];
+		long long x = (long long)o->nExec;
+		if (x == 0) continue; // not run (a trigger program not run has no counts either)
+		if (o->opcode == V_Program && o->p4type == V_P4_SUBPROGRAM && o->p4.p) {
+			shoal_vsubprog *sp = (shoal_vsubprog*)o->p4.p;
+			int seen = 0;
+			for (int k = 0; k < acc->nseen; k++) if (acc->seen[k] == sp) seen = 1;
+			if (!seen && acc->nseen < SHOAL_MAX_SUBPROGS) {
+				acc->seen[acc->nseen++] = sp;
+				count_ops(sp->aOp, sp->nOp, acc, reset);
+			}
+		}
+		if (x > acc->limit) x = 0;
+		if (acc->readonly && is_write_op(o->opcode)) {
+			// A read-only statement writes only temporary b-trees, which are
+			// not counted; its write instructions are not analysed.
+			if (reset) { o->nExec = 0; o->nCycle = 0; }
+			continue;
+		}
+		int p1 = o->p1;
+		int ephemeral = p1 >= 0 && p1 < 256 && (eph[p1 / 8] & (1 << (p1 % 8)));
+		switch (o->opcode) {
+		case V_Rewind: case V_Last: case V_Sort: case V_SorterSort:
+		case V_SeekLT: case V_SeekLE: case V_SeekGE: case V_SeekGT:
+		case V_SeekRowid: case V_NotExists: case V_VNext:
+			acc->read += x;
+			break;
+		case V_SeekEnd:
+			// Index builds append with SeekEnd, which shares Last's code and
+			// counts only when it has to move the cursor: its first two runs
+			// (an empty index, then the first entry), and again after each
+			// page split, which execution counts do not show: a large
+			// CREATE INDEX reads a few rows fewer here than on D1.
+			acc->read += x < 2 ? x : 2;
+			break;
+		case V_Insert:
+			if (!ephemeral && !(o->p5 & V_OPFLAG_ISNOOP)) acc->written += x;
+			break;
+		case V_IdxInsert: case V_VUpdate:
+			if (!ephemeral) acc->written += x;
+			break;
+		case V_Delete:
+			if (!ephemeral && (o->p2 & V_OPFLAG_NCHANGE)) acc->written += x; // Delete's flags are its P2
+			break;
+		case V_Clear:
+			if (o->p3) acc->clears += (int)x;
+			break;
+		}
+		if (reset) { o->nExec = 0; o->nCycle = 0; }
+	}
+}
+
+// shoal_d1_counts reads (and resets) one statement's D1 counters after it
+// ran. changes is the rows it changed (total_changes around it): what a
+// Clear (DELETE without WHERE) counted.
+void shoal_d1_counts(sqlite3_stmt *s, long long changes, long long *read, long long *written) {
+	shoal_vdbe *v = (shoal_vdbe*)s;
+	shoal_count_acc acc;
+	acc.read = acc.written = 0;
+	acc.clears = acc.nseen = 0;
+	acc.readonly = sqlite3_stmt_readonly(s);
+	acc.limit = sqlite3_stmt_status(s, 4, 1); // SQLITE_STMTSTATUS_VM_STEP of this run
+	count_ops(v->aOp, v->nOp, &acc, 1);
+	// Next, Prev and SorterNext that moved to a row: stmt_status counters
+	// 0 (p5 = 0), 1 (SQLITE_STMTSTATUS_FULLSCAN_STEP) and 3 (AUTOINDEX).
+	acc.read += sqlite3_stmt_status(s, 0, 1) + sqlite3_stmt_status(s, 1, 1) + sqlite3_stmt_status(s, 3, 1);
+	if (acc.clears > 0) acc.written += changes;
+	if (sqlite3_stmt_status(s, 5, 1) > 0) {
+		// SQLite re-prepared the statement inside sqlite3_step (Go
+		// prepares it again itself when it knows the schema changed, so
+		// this is rare): counts of this run may include uninitialised
+		// instructions (bounded above); the next run starts clean.
+		shoal_counts_zero(s);
+	}
+	*read = acc.read;
+	*written = acc.written;
+}
+
+static void zero_ops(shoal_vop *ops, int n, void **seen, int *nseen) {
+	for (int i = 0; i < n; i++) {
+		ops[i].nExec = 0;
+		ops[i].nCycle = 0;
+		if (ops[i].opcode == V_Program && ops[i].p4type == V_P4_SUBPROGRAM && ops[i].p4.p) {
+			shoal_vsubprog *sp = (shoal_vsubprog*)ops[i].p4.p;
+			int dup = 0;
+			for (int k = 0; k < *nseen; k++) if (seen[k] == sp) dup = 1;
+			if (!dup && *nseen < SHOAL_MAX_SUBPROGS) {
+				seen[(*nseen)++] = sp;
+				zero_ops(sp->aOp, sp->nOp, seen, nseen);
+			}
+		}
+	}
+}
+
+// shoal_counts_zero zeroes a freshly prepared statement's execution
+// counts (see count_ops) and counters.
+void shoal_counts_zero(sqlite3_stmt *s) {
+	shoal_vdbe *v = (shoal_vdbe*)s;
+	void *seen[SHOAL_MAX_SUBPROGS];
+	int nseen = 0;
+	zero_ops(v->aOp, v->nOp, seen, &nseen);
+	for (int op = 0; op < 9; op++) sqlite3_stmt_status(s, op, 1);
+}
+
+// shoal_counts_check reports whether the private layout above matches the
+// linked SQLite: the version, and for a few programs the opcode of every
+// instruction against EXPLAIN's name for it. 1 = usable. It creates a
+// table: db is a scratch connection (shoal_counts_check_mem).
+int shoal_counts_check(sqlite3 *db) {
+	if (sqlite3_libversion_number() != 3054001) return 0;
+	static const char *progs[] = {
+		"SELECT name FROM sqlite_schema WHERE rowid > 0 ORDER BY name",
+		"SELECT * FROM sqlite_schema WHERE rowid = 1",
+		"SELECT DISTINCT type FROM sqlite_schema",
+		"CREATE INDEX shoal_check_i ON shoal_check(a)",
+		"INSERT INTO shoal_check VALUES (1, 2)",
+		"DELETE FROM shoal_check WHERE a = 1",
+		"DELETE FROM shoal_check",
+		NULL
+	};
+	if (sqlite3_exec(db, "CREATE TABLE shoal_check(a, b)", 0, 0, 0) != 0) return 0;
+	for (int p = 0; progs[p]; p++) {
+		sqlite3_stmt *s = 0, *e = 0;
+		if (sqlite3_prepare_v3(db, progs[p], -1, 0, &s, 0) != 0 || !s) return 0;
+		char *q = sqlite3_mprintf("EXPLAIN %s", progs[p]);
+		int rc = sqlite3_prepare_v3(db, q, -1, 0, &e, 0);
+		sqlite3_free(q);
+		if (rc != 0 || !e) { sqlite3_finalize(s); return 0; }
+		shoal_vdbe *v = (shoal_vdbe*)s;
+		int ok = v->aOp != 0 && v->nOp > 1 && v->aOp[0].opcode == V_Init, i = 0;
+		while (ok && sqlite3_step(e) == SHOAL_ROW) {
+			const char *name = (const char*)sqlite3_column_text(e, 1);
+			if (i >= v->nOp || !name) { ok = 0; break; }
+			for (int k = 0; shoal_known_ops[k].name; k++) {
+				int byNum = v->aOp[i].opcode == shoal_known_ops[k].op;
+				int byName = strcmp(name, shoal_known_ops[k].name) == 0;
+				if (byNum != byName) ok = 0;
+			}
+			i++;
+		}
+		if (i != v->nOp) ok = 0;
+		sqlite3_finalize(e);
+		sqlite3_finalize(s);
+		if (!ok) return 0;
+	}
+	return 1;
+}
+
+// shoal_used_pages steps two cached one-row statements (PRAGMA page_count,
+// PRAGMA freelist_count) in one cgo call and returns their difference, the
+// pages in use; -1 (and *rc) on an error.
+long long shoal_used_pages(sqlite3_stmt *pages, sqlite3_stmt *free, int *rc) {
+	long long v[2] = {0, 0};
+	sqlite3_stmt *s[2] = {pages, free};
+	*rc = 0;
+	for (int i = 0; i < 2; i++) {
+		int r = sqlite3_step(s[i]);
+		if (r == SHOAL_ROW) {
+			v[i] = sqlite3_column_int64(s[i], 0);
+			r = sqlite3_step(s[i]);
+		}
+		sqlite3_reset(s[i]);
+		if (r != SHOAL_DONE) { *rc = r; return -1; }
+	}
+	return v[0] - v[1];
 }

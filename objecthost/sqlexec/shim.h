@@ -39,6 +39,7 @@ extern int sqlite3_stmt_isexplain(sqlite3_stmt*);
 extern int sqlite3_stmt_scanstatus_v2(sqlite3_stmt*, int, int, int, void*);
 extern void sqlite3_stmt_scanstatus_reset(sqlite3_stmt*);
 extern int sqlite3_errcode(sqlite3*);
+extern int sqlite3_error_offset(sqlite3*);
 extern int sqlite3_extended_errcode(sqlite3*);
 extern const char *sqlite3_errmsg(sqlite3*);
 extern char *sqlite3_mprintf(const char*, ...);
@@ -126,7 +127,8 @@ typedef struct {
 	int grows;             // the authorizer saw an INSERT or a CREATE/ALTER (refused while the account's storage is full)
 	int defer_fk;          // the authorizer saw PRAGMA defer_foreign_keys
 	int allow_seq;         // a script restoring AUTOINCREMENT counters: DML on sqlite_sequence allowed
-	char reason[160];      // why the authorizer denied, for the error message
+	char reason[160];      // why the authorizer denied (kept for logs and tests; D1's message has no detail)
+	char absent_fn[64];    // a function D1 does not have: its error is "no such function"
 	shoal_wrec *recs;
 	int nrec, cap;
 	int oom;
@@ -144,15 +146,21 @@ typedef struct {
 // Counters read after each statement, in one cgo call.
 typedef struct {
 	long long rows_read;
+	long long rows_written; // -1: not counted here (the preupdate hook's records are)
 	long long total_changes;
 	long long changes;
 	long long last_rowid;
 } shoal_stats;
 
 // Implemented in shim.c.
-void shoal_stmt_done(sqlite3 *db, sqlite3_stmt *s, shoal_stats *out);
+void shoal_stmt_done(sqlite3 *db, sqlite3_stmt *s, int d1counts, long long total_before, shoal_stats *out);
+int shoal_counts_check_mem(void);
+long long shoal_used_pages(sqlite3_stmt *pages, sqlite3_stmt *free, int *rc);
 int shoal_deferred_fks(sqlite3 *db);
-int shoal_setup(sqlite3 *db, shoal_ctx *c, int writer);
+int shoal_setup(sqlite3 *db, shoal_ctx *c, int writer, int d1counts);
+void shoal_d1_counts(sqlite3_stmt *s, long long changes, long long *read, long long *written);
+int shoal_counts_check(sqlite3 *db);
+void shoal_counts_zero(sqlite3_stmt *s);
 int shoal_open(const char *path, int flags, sqlite3 **db);
 int shoal_configure(sqlite3 *db, int writer, long long max_bytes, long long *page_size);
 long long shoal_query_int(sqlite3 *db, const char *sql, int *rc);

@@ -11,9 +11,11 @@ import (
 	"unsafe"
 )
 
-// Row changes are recorded by the preupdate hook (shim.c) while a statement
-// runs on the writer; after the statement, rowsWritten turns them into D1's
-// rows_written: each row change counts 1 for the table row plus 1 for every
+// The fallback count of rows written, used only when D1's counters are
+// unavailable (d1Counts: the linked SQLite is not the one shim.c's layout
+// mirrors). Row changes are recorded by the preupdate hook (shim.c) while a
+// statement runs on the writer; after the statement, rowsWritten turns them
+// into an approximation of D1's rows_written: each row change counts 1 for the table row plus 1 for every
 // index entry it touches. INSERT and DELETE touch every index of the table;
 // an UPDATE touches only the indexes whose key columns changed (expression
 // indexes count as touched, a rowid change touches all of them).

@@ -1,4 +1,4 @@
-package test
+package bench
 
 import (
 	"encoding/json"
@@ -26,24 +26,28 @@ import (
 	"github.com/shoaldb/shoal/pipeline"
 	"github.com/shoaldb/shoal/pipeline/chsink"
 	"github.com/shoaldb/shoal/pipeline/storage"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // The background plane's figures of issue 10 (docs/benchmarks.md,
-// "Background plane: query-path cost and burst lag"), on the cluster of
-// pipeline_e2e_test.go: catalog, object host, edge and pipeline role as
+// "Background plane: query-path cost and burst lag"), on
+// harness.PipelineCluster (the cluster of test/pipeline_e2e_test.go's fault
+// test): catalog, object host, edge and pipeline role as
 // separate processes, the broker in this process over TCP, ClickHouse a
 // child process. Run with SHOAL_BENCH=1; nothing here asserts a timing.
 
 // planeBench is that cluster with accounts and databases holding a small
 // table kv(id, v) of rows rows, all on its one object host.
 type planeBench struct {
-	c        *pipelineCluster
-	dbs      []pipelineDB
+	c        *harness.PipelineCluster
+	dbs      []harness.PipelineDB
 	rows     int
 	hostAddr string
-	hostArgs []string // as newPipelineCluster started it: with --kafka-brokers
+	hostArgs []string // as harness.NewPipelineCluster started it: with --kafka-brokers
 }
 
+// benchEnvInt is the integer in $name, def when it is unset; anything else
+// fails t.
 func benchEnvInt(t *testing.T, name string, def int) int {
 	s := os.Getenv(name)
 	if s == "" {
@@ -55,34 +59,34 @@ func benchEnvInt(t *testing.T, name string, def int) int {
 }
 
 func newPlaneBench(t *testing.T, accounts, dbs, rows int) *planeBench {
-	b := &planeBench{c: newPipelineCluster(t), rows: rows}
-	b.hostArgs = slices.Clone(b.c.host.args)
+	b := &planeBench{c: harness.NewPipelineCluster(t, shoalBin.Path(t)), rows: rows}
+	b.hostArgs = slices.Clone(b.c.Host.Args)
 	b.hostAddr = b.hostArgs[slices.Index(b.hostArgs, "--http-addr")+1]
-	e := &e2eCluster{t: t, admin: b.c.admin, edgeURL: []string{b.c.edgeURL}}
-	var tokens []pipelineDB
+	e := &harness.E2ECluster{Admin: b.c.Admin, EdgeURL: []string{b.c.EdgeURL}}
+	var tokens []harness.PipelineDB
 	for range accounts {
-		acct, bearer := e.setupAccount(t, "paid")
-		tokens = append(tokens, pipelineDB{acct: acct, token: strings.TrimPrefix(bearer, "Bearer ")})
+		acct, bearer := e.SetupAccount(t, "paid")
+		tokens = append(tokens, harness.PipelineDB{Acct: acct, Token: strings.TrimPrefix(bearer, "Bearer ")})
 	}
 	fill := fmt.Sprintf("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < %d) INSERT INTO kv SELECT i, 'value-' || i FROM n", rows)
 	var mu sync.Mutex
 	var failed []string
-	made := make([]pipelineDB, dbs)
-	concurrently(dbs, 8, func(i int) {
+	made := make([]harness.PipelineDB, dbs)
+	harness.Concurrently(dbs, 8, func(i int) {
 		db := tokens[i%accounts]
-		a, err := e2eTry(http.MethodPost, b.c.edgeURL+"/client/v4/accounts/"+db.acct+"/d1/database", "Bearer "+db.token,
+		a, err := harness.Try(http.MethodPost, b.c.EdgeURL+"/client/v4/accounts/"+db.Acct+"/d1/database", "Bearer "+db.Token,
 			map[string]any{"name": fmt.Sprintf("bench-%04d", i)})
-		if err == nil && a.status == http.StatusOK {
+		if err == nil && a.Status == http.StatusOK {
 			var r struct{ UUID string }
 			if err = json.Unmarshal(a.Result, &r); err == nil {
-				db.uuid = r.UUID
-				a, err = e2eTry(http.MethodPost, b.queryURL(db), "Bearer "+db.token, map[string]any{"batch": []any{
+				db.UUID = r.UUID
+				a, err = harness.Try(http.MethodPost, b.queryURL(db), "Bearer "+db.Token, map[string]any{"batch": []any{
 					map[string]any{"sql": "CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT)"}, map[string]any{"sql": fill}}})
 			}
 		}
-		if err != nil || a.status != http.StatusOK {
+		if err != nil || a.Status != http.StatusOK {
 			mu.Lock()
-			failed = append(failed, answerText(a, err))
+			failed = append(failed, harness.AnswerText(a, err))
 			mu.Unlock()
 			return
 		}
@@ -93,16 +97,16 @@ func newPlaneBench(t *testing.T, accounts, dbs, rows int) *planeBench {
 	return b
 }
 
-func (b *planeBench) queryURL(db pipelineDB) string {
-	return b.c.edgeURL + "/client/v4/accounts/" + db.acct + "/d1/database/" + db.uuid + "/query"
+func (b *planeBench) queryURL(db harness.PipelineDB) string {
+	return b.c.EdgeURL + "/client/v4/accounts/" + db.Acct + "/d1/database/" + db.UUID + "/query"
 }
 
-func (b *planeBench) send(db pipelineDB, sql string, params ...any) error {
+func (b *planeBench) send(db harness.PipelineDB, sql string, params ...any) error {
 	body, err := json.Marshal(map[string]any{"sql": sql, "params": params})
 	if err != nil {
 		return err
 	}
-	return postJSON(b.queryURL(db), map[string]string{"Authorization": "Bearer " + db.token, "Content-Type": "application/json"}, body)
+	return postJSON(b.queryURL(db), map[string]string{"Authorization": "Bearer " + db.Token, "Content-Type": "application/json"}, body)
 }
 
 // pointSelect is the measured query: one row by primary key from a random
@@ -116,22 +120,22 @@ func (b *planeBench) pointSelect(rng *rand.Rand) error {
 // background plane on (--kafka-brokers) or off (no brokers).
 func (b *planeBench) restartHost(t *testing.T, planeOn bool) {
 	t.Helper()
-	p := b.c.host
-	p.signal(syscall.SIGTERM)
+	p := b.c.Host
+	p.Signal(syscall.SIGTERM)
 	select {
-	case <-p.exited:
+	case <-p.Exited:
 	case <-time.After(30 * time.Second):
-		t.Fatalf("object host did not stop on SIGTERM: %s", tail(p.log.String(), 2000))
+		t.Fatalf("object host did not stop on SIGTERM: %s", harness.Tail(p.Log.String(), 2000))
 	}
 	args := slices.Clone(b.hostArgs)
 	if !planeOn {
 		i := slices.Index(args, "--kafka-brokers")
 		args = slices.Delete(args, i, i+2)
 	}
-	p.args = args
-	fmt.Fprintf(p.log, "--- restarted at %s, plane on: %v ---\n", time.Now().Format(time.TimeOnly), planeOn)
-	p.start(t)
-	waitHTTP200(t, "http://"+b.hostAddr+"/healthz", 30*time.Second, "object host never healthy: %s", p.log)
+	p.Args = args
+	fmt.Fprintf(p.Log, "--- restarted at %s, plane on: %v ---\n", time.Now().Format(time.TimeOnly), planeOn)
+	p.Start(t)
+	harness.WaitHTTP200(t, "http://"+b.hostAddr+"/healthz", 30*time.Second, "object host never healthy: %s", p.Log)
 }
 
 // warm waits for the edge to reach the restarted host, opens every
@@ -141,7 +145,7 @@ func (b *planeBench) warm(t *testing.T, clients int, d time.Duration) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	require.Eventually(t, func() bool { return b.pointSelect(rng) == nil }, 30*time.Second, 20*time.Millisecond,
 		"no query through the edge after the host restart")
-	concurrently(len(b.dbs), clients, func(i int) { _ = b.send(b.dbs[i], "SELECT v FROM kv WHERE id = 1") })
+	harness.Concurrently(len(b.dbs), clients, func(i int) { _ = b.send(b.dbs[i], "SELECT v FROM kv WHERE id = 1") })
 	runClients(t, clients, d, func(_ int, rng *rand.Rand) error { return b.pointSelect(rng) })
 }
 
@@ -234,7 +238,7 @@ func parseProcStat(raw []byte) (pgrp int, cpu time.Duration, ok bool) {
 // metricValue reads one sample from a Prometheus text exposition (0 when
 // absent); unlike scrapeMetrics it may run off the test's goroutine.
 func metricValue(url, name string) (float64, error) {
-	resp, err := e2eHTTP.Get(url)
+	resp, err := harness.Client().Get(url)
 	if err != nil {
 		return 0, err
 	}
@@ -266,7 +270,7 @@ func perfRecord(t *testing.T, pid int, name string) (stop func()) {
 	}
 	cmd := exec.Command("perf", args...)
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-	cmd.SysProcAttr = childProcAttr()
+	cmd.SysProcAttr = harness.ChildProcAttr()
 	require.NoError(t, cmd.Start(), "perf record")
 	return func() {
 		_ = cmd.Process.Signal(syscall.SIGINT)
@@ -306,7 +310,7 @@ func planeLabel(on bool) string {
 // which goes first (ON OFF, OFF ON, …). Prints throughput, p50/p99 and the
 // CPU per query of the host and the edge per slot, and the ON/OFF ratios.
 //
-//	SHOAL_BENCH=1 go test -run TestBenchPipelineQueryCost -v -count=1 -timeout 30m ./test/
+//	SHOAL_BENCH=1 go test -run TestBenchPipelineQueryCost -v -count=1 -timeout 30m ./test/bench/
 //
 // SHOAL_BENCH_ROUNDS (6), SHOAL_BENCH_SECONDS (8, per slot),
 // SHOAL_BENCH_WARM_S (10: load, unmeasured, after each restart; a host
@@ -337,15 +341,15 @@ func TestBenchPipelineQueryCost(t *testing.T) {
 			ev0, _ = metricValue(hostMetrics, "shoal_pipeline_usage_events_total")
 			win0, _ = metricValue(hostMetrics, "shoal_pipeline_usage_windows_total")
 		}
-		hostPid, edgePid, pipePid, catPid := b.c.host.cmd.Process.Pid, b.c.edge.cmd.Process.Pid, b.c.pipe.cmd.Process.Pid, b.c.cat.cmd.Process.Pid
+		hostPid, edgePid, pipePid, catPid := b.c.Host.Cmd.Process.Pid, b.c.Edge.Cmd.Process.Pid, b.c.Pipe.Cmd.Process.Pid, b.c.Cat.Cmd.Process.Pid
 		stopPerf := perfRecord(t, hostPid, fmt.Sprintf("host-%s-r%d", strings.TrimSpace(strings.ToLower(planeLabel(on))), round))
 		f0 := procFaults(t, hostPid)
-		h0, e0, p0, c0, ch0, s0 := procCPU(t, hostPid), procCPU(t, edgePid), procCPU(t, pipePid), procCPU(t, catPid), groupCPU(t, b.c.ch.Pid()), procCPU(t, 0)
+		h0, e0, p0, c0, ch0, s0 := procCPU(t, hostPid), procCPU(t, edgePid), procCPU(t, pipePid), procCPU(t, catPid), groupCPU(t, b.c.CH.Pid()), procCPU(t, 0)
 		t0 := time.Now()
 		l, qps := runClients(t, clients, dur, func(_ int, rng *rand.Rand) error { return b.pointSelect(rng) })
-		s := costSlot{on: on, ops: len(l.d), qps: qps, p50: l.pct(.5), p99: l.pct(.99), wall: time.Since(t0),
+		s := costSlot{on: on, ops: l.Len(), qps: qps, p50: l.Pct(.5), p99: l.Pct(.99), wall: time.Since(t0),
 			host: procCPU(t, hostPid) - h0, edge: procCPU(t, edgePid) - e0, pipe: procCPU(t, pipePid) - p0,
-			rest: procCPU(t, catPid) - c0, ch: groupCPU(t, b.c.ch.Pid()) - ch0, self: procCPU(t, 0) - s0,
+			rest: procCPU(t, catPid) - c0, ch: groupCPU(t, b.c.CH.Pid()) - ch0, self: procCPU(t, 0) - s0,
 			hostFaults: procFaults(t, hostPid) - f0, hostRSS: procRSS(t, hostPid)}
 		stopPerf()
 		if on {
@@ -380,7 +384,7 @@ func TestBenchPipelineQueryCost(t *testing.T) {
 
 	// The plane really ran: the sink inserted what the ON slots produced.
 	var st benchPipeStatus
-	require.NoError(t, getJSONTest(b.c.pipeURL+"/v1/status", &st))
+	require.NoError(t, harness.GetJSON(b.c.PipeURL+"/v1/status", &st))
 	require.NotNil(t, st.ClickHouse, "the pipeline role has no ClickHouse sink")
 	require.NotZero(t, st.ClickHouse.Sink.Inserted, "the sink inserted nothing: the plane was not on")
 
@@ -417,7 +421,7 @@ func TestBenchPipelineQueryCost(t *testing.T) {
 		return float64(s.host+s.edge+s.pipe+s.ch+s.rest) / float64(s.ops)
 	})
 	if os.Getenv("SHOAL_BENCH_HOST_LOG") != "" { // e.g. with GODEBUG=gctrace=1 in the environment
-		t.Logf("object host output (tail):\n%s", tail(b.c.host.log.String(), 20000))
+		t.Logf("object host output (tail):\n%s", harness.Tail(b.c.Host.Log.String(), 20000))
 	}
 	t.Logf("sink after the run: %d events inserted in %d batches, %d insert errors, %d duplicates dropped",
 		st.ClickHouse.Sink.Inserted, st.ClickHouse.Sink.Batches, st.ClickHouse.Sink.InsertErrors, st.ClickHouse.Sink.DuplicatesDropped)
@@ -492,7 +496,7 @@ type lagSample struct {
 // (SIGSTOP) for the burst and continued at its end: the backlog of the
 // whole burst, and how fast the consumers drain it.
 //
-//	SHOAL_BENCH=1 go test -run TestBenchPipelineBurstLag -v -count=1 -timeout 30m ./test/
+//	SHOAL_BENCH=1 go test -run TestBenchPipelineBurstLag -v -count=1 -timeout 30m ./test/bench/
 func TestBenchPipelineBurstLag(t *testing.T) {
 	if os.Getenv("SHOAL_BENCH") == "" {
 		t.Skip("set SHOAL_BENCH=1")
@@ -512,9 +516,9 @@ func TestBenchPipelineBurstLag(t *testing.T) {
 	// warm-up usage, ClickHouse's tables created) can take seconds.
 	require.Eventually(t, func() bool {
 		var st benchPipeStatus
-		return getJSONTest(b.c.pipeURL+"/v1/status", &st) == nil && st.ClickHouse != nil && st.ClickHouse.Sink.LastCommittedMs > 0 &&
+		return harness.GetJSON(b.c.PipeURL+"/v1/status", &st) == nil && st.ClickHouse != nil && st.ClickHouse.Sink.LastCommittedMs > 0 &&
 			st.groupLag(chsink.DefaultGroup) == 0 && st.groupLag(storage.DefaultGroup) == 0
-	}, 90*time.Second, 250*time.Millisecond, "the plane never drained the set-up's usage: %s", b.c.pipe.log)
+	}, 90*time.Second, 250*time.Millisecond, "the plane never drained the set-up's usage: %s", b.c.Pipe.Log)
 
 	// An open-loop generator: a pacer issues tokens at the phase's rate,
 	// workers take them. Tokens the workers cannot take (all busy, the
@@ -601,7 +605,7 @@ func TestBenchPipelineBurstLag(t *testing.T) {
 		t0 := time.Now()
 		s := lagSample{phase: phase.Load().(string)}
 		var st benchPipeStatus
-		resp, err := statusClient.Get(b.c.pipeURL + "/v1/status")
+		resp, err := statusClient.Get(b.c.PipeURL + "/v1/status")
 		if err == nil {
 			err = json.NewDecoder(resp.Body).Decode(&st)
 			resp.Body.Close()
@@ -661,7 +665,7 @@ func TestBenchPipelineBurstLag(t *testing.T) {
 				curRate.Store(uint64(factor * rate))
 				phase.Store("burst")
 				if pause {
-					b.c.pipe.signal(syscall.SIGSTOP)
+					b.c.Pipe.Signal(syscall.SIGSTOP)
 				}
 			}
 		case "burst":
@@ -672,7 +676,7 @@ func TestBenchPipelineBurstLag(t *testing.T) {
 				curRate.Store(uint64(rate))
 				phase.Store("after")
 				if pause {
-					b.c.pipe.signal(syscall.SIGCONT)
+					b.c.Pipe.Signal(syscall.SIGCONT)
 				}
 			}
 		case "after":
@@ -765,7 +769,7 @@ func TestBenchPipelineBurstLag(t *testing.T) {
 // SELECT of TestBenchPipelineQueryCost over 300 databases. The windows are
 // published to a discarding publisher.
 //
-//	go test -run '^$' -bench HostRecordUsage -benchmem ./test/
+//	go test -run '^$' -bench HostRecordUsage -benchmem ./test/bench/
 func BenchmarkHostRecordUsage(b *testing.B) {
 	a := pipeline.NewUsageAggregator(discardPublisher{}, pipeline.NewSequencer("h@1"), pipeline.UsageConfig{})
 	defer a.Close()

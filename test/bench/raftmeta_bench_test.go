@@ -1,4 +1,4 @@
-package test
+package bench
 
 import (
 	"bytes"
@@ -21,6 +21,7 @@ import (
 	"github.com/shoaldb/shoal/internal/ids"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // TestRaftmetaBenchProcesses measures catalog creates on the deployment
@@ -28,7 +29,7 @@ import (
 // fsync on), driven from this process by N independent raftmeta.Clients.
 // Run with:
 //
-//	SHOAL_BENCH=1 go test ./test -run TestRaftmetaBenchProcesses -v -count=1
+//	SHOAL_BENCH=1 go test ./test/bench -run TestRaftmetaBenchProcesses -v -count=1
 //
 // SHOAL_BENCH_LOG_STORE=bolt|wal picks the log store (default: the
 // binary's default), SHOAL_BENCH_WORKERS=1,16,64 the client counts,
@@ -41,14 +42,14 @@ func TestRaftmetaBenchProcesses(t *testing.T) {
 	require.NoError(t, err)
 	levels, err := benchenv.Workers(1, 16, 64)
 	require.NoError(t, err)
-	bin := buildShoal(t)
+	bin := shoalBin.Path(t)
 	dir := t.TempDir()
 	var procs []*exec.Cmd
 	var httpAddrs []string
 	start := func(id string, extra ...string) string {
-		httpAddr := raftmetaFreeAddr(t)
+		httpAddr := harness.FreeAddr(t)
 		args := []string{"raftmeta", "serve", "--id", id, "--dir", filepath.Join(dir, id),
-			"--raft-addr", raftmetaFreeAddr(t), "--http-addr", httpAddr}
+			"--raft-addr", harness.FreeAddr(t), "--http-addr", httpAddr}
 		if ls := os.Getenv("SHOAL_BENCH_LOG_STORE"); ls != "" {
 			args = append(args, "--log-store", ls)
 		}
@@ -68,9 +69,9 @@ func TestRaftmetaBenchProcesses(t *testing.T) {
 		return httpAddr
 	}
 	n1 := start("n1", "--bootstrap")
-	raftmetaWaitReady(t, n1)
-	raftmetaWaitReady(t, start("n2", "--join", n1))
-	raftmetaWaitReady(t, start("n3", "--join", n1))
+	harness.WaitReady(t, n1)
+	harness.WaitReady(t, start("n2", "--join", n1))
+	harness.WaitReady(t, start("n3", "--join", n1))
 
 	ctx := context.Background()
 	admin, err := raftmeta.NewClient(httpAddrs)
@@ -95,14 +96,12 @@ func TestRaftmetaBenchProcesses(t *testing.T) {
 				ReadReplication: fsm.ReadReplicationDisabled})
 			return err
 		})
-		ops := float64(len(lat.d))
+		ops := float64(lat.Len())
 		cpu, self := procsCPU(t, procs)-cpu0, selfCPU()-self0
 		t.Logf("create-database, 3 processes, %2d clients: %6.0f/s  p50 %6.2f ms  p99 %6.2f ms  (catalog CPU %3.0f µs/create, load generator %3.0f µs/create)",
-			n, rate, ms(lat.pct(0.50)), ms(lat.pct(0.99)), float64(cpu.Microseconds())/ops, float64(self.Microseconds())/ops)
+			n, rate, harness.Millis(lat.Pct(0.50)), harness.Millis(lat.Pct(0.99)), float64(cpu.Microseconds())/ops, float64(self.Microseconds())/ops)
 	}
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // procsCPU sums user+system CPU of the processes from /proc (clock ticks of
 // 10 ms).

@@ -1,4 +1,4 @@
-package test
+package bench
 
 import (
 	"bytes"
@@ -15,7 +15,6 @@ import (
 	"regexp"
 	"runtime/pprof"
 	"runtime/trace"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,28 +26,12 @@ import (
 
 	"github.com/shoaldb/shoal/internal/srvruntime"
 	"github.com/shoaldb/shoal/raftmeta"
-	"github.com/shoaldb/shoal/raftmeta/fsm"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
-// latencies collects per-operation durations from many goroutines.
-type latencies struct {
-	mu sync.Mutex
-	d  []time.Duration
-}
-
-func (l *latencies) add(d time.Duration) { l.mu.Lock(); l.d = append(l.d, d); l.mu.Unlock() }
-
-func (l *latencies) pct(p float64) time.Duration {
-	sort.Slice(l.d, func(i, j int) bool { return l.d[i] < l.d[j] })
-	if len(l.d) == 0 {
-		return 0
-	}
-	return l.d[min(len(l.d)-1, int(float64(len(l.d))*p))]
-}
-
 // runClients runs op from n goroutines for dur and returns latencies and ops/s.
-func runClients(t *testing.T, n int, dur time.Duration, op func(worker int, rng *rand.Rand) error) (*latencies, float64) {
-	l := &latencies{}
+func runClients(t *testing.T, n int, dur time.Duration, op func(worker int, rng *rand.Rand) error) (*harness.Latencies, float64) {
+	l := &harness.Latencies{}
 	var wg sync.WaitGroup
 	var errs sync.Map
 	start := time.Now()
@@ -63,13 +46,13 @@ func runClients(t *testing.T, n int, dur time.Duration, op func(worker int, rng 
 					errs.Store(w, err)
 					return
 				}
-				l.add(time.Since(t0))
+				l.Add(time.Since(t0))
 			}
 		}(w)
 	}
 	wg.Wait()
 	errs.Range(func(_, v any) bool { t.Fatalf("bench op failed: %v", v); return false })
-	return l, float64(len(l.d)) / time.Since(start).Seconds()
+	return l, float64(l.Len()) / time.Since(start).Seconds()
 }
 
 func postJSON(url string, hdr map[string]string, body []byte) error {
@@ -80,7 +63,7 @@ func postJSON(url string, hdr map[string]string, body []byte) error {
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
-	resp, err := e2eHTTP.Do(req)
+	resp, err := harness.Client().Do(req)
 	if err != nil {
 		return err
 	}
@@ -104,21 +87,21 @@ func TestEdgeBench(t *testing.T) {
 	// runtime settings `shoal dev` runs with (internal/srvruntime; GOGC and
 	// GOMAXPROCS in the environment win).
 	defer srvruntime.Apply(true)()
-	c := newE2ECluster(t)
-	acct, bearer := c.setupAccount(t, "paid")
-	base := c.edgeURL[0] + "/client/v4/accounts/" + acct + "/d1/database"
-	a := e2eCall(t, "POST", base, bearer, map[string]any{"name": "bench"})
-	require.Equal(t, 200, a.status, "%s", a.raw)
+	c := harness.NewE2ECluster(t)
+	acct, bearer := c.SetupAccount(t, "paid")
+	base := c.EdgeURL[0] + "/client/v4/accounts/" + acct + "/d1/database"
+	a := harness.Call(t, "POST", base, bearer, map[string]any{"name": "bench"})
+	require.Equal(t, 200, a.Status, "%s", a.Raw)
 	var db struct{ UUID string }
 	require.NoError(t, json.Unmarshal(a.Result, &db))
 	const rows = 1000
 	var batch []any
 	batch = append(batch, map[string]any{"sql": "CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT)"})
 	batch = append(batch, map[string]any{"sql": fmt.Sprintf("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < %d) INSERT INTO kv SELECT i, 'value-' || i FROM n", rows)})
-	a = e2eCall(t, "POST", base+"/"+db.UUID+"/query", bearer, map[string]any{"batch": batch})
-	require.Equal(t, 200, a.status, "%s", a.raw)
+	a = harness.Call(t, "POST", base+"/"+db.UUID+"/query", bearer, map[string]any{"batch": batch})
+	require.Equal(t, 200, a.Status, "%s", a.Raw)
 
-	cl, err := raftmeta.NewClient(c.catAddrs)
+	cl, err := raftmeta.NewClient(c.CatAddrs)
 	require.NoError(t, err)
 	row, err := cl.Database(context.Background(), db.UUID, raftmeta.StaleRead())
 	require.NoError(t, err)
@@ -160,11 +143,11 @@ func TestEdgeBench(t *testing.T) {
 	l1Edge, _ := runClients(t, 1, time.Second, func(_ int, rng *rand.Rand) error {
 		return postJSON(base+"/"+db.UUID+"/query", edgeHdr, body(rng))
 	})
-	t.Logf("point SELECT, 1 client: host p50 %s, edge p50 %s (edge adds %s)", l1Host.pct(.5), l1Edge.pct(.5), l1Edge.pct(.5)-l1Host.pct(.5))
+	t.Logf("point SELECT, 1 client: host p50 %s, edge p50 %s (edge adds %s)", l1Host.Pct(.5), l1Edge.Pct(.5), l1Edge.Pct(.5)-l1Host.Pct(.5))
 	t.Logf("point SELECT, %d clients, %s each:", clients, dur)
-	t.Logf("  in-process SQLite : p50 %8s  p99 %8s  %8.0f ops/s", lSQL.pct(.5), lSQL.pct(.99), qpsSQL)
-	t.Logf("  object host direct: p50 %8s  p99 %8s  %8.0f ops/s  (%.2fx SQLite throughput)", lHost.pct(.5), lHost.pct(.99), qpsHost, qpsHost/qpsSQL)
-	t.Logf("  through the edge  : p50 %8s  p99 %8s  %8.0f ops/s  (%.2fx host throughput, p50 +%s)", lEdge.pct(.5), lEdge.pct(.99), qpsEdge, qpsEdge/qpsHost, lEdge.pct(.5)-lHost.pct(.5))
+	t.Logf("  in-process SQLite : p50 %8s  p99 %8s  %8.0f ops/s", lSQL.Pct(.5), lSQL.Pct(.99), qpsSQL)
+	t.Logf("  object host direct: p50 %8s  p99 %8s  %8.0f ops/s  (%.2fx SQLite throughput)", lHost.Pct(.5), lHost.Pct(.99), qpsHost, qpsHost/qpsSQL)
+	t.Logf("  through the edge  : p50 %8s  p99 %8s  %8.0f ops/s  (%.2fx host throughput, p50 +%s)", lEdge.Pct(.5), lEdge.Pct(.99), qpsEdge, qpsEdge/qpsHost, lEdge.Pct(.5)-lHost.Pct(.5))
 	if wrkEdgeOK && wrkHostOK {
 		t.Logf("point SELECT from wrk (2 threads, %d connections, 3s each):", clients)
 		t.Logf("  object host direct: p50 %8s  p99 %8s  %8.0f ops/s", wrkHost.p50, wrkHost.p99, wrkHost.rate)
@@ -184,10 +167,10 @@ func TestEdgeBench(t *testing.T) {
 		return postJSON(base, edgeHdr, b)
 	})
 	stopProfile()
-	t.Logf("create, %d clients, %s: %d creates, p50 %s p99 %s, %.1f creates/s", clients, dur, len(lCreate.d), lCreate.pct(.5), lCreate.pct(.99), cps)
+	t.Logf("create, %d clients, %s: %d creates, p50 %s p99 %s, %.1f creates/s", clients, dur, lCreate.Len(), lCreate.Pct(.5), lCreate.Pct(.99), cps)
 	// Where a create's time goes: the edge's per-step histogram (mean per
 	// step) and the hosts' own init latency (index group commit included).
-	edgeM := scrapeMetrics(t, c.edgeURL[0]+"/metrics")
+	edgeM := harness.ScrapeMetrics(t, c.EdgeURL[0]+"/metrics")
 	for _, step := range []string{"account", "placement", "init", "catalog_write", "after"} {
 		k := `shoal_edge_create_step_seconds_%s{step="` + step + `"}`
 		sum, cnt := edgeM[fmt.Sprintf(k, "sum")], edgeM[fmt.Sprintf(k, "count")]
@@ -199,7 +182,7 @@ func TestEdgeBench(t *testing.T) {
 	require.NoError(t, err)
 	var hSum, hCnt float64
 	for _, h := range hs {
-		m := scrapeMetrics(t, "http://"+h.Address+"/metrics")
+		m := harness.ScrapeMetrics(t, "http://"+h.Address+"/metrics")
 		hSum += m["shoal_objecthost_init_duration_seconds_sum"]
 		hCnt += m["shoal_objecthost_init_duration_seconds_count"]
 	}
@@ -208,7 +191,7 @@ func TestEdgeBench(t *testing.T) {
 	}
 
 	// 3. Route lookup: bbolt hit vs miss (bounded follower read of the catalog).
-	srv := c.edges[0]
+	srv := c.Edges[0]
 	ctx := context.Background()
 	_, err = srv.LookupRoute(ctx, db.UUID)
 	require.NoError(t, err)
@@ -220,7 +203,7 @@ func TestEdgeBench(t *testing.T) {
 		}
 	}
 	hitCost := time.Since(t0) / hits
-	list, _, err := cl.ListDatabases(ctx, acct, fsmListAll(), raftmeta.StaleRead())
+	list, _, err := cl.ListDatabases(ctx, acct, harness.ListAll(), raftmeta.StaleRead())
 	require.NoError(t, err)
 	require.NoError(t, srv.Purge())
 	t0 = time.Now()
@@ -294,29 +277,3 @@ func benchProfile(t *testing.T, phase string) func() {
 	require.NoError(t, pprof.StartCPUProfile(out))
 	return func() { pprof.StopCPUProfile(); out.Close() }
 }
-
-// scrapeMetrics reads a Prometheus text exposition into name{labels} → value.
-func scrapeMetrics(t *testing.T, url string) map[string]float64 {
-	resp, err := http.Get(url)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	out := map[string]float64{}
-	for _, line := range strings.Split(string(b), "\n") {
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err == nil {
-			out[line[:i]] = v
-		}
-	}
-	return out
-}
-
-func fsmListAll() fsm.ListQuery { return fsm.ListQuery{Page: 1, PerPage: 10000} }

@@ -1,4 +1,4 @@
-package test
+package bench
 
 import (
 	"context"
@@ -22,6 +22,7 @@ import (
 	"github.com/shoaldb/shoal/pipeline/event"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
+	"github.com/shoaldb/shoal/test/harness"
 )
 
 // Figures of issue 11 (docs/benchmarks.md, "Limits"); SHOAL_BENCH=1 runs
@@ -33,15 +34,6 @@ func limitsBenchOnly(t *testing.T) {
 	}
 }
 
-func limitsBenchEnv(t *testing.T, name string, def int) int {
-	if v := os.Getenv(name); v != "" {
-		n, err := strconv.Atoi(v)
-		require.NoError(t, err, name)
-		return n
-	}
-	return def
-}
-
 // TestFigureLimiterQueryCost: the limiter's one ClickHouse query per pass
 // (chsink.Store.AccountsOver) with 100,000 active accounts and a day of
 // pre-aggregated usage rows (SHOAL_BENCH_LIMITER_ROWS, default 3,000,000,
@@ -51,9 +43,9 @@ func limitsBenchEnv(t *testing.T, name string, def int) int {
 // OPTIMIZE FINAL.
 func TestFigureLimiterQueryCost(t *testing.T) {
 	limitsBenchOnly(t)
-	accounts := limitsBenchEnv(t, "SHOAL_BENCH_LIMITER_ACCOUNTS", 100_000)
-	rows := limitsBenchEnv(t, "SHOAL_BENCH_LIMITER_ROWS", 3_000_000)
-	ch := startTestClickHouse(t, filepath.Join(t.TempDir(), "clickhouse"), 0, 0)
+	accounts := benchEnvInt(t, "SHOAL_BENCH_LIMITER_ACCOUNTS", 100_000)
+	rows := benchEnvInt(t, "SHOAL_BENCH_LIMITER_ROWS", 3_000_000)
+	ch := harness.StartClickHouse(t, filepath.Join(t.TempDir(), "clickhouse"), 0, 0)
 	t.Cleanup(func() { _ = ch.Close() })
 	st, err := chsink.Open(chsink.StoreConfig{Options: ch.Options(), Database: "limbench", Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
@@ -121,7 +113,7 @@ const (
 // confirm every database.
 func TestFigureHeartbeatCatalogReads(t *testing.T) {
 	limitsBenchOnly(t)
-	n := limitsBenchEnv(t, "SHOAL_BENCH_HB_DATABASES", 100_000)
+	n := benchEnvInt(t, "SHOAL_BENCH_HB_DATABASES", 100_000)
 	quiet := slog.New(slog.DiscardHandler)
 	node, err := raftmeta.NewNode(raftmeta.Config{ID: "hb0", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 		Bootstrap: true, Logger: quiet, RaftLogOutput: io.Discard})
@@ -182,10 +174,10 @@ func TestFigureHeartbeatCatalogReads(t *testing.T) {
 
 	addr := []string{node.HTTPAddr()}
 	sample := func(d time.Duration) float64 {
-		r0, err := raftmetaReads(addr)
+		r0, err := harness.RaftmetaReads(addr)
 		require.NoError(t, err)
 		time.Sleep(d)
-		r1, err := raftmetaReads(addr)
+		r1, err := harness.RaftmetaReads(addr)
 		require.NoError(t, err)
 		return float64(r1-r0) / d.Seconds()
 	}
