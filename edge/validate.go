@@ -198,9 +198,9 @@ func checkStatement(sql *string, params []json.RawMessage, l Limits, where strin
 		// without an error: refuse it, and say where it is.
 		return invalid("Invalid property: %ssql => contains %s: %s", where, terr, terr.Problem.SQLHint())
 	}
-	if strings.TrimSpace(*sql) == "" {
-		return invalid("Invalid property: %ssql => must not be empty", where)
-	}
+	// Empty and whitespace-only SQL go to the object host, which answers as
+	// D1 does (7500 "No SQL statements detected."; an empty batch entry is
+	// dropped): docs/d1-compatibility.md.
 	if len(*sql) > l.MaxSQLBytes {
 		return tooLarge("%ssql is %d bytes, the limit is %d bytes per statement", where, len(*sql), l.MaxSQLBytes)
 	}
