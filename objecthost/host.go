@@ -78,6 +78,10 @@ type Config struct {
 	// to the same page. Default: a registry of its own.
 	Registry *prometheus.Registry
 
+	// History, when set, captures every database's commits into an
+	// off-host archive and serves time travel (history.go).
+	History *HistoryConfig
+
 	// Bindings verifies binding tokens for /v1/bound/*; nil disables the
 	// bound routes (404).
 	Bindings *binding.Keyring
@@ -182,7 +186,8 @@ type Host struct {
 	now     func() time.Time
 	log     *slog.Logger
 	ix      *index
-	handles *handleCache[*sqlexec.DB]
+	handles *handleCache[*liveDB]
+	hist    *hostHistory // nil: history off
 	m       *metrics
 	sched   *schedule
 
@@ -303,9 +308,18 @@ func Open(cfg Config) (*Host, error) {
 	}
 	h.refreshGauges()
 	h.dump = &dumpAPI{h: h, jobs: map[string]*importJob{}}
+	if cfg.History != nil {
+		if h.hist, err = newHostHistory(h, *cfg.History); err != nil {
+			_ = ix.close()
+			return nil, err
+		}
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
+	if h.hist != nil {
+		h.hist.start(h) // stopped in Close, after the handles
+	}
 	if cfg.LimitsFeed != nil {
 		if err := h.startLimitsFeed(ctx, *cfg.LimitsFeed); err != nil {
 			cancel()
@@ -331,6 +345,9 @@ func (h *Host) Close() error {
 		h.cancel()
 		h.wg.Wait()
 		h.handles.closeEverything()
+		if h.hist != nil {
+			h.hist.close(h.log)
+		}
 		err = h.ix.close()
 	})
 	return err
@@ -388,12 +405,19 @@ func (h *Host) path(objectID string) string {
 }
 
 // openDB opens (creating it on first use) an object's SQLite file.
-func (h *Host) openDB(objectID string) (*sqlexec.DB, error) {
+func (h *Host) openDB(objectID string) (*liveDB, error) {
 	p := h.path(objectID)
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return nil, fmt.Errorf("create shard dir: %w", err)
 	}
-	return sqlexec.Open(p, sqlexec.Options{Limits: h.cfg.Limits, ReadConns: h.cfg.ReadConns, Region: h.cfg.Region, Host: h.cfg.ID})
+	if h.hist != nil {
+		return h.hist.open(h, objectID, p) // with its history capturer
+	}
+	db, err := sqlexec.Open(p, sqlexec.Options{Limits: h.cfg.Limits, ReadConns: h.cfg.ReadConns, Region: h.cfg.Region, Host: h.cfg.ID})
+	if err != nil {
+		return nil, err
+	}
+	return &liveDB{DB: db}, nil
 }
 
 // lookup returns the object and its meta, or ErrNotFound.

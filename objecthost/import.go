@@ -263,7 +263,7 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 	// over its storage total, or this database is at its size limit.
 	acct := d.h.account(m.AccountID)
 	blockGrowth := acct.blockGrowth || (acct.maxDatabaseBytes > 0 && o.size.Load() >= acct.maxDatabaseBytes)
-	res, err := dump.ImportDB(ctx, hd.db, f, dump.ImportOptions{
+	res, err := dump.ImportDB(ctx, hd.db.DB, f, dump.ImportOptions{
 		BlockGrowth: blockGrowth,
 		Progress: func(p dump.Progress) {
 			// Runs on the DB's writer goroutine: only cheap checks here.

@@ -1,0 +1,566 @@
+package objecthost
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gorilla/mux"
+
+	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/objecthost/history"
+	"github.com/shoaldb/shoal/objecthost/sqlexec"
+)
+
+// HistoryConfig turns on the page-level change log of every database on
+// the host (objecthost/history, its DESIGN.md): each commit is captured
+// into local staging and shipped to Store; the time-travel endpoints
+// serve bookmarks and restores from it.
+type HistoryConfig struct {
+	Store history.Store // required: the off-host archive
+	// StagingDir is the local staging area (default <Dir>/history: on the
+	// data disk, it survives restarts).
+	StagingDir string
+	Shipper    history.ShipperOptions
+	// Archived is `durability = "archived"`: a write is acknowledged only
+	// once its record is in Store.
+	Archived bool
+	// Retention is the oldest point a restore may go back to (default 30
+	// days); a request may narrow it (?retention_days=, the account's tier).
+	Retention time.Duration
+	// MaxRestores per RestoreWindow per database (default 10 per 10 min,
+	// D1's limit).
+	MaxRestores   int
+	RestoreWindow time.Duration
+	// DrainTimeout bounds the last shipment when the host closes (default
+	// 10 s).
+	DrainTimeout time.Duration
+	// SweepInterval: how often the retention sweeper deletes archived
+	// history older than Retention for every active database (default 1 h;
+	// negative disables).
+	SweepInterval time.Duration
+}
+
+// hostHistory is the host's side of history: one shipper, the capturer of
+// every open handle, and the restores in progress.
+type hostHistory struct {
+	cfg     HistoryConfig
+	ship    *history.Shipper
+	archive *history.Archive
+
+	mu        sync.Mutex
+	caps      map[string]*history.Capturer // objectID → capturer of its open handle
+	restoring map[string]bool              // objectID → restore in progress: no open
+	restores  map[string][]time.Time       // objectID → recent restores (rate limit)
+	stop      context.CancelFunc
+	done      chan struct{}
+}
+
+// ErrRestoring is returned while a database is being restored.
+var ErrRestoring = errors.New("database is being restored, retry")
+
+func newHostHistory(h *Host, cfg HistoryConfig) (*hostHistory, error) {
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("%w: history needs a store", ErrInvalid)
+	}
+	if cfg.StagingDir == "" {
+		cfg.StagingDir = filepath.Join(h.cfg.Dir, "history")
+	}
+	if cfg.Retention <= 0 {
+		cfg.Retention = 30 * 24 * time.Hour
+	}
+	if cfg.MaxRestores <= 0 {
+		cfg.MaxRestores = 10
+	}
+	if cfg.RestoreWindow <= 0 {
+		cfg.RestoreWindow = 10 * time.Minute
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.SweepInterval == 0 {
+		cfg.SweepInterval = time.Hour
+	}
+	if cfg.Shipper.Registerer == nil {
+		cfg.Shipper.Registerer = h.m.reg
+	}
+	if cfg.Shipper.Logger == nil {
+		cfg.Shipper.Logger = h.log
+	}
+	hh := &hostHistory{
+		cfg: cfg, ship: history.NewShipper(cfg.Store, cfg.Shipper), archive: history.NewArchive(cfg.Store),
+		caps: map[string]*history.Capturer{}, restoring: map[string]bool{}, restores: map[string][]time.Time{},
+	}
+	if err := os.MkdirAll(cfg.StagingDir, 0o755); err != nil {
+		return nil, fmt.Errorf("history staging dir: %w", err)
+	}
+	// What an earlier run left unshipped: seal it now (no database is open
+	// yet) and let the shipper send it.
+	ents, err := os.ReadDir(cfg.StagingDir)
+	if err != nil {
+		return nil, err
+	}
+	byUUID := map[string]string{}
+	for id, o := range h.objects {
+		if m := o.meta.Load(); m != nil {
+			byUUID[m.DatabaseUUID] = id
+		}
+	}
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		path := "" // a swept database: ship what is left, nothing to restore into
+		if id, ok := byUUID[e.Name()]; ok {
+			path = h.path(id)
+		}
+		c, err := history.NewCapturer(e.Name(), path, history.CaptureOptions{StagingDir: cfg.StagingDir})
+		if err != nil {
+			h.log.Warn("history: staging dir skipped", "dir", e.Name(), "err", err)
+			continue
+		}
+		if err := c.SealForShipping(); err != nil {
+			h.log.Warn("history: staging dir not sealed", "dir", e.Name(), "err", err)
+			continue
+		}
+		hh.ship.Retire(c)
+	}
+	return hh, nil
+}
+
+// start runs the shipper (and the retention sweeper) until close.
+func (hh *hostHistory) start(h *Host) {
+	ctx, cancel := context.WithCancel(context.Background())
+	hh.stop, hh.done = cancel, make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); hh.ship.Run(ctx) }()
+	if hh.cfg.SweepInterval > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(hh.cfg.SweepInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					hh.sweep(ctx, h)
+				}
+			}
+		}()
+	}
+	go func() { wg.Wait(); close(hh.done) }()
+}
+
+// sweep deletes, for every active database, the archived history no
+// restore inside Retention can need (history.Archive.Sweep).
+func (hh *hostHistory) sweep(ctx context.Context, h *Host) {
+	h.mu.RLock()
+	uuids := make([]string, 0, len(h.objects))
+	for _, o := range h.objects {
+		if m := o.meta.Load(); m != nil && !m.deleted() {
+			uuids = append(uuids, m.DatabaseUUID)
+		}
+	}
+	h.mu.RUnlock()
+	cutoff := h.now().Add(-hh.cfg.Retention)
+	deleted := 0
+	for _, u := range uuids {
+		if ctx.Err() != nil {
+			return
+		}
+		st, err := hh.archive.Sweep(ctx, u, cutoff)
+		if err != nil {
+			h.log.Warn("history: retention sweep failed", "db", u, "err", err)
+			continue
+		}
+		deleted += st.Deleted
+	}
+	if deleted > 0 {
+		h.log.Info("history: retention sweep", "databases", len(uuids), "objects_deleted", deleted)
+	}
+}
+
+// close runs after every handle closed: one last shipment of what is
+// local (bounded), then the shipper stops.
+func (hh *hostHistory) close(log interface{ Warn(string, ...any) }) {
+	ctx, cancel := context.WithTimeout(context.Background(), hh.cfg.DrainTimeout)
+	defer cancel()
+	if err := hh.ship.Drain(ctx); err != nil {
+		log.Warn("history: not everything was archived before closing; it ships after the next start", "err", err)
+	}
+	hh.stop()
+	<-hh.done
+}
+
+// liveDB is an open handle: the database and, with history on, its
+// capturer, closed after it (the capturer's descriptor of the database
+// file must outlive SQLite's, see history.Capturer.Close).
+type liveDB struct {
+	*sqlexec.DB
+	cap *history.Capturer
+	hh  *hostHistory
+	id  string
+}
+
+func (l *liveDB) Close() error {
+	err := l.DB.Close() // the writer calls cap.Closing (Flush) before the final checkpoint
+	if l.cap != nil {
+		if cerr := l.cap.Close(); err == nil {
+			err = cerr
+		}
+		l.hh.mu.Lock()
+		if l.hh.caps[l.id] == l.cap {
+			delete(l.hh.caps, l.id)
+		}
+		l.hh.mu.Unlock()
+		l.hh.ship.Retire(l.cap) // ships what is left, then drops it
+	}
+	return err
+}
+
+// open opens objectID's database with its capturer attached.
+func (hh *hostHistory) open(h *Host, objectID, path string) (*liveDB, error) {
+	_, m, err := h.lookup(objectID)
+	if err != nil {
+		return nil, err
+	}
+	hh.mu.Lock()
+	restoring := hh.restoring[objectID]
+	hh.mu.Unlock()
+	if restoring {
+		return nil, ErrRestoring
+	}
+	opts := history.CaptureOptions{StagingDir: hh.cfg.StagingDir, OnAppend: hh.ship.Notify, Now: h.now}
+	if hh.cfg.Archived {
+		opts.WaitArchived = hh.ship.WaitArchived
+	}
+	c, err := history.NewCapturer(m.DatabaseUUID, path, opts)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sqlexec.Open(path, sqlexec.Options{Limits: h.cfg.Limits, ReadConns: h.cfg.ReadConns, Region: h.cfg.Region, Host: h.cfg.ID})
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Attach(context.Background(), db); err != nil {
+		_ = db.Close()
+		_ = c.Close()
+		return nil, fmt.Errorf("history attach: %w", err)
+	}
+	hh.ship.Add(c)
+	hh.mu.Lock()
+	hh.caps[objectID] = c
+	hh.mu.Unlock()
+	return &liveDB{DB: db, cap: c, hh: hh, id: objectID}, nil
+}
+
+// historyRoutes registers the time-travel endpoints (404 without history).
+func (h *Host) historyRoutes(r *mux.Router) {
+	r.HandleFunc("/v1/objects/{id}/time_travel/bookmark", h.handleBookmark).Methods(http.MethodGet)
+	r.HandleFunc("/v1/objects/{id}/time_travel/restore", h.handleRestore).Methods(http.MethodPost)
+	r.HandleFunc("/v1/history/status", func(w http.ResponseWriter, _ *http.Request) {
+		st := h.HistoryStatus()
+		if st == nil {
+			writeHistoryErr(w, &errHistory{status: http.StatusNotFound, code: v4.CodeNotFound, msg: "time travel is not enabled on this host"})
+			return
+		}
+		v4.WriteResult(w, map[string]any{"lag_seconds": st.Lag.Seconds(), "alarm": st.Alarm, "backlog_databases": st.Backlog, "last_error": st.LastError})
+	}).Methods(http.MethodGet)
+}
+
+// BookmarkResult is GET …/time_travel/bookmark's result (D1's shape).
+type BookmarkResult struct {
+	Bookmark string `json:"bookmark"`
+}
+
+// RestoreResult is POST …/time_travel/restore's result (D1's shape).
+type RestoreResult struct {
+	Bookmark         string `json:"bookmark"`
+	PreviousBookmark string `json:"previous_bookmark"`
+	Message          string `json:"message"`
+}
+
+func (h *Host) handleBookmark(w http.ResponseWriter, r *http.Request) {
+	id := mux.Vars(r)["id"]
+	if err := h.checkIdentity(r, id); err != nil {
+		writeErr(w, err)
+		return
+	}
+	res, err := h.Bookmark(r.Context(), id, r.URL.Query().Get("timestamp"), retentionParam(r))
+	if err != nil {
+		writeHistoryErr(w, err)
+		return
+	}
+	v4.WriteResult(w, res)
+}
+
+func (h *Host) handleRestore(w http.ResponseWriter, r *http.Request) {
+	id := mux.Vars(r)["id"]
+	if err := h.checkIdentity(r, id); err != nil {
+		writeErr(w, err)
+		return
+	}
+	q := r.URL.Query()
+	res, err := h.Restore(r.Context(), id, q.Get("bookmark"), q.Get("timestamp"), retentionParam(r))
+	if err != nil {
+		writeHistoryErr(w, err)
+		return
+	}
+	v4.WriteResult(w, res)
+}
+
+func retentionParam(r *http.Request) time.Duration {
+	d, err := strconv.Atoi(r.URL.Query().Get("retention_days"))
+	if err != nil || d <= 0 {
+		return 0
+	}
+	return time.Duration(d) * 24 * time.Hour
+}
+
+// errHistory is a time-travel refusal with its D1-style code and status.
+type errHistory struct {
+	status, code int
+	msg          string
+}
+
+func (e *errHistory) Error() string { return e.msg }
+
+func writeHistoryErr(w http.ResponseWriter, err error) {
+	var he *errHistory
+	switch {
+	case errors.As(err, &he):
+		v4.WriteError(w, he.status, he.code, he.msg)
+	case errors.Is(err, history.ErrBadBookmark):
+		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "invalid bookmark")
+	case errors.Is(err, history.ErrNoHistory):
+		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "no restorable state at that point (before the database's history or past its retention)")
+	case errors.Is(err, ErrRestoring):
+		v4.WriteError(w, http.StatusServiceUnavailable, v4.CodeUnavailable, ErrRestoring.Error())
+	default:
+		writeErr(w, err)
+	}
+}
+
+func invalidHistory(format string, a ...any) error {
+	return &errHistory{status: http.StatusBadRequest, code: v4.CodeInvalidRequest, msg: fmt.Sprintf(format, a...)}
+}
+
+// parseTimestamp reads D1's two formats: Unix seconds, or an ISO-8601
+// date-time (JavaScript's Date string format).
+func parseTimestamp(s string) (time.Time, error) {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return time.Unix(n, 0).UTC(), nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05.000Z07:00", "2006-01-02T15:04:05Z07:00", "2006-01-02T15:04Z07:00", "2006-01-02"} {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t.UTC(), nil
+		}
+	}
+	return time.Time{}, invalidHistory("invalid timestamp %q: use Unix seconds or an ISO-8601 date-time", s)
+}
+
+func (h *Host) historyOn() (*hostHistory, error) {
+	if h.hist == nil {
+		return nil, &errHistory{status: http.StatusNotFound, code: v4.CodeNotFound, msg: "time travel is not enabled on this host"}
+	}
+	return h.hist, nil
+}
+
+// current returns the live capturer of objectID, opening the database if
+// needed; release must be called.
+func (h *Host) current(objectID string) (*history.Capturer, func(), error) {
+	_, m, err := h.lookup(objectID)
+	if err != nil {
+		return nil, nil, err
+	}
+	if m.deleted() {
+		return nil, nil, ErrDeleted
+	}
+	hd, err := h.handles.acquire(objectID)
+	if err != nil {
+		return nil, nil, err
+	}
+	return hd.db.cap, func() { h.handles.release(hd) }, nil
+}
+
+// Bookmark is GET …/time_travel/bookmark: the current bookmark, or with a
+// timestamp the bookmark of the last commit at or before it.
+func (h *Host) Bookmark(ctx context.Context, objectID, timestamp string, retention time.Duration) (BookmarkResult, error) {
+	hh, err := h.historyOn()
+	if err != nil {
+		return BookmarkResult{}, err
+	}
+	c, release, err := h.current(objectID)
+	if err != nil {
+		return BookmarkResult{}, err
+	}
+	defer release()
+	if timestamp == "" {
+		return BookmarkResult{Bookmark: string(history.MakeBookmark(c.Key(), c.Current()))}, nil
+	}
+	t, err := parseTimestamp(timestamp)
+	if err != nil {
+		return BookmarkResult{}, err
+	}
+	if err := hh.checkRetention(h, t, retention); err != nil {
+		return BookmarkResult{}, err
+	}
+	if !t.Before(c.Current().Time()) {
+		return BookmarkResult{Bookmark: string(history.MakeBookmark(c.Key(), c.Current()))}, nil
+	}
+	// Commits up to t may still be local only: archive them first.
+	if err := hh.ship.Sync(ctx, c); err != nil {
+		return BookmarkResult{}, &errHistory{status: http.StatusServiceUnavailable, code: v4.CodeUnavailable, msg: "the archive store is unavailable, retry"}
+	}
+	p, err := hh.archive.Resolve(ctx, c.Key(), t)
+	if err != nil {
+		return BookmarkResult{}, err
+	}
+	return BookmarkResult{Bookmark: string(history.MakeBookmark(c.Key(), p))}, nil
+}
+
+func (hh *hostHistory) checkRetention(h *Host, t time.Time, retention time.Duration) error {
+	if retention <= 0 || retention > hh.cfg.Retention {
+		retention = hh.cfg.Retention
+	}
+	if oldest := h.now().Add(-retention); t.Before(oldest) {
+		return invalidHistory("%s is older than the retention period (%d days)", t.Format(time.RFC3339), int(retention.Hours()/24))
+	}
+	return nil
+}
+
+// Restore is POST …/time_travel/restore: the database becomes its state at
+// the bookmark (or the last commit at or before the timestamp); the
+// previous bookmark undoes it. Queries meanwhile get 503 (retry).
+//
+// Steps: take the restore slot (no handle can open) → close the handle →
+// archive what is local (the previous bookmark must be restorable; store
+// down: refused, nothing changed) → history.RestoreInPlace (*its tip is
+// the checkpoint*: a crash after it completes the restore at the next
+// open) → release the slot.
+func (h *Host) Restore(ctx context.Context, objectID, bookmark, timestamp string, retention time.Duration) (RestoreResult, error) {
+	hh, err := h.historyOn()
+	if err != nil {
+		return RestoreResult{}, err
+	}
+	if (bookmark == "") == (timestamp == "") {
+		return RestoreResult{}, invalidHistory("give exactly one of bookmark and timestamp")
+	}
+	o, m, err := h.lookup(objectID)
+	if err != nil {
+		return RestoreResult{}, err
+	}
+	if m.deleted() {
+		return RestoreResult{}, ErrDeleted
+	}
+	key := m.DatabaseUUID
+	var target history.Position
+	if bookmark != "" {
+		if target, err = history.ParseBookmark(key, history.Bookmark(bookmark)); err != nil {
+			return RestoreResult{}, err
+		}
+		if err := hh.checkRetention(h, target.Time(), retention); err != nil {
+			return RestoreResult{}, err
+		}
+	}
+	var tsTime time.Time
+	if timestamp != "" {
+		if tsTime, err = parseTimestamp(timestamp); err != nil {
+			return RestoreResult{}, err
+		}
+		if err := hh.checkRetention(h, tsTime, retention); err != nil {
+			return RestoreResult{}, err
+		}
+	}
+
+	now := h.now()
+	hh.mu.Lock()
+	if hh.restoring[objectID] {
+		hh.mu.Unlock()
+		return RestoreResult{}, ErrRestoring
+	}
+	recent := hh.restores[objectID][:0]
+	for _, t := range hh.restores[objectID] {
+		if now.Sub(t) < hh.cfg.RestoreWindow {
+			recent = append(recent, t)
+		}
+	}
+	hh.restores[objectID] = recent
+	if len(recent) >= hh.cfg.MaxRestores {
+		hh.mu.Unlock()
+		return RestoreResult{}, &errHistory{status: http.StatusTooManyRequests, code: v4.CodeRateLimited,
+			msg: fmt.Sprintf("at most %d restores per %s per database", hh.cfg.MaxRestores, hh.cfg.RestoreWindow)}
+	}
+	hh.restoring[objectID] = true
+	hh.mu.Unlock()
+	defer func() {
+		hh.mu.Lock()
+		delete(hh.restoring, objectID)
+		hh.mu.Unlock()
+	}()
+	o.mu.Lock() // no delete or other mutation of this object meanwhile
+	defer o.mu.Unlock()
+
+	// Close the handle (waits for requests using it) and archive what the
+	// closed capturer still has locally.
+	hh.mu.Lock()
+	c := hh.caps[objectID]
+	hh.mu.Unlock()
+	<-h.handles.evict(objectID)
+	if c == nil {
+		// Not open: open it once so its staging is recovered and sealed.
+		c, err = history.NewCapturer(key, h.path(objectID), history.CaptureOptions{StagingDir: hh.cfg.StagingDir})
+		if err == nil {
+			err = c.SealForShipping()
+		}
+		if err != nil {
+			return RestoreResult{}, err
+		}
+	}
+	if err := hh.ship.Sync(ctx, c); err != nil {
+		return RestoreResult{}, &errHistory{status: http.StatusServiceUnavailable, code: v4.CodeUnavailable, msg: "the archive store is unavailable, nothing was changed; retry"}
+	}
+	previous := c.Current()
+	if previous.Gen == "" {
+		if previous, err = hh.archive.Latest(ctx, key); err != nil {
+			return RestoreResult{}, err
+		}
+	}
+	if timestamp != "" {
+		if target, err = hh.archive.Resolve(ctx, key, tsTime); err != nil {
+			return RestoreResult{}, err
+		}
+	}
+	restored, err := history.RestoreInPlace(ctx, hh.archive, key, h.path(objectID), target, history.CaptureOptions{StagingDir: hh.cfg.StagingDir, Now: h.now})
+	if err != nil {
+		return RestoreResult{}, err
+	}
+	hh.mu.Lock()
+	hh.restores[objectID] = append(hh.restores[objectID], now)
+	hh.mu.Unlock()
+	h.log.Info("database restored", "db", key, "object", objectID, "to", history.MakeBookmark(key, target), "previous", history.MakeBookmark(key, previous))
+	nb := string(history.MakeBookmark(key, restored))
+	return RestoreResult{
+		Bookmark:         nb,
+		PreviousBookmark: string(history.MakeBookmark(key, previous)),
+		Message:          fmt.Sprintf("Database restored to %s (bookmark %s); restore to the previous bookmark to undo", target.Time().Format(time.RFC3339), history.MakeBookmark(key, target)),
+	}, nil
+}
+
+// HistoryStatus is the shipper's state for /v1/status (nil without history).
+func (h *Host) HistoryStatus() *history.ShipperStatus {
+	if h.hist == nil {
+		return nil
+	}
+	st := h.hist.ship.Status()
+	return &st
+}

@@ -1,0 +1,238 @@
+package history
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/shoaldb/shoal/objecthost/sqlexec"
+)
+
+// BenchmarkInsert: one-row INSERT requests with history off (plain
+// sqlexec) and on (capture + shipper into a directory store), in the same
+// run; sequential and with 8 concurrent writers (group commit). Reports
+// p99 latency.
+//
+//	go test -run '^$' -bench BenchmarkInsert -benchtime 20000x ./objecthost/history/
+func BenchmarkInsert(b *testing.B) {
+	for _, par := range []int{1, 8} {
+		for _, mode := range []string{"off", "on", "archived"} {
+			b.Run(fmt.Sprintf("writers=%d/history=%s", par, mode), func(b *testing.B) {
+				var db *sqlexec.DB
+				if mode != "off" {
+					store, err := NewDirStore(b.TempDir())
+					require.NoError(b, err)
+					e := newEnvMode(b, store, CaptureOptions{CheckpointFrames: benchCkptFrames()}, ShipperOptions{}, mode == "archived")
+					db = e.db
+				} else {
+					var err error
+					db, err = sqlexec.Open(filepath.Join(b.TempDir(), "x.db"), sqlexec.Options{ReadConns: 2})
+					require.NoError(b, err)
+					b.Cleanup(func() { db.Close() })
+				}
+				_, err := execOn(db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT, n INTEGER)")
+				require.NoError(b, err)
+				lat := make([]time.Duration, b.N)
+				b.ResetTimer()
+				var wg sync.WaitGroup
+				per := (b.N + par - 1) / par
+				for w := 0; w < par; w++ {
+					wg.Add(1)
+					go func(w int) {
+						defer wg.Done()
+						for i := w * per; i < min(b.N, (w+1)*per); i++ {
+							t0 := time.Now()
+							if _, err := execOn(db, "INSERT INTO t(v, n) VALUES (?, ?)", "some text of a row", i); err != nil {
+								b.Error(err)
+								return
+							}
+							lat[i] = time.Since(t0)
+						}
+					}(w)
+				}
+				wg.Wait()
+				b.StopTimer()
+				sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+			})
+		}
+	}
+}
+
+// BenchmarkWriteAmplification: bytes put into the store (segments and
+// snapshots) per byte of SQL-visible change (the inserted values), for one
+// small row per commit and for 100 rows per commit.
+//
+//	go test -run '^$' -bench BenchmarkWriteAmplification -benchtime 1x ./objecthost/history/
+func BenchmarkWriteAmplification(b *testing.B) {
+	for _, rows := range []int{1, 100} {
+		b.Run(fmt.Sprintf("rows_per_commit=%d", rows), func(b *testing.B) {
+			store, err := NewDirStore(b.TempDir())
+			require.NoError(b, err)
+			e := newEnv(b, store, CaptureOptions{}, ShipperOptions{})
+			_, err = execOn(e.db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+			require.NoError(b, err)
+			e.sync()
+			before := storeBytes(b, store)
+			const commits = 2000
+			payload := "a row of about a hundred bytes: lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do"
+			visible := 0
+			for c := 0; c < commits; c++ {
+				stmts := make([]sqlexec.Statement, rows)
+				for i := range stmts {
+					stmts[i] = sqlexec.Statement{SQL: "INSERT INTO t(v) VALUES ('" + payload + "')"}
+					visible += len(payload) + 8 // the value and its rowid
+				}
+				_, err := e.db.Execute(context.Background(), sqlexec.Request{Statements: stmts})
+				require.NoError(b, err)
+			}
+			e.close()
+			archived := storeBytes(b, store) - before
+			b.ReportMetric(float64(archived)/float64(visible), "archived/visible")
+			b.ReportMetric(float64(archived)/commits, "archived-B/commit")
+		})
+	}
+}
+
+func storeBytes(b testing.TB, s *DirStore) int64 {
+	keys, err := s.List(context.Background(), "")
+	require.NoError(b, err)
+	var n int64
+	for _, k := range keys {
+		r, err := s.Get(context.Background(), k)
+		require.NoError(b, err)
+		fi, err := r.(*os.File).Stat()
+		require.NoError(b, err)
+		n += fi.Size()
+		r.Close()
+	}
+	return n
+}
+
+// BenchmarkRestore: restore a database of about 100 MB (1 MB blob rows, a
+// snapshot in the middle of its log) to its last commit and to a point in
+// the middle, from a directory store.
+//
+//	go test -run '^$' -bench BenchmarkRestore -benchtime 3x ./objecthost/history/
+func BenchmarkRestore(b *testing.B) {
+	store, err := NewDirStore(b.TempDir())
+	require.NoError(b, err)
+	e := newEnv(b, store, CaptureOptions{}, ShipperOptions{SnapshotMinBytes: 64 << 20})
+	_, err = execOn(e.db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
+	require.NoError(b, err)
+	var mid Position
+	for i := 0; i < 100; i++ {
+		_, err := execOn(e.db, "INSERT INTO t(v) VALUES (randomblob(1000000))")
+		require.NoError(b, err)
+		if i%10 == 9 {
+			_, err := execOn(e.db, "UPDATE t SET v = randomblob(1000000) WHERE id = ?", i-5)
+			require.NoError(b, err)
+		}
+		if i == 60 {
+			mid = e.cap.Current()
+		}
+	}
+	e.close()
+	latest, err := e.archive.Latest(context.Background(), e.key)
+	require.NoError(b, err)
+	for name, p := range map[string]Position{"latest": latest, "middle": mid} {
+		b.Run(name, func(b *testing.B) {
+			var st RestoreStats
+			for i := 0; i < b.N; i++ {
+				st, err = e.archive.Restore(context.Background(), e.key, p, filepath.Join(b.TempDir(), "r.db"))
+				require.NoError(b, err)
+			}
+			b.ReportMetric(float64(st.DatabaseBytes)/1e6, "db-MB")
+			b.ReportMetric(float64(st.BytesRead)/1e6, "read-MB")
+			b.ReportMetric(float64(st.Records), "records")
+		})
+	}
+}
+
+func benchCkptFrames() int {
+	n, _ := strconv.Atoi(os.Getenv("HISTORY_BENCH_CKPT"))
+	return n
+}
+
+// BenchmarkArchivePerDay: archive bytes for a 10 MB database taking one
+// small write per second, for one simulated hour (fake clock, 3,600
+// commits), reported per day (× 24).
+//
+//	go test -run '^$' -bench BenchmarkArchivePerDay -benchtime 1x ./objecthost/history/
+func BenchmarkArchivePerDay(b *testing.B) {
+	store, err := NewDirStore(b.TempDir())
+	require.NoError(b, err)
+	clk := &fakeClock{}
+	clk.us.Store(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC).UnixMicro())
+	e := newEnv(b, store, CaptureOptions{Now: clk.now}, ShipperOptions{Now: clk.now})
+	_, err = execOn(e.db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT, b BLOB)")
+	require.NoError(b, err)
+	for i := 0; i < 10; i++ {
+		_, err := execOn(e.db, "INSERT INTO t(b) SELECT randomblob(1000) FROM generate_series(1, 1000)")
+		if err != nil { // no generate_series: a recursive CTE
+			_, err = execOn(e.db, "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM n WHERE x < 1000) INSERT INTO t(b) SELECT randomblob(1000) FROM n")
+		}
+		require.NoError(b, err)
+	}
+	e.sync()
+	before := storeBytes(b, store)
+	for s := 0; s < 3600; s++ {
+		clk.advance(time.Second)
+		_, err := execOn(e.db, "INSERT INTO t(v) VALUES (?)", "a small row of about fifty bytes, e.g. an event")
+		require.NoError(b, err)
+	}
+	e.close()
+	hour := storeBytes(b, store) - before
+	fi, err := os.Stat(e.path)
+	require.NoError(b, err)
+	b.ReportMetric(float64(fi.Size())/1e6, "db-MB")
+	b.ReportMetric(float64(hour*24)/1e6, "archived-MB/day")
+}
+
+// BenchmarkColdOpen: open a closed database, run one point read, close it,
+// with and without its capturer (NewCapturer + Attach, which recovers the
+// staging log and proves continuity with the WAL; Close seals). The object
+// host pays this on every cold query.
+//
+//	go test -run '^$' -bench BenchmarkColdOpen -benchtime 2000x ./objecthost/history/
+func BenchmarkColdOpen(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		b.Run(fmt.Sprintf("history=%v", on), func(b *testing.B) {
+			store, err := NewDirStore(b.TempDir())
+			require.NoError(b, err)
+			e := newEnv(b, store, CaptureOptions{}, ShipperOptions{})
+			_, err = execOn(e.db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+			require.NoError(b, err)
+			_, err = execOn(e.db, "INSERT INTO t(v) VALUES ('x')")
+			require.NoError(b, err)
+			e.close()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				var c *Capturer
+				if on {
+					c, err = NewCapturer(e.key, e.path, e.copts)
+					require.NoError(b, err)
+				}
+				db, err := sqlexec.Open(e.path, sqlexec.Options{ReadConns: 1})
+				require.NoError(b, err)
+				if on {
+					require.NoError(b, c.Attach(context.Background(), db))
+				}
+				_, err = execOn(db, "SELECT v FROM t WHERE id = 1")
+				require.NoError(b, err)
+				require.NoError(b, db.Close())
+				if on {
+					require.NoError(b, c.Close())
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,144 @@
+package history
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// DirStore is a Store in a local directory, the default archive of `shoal
+// dev`. It must be outside the host's data dir (it stands in for
+// off-host storage: wiping the data dir must not wipe the archive). Put
+// writes a temporary file, fsyncs it, renames it into place and fsyncs the
+// directory, so an object is complete or absent after a crash.
+type DirStore struct {
+	root string
+}
+
+var _ Store = (*DirStore)(nil)
+
+// NewDirStore returns a DirStore rooted at dir (created if missing).
+func NewDirStore(dir string) (*DirStore, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("history: dir store: %w", err)
+	}
+	return &DirStore{root: dir}, nil
+}
+
+func (s *DirStore) path(key string) string { return filepath.Join(s.root, filepath.FromSlash(key)) }
+
+func (s *DirStore) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p := s.path(key)
+	dir := filepath.Dir(p)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("history: put %s: %w", key, err)
+	}
+	tmp, err := os.CreateTemp(dir, ".put-*")
+	if err != nil {
+		return fmt.Errorf("history: put %s: %w", key, err)
+	}
+	defer os.Remove(tmp.Name()) // no-op after the rename
+	n, err := io.Copy(tmp, r)
+	if err == nil && n != size {
+		err = fmt.Errorf("wrote %d bytes, want %d", n, size)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), p)
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		return fmt.Errorf("history: put %s: %w", key, err)
+	}
+	return nil
+}
+
+func (s *DirStore) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(s.path(key))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, key)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("history: get %s: %w", key, err)
+	}
+	return f, nil
+}
+
+func (s *DirStore) List(ctx context.Context, prefix string) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	// Walk the deepest directory the prefix names completely.
+	base := prefix
+	if i := strings.LastIndex(prefix, "/"); i >= 0 {
+		base = prefix[:i]
+	} else {
+		base = ""
+	}
+	var keys []string
+	err := filepath.WalkDir(s.path(base), func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if d.IsDir() || strings.HasPrefix(d.Name(), ".put-") {
+			return nil
+		}
+		rel, err := filepath.Rel(s.root, p)
+		if err != nil {
+			return err
+		}
+		if k := filepath.ToSlash(rel); strings.HasPrefix(k, prefix) {
+			keys = append(keys, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("history: list %s: %w", prefix, err)
+	}
+	sort.Strings(keys)
+	return keys, nil
+}
+
+func (s *DirStore) Delete(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := os.Remove(s.path(key)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("history: delete %s: %w", key, err)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

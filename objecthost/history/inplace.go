@@ -1,0 +1,123 @@
+package history
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// RestoreInPlace replaces the database file dbPath (closed: its
+// sqlexec.DB closed after its Capturer's Flush, and that Capturer closed)
+// with its archived state at p, as a new generation of its history. The
+// state before the restore stays in the previous generation, so a restore
+// is undone by restoring to the bookmark the caller took before it (the
+// last archived commit: ship first). It returns the new generation's
+// position (the restored state's bookmark).
+//
+// Steps, each safe to crash after:
+//  1. build the state at p into dbPath.restore-tmp and fsync it;
+//  2. start the new generation in the staging log, base snapshot = that
+//     file, tip marked Restore = the temp file. *Checkpoint*: the tip's
+//     rename. Before it the old generation and the old file are current;
+//     after it the restore completes on the next NewCapturer;
+//  3. empty dbPath-wal, rename the temp file over dbPath, fsync the
+//     directory, rewrite the tip without Restore.
+func RestoreInPlace(ctx context.Context, a *Archive, key, dbPath string, p Position, opts CaptureOptions) (Position, error) {
+	if !validKey(key) {
+		return Position{}, fmt.Errorf("history: invalid database key %q", key)
+	}
+	tmp := dbPath + ".restore-tmp"
+	var st RestoreStats
+	if err := a.build(ctx, key, p, tmp, &st); err != nil {
+		os.Remove(tmp)
+		return Position{}, err
+	}
+	l, err := openLocalLog(opts.StagingDir, key)
+	if err != nil {
+		return Position{}, err
+	}
+	defer l.close()
+	prev, _, err := l.recover()
+	if err != nil {
+		return Position{}, err
+	}
+	f, err := os.Open(tmp)
+	if err != nil {
+		return Position{}, err
+	}
+	defer f.Close()
+	ps, pages, err := dbFileInfo(f)
+	if err != nil {
+		return Position{}, err
+	}
+	if ps == 0 {
+		ps = 4096
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	startUs := now().UnixMicro()
+	if startUs <= prev.Last.TimeUs {
+		startUs = prev.Last.TimeUs + 1
+	}
+	if p.TimeUs >= startUs {
+		startUs = p.TimeUs + 1
+	}
+	gen := genID(startUs)
+	base := snapHeader{PageSize: uint32(ps), DBSize: pages, TimeUs: startUs}
+	im := &dbImage{db: f, pageSize: ps}
+	last := recordHeader{PageSize: uint32(ps), DBSize: pages, TimeUs: startUs}
+	if err := l.startGeneration(gen, base, func(w *os.File) error {
+		return writeSnapshot(w, base, im.readPage)
+	}, tip{Last: last, Settled: true, Restore: filepath.Base(tmp)}); err != nil { // the checkpoint
+		return Position{}, err
+	}
+	if err := completeRestore(l, gen, dbPath, last); err != nil {
+		return Position{}, err
+	}
+	return Position{Gen: gen, Txid: 0, TimeUs: startUs}, nil
+}
+
+// completeRestore is step 3 of RestoreInPlace; idempotent.
+func completeRestore(l *localLog, gen, dbPath string, last recordHeader) error {
+	tmp := dbPath + ".restore-tmp"
+	if _, err := os.Stat(tmp); err == nil {
+		if err := os.Truncate(dbPath+"-wal", 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		if err := os.Rename(tmp, dbPath); err != nil {
+			return err
+		}
+		if err := syncDir(filepath.Dir(dbPath)); err != nil {
+			return err
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return writeTip(l.genDir(gen), tip{Gen: gen, Last: last, Settled: true})
+}
+
+// finishRestore completes a RestoreInPlace that a crash interrupted after
+// its checkpoint (NewCapturer, before the database is opened).
+func (c *Capturer) finishRestore() error {
+	st, ok, err := c.log.recover()
+	if err != nil {
+		return err
+	}
+	if !ok || st.Restore == "" {
+		c.recovered = &recovered{st: st, ok: ok} // attach reuses it
+		return nil
+	}
+	return completeRestore(c.log, st.Gen, c.dbPath, st.Last)
+}
+
+// recovered is the staging state NewCapturer read, for Attach.
+type recovered struct {
+	st tip
+	ok bool
+}
