@@ -141,13 +141,6 @@ func (db *DB) ExecScript(ctx context.Context, next func() (string, error), opt S
 	return sj.res, j.err
 }
 
-// runScript runs a script job on the writer and finishes it.
-func (db *DB) runScript(c *conn, j *job) {
-	res, err := db.script(c, j.script)
-	j.script.res = res
-	j.finish(nil, err)
-}
-
 // script is ExecScript's body on the writer connection. Checkpoint: the
 // COMMIT; before it nothing of the script is visible or durable.
 func (db *DB) script(c *conn, sj *scriptJob) (res ScriptResult, err error) {
