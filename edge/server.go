@@ -477,6 +477,8 @@ func (s *Server) routes() *mux.Router {
 	d1.Handle("/{database_id}/export", s.account("export", s.handleExport)).Methods(http.MethodPost)
 	d1.Handle("/{database_id}/import", s.account("import", s.handleImport)).Methods(http.MethodPost)
 	d1.Handle("/{database_id}/insights", s.account("insights", s.handleInsights)).Methods(http.MethodGet)
+	d1.Handle("/{database_id}/time_travel/bookmark", s.account("time_travel_bookmark", s.handleTimeTravelBookmark)).Methods(http.MethodGet)
+	d1.Handle("/{database_id}/time_travel/restore", s.account("time_travel_restore", s.handleTimeTravelRestore)).Methods(http.MethodPost)
 	r.Handle("/client/v4/shoal/dump/{token}", s.instrument("export_download", http.HandlerFunc(s.handleExportDownload))).Methods(http.MethodGet)
 	r.Handle("/client/v4/shoal/upload/{token}", s.instrument("import_upload", http.HandlerFunc(s.handleImportUpload))).Methods(http.MethodPut)
 

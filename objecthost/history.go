@@ -370,7 +370,9 @@ func parseTimestamp(s string) (time.Time, error) {
 
 func (h *Host) historyOn() (*hostHistory, error) {
 	if h.hist == nil {
-		return nil, &errHistory{status: http.StatusNotFound, code: v4.CodeNotFound, msg: "time travel is not enabled on this host"}
+		// Not 404: an edge reads a 404 as a stale route and the client
+		// would be told the database does not exist.
+		return nil, &errHistory{status: http.StatusBadRequest, code: v4.CodeInvalidRequest, msg: "time travel is not enabled on this database's object host (it runs without an archive: objecthost serve --archive-dir)"}
 	}
 	return h.hist, nil
 }

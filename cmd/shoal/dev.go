@@ -47,6 +47,7 @@ func newDevCmd() *cobra.Command {
 		addr      string
 		basePort  int
 		quietRaft bool
+		archive   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -72,7 +73,7 @@ created and saved in DIR/dev.json. Stop with Ctrl-C (or SIGTERM).`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return runDev(ctx, cmd.OutOrStdout(), devOptions{dir: dir, nodes: nodes, addr: addr, basePort: basePort, quietRaft: quietRaft})
+			return runDev(ctx, cmd.OutOrStdout(), devOptions{dir: dir, nodes: nodes, addr: addr, basePort: basePort, quietRaft: quietRaft, archive: archive})
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", ".shoal", "data directory")
@@ -81,11 +82,13 @@ created and saved in DIR/dev.json. Stop with Ctrl-C (or SIGTERM).`,
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:8787", "address of the public D1-compatible API")
 	cmd.Flags().IntVar(&basePort, "base-port", 17000, "first of the internal loopback ports (raft base+i, catalog base+100+i, object host base+200, Kafka-protocol broker base+300)")
 	cmd.Flags().BoolVar(&quietRaft, "quiet", true, "only warnings from the Raft library")
+	cmd.Flags().BoolVar(&archive, "archive", true, "capture every commit into DIR/archive (time travel, restores); --archive=false turns history off")
 	return cmd
 }
 
 type devOptions struct {
 	dir       string
+	archive   bool // history into <dir>/archive (time travel)
 	nodes     int
 	addr      string
 	basePort  int
@@ -162,6 +165,13 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 		Catalog:  objecthost.RaftmetaCatalog{C: client},
 		Logger:   logger,
 		Registry: hostReg,
+	}
+	if o.archive {
+		// The archive stands in for off-host storage: beside the object
+		// host's data directory, not inside it.
+		if hcfg.History, err = dirHistory(filepath.Join(o.dir, "archive"), hcfg.Dir); err != nil {
+			return err
+		}
 	}
 	pipe.hostSinks(&hcfg)
 	host, err := objecthost.Open(hcfg)

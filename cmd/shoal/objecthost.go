@@ -38,6 +38,7 @@ func newObjecthostServeCmd() *cobra.Command {
 		nodeID     string
 		logLevel   string
 		kafka      kafkaFlags
+		archiveDir string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -125,6 +126,11 @@ given explicitly win.`,
 
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			if archiveDir != "" {
+				if cfg.History, err = dirHistory(archiveDir, cfg.Dir); err != nil {
+					return err
+				}
+			}
 			h, err := objecthost.Open(cfg)
 			if err != nil {
 				if hp != nil {
@@ -154,6 +160,7 @@ given explicitly win.`,
 	f := cmd.Flags()
 	f.StringVar(&cfg.ID, "id", "", "host ID in the catalog (unique, stable)")
 	f.StringVar(&cfg.Dir, "dir", "", "data directory (index.db and dbs/)")
+	f.StringVar(&archiveDir, "archive-dir", "", "archive every commit's pages into this directory, outside --dir (time travel and restores; objecthost/history); none: no history")
 	f.StringVar(&httpAddr, "http-addr", "", "listen address of the internal API")
 	f.StringVar(&cfg.Address, "advertise", "", "address edges reach this host at (default --http-addr)")
 	f.StringVar(&cfg.Region, "region", "", "region (wnam, enam, weur, eeur, apac, oc)")

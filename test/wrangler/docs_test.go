@@ -23,6 +23,7 @@ var tested = map[string][2]string{
 	"`d1 export NAME --remote --output FILE` (also `--no-data`, `--no-schema`, `--table T`)": {"yes", "yes"},
 	"`d1 migrations create / list --remote / apply --remote`":                                {"yes", "yes"},
 	"`d1 insights NAME` (every `--sort-by`, `--sort-type`, `--sort-direction`)":              {"yes", "yes"},
+	"`d1 time-travel info NAME`, `d1 time-travel restore NAME --bookmark B` (and undo)":      {"yes", "yes"},
 	"`d1 delete NAME -y`":                              {"yes", "yes"},
 	"any of the above without `CLOUDFLARE_ACCOUNT_ID`": {"yes", "yes"},
 	"`d1 execute/export --local`":                      {"yes", "yes"},

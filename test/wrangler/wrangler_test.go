@@ -316,6 +316,13 @@ func timing(runs []time.Duration) string {
 
 var databaseID = regexp.MustCompile(`"?database_id"?\s*[:=]\s*"([0-9a-f-]{36})"`)
 
+// bookmarkRe and undoRe read the bookmarks wrangler prints: `time-travel
+// info`'s current one, and `restore`'s "restore to the previous bookmark".
+var (
+	bookmarkRe = regexp.MustCompile(`current bookmark is '([0-9a-f-]+)'`)
+	undoRe     = regexp.MustCompile(`previous bookmark: ([0-9a-f-]+)`)
+)
+
 func TestWranglerAndSDK(t *testing.T) {
 	node := needNode(t)
 	bin := buildShoal(t)
@@ -491,6 +498,31 @@ func wranglerFlow(t *testing.T, d *dev, c *cli, wrangler, v, version string) {
 	r = w("d1", "migrations", "list", name, "--remote")
 	require.Equal(t, 0, r.code, "%s", r)
 	assert.Contains(t, r.stdout, "No migrations to apply")
+
+	// time-travel info and restore: the bookmark before a destructive
+	// change, the change, a restore to it (the row is back), then the
+	// undo to the previous bookmark wrangler prints (the change is back).
+	r = w("d1", "time-travel", "info", name)
+	require.Equal(t, 0, r.code, "%s", r)
+	bm := bookmarkRe.FindStringSubmatch(r.stdout)
+	require.NotNil(t, bm, "no bookmark in: %s", r)
+	before := d.rows(t, id, "SELECT count(*) AS n FROM orders")
+	r = w("d1", "execute", name, "--remote", "--command", "DELETE FROM orders")
+	require.Equal(t, 0, r.code, "%s", r)
+	r = w("d1", "time-travel", "restore", name, "--bookmark", bm[1])
+	require.Equal(t, 0, r.code, "%s", r)
+	assert.Equal(t, before, d.rows(t, id, "SELECT count(*) AS n FROM orders"), "restored to the bookmark")
+	undo := undoRe.FindStringSubmatch(r.stdout)
+	require.NotNil(t, undo, "no previous bookmark in: %s", r)
+	r = w("d1", "time-travel", "restore", name, "--bookmark", undo[1])
+	require.Equal(t, 0, r.code, "%s", r)
+	assert.Equal(t, []map[string]any{{"n": 0.0}}, d.rows(t, id, "SELECT count(*) AS n FROM orders"), "the restore undone")
+	r = w("d1", "time-travel", "restore", name, "--bookmark", undo[1])
+	require.Equal(t, 0, r.code, "%s", r) // restoring again is allowed (within 10 per 10 min)
+	r = w("d1", "time-travel", "restore", name, "--bookmark", "00000000-00000000-00000000-nope")
+	assert.NotEqual(t, 0, r.code, "a malformed bookmark is refused: %s", r)
+	r = w("d1", "execute", name, "--remote", "--command", "INSERT INTO orders(item) VALUES (1)")
+	require.Equal(t, 0, r.code, "%s", r)
 
 	// Shoal's export imports into wrangler's local D1 (miniflare), and
 	// local D1's export (D1's own dump format) imports into Shoal.

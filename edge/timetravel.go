@@ -1,0 +1,105 @@
+package edge
+
+import (
+	"net/http"
+	"net/url"
+
+	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// D1's Time Travel (docs/api.md, "Time travel"), served by the database's
+// object host from its change log (objecthost/history):
+//
+//   - GET …/{database_id}/time_travel/bookmark[?timestamp=T]: the current
+//     bookmark, or the one for the database as of T (RFC 3339 or Unix
+//     seconds);
+//   - POST …/{database_id}/time_travel/restore?bookmark=B | ?timestamp=T:
+//     restore the database to that point; the answer's previous_bookmark
+//     undoes it (a restore is a new point of the history, nothing older is
+//     dropped).
+//
+// Retention follows the account's tier as on D1: 7 days on the free tier,
+// 30 on paid ones. The host enforces it, the restore rate limit (10 per
+// 10 minutes per database) and the validation of bookmarks and times; its
+// D1-style refusals are passed through, among them a host without history
+// (400, "time travel is not enabled").
+
+// bookmarkJSON is GET …/time_travel/bookmark's result.
+type bookmarkJSON struct {
+	Bookmark string `json:"bookmark"`
+}
+
+// restoreJSON is POST …/time_travel/restore's result.
+type restoreJSON struct {
+	Bookmark         string `json:"bookmark"`
+	PreviousBookmark string `json:"previous_bookmark"`
+	Message          string `json:"message"`
+}
+
+func (s *Server) handleTimeTravelBookmark(w http.ResponseWriter, r *http.Request, _ principal) {
+	acct, id, err := s.databaseRequest(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	q := url.Values{}
+	if ts := r.URL.Query().Get("timestamp"); ts != "" {
+		q.Set("timestamp", ts)
+	}
+	if err := s.timeTravelRetention(r, acct, q); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	var out bookmarkJSON
+	if err := s.hostCall(r.Context(), acct, id, http.MethodGet, "/time_travel/bookmark?"+q.Encode(), nil, &out); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	v4.WriteResult(w, out)
+}
+
+func (s *Server) handleTimeTravelRestore(w http.ResponseWriter, r *http.Request, _ principal) {
+	acct, id, err := s.databaseRequest(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	in := r.URL.Query()
+	bm, ts := in.Get("bookmark"), in.Get("timestamp")
+	if (bm == "") == (ts == "") {
+		s.writeErr(w, r, invalid("restore needs exactly one of bookmark or timestamp"))
+		return
+	}
+	q := url.Values{}
+	if bm != "" {
+		q.Set("bookmark", bm)
+	} else {
+		q.Set("timestamp", ts)
+	}
+	if err := s.timeTravelRetention(r, acct, q); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	var out restoreJSON
+	if err := s.hostCall(r.Context(), acct, id, http.MethodPost, "/time_travel/restore?"+q.Encode(), nil, &out); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	v4.WriteResult(w, out)
+}
+
+// timeTravelRetention adds the account tier's retention (D1: 7 days free,
+// 30 paid) to the host call.
+func (s *Server) timeTravelRetention(r *http.Request, acct string, q url.Values) error {
+	a, err := s.accountRow(r.Context(), acct)
+	if err != nil {
+		return err
+	}
+	days := "30"
+	if a.Tier == fsm.TierFree {
+		days = "7"
+	}
+	q.Set("retention_days", days)
+	return nil
+}
