@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -26,29 +25,7 @@ import (
 
 // d1cliBasePort finds a base port p with p, p+100 and p+200 free (shoal dev
 // uses base+i for Raft, base+100+i for the catalog, base+200 for the host).
-func d1cliBasePort(t *testing.T) int { return freePortBase(t, 0, 100, 200, 300, 310, 311) }
-
-// freePortBase finds a base port p with p+off free for every offset.
-func freePortBase(t *testing.T, offsets ...int) int {
-	t.Helper()
-	for i := 0; i < 200; i++ {
-		p := 30000 + rand.Intn(20000)
-		ok := true
-		for _, off := range offsets {
-			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+off))
-			if err != nil {
-				ok = false
-				break
-			}
-			ln.Close()
-		}
-		if ok {
-			return p
-		}
-	}
-	t.Fatal("no free port range")
-	return 0
-}
+func d1cliBasePort(t *testing.T) int { return harness.DevBasePort(t) }
 
 type devProc struct {
 	dir    string

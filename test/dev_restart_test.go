@@ -21,7 +21,7 @@ import (
 // (base..base+2 Raft, base+100..102 catalog, base+200 host, base+300 broker,
 // base+310/311 ClickHouse) are free.
 func devBasePort3(t *testing.T) int {
-	return freePortBase(t, 0, 1, 2, 100, 101, 102, 200, 300, 310, 311)
+	return harness.FreePortBase(t, 0, 1, 2, 100, 101, 102, 200, 300, 310, 311)
 }
 
 // runDevUntilReady starts `shoal dev` with args and waits until it serves.

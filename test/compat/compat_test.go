@@ -13,9 +13,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/shoaldb/shoal/test/harness"
 	"io"
-	"math/rand"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -486,9 +485,9 @@ func startDev(t *testing.T) *devServer {
 		}
 	}
 	dir := filepath.Join(t.TempDir(), "dev")
-	addr := freeAddr(t)
+	addr := harness.FreeAddr(t)
 	var errb bytes.Buffer
-	cmd := exec.Command(bin, "dev", "--dir", dir, "--reset", "--addr", addr, "--base-port", fmt.Sprint(freeBase(t)))
+	cmd := exec.Command(bin, "dev", "--dir", dir, "--reset", "--addr", addr, "--base-port", fmt.Sprint(harness.DevBasePort(t)))
 	cmd.Stdout, cmd.Stderr = io.Discard, &errb
 	cmd.SysProcAttr = childProcAttr()
 	require.NoError(t, cmd.Start())
@@ -522,36 +521,4 @@ func startDev(t *testing.T) *devServer {
 	}, 60*time.Second, 100*time.Millisecond, "shoal dev never became ready: %s", &errb)
 	return &devServer{api: "http://" + addr, account: info.AccountID, token: info.Token,
 		client: &http.Client{Timeout: 30 * time.Second}}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// freeBase finds a base port p with the ports `shoal dev` derives from it
-// free: p (Raft), p+100 (catalog), p+200 (object host), p+300, p+310,
-// p+311 (Kafka-protocol broker and pipeline).
-func freeBase(t *testing.T) int {
-	t.Helper()
-	for i := 0; i < 200; i++ {
-		p := 30000 + rand.Intn(20000)
-		ok := true
-		for _, off := range []int{0, 100, 200, 300, 310, 311} {
-			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+off))
-			if err != nil {
-				ok = false
-				break
-			}
-			ln.Close()
-		}
-		if ok {
-			return p
-		}
-	}
-	t.Fatal("no free port range")
-	return 0
 }

@@ -2,6 +2,8 @@ package harness
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"testing"
@@ -60,4 +62,34 @@ func WaitHTTP200(t testing.TB, url string, within time.Duration, msgAndArgs ...a
 func WaitReady(t testing.TB, addr string) {
 	t.Helper()
 	WaitHTTP200(t, "http://"+addr+"/readyz", 20*time.Second, "node at %s never ready", addr)
+}
+
+// DevBasePort finds a --base-port p for `shoal dev` with every port it
+// derives from p free on 127.0.0.1: p (Raft), p+100 (catalog), p+200
+// (object host), p+300, p+310 and p+311 (the Kafka-protocol broker and the
+// pipeline's ClickHouse).
+func DevBasePort(t testing.TB) int { return FreePortBase(t, 0, 100, 200, 300, 310, 311) }
+
+// FreePortBase finds a base port p in [30000, 50000) with p+off free for
+// every offset (free when probed: another process may take one before the
+// caller binds it, as with FreeAddr).
+func FreePortBase(t testing.TB, offsets ...int) int {
+	t.Helper()
+	for range 200 {
+		p := 30000 + rand.IntN(20000)
+		ok := true
+		for _, off := range offsets {
+			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+off))
+			if err != nil {
+				ok = false
+				break
+			}
+			ln.Close()
+		}
+		if ok {
+			return p
+		}
+	}
+	t.Fatal("no free port range")
+	return 0
 }

@@ -19,9 +19,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/shoaldb/shoal/test/harness"
 	"io"
-	"math/rand"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -88,37 +87,6 @@ func buildShoal(t *testing.T) string {
 	return out
 }
 
-// freeBase finds a base port with base+off free for every offset shoal
-// dev uses (Raft, catalog, object host, broker, ClickHouse).
-func freeBase(t *testing.T) int {
-	t.Helper()
-	for i := 0; i < 200; i++ {
-		p := 30000 + rand.Intn(20000)
-		ok := true
-		for _, off := range []int{0, 100, 200, 300, 310, 311} {
-			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+off))
-			if err != nil {
-				ok = false
-				break
-			}
-			ln.Close()
-		}
-		if ok {
-			return p
-		}
-	}
-	t.Fatal("no free port range")
-	return 0
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 type syncBuf struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -146,9 +114,9 @@ type dev struct {
 func startDev(t *testing.T, bin string) *dev {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "dev")
-	addr := freeAddr(t)
+	addr := harness.FreeAddr(t)
 	out := &syncBuf{}
-	cmd := exec.Command(bin, "dev", "--dir", dir, "--reset", "--addr", addr, "--base-port", fmt.Sprint(freeBase(t)))
+	cmd := exec.Command(bin, "dev", "--dir", dir, "--reset", "--addr", addr, "--base-port", fmt.Sprint(harness.DevBasePort(t)))
 	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
