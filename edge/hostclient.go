@@ -23,6 +23,9 @@ const (
 	HeaderAccount    = "X-Shoal-Account"
 	HeaderGeneration = "X-Shoal-Generation"
 	HeaderRequestID  = "X-Request-ID"
+	// HeaderNumbers ("exact" or "js": integers beyond ±2^53 as D1 renders
+	// them) is passed from the client to the object host, which checks it.
+	HeaderNumbers = "Shoal-Numbers"
 )
 
 // ObjectInfo, InitRequest and InitOptions are the object host's API types,

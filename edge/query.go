@@ -132,9 +132,12 @@ func (s *Server) queryBody(r *http.Request) ([]byte, error) {
 // the host's response for pass-through, or a *staleError, or ErrUnavailable
 // when the host cannot be reached.
 func (s *Server) forwardQuery(r *http.Request, rt Route, kind string, body []byte) (*http.Response, error) {
-	h := make(http.Header, 5)
+	h := make(http.Header, 6)
 	setRouteHeaders(h, rt)
 	h.Set(HeaderRequestID, requestIDFrom(r.Context()))
+	if v := r.Header.Get(HeaderNumbers); v != "" {
+		h.Set(HeaderNumbers, v)
+	}
 	resp, err := s.hosts.forward(r.Context(), "http://"+rt.HostAddress+"/v1/objects/"+rt.ObjectID+"/"+kind, h, body)
 	if err != nil {
 		return nil, fmt.Errorf("%w: object host unreachable: %w", ErrUnavailable, err)
@@ -210,6 +213,9 @@ func (s *Server) serveBound(w http.ResponseWriter, r *http.Request, kind, tok st
 	setRouteHeaders(h, Route{DatabaseUUID: c.DatabaseUUID, AccountID: c.AccountID, Generation: c.Generation})
 	binding.SetHeader(h, tok)
 	h.Set(HeaderRequestID, requestIDFrom(r.Context()))
+	if v := r.Header.Get(HeaderNumbers); v != "" {
+		h.Set(HeaderNumbers, v)
+	}
 	resp, err := s.hosts.forward(r.Context(), "http://"+c.HostAddress+"/v1/bound/"+kind, h, body)
 	if err != nil {
 		s.writeErr(w, r, fmt.Errorf("%w: object host unreachable: %w", ErrUnavailable, err))

@@ -24,6 +24,11 @@ const (
 	HeaderDatabase   = "X-Shoal-Database"
 	HeaderAccount    = "X-Shoal-Account"
 	HeaderGeneration = "X-Shoal-Generation"
+	// HeaderNumbers chooses how integers beyond ±2^53 are rendered:
+	// "exact" (the default: every digit) or "js" (the nearest double, as
+	// D1 answers through JavaScript). Clients send it to the edge, which
+	// passes it on (docs/d1-compatibility.md).
+	HeaderNumbers = "Shoal-Numbers"
 )
 
 // Handler returns the internal HTTP API: lifecycle (init, confirm, delete,
@@ -281,6 +286,13 @@ func (h *Host) query(w http.ResponseWriter, r *http.Request, objectID string, id
 		return nil, err
 	}
 	req.Raw = raw
+	switch r.Header.Get(HeaderNumbers) {
+	case "", "exact":
+	case "js":
+		req.JSNumbers = true
+	default:
+		return nil, fmt.Errorf("%w: header %s must be \"exact\" or \"js\"", ErrInvalid, HeaderNumbers)
+	}
 	return h.Query(r.Context(), objectID, id, req)
 }
 

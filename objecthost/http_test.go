@@ -324,3 +324,38 @@ func mustResultsOnly(t *testing.T, raw json.RawMessage) string {
 	require.NoError(t, err)
 	return string(b)
 }
+
+// Shoal-Numbers: integers beyond ±2^53 exact by default, as D1 renders
+// them (the nearest double) with "js", anything else refused.
+func TestQueryNumbersHeader(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	post := func(numbers string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/objects/"+d.obj+"/query", strings.NewReader(`{"sql":"SELECT 9007199254740993 AS big"}`))
+		require.NoError(t, err)
+		req.Header.Set(HeaderDatabase, d.uuid)
+		req.Header.Set(HeaderAccount, d.account)
+		if numbers != "" {
+			req.Header.Set(HeaderNumbers, numbers)
+		}
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	for _, h := range []string{"", "exact"} {
+		code, body := post(h)
+		require.Equal(t, http.StatusOK, code, body)
+		assert.Contains(t, body, `"big":9007199254740993`, "header %q", h)
+	}
+	code, body := post("js")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, `"big":9007199254740992`)
+	code, body = post("float")
+	assert.Equal(t, http.StatusBadRequest, code, body)
+	assert.Contains(t, body, HeaderNumbers)
+}
