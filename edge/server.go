@@ -446,17 +446,43 @@ func (s *Server) goBackground(name string, fn func(ctx context.Context) error) {
 	}()
 }
 
+// routedWithOtherMethod reports whether router has a route for req's path
+// under another method.
+func routedWithOtherMethod(router *mux.Router, req *http.Request) bool {
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		if m == req.Method {
+			continue
+		}
+		alt := req.Clone(req.Context())
+		alt.Method = m
+		var match mux.RouteMatch
+		if router.Match(alt, &match) && match.MatchErr == nil {
+			return true
+		}
+	}
+	return false
+}
+
 func (s *Server) routes() *mux.Router {
 	r := mux.NewRouter()
 	r.Use(s.requestID)
-	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.requestID(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			v4.WriteError(w, http.StatusNotFound, 7000, "No route for that URI")
-		})).ServeHTTP(w, r)
-	})
-	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	methodNotAllowed := func(w http.ResponseWriter, _ *http.Request) {
 		v4.WriteError(w, http.StatusMethodNotAllowed, 7000, "Method not allowed for this URI")
+	}
+	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		s.requestID(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			// mux reports a method mismatch only when the mismatching
+			// route is the last one it tries (routes registered after it
+			// reset the error): ask again with the other methods before
+			// answering 404. Only unrouted requests pay for it.
+			if routedWithOtherMethod(r, req) {
+				methodNotAllowed(w, req)
+				return
+			}
+			v4.WriteError(w, http.StatusNotFound, 7000, "No route for that URI")
+		})).ServeHTTP(w, req)
 	})
+	r.MethodNotAllowedHandler = http.HandlerFunc(methodNotAllowed)
 	r.Handle("/healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		v4.WriteResult(w, map[string]string{"status": "ok"})
 	})).Methods(http.MethodGet)
@@ -476,9 +502,9 @@ func (s *Server) routes() *mux.Router {
 	d1.Handle("/{database_id}/binding", s.account("binding", s.handleMintBinding)).Methods(http.MethodPost)
 	d1.Handle("/{database_id}/export", s.account("export", s.handleExport)).Methods(http.MethodPost)
 	d1.Handle("/{database_id}/import", s.account("import", s.handleImport)).Methods(http.MethodPost)
-	d1.Handle("/{database_id}/insights", s.account("insights", s.handleInsights)).Methods(http.MethodGet)
 	d1.Handle("/{database_id}/time_travel/bookmark", s.account("time_travel_bookmark", s.handleTimeTravelBookmark)).Methods(http.MethodGet)
 	d1.Handle("/{database_id}/time_travel/restore", s.account("time_travel_restore", s.handleTimeTravelRestore)).Methods(http.MethodPost)
+	d1.Handle("/{database_id}/insights", s.account("insights", s.handleInsights)).Methods(http.MethodGet)
 	r.Handle("/client/v4/shoal/dump/{token}", s.instrument("export_download", http.HandlerFunc(s.handleExportDownload))).Methods(http.MethodGet)
 	r.Handle("/client/v4/shoal/upload/{token}", s.instrument("import_upload", http.HandlerFunc(s.handleImportUpload))).Methods(http.MethodPut)
 
