@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -201,6 +202,26 @@ func TestD1CLI(t *testing.T) {
 
 	r = ok(d1("", "binding", "create", "cli-db", "--json"))
 	require.Contains(t, r.stdout, `"token": "v1.`)
+
+	// time-travel: the bookmark before a delete, a restore to it brings the
+	// rows back, the printed undo bookmark returns to the empty table.
+	r = ok(d1("", "time-travel", "info", "cli-db2"))
+	bm := regexp.MustCompile(`--bookmark (\S+)`).FindStringSubmatch(r.stdout)
+	require.NotNil(t, bm, r.stdout)
+	ok(d1("", "execute", "cli-db2", "--command", "DELETE FROM t"))
+	r = ok(d1("", "time-travel", "restore", "cli-db2", "--bookmark", bm[1], "--yes"))
+	undo := regexp.MustCompile(`Undo with: .* --bookmark (\S+)`).FindStringSubmatch(r.stdout)
+	require.NotNil(t, undo, r.stdout)
+	r = ok(d1("", "execute", "cli-db2", "--command", "SELECT count(*) AS n FROM t"))
+	require.Regexp(t, `│\s*4\s*│`, r.stdout)
+	ok(d1("", "time-travel", "restore", "cli-db2", "--bookmark", undo[1], "--yes"))
+	r = ok(d1("", "execute", "cli-db2", "--command", "SELECT count(*) AS n FROM t"))
+	require.Regexp(t, `│\s*0\s*│`, r.stdout)
+	r = d1("", "time-travel", "restore", "cli-db2")
+	require.Equal(t, 2, r.code, "neither --bookmark nor --timestamp: %s", r.stderr)
+	r = d1("", "time-travel", "restore", "cli-db2", "--bookmark", "nope", "--yes")
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Contains(t, r.stderr, "invalid bookmark")
 
 	// Exit codes.
 	r = d1("", "info", "no-such-db")

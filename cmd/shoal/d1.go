@@ -87,7 +87,7 @@ DB arguments are a database name or UUID. Exit codes: 0 ok, 1 API error,
 	})
 	cmd.AddCommand(e.createCmd(), e.listCmd(), e.infoCmd(), e.deleteCmd(), e.executeCmd(),
 		e.exportCmd(), e.importCmd(), e.bindingCmd())
-	cmd.AddCommand(e.insightsCmd())
+	cmd.AddCommand(e.insightsCmd(), e.timeTravelCmd())
 	e.group(cmd)
 	for _, sub := range cmd.Commands() {
 		if sub.HasSubCommands() {
