@@ -78,6 +78,23 @@ clickhouse {
   # production: managed = false, dsn = "clickhouse://user:password@host:9000/shoal"
 }
 
+# History: object hosts capture every commit's pages and ship them to an
+# archive (time travel, restores; objecthost/history/DESIGN.md). Without this
+# block history is off (`shoal dev` archives into DIR/archive by itself).
+# archive {
+#   dir = "/var/lib/shoal-archive"       # a directory outside every data_dir, or:
+#   endpoint        = "s3.example.com:443"
+#   bucket          = "shoal-archive"
+#   prefix          = "prod/"
+#   region          = "us-east-1"
+#   access_key      = "AKIA…"
+#   secret_key_file = "/etc/shoal/archive-secret"   # or $SHOAL_ARCHIVE_SECRET_KEY
+#   # tls = true; path_style = true for most self-hosted S3 servers
+#   durability = "default"   # or "archived": a write is acknowledged once its commit is in the bucket
+#   max_lag    = "1s"        # default: shipped within 1 s
+#   alarm_lag  = "10s"       # the lag alarm (GET /v1/history/status, shoal_history_* metrics)
+# }
+
 # The limiter: free-tier daily row limits (tier "free" below), one notice per
 # account and UTC day. Run `shoal limiter serve` on one or more nodes; one acts.
 limiter {

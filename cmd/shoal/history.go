@@ -2,8 +2,12 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
+	"time"
+
+	"github.com/shoaldb/shoal/internal/config"
 
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/objecthost/history"
@@ -30,4 +34,42 @@ func dirHistory(archiveDir, dataDir string) (*objecthost.HistoryConfig, error) {
 		return nil, err
 	}
 	return &objecthost.HistoryConfig{Store: st}, nil
+}
+
+// archiveHistory is the object host's history from cluster.hcl's archive
+// block: a directory (as dirHistory) or an S3-compatible bucket, with the
+// durability mode and lag bounds it names.
+func archiveHistory(a *config.Archive, dataDir string) (*objecthost.HistoryConfig, error) {
+	var h *objecthost.HistoryConfig
+	if a.Dir != "" {
+		var err error
+		if h, err = dirHistory(a.Dir, dataDir); err != nil {
+			return nil, err
+		}
+	} else {
+		secret := os.Getenv("SHOAL_ARCHIVE_SECRET_KEY")
+		if a.SecretKeyFile != "" {
+			b, err := os.ReadFile(a.SecretKeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("archive secret_key_file: %w", err)
+			}
+			secret = strings.TrimRight(string(b), "\r\n")
+		}
+		tls := a.TLS == nil || *a.TLS
+		st, err := history.NewS3Store(history.S3Config{Endpoint: a.Endpoint, Bucket: a.Bucket, Prefix: a.Prefix,
+			Region: a.Region, AccessKey: a.AccessKey, SecretKey: secret, TLS: tls, PathStyle: a.PathStyle})
+		if err != nil {
+			return nil, err
+		}
+		h = &objecthost.HistoryConfig{Store: st}
+	}
+	h.Archived = a.Durability == "archived"
+	// Validated by config.Load: positive durations or empty.
+	if a.MaxLag != "" {
+		h.Shipper.MaxLag, _ = time.ParseDuration(a.MaxLag)
+	}
+	if a.AlarmLag != "" {
+		h.Shipper.AlarmLag, _ = time.ParseDuration(a.AlarmLag)
+	}
+	return h, nil
 }

@@ -126,8 +126,13 @@ given explicitly win.`,
 
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			if archiveDir != "" {
+			switch {
+			case archiveDir != "":
 				if cfg.History, err = dirHistory(archiveDir, cfg.Dir); err != nil {
+					return err
+				}
+			case cl != nil && cl.Archive != nil:
+				if cfg.History, err = archiveHistory(cl.Archive, cfg.Dir); err != nil {
 					return err
 				}
 			}
@@ -160,7 +165,7 @@ given explicitly win.`,
 	f := cmd.Flags()
 	f.StringVar(&cfg.ID, "id", "", "host ID in the catalog (unique, stable)")
 	f.StringVar(&cfg.Dir, "dir", "", "data directory (index.db and dbs/)")
-	f.StringVar(&archiveDir, "archive-dir", "", "archive every commit's pages into this directory, outside --dir (time travel and restores; objecthost/history); none: no history")
+	f.StringVar(&archiveDir, "archive-dir", "", "archive every commit's pages into this directory, outside --dir (time travel and restores; objecthost/history); default: cluster.hcl's archive block, none: no history")
 	f.StringVar(&httpAddr, "http-addr", "", "listen address of the internal API")
 	f.StringVar(&cfg.Address, "advertise", "", "address edges reach this host at (default --http-addr)")
 	f.StringVar(&cfg.Region, "region", "", "region (wnam, enam, weur, eeur, apac, oc)")

@@ -44,6 +44,7 @@ type Cluster struct {
 	Nodes      []*Node     `hcl:"node,block"`
 	Kafka      *Kafka      `hcl:"kafka,block"`
 	ClickHouse *ClickHouse `hcl:"clickhouse,block"`
+	Archive    *Archive    `hcl:"archive,block"`
 	Tiers      []*Tier     `hcl:"tier,block"`
 	Limiter    *Limiter    `hcl:"limiter,block"`
 	Secrets    *Secrets    `hcl:"secrets,block"`
@@ -126,6 +127,30 @@ type ClickHouse struct {
 	// Addr is the managed server's native-protocol address (HTTP on the
 	// next port); default a free loopback port.
 	Addr string `hcl:"addr,optional"`
+}
+
+// Archive is where object hosts ship every commit's pages (time travel,
+// restores; objecthost/history): a directory outside every data dir (dev,
+// tests) or an S3-compatible bucket. Without the block, history is off.
+type Archive struct {
+	Dir string `hcl:"dir,optional"`
+	// S3: endpoint host:port (no scheme), bucket, optional prefix ("" or
+	// ending in /), region, credentials (the secret from a file, or
+	// $SHOAL_ARCHIVE_SECRET_KEY), TLS (default true) and path-style
+	// requests (most self-hosted S3 servers need them).
+	Endpoint      string `hcl:"endpoint,optional"`
+	Bucket        string `hcl:"bucket,optional"`
+	Prefix        string `hcl:"prefix,optional"`
+	Region        string `hcl:"region,optional"`
+	AccessKey     string `hcl:"access_key,optional"`
+	SecretKeyFile string `hcl:"secret_key_file,optional"`
+	TLS           *bool  `hcl:"tls,optional"`
+	PathStyle     bool   `hcl:"path_style,optional"`
+	// Durability: "default" (acknowledge at the local commit, ship within
+	// max_lag) or "archived" (acknowledge once the commit is in the store).
+	Durability string `hcl:"durability,optional"`
+	MaxLag     string `hcl:"max_lag,optional"`   // default 1s
+	AlarmLag   string `hcl:"alarm_lag,optional"` // default 10s
 }
 
 // Tier is one pricing tier's default limits (D1's figures by default).
@@ -367,6 +392,30 @@ func (c *Cluster) validate(body *hclsyntax.Body) error {
 	}
 	if !c.ClickHouse.Managed && c.ClickHouse.DSN == "" {
 		v.fail("clickhouse", "", "dsn", "required unless managed = true")
+	}
+	if a := c.Archive; a != nil {
+		switch {
+		case a.Dir == "" && a.Bucket == "":
+			v.fail("archive", "", "dir", "give dir (a directory outside every data_dir) or bucket (S3)")
+		case a.Dir != "" && a.Bucket != "":
+			v.fail("archive", "", "dir", "give dir or bucket, not both")
+		case a.Bucket != "" && a.Endpoint == "":
+			v.fail("archive", "", "endpoint", "required with bucket")
+		}
+		if a.Prefix != "" && !strings.HasSuffix(a.Prefix, "/") {
+			v.fail("archive", "", "prefix", "must end in / (got %q)", a.Prefix)
+		}
+		if a.Durability != "" && a.Durability != "default" && a.Durability != "archived" {
+			v.fail("archive", "", "durability", "default or archived, not %q", a.Durability)
+		}
+		for _, f := range [][2]string{{"max_lag", a.MaxLag}, {"alarm_lag", a.AlarmLag}} {
+			if f[1] == "" {
+				continue
+			}
+			if d, err := time.ParseDuration(f[1]); err != nil || d <= 0 {
+				v.fail("archive", "", f[0], "not a positive duration: %q", f[1])
+			}
+		}
 	}
 	if l := c.Limiter; l != nil && l.Interval != "" {
 		if d, err := time.ParseDuration(l.Interval); err != nil || d <= 0 {

@@ -153,6 +153,30 @@ kafka {
 limiter {
   interval = "often"
 }`, `limiter: interval: not a positive duration: "often"`},
+		{"archive without a place", node1 + `
+archive {
+  durability = "archived"
+}`, `archive: dir: give dir (a directory outside every data_dir) or bucket (S3)`},
+		{"archive bucket without endpoint", node1 + `
+archive {
+  bucket = "b"
+}`, `archive: endpoint: required with bucket`},
+		{"archive bad durability", node1 + `
+archive {
+  dir = "/a"
+  durability = "maybe"
+}`, `archive: durability: default or archived, not "maybe"`},
+		{"archive bad lag", node1 + `
+archive {
+  dir = "/a"
+  max_lag = "soon"
+}`, `archive: max_lag: not a positive duration: "soon"`},
+		{"archive prefix", node1 + `
+archive {
+  endpoint = "s3:9000"
+  bucket = "b"
+  prefix = "p"
+}`, `archive: prefix: must end in / (got "p")`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
