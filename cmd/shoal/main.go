@@ -10,16 +10,13 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
-
 func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "shoal",
 		Short:         "Shoal: millions of small SQLite databases, D1-compatible",
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		Version:       version,
+		Version:       buildVersion(),
 	}
 	root.AddCommand(
 		newConfigCmd(),

@@ -19,6 +19,7 @@ import (
 
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
+	"github.com/shoaldb/shoal/test/harness"
 	"github.com/shoaldb/shoal/test/robustness/failpoint"
 	"github.com/shoaldb/shoal/test/robustness/model"
 	"github.com/shoaldb/shoal/test/robustness/report"
@@ -654,7 +655,7 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 		}
 	}
 	var mu sync.Mutex
-	concurrently(len(acked), 8, func(i int) {
+	harness.Concurrently(len(acked), 8, func(i int) {
 		db := acked[i]
 		g := settle(func() traffic.Op { return cl.EdgeGet(ctx, finalClient, i%cl.Edges(), db) })
 		settle(func() traffic.Op { return cl.LinGet(ctx, finalClient, db) })
@@ -663,7 +664,7 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 		mu.Unlock()
 	})
 	live := load.Live()
-	concurrently(len(live), 8, func(i int) {
+	harness.Concurrently(len(live), 8, func(i int) {
 		db := live[i]
 		var vals []int64
 		var out traffic.Outcome
@@ -691,7 +692,7 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 	for db := range f.Listed {
 		listed = append(listed, db)
 	}
-	concurrently(len(listed), 8, func(i int) {
+	harness.Concurrently(len(listed), 8, func(i int) {
 		db := listed[i]
 		var out traffic.Outcome
 		var text string
@@ -717,25 +718,6 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 	return f
 }
 
-// concurrently calls fn(0) … fn(n-1) from `workers` goroutines.
-func concurrently(n, workers int, fn func(i int)) {
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				fn(i)
-			}
-		}()
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-}
 
 func sanitize(s string) string {
 	out := []rune(s)
