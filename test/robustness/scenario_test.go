@@ -718,7 +718,6 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 	return f
 }
 
-
 func sanitize(s string) string {
 	out := []rune(s)
 	for i, r := range out {
