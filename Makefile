@@ -8,12 +8,17 @@ export GOFLAGS     := $(shell . ./build.env; echo "$$GOFLAGS")
 
 BIN      := bin/shoal
 DEV_ARGS ?=
+# `shoal --version` prints these when the binary carries no VCS stamp from Go
+# (build.env sets -buildvcs=false; a git worktree is never stamped).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 # `make test` runs the component packages (all have concurrency) under the
 # race detector, and the multi-process / end-to-end packages without it.
 RACE_PKGS  ?= ./raftmeta/... ./objecthost/... ./edge/... ./internal/... ./d1client/... ./pipeline/... ./limiter/...
 PLAIN_PKGS ?= ./cmd/... ./test/...
 
-.PHONY: all build dev test test-short bench fault compat lint deps clean
+.PHONY: all build install dev test test-short bench fault compat lint deps clean
 
 all: build
 
@@ -22,7 +27,11 @@ deps: ## install system packages the build and tests need (Debian)
 
 build: deps
 	@mkdir -p bin
-	go build -o $(BIN) ./cmd/shoal
+	go build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/shoal
+
+install: deps ## build shoal with build.env and install it into $GOBIN, or $GOPATH/bin when GOBIN is unset (~/go/bin)
+	go install -ldflags "$(LDFLAGS)" ./cmd/shoal
+	@dir="$$(go env GOBIN)"; [ -n "$$dir" ] || dir="$$(go env GOPATH | cut -d: -f1)/bin"; echo "installed $$dir/shoal"
 
 dev: build ## start the whole platform in one process on embedded defaults
 	./$(BIN) dev $(DEV_ARGS)

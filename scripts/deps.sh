@@ -15,7 +15,23 @@ command -v clickhouse-server >/dev/null 2>&1 || { [ -x /usr/sbin/clickhouse-serv
 command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || need+=(iproute2)
 # Its partitions (split brain, one-way) are iptables drops inside the namespaces.
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
-command -v go >/dev/null 2>&1 || { [ -x /usr/local/go/bin/go ] || need+=(golang-go); }
+# Go is never installed from apt: Debian's golang-go (1.19) is older than the
+# go line of go.mod. A missing or older go stops here with what to install.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+want="$(sed -n 's/^go \([0-9][0-9.a-z]*\).*/\1/p' "$root/go.mod" | head -1)"
+gobin="$(command -v go 2>/dev/null || { [ -x /usr/local/go/bin/go ] && echo /usr/local/go/bin/go; } || true)"
+have=""
+if [ -n "$gobin" ]; then
+  # As a build would run it: a go >= 1.21 may switch to go.mod's toolchain (GOTOOLCHAIN).
+  have="$(cd "$root" && "$gobin" env GOVERSION 2>/dev/null | grep -o 'go[0-9][0-9.a-z]*' | head -1 || true)"
+  have="${have#go}"
+fi
+if [ -z "$have" ] || [ "$(printf '%s\n%s\n' "$want" "$have" | sort -V | head -1)" != "$want" ]; then
+  found="no go on PATH"
+  [ -z "$gobin" ] || found="found $(GOTOOLCHAIN=local "$gobin" version 2>/dev/null | grep -o 'go[0-9][0-9.a-z]*' | head -1 || echo "an unusable go") at $gobin"
+  echo "Shoal needs Go >= $want (go.mod), $found: install Go $want or newer from https://go.dev/dl/ (not Debian's golang-go, which is 1.19) and put its bin directory first in PATH" >&2
+  exit 1
+fi
 # make bench: wrk drives the edge and the object host from its own process
 # (the benches skip those figures without it).
 if [ "${SHOAL_DEPS_BENCH:-}" = 1 ]; then command -v wrk >/dev/null 2>&1 || need+=(wrk); fi

@@ -471,25 +471,26 @@ func (d *devServer) runCase(i int, c testCase) ([]response, error) {
 	return res, nil
 }
 
+// shoalBin is built once per test binary (removed by TestMain).
+var shoalBin harness.Binary
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	shoalBin.Remove()
+	os.Exit(code)
+}
+
 // startDev builds the shoal binary and runs `shoal dev` on free loopback
 // ports until the test ends.
 func startDev(t *testing.T) *devServer {
 	t.Helper()
-	bin := os.Getenv("SHOAL_TEST_BIN") // a prebuilt binary, e.g. a baseline build
-	if bin == "" {
-		bin = filepath.Join(t.TempDir(), "shoal")
-		build := exec.Command("go", "build", "-o", bin, "../../cmd/shoal")
-		build.Env = os.Environ()
-		if b, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("go build (with build.env set?): %v: %s", err, b)
-		}
-	}
+	bin := shoalBin.Path(t) // or $SHOAL_TEST_BIN, e.g. a baseline build
 	dir := filepath.Join(t.TempDir(), "dev")
 	addr := harness.FreeAddr(t)
 	var errb bytes.Buffer
 	cmd := exec.Command(bin, "dev", "--dir", dir, "--reset", "--addr", addr, "--base-port", fmt.Sprint(harness.DevBasePort(t)))
 	cmd.Stdout, cmd.Stderr = io.Discard, &errb
-	cmd.SysProcAttr = childProcAttr()
+	cmd.SysProcAttr = harness.ChildProcAttr()
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(os.Interrupt)

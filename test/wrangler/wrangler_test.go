@@ -71,20 +71,14 @@ func needNode(t *testing.T) string {
 	return node
 }
 
-// buildShoal builds the binary with the caller's environment (build.env's
-// tags and CGO flags, so the build cache is shared), or uses $SHOAL_TEST_BIN.
-func buildShoal(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("SHOAL_TEST_BIN"); p != "" {
-		abs, err := filepath.Abs(p)
-		require.NoError(t, err)
-		return abs
-	}
-	out := filepath.Join(t.TempDir(), "shoal")
-	cmd := exec.Command("go", "build", "-o", out, "../../cmd/shoal")
-	b, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build: %s", b)
-	return out
+// shoalBin is built once per test binary (removed by TestMain), or is
+// $SHOAL_TEST_BIN.
+var shoalBin harness.Binary
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	shoalBin.Remove()
+	os.Exit(code)
 }
 
 type syncBuf struct {
@@ -293,7 +287,7 @@ var (
 
 func TestWranglerAndSDK(t *testing.T) {
 	node := needNode(t)
-	bin := buildShoal(t)
+	bin := shoalBin.Path(t)
 	d := startDev(t, bin)
 	start := time.Now()
 	for _, w := range clients {
