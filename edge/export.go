@@ -17,6 +17,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -39,10 +40,16 @@ type urlClaims struct {
 	NoData   bool     `json:"nd,omitempty"`
 	NoSchema bool     `json:"ns,omitempty"`
 	Tables   []string `json:"t,omitempty"`
+	Bookmark string   `json:"b,omitempty"` // export the database as of this time-travel bookmark
 	Expires  int64    `json:"exp"`
 }
 
 var errBadURLToken = errors.New("invalid or expired signed URL")
+
+// pollingBookmark is the at_bookmark this edge answers an export with when
+// none was asked for (16 hex digits of the time): a client polling with it
+// as current_bookmark means "the same export", not a time-travel point.
+var pollingBookmark = regexp.MustCompile(`^[0-9a-f]{16}$`)
 
 // urlKey derives the signed-URL key from the binding keyring: the MAC of a
 // fixed, already-expired claim set. Only holders of the binding key can
@@ -240,8 +247,19 @@ func (s *Server) handleExport(w http.ResponseWriter, r *http.Request, _ principa
 	}
 	// Checks the database, the route and the tables now, so the client gets
 	// errors from this call rather than from the download.
-	if err := s.hostCall(r.Context(), acct, id, http.MethodPost, "/export",
-		map[string]any{"no_data": c.NoData, "no_schema": c.NoSchema, "tables": c.Tables}, nil); err != nil {
+	start := map[string]any{"no_data": c.NoData, "no_schema": c.NoSchema, "tables": c.Tables}
+	if body.CurrentBookmark != "" && !pollingBookmark.MatchString(body.CurrentBookmark) {
+		// D1's "export at a bookmark": the host checks it (format,
+		// retention) now and dumps the database as of it at download.
+		rq := url.Values{}
+		if err := s.timeTravelRetention(r, acct, rq); err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		c.Bookmark = body.CurrentBookmark
+		start["bookmark"], start["retention_days"] = c.Bookmark, rq.Get("retention_days")
+	}
+	if err := s.hostCall(r.Context(), acct, id, http.MethodPost, "/export", start, nil); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -285,6 +303,9 @@ func (s *Server) handleExportDownload(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, t := range c.Tables {
 		q.Add("table", t)
+	}
+	if c.Bookmark != "" {
+		q.Set("bookmark", c.Bookmark)
 	}
 	resp, err := s.streamToHost(r.Context(), c, http.MethodGet, "/export/download?"+q.Encode(), nil, -1)
 	if err != nil {

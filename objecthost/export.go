@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/gorilla/mux"
 
@@ -76,14 +78,31 @@ func (d *dumpAPI) handleExportStart(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	var opts dump.Options
+	var opts struct {
+		dump.Options
+		Bookmark      string `json:"bookmark"`
+		RetentionDays string `json:"retention_days"`
+	}
 	if len(b) > 0 {
 		if err := json.Unmarshal(b, &opts); err != nil {
 			writeErr(w, fmt.Errorf("%w: %v", ErrInvalid, err))
 			return
 		}
 	}
-	tables, err := dump.Tables(r.Context(), d.h.path(id))
+	path := d.h.path(id)
+	if opts.Bookmark != "" {
+		// An export at a bookmark: checked now (format, retention, in the
+		// archive), dumped from a restored copy at download.
+		days, _ := strconv.Atoi(opts.RetentionDays)
+		p, cleanup, err := d.h.copyAt(r.Context(), id, opts.Bookmark, time.Duration(days)*24*time.Hour)
+		if err != nil {
+			writeHistoryErr(w, err)
+			return
+		}
+		defer cleanup()
+		path = p
+	}
+	tables, err := dump.Tables(r.Context(), path)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -118,8 +137,18 @@ func (d *dumpAPI) handleExportDownload(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	opts := dump.Options{NoData: q.Get("no_data") == "1", NoSchema: q.Get("no_schema") == "1", Tables: q["table"]}
+	path := d.h.path(id)
+	if bm := q.Get("bookmark"); bm != "" {
+		p, cleanup, err := d.h.copyAt(r.Context(), id, bm, 0)
+		if err != nil {
+			writeHistoryErr(w, err)
+			return
+		}
+		defer cleanup()
+		path = p
+	}
 	lw := &lazyWriter{w: w}
-	err := dump.Export(r.Context(), d.h.path(id), lw, opts, nil)
+	err := dump.Export(r.Context(), path, lw, opts, nil)
 	if err == nil {
 		lw.start()
 		return

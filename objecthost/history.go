@@ -566,3 +566,48 @@ func (h *Host) HistoryStatus() *history.ShipperStatus {
 	st := h.hist.ship.Status()
 	return &st
 }
+
+// copyAt writes the database as it was at bookmark into a temporary file
+// (an export at a bookmark reads it) and returns its path and the function
+// that removes it. The live database is untouched. A bookmark newer than
+// what the archive holds yet (shipping runs ≤ MaxLag behind) is waited for
+// briefly, then answered 503 (retry).
+func (h *Host) copyAt(ctx context.Context, objectID, bookmark string, retention time.Duration) (string, func(), error) {
+	hh, err := h.historyOn()
+	if err != nil {
+		return "", nil, err
+	}
+	_, m, err := h.lookup(objectID)
+	if err != nil {
+		return "", nil, err
+	}
+	target, err := history.ParseBookmark(m.DatabaseUUID, history.Bookmark(bookmark))
+	if err != nil {
+		return "", nil, err
+	}
+	if err := hh.checkRetention(h, target.Time(), retention); err != nil {
+		return "", nil, err
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		latest, err := hh.archive.Latest(ctx, m.DatabaseUUID)
+		if err == nil && latest.TimeUs >= target.TimeUs {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return "", nil, &errHistory{status: http.StatusServiceUnavailable, code: v4.CodeUnavailable,
+				msg: "that bookmark is not in the archive yet (or the archive is unavailable); retry"}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	dir, err := os.MkdirTemp(hh.cfg.StagingDir, "export-")
+	if err != nil {
+		return "", nil, err
+	}
+	cleanup := func() { _ = os.RemoveAll(dir) }
+	dst := filepath.Join(dir, "at.db")
+	if _, err := hh.archive.Restore(ctx, m.DatabaseUUID, target, dst); err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	return dst, cleanup, nil
+}

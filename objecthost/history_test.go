@@ -3,7 +3,9 @@ package objecthost
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -135,4 +137,65 @@ func TestTimeTravelHTTP(t *testing.T) {
 	vs, err := history.NewArchive(store).Verify(t.Context(), d.uuid)
 	require.NoError(t, err)
 	assert.Equal(t, 4, vs.Generations, "the first and one per restore")
+}
+
+// An export at a bookmark dumps the database as it was then, from a
+// restored copy: the live database is untouched; a malformed bookmark is
+// refused at the start, before any download.
+func TestExportAtBookmark(t *testing.T) {
+	archive := t.TempDir()
+	th := newTestHost(t, func(c *Config) {
+		store, err := history.NewDirStore(archive)
+		require.NoError(t, err)
+		c.History = &HistoryConfig{Store: store, Shipper: history.ShipperOptions{MaxLag: 100 * time.Millisecond}}
+	})
+	srv := serve(t, th)
+	c := srv.Client()
+	d := newDB("acct")
+	th.mustInit(t, d)
+	base := "/v1/objects/" + d.obj
+	exec := func(sql string) {
+		t.Helper()
+		status, env := call(t, c, srv, "POST", base+"/query", &d, map[string]any{"sql": sql})
+		require.Equal(t, http.StatusOK, status, "%s: %+v", sql, env)
+	}
+	exec("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+	exec("INSERT INTO t VALUES (1, 'then')")
+	status, env := call(t, c, srv, "GET", base+"/time_travel/bookmark", &d, nil)
+	require.Equal(t, http.StatusOK, status, "%+v", env)
+	var bm BookmarkResult
+	require.NoError(t, json.Unmarshal(env.Result, &bm))
+	exec("UPDATE t SET v = 'now'")
+	exec("CREATE TABLE later (x)")
+
+	status, env = call(t, c, srv, "POST", base+"/export", &d, map[string]any{"bookmark": bm.Bookmark, "retention_days": "30"})
+	require.Equal(t, http.StatusOK, status, "%+v", env)
+	var check ExportCheck
+	require.NoError(t, json.Unmarshal(env.Result, &check))
+	assert.Equal(t, []string{"t"}, check.Tables, "the tables as of the bookmark")
+
+	download := func(query string) (int, string) {
+		req, err := http.NewRequest(http.MethodGet, srv.URL+base+"/export/download"+query, nil)
+		require.NoError(t, err)
+		req.Header.Set(HeaderDatabase, d.uuid)
+		req.Header.Set(HeaderAccount, d.account)
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	code, then := download("?bookmark=" + url.QueryEscape(bm.Bookmark))
+	require.Equal(t, http.StatusOK, code, then)
+	assert.Contains(t, then, `'then'`)
+	assert.NotContains(t, then, `'now'`)
+	assert.NotContains(t, then, "later")
+	code, now := download("")
+	require.Equal(t, http.StatusOK, code, now)
+	assert.Contains(t, now, `'now'`, "the live database is untouched")
+	assert.Contains(t, now, "later")
+
+	status, env = call(t, c, srv, "POST", base+"/export", &d, map[string]any{"bookmark": "nope"})
+	assert.Equal(t, http.StatusBadRequest, status, "%+v", env)
 }
