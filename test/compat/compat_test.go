@@ -34,7 +34,7 @@ import (
 // SHOAL_REQUIRE_NODE=1 (CI). SHOAL_COMPAT_REPORT=path writes the summary
 // (the figures docs/d1-compatibility.md quotes) as JSON.
 func TestD1Compat(t *testing.T) {
-	node := requireNode(t)
+	node := harness.RequireNode(t, ".", "miniflare")
 	cases := corpus()
 	require.GreaterOrEqual(t, len(cases), 150, "the corpus should stay wide")
 	names := map[string]bool{}
@@ -137,25 +137,6 @@ type summary struct {
 	Seconds                  float64        `json:"seconds"`
 }
 
-// requireNode finds node and the miniflare that install.sh puts in
-// node_modules.
-func requireNode(t *testing.T) string {
-	t.Helper()
-	missing := func(why string) {
-		if os.Getenv("SHOAL_REQUIRE_NODE") == "1" {
-			t.Fatalf("D1 compatibility suite cannot run: %s (run test/compat/install.sh)", why)
-		}
-		t.Skipf("D1 compatibility suite skipped: %s (run test/compat/install.sh; SHOAL_REQUIRE_NODE=1 makes this a failure)", why)
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		missing("node is not installed")
-	}
-	if _, err := os.Stat("node_modules/miniflare/package.json"); err != nil {
-		missing("miniflare is not installed in test/compat/node_modules")
-	}
-	return node
-}
 
 // accepted.json: the differences Shoal keeps on purpose, each with its
 // reason. Case is a case name or a prefix ending in "*".

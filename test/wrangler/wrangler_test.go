@@ -49,27 +49,6 @@ func here(t *testing.T) string {
 	return wd
 }
 
-// needNode skips (or fails, with SHOAL_REQUIRE_NODE=1) when node or the
-// installed packages are missing.
-func needNode(t *testing.T) string {
-	t.Helper()
-	miss := func(reason string) {
-		if os.Getenv("SHOAL_REQUIRE_NODE") == "1" {
-			t.Fatalf("SHOAL_REQUIRE_NODE=1 but %s", reason)
-		}
-		t.Skipf("%s (run test/wrangler/install.sh)", reason)
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		miss("node is not installed")
-	}
-	for _, p := range []string{"wrangler", "wrangler3", "cloudflare"} {
-		if _, err := os.Stat(filepath.Join(here(t), "node_modules", p, "package.json")); err != nil {
-			miss("node_modules/" + p + " is not installed")
-		}
-	}
-	return node
-}
 
 // shoalBin is built once per test binary (removed by TestMain), or is
 // $SHOAL_TEST_BIN.
@@ -286,7 +265,7 @@ var (
 )
 
 func TestWranglerAndSDK(t *testing.T) {
-	node := needNode(t)
+	node := harness.RequireNode(t, here(t), "wrangler", "wrangler3", "cloudflare")
 	bin := shoalBin.Path(t)
 	d := startDev(t, bin)
 	start := time.Now()
