@@ -137,7 +137,6 @@ type summary struct {
 	Seconds                  float64        `json:"seconds"`
 }
 
-
 // accepted.json: the differences Shoal keeps on purpose, each with its
 // reason. Case is a case name or a prefix ending in "*".
 type acceptance struct {

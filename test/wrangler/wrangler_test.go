@@ -49,7 +49,6 @@ func here(t *testing.T) string {
 	return wd
 }
 
-
 // shoalBin is built once per test binary (removed by TestMain), or is
 // $SHOAL_TEST_BIN.
 var shoalBin harness.Binary
