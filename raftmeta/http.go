@@ -36,6 +36,7 @@ func (n *Node) handler() http.Handler {
 	r.HandleFunc("/v1/accounts/{account}/databases/by-name/{name}", n.handleDatabaseByName).Methods(http.MethodGet)
 	r.HandleFunc("/v1/tokens/{hash}", n.handleToken).Methods(http.MethodGet)
 	r.HandleFunc("/v1/hosts", n.handleHosts).Methods(http.MethodGet)
+	r.HandleFunc("/v1/hosts/{id}/databases", n.handleHostDatabases).Methods(http.MethodGet)
 	r.HandleFunc("/v1/heartbeat", n.handleHeartbeat).Methods(http.MethodPost)
 	r.HandleFunc("/v1/storage/{kind}", n.handleStorage).Methods(http.MethodGet) // http_stats.go
 
@@ -302,6 +303,35 @@ func (n *Node) handleHosts(w http.ResponseWriter, r *http.Request) {
 		}
 		return hs, err
 	})
+}
+
+// handleHostDatabases is GET /v1/hosts/{id}/databases?after=UUID&limit=N:
+// a keyset page of the active databases on a host (fsm.HostDatabasesPage),
+// for lost-host recovery; limit and consistency as for the storage pages.
+func (n *Node) handleHostDatabases(w http.ResponseWriter, r *http.Request) {
+	id := mux.Vars(r)["id"]
+	if err := validID("host id", id); err != nil {
+		n.writeErr(w, err)
+		return
+	}
+	q := r.URL.Query()
+	after := q.Get("after")
+	if after != "" {
+		if err := validUUID(after); err != nil {
+			n.writeErr(w, err)
+			return
+		}
+	}
+	limit := fsm.DefaultStoragePage
+	if s := q.Get("limit"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 || v > fsm.MaxStoragePage {
+			n.writeErr(w, invalid("invalid limit %q: want 1..%d", truncate(s, 20), fsm.MaxStoragePage))
+			return
+		}
+		limit = v
+	}
+	n.serveRead(w, r, func(ctx context.Context) (any, error) { return n.cat.HostDatabasesPage(ctx, id, after, limit) })
 }
 
 // HeartbeatRequest is the body of POST /v1/heartbeat.

@@ -19,13 +19,17 @@ type RegisterHost struct {
 }
 
 // registerHostCommand creates or updates a host (re-registration after an
-// address or state change) and answers it; the load counters are kept.
+// address or state change) and answers it; the load counters are kept. A
+// host an operator declared lost stays lost whatever it registers (its
+// databases were relocated; the answer's State tells the host so), until
+// set_host_state readmits it.
 var registerHostCommand = command[RegisterHost, *registerHostStmts]{
 	prepareS: func(p *preparer) *registerHostStmts {
 		return &registerHostStmts{upsert: p.prep(`INSERT INTO hosts (id, address, region, jurisdiction, capacity, state, updated_at)
 			VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
 			ON CONFLICT (id) DO UPDATE SET address = excluded.address, region = excluded.region,
-			jurisdiction = excluded.jurisdiction, capacity = excluded.capacity, state = excluded.state,
+			jurisdiction = excluded.jurisdiction, capacity = excluded.capacity,
+			state = CASE WHEN hosts.state = 'lost' THEN 'lost' ELSE excluded.state END,
 			updated_at = excluded.updated_at`)}
 	},
 	validate: validateRegisterHost,

@@ -123,6 +123,12 @@ type HeartbeatState struct {
 	State             string `json:"state,omitempty"`
 	AccountID         string `json:"account_id,omitempty"`
 	RoutingGeneration int64  `json:"routing_generation,omitempty"`
+	// ObjectID is the object the catalog names for the database. A host
+	// whose object for the UUID is another one learns from it that its
+	// object was superseded (lost-host recovery relocated the database) or
+	// is the leftover of a relocation that never committed. Empty from a
+	// catalog older than the field: hosts then compare nothing.
+	ObjectID string `json:"object_id,omitempty"`
 }
 
 // HeartbeatAnswer answers a heartbeat batch: one state per database and, once

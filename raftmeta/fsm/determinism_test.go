@@ -83,6 +83,22 @@ func randomLogs(t testing.TB, seed uint64, n int) []*raft.Log {
 			typ, body = CmdSetDatabaseStats, SetDatabaseStats{Stats: st}
 		case k < 90:
 			typ, body = CmdDrainStats, DrainStats{Max: rng.IntN(4)}
+		case k < 91:
+			// Relocations: from the create's object or an earlier relocation's,
+			// to a host that may not exist.
+			u := uid()
+			from := "obj-" + u
+			if rng.IntN(2) == 0 {
+				from = fmt.Sprintf("objr%d-%s", rng.IntN(3), u)
+			}
+			typ, body = CmdRelocateDatabase, RelocateDatabase{UUID: u, FromObjectID: from,
+				ObjectID: fmt.Sprintf("objr%d-%s", rng.IntN(3), u), HostID: fmt.Sprintf("h%d", 1+rng.IntN(2))}
+		case k < 92:
+			state := HostStateLost
+			if rng.IntN(2) == 0 {
+				state = HostStateActive
+			}
+			typ, body = CmdSetHostState, SetHostState{ID: fmt.Sprintf("h%d", 1+rng.IntN(2)), State: state, IdleSince: rng.Int64N(2) * (now - int64(100*time.Millisecond))}
 		case k < 93:
 			typ, body = CmdNoop, struct{}{}
 		case k < 96:

@@ -205,7 +205,7 @@ func (f *FSM) Heartbeat(ctx context.Context, uuids []string) (HeartbeatAnswer, e
 	}
 	err = f.reader(func(db *sql.DB) error {
 		rows, err := db.QueryContext(ctx, `SELECT j.value, d.uuid IS NOT NULL, COALESCE(d.state, ''),
-			COALESCE(d.account_id, ''), COALESCE(d.routing_generation, 0), a.id IS NOT NULL,
+			COALESCE(d.account_id, ''), COALESCE(d.routing_generation, 0), COALESCE(d.object_id, ''), a.id IS NOT NULL,
 			COALESCE(a.name, ''), COALESCE(a.tier, ''), COALESCE(a.max_databases, 0),
 			COALESCE(a.max_storage_bytes, 0), COALESCE(a.max_database_bytes, 0),
 			COALESCE(a.rows_read_per_day, 0), COALESCE(a.rows_written_per_day, 0),
@@ -227,7 +227,7 @@ func (f *FSM) Heartbeat(ctx context.Context, uuids []string) (HeartbeatAnswer, e
 				a        Account
 				uuidText sql.NullString
 			)
-			if err := rows.Scan(&uuidText, &hs.Known, &hs.State, &hs.AccountID, &hs.RoutingGeneration, &hasAcct,
+			if err := rows.Scan(&uuidText, &hs.Known, &hs.State, &hs.AccountID, &hs.RoutingGeneration, &hs.ObjectID, &hasAcct,
 				&a.Name, &a.Tier, &a.Limits.MaxDatabases, &a.Limits.MaxStorageBytes, &a.Limits.MaxDatabaseBytes,
 				&a.Limits.RowsReadPerDay, &a.Limits.RowsWrittenPerDay, &a.Limits.HeartbeatIntervalMs,
 				&a.ActiveDatabases, &a.StorageBytes, &a.CreatedAt); err != nil {

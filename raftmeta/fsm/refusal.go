@@ -33,6 +33,7 @@ const (
 	CodeNameTaken          = "name_taken"
 	CodeDatabaseLimit      = "database_limit"
 	CodeExists             = "exists"
+	CodeConflict           = "conflict"
 )
 
 // Sentinel errors callers branch on.
@@ -45,6 +46,11 @@ var (
 	ErrNameTaken          = errors.New("database name already taken in account")
 	ErrDatabaseLimit      = errors.New("account database limit reached")
 	ErrExists             = errors.New("already exists")
+	// ErrConflict: a compare-and-set command found another state than the
+	// one it was written against (relocate_database: the database's object
+	// is no longer the one being replaced; set_host_state: the host
+	// reported after the idle bound).
+	ErrConflict = errors.New("conflict")
 )
 
 // Refusal is one kind of refusal: its wire code and its sentinel error.
@@ -74,6 +80,7 @@ var refusals = []Refusal{
 	{CodeExists, ErrExists},
 	{CodeNotFound, ErrNotFound},
 	{CodeInvalid, ErrInvalid},
+	{CodeConflict, ErrConflict},
 }
 
 // Refusals returns every refusal the catalog can answer (a copy), in the

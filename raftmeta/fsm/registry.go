@@ -30,6 +30,8 @@ var commands = map[CommandType]commandSpec{
 	CmdNoop:             noopCommand,
 	CmdClaimLimitNotice: claimLimitNoticeCommand,
 	CmdFenceOrphans:     fenceOrphansCommand,
+	CmdRelocateDatabase: relocateDatabaseCommand,
+	CmdSetHostState:     setHostStateCommand,
 }
 
 // envelopeRefusals are the refusals any entry can get, whatever its type:

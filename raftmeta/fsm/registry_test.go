@@ -240,7 +240,19 @@ func TestApplyRefusesOnlyWithListedRefusals(t *testing.T) {
 		{CmdCreateDatabase, createDB(uuidN(2), "a1", "two"), ErrDatabaseLimit},
 		{CmdDeleteDatabase, DeleteDatabase{AccountID: "a1", UUID: uuidN(9)}, ErrNotFound},
 		{CmdUpdateDatabase, UpdateDatabase{AccountID: "a2", UUID: uuidN(1)}, ErrNotFound},
+		{CmdRelocateDatabase, RelocateDatabase{UUID: uuidN(9), FromObjectID: "o1", ObjectID: "o2", HostID: "h1"}, ErrNotFound},
+		{CmdRelocateDatabase, RelocateDatabase{UUID: uuidN(1), FromObjectID: "o1", ObjectID: "o2", HostID: "h1"}, ErrConflict},
+		{CmdSetHostState, SetHostState{ID: "nope", State: HostStateLost}, ErrNotFound},
+		{CmdSetHostState, SetHostState{ID: "h1", State: HostStateLost, IdleSince: 1}, ErrConflict},
 	}
+	// A relocation to an object its host fenced as an orphan.
+	fa := decodeValue[FenceAnswer](t, d.ok(CmdFenceOrphans, FenceOrphans{HostID: "h1", Objects: []ObjectRef{{UUID: uuidN(1), ObjectID: "o3"}}}))
+	require.Equal(t, []string{"o3"}, fa.FencedObjects)
+	cases = append(cases, struct {
+		typ  CommandType
+		body any
+		want error
+	}{CmdRelocateDatabase, RelocateDatabase{UUID: uuidN(1), FromObjectID: "obj-" + uuidN(1), ObjectID: "o3", HostID: "h1"}, ErrExists})
 	for _, tc := range cases {
 		r := d.do(tc.typ, tc.body)
 		require.NotNil(t, r.Err, "%s %+v", tc.typ, tc.body)

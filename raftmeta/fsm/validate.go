@@ -35,6 +35,12 @@ const (
 	HostStateActive   = "active"
 	HostStateDraining = "draining"
 	HostStateDown     = "down"
+	// HostStateLost is set only by an operator (set_host_state, `shoal
+	// cluster host lost`): the host is gone and its databases are being
+	// (or were) relocated from the archive. A lost host's own registration
+	// never clears it (register_host keeps it); only `shoal cluster host
+	// readmit` does.
+	HostStateLost = "lost"
 )
 
 func firstErr(errs ...error) error {
