@@ -52,3 +52,20 @@ type Catalog interface {
 	// ReportHostLoad records the host's database count and bytes on disk.
 	ReportHostLoad(ctx context.Context, l fsm.ReportHostLoad) error
 }
+
+// RelocationCatalog is the optional part of Catalog that lost-host
+// recovery needs, discovered by type assertion (RaftmetaCatalog has it). A
+// catalog without it never lets the host delete a relocation's leftover
+// (held, alarm) nor tells it that it was declared lost.
+type RelocationCatalog interface {
+	// FenceObjects makes the catalog refuse any future relocation to
+	// these objects (fsm.CmdFenceOrphans' object form) and answers which
+	// are fenced (the host may delete them) and which the catalog names
+	// after all (a relocation that committed after the confirming read:
+	// keep them).
+	FenceObjects(ctx context.Context, hostID string, objs []fsm.ObjectRef) (fsm.FenceAnswer, error)
+	// RegisterHostState is RegisterHost answering the host's row as the
+	// catalog keeps it: State "lost" when an operator declared the host
+	// lost (its registration cannot clear that).
+	RegisterHostState(ctx context.Context, h fsm.RegisterHost) (fsm.Host, error)
+}

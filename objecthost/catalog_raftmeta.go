@@ -18,8 +18,9 @@ type RaftmetaCatalog struct {
 }
 
 var (
-	_ Catalog       = RaftmetaCatalog{}
-	_ AccountReader = RaftmetaCatalog{}
+	_ Catalog           = RaftmetaCatalog{}
+	_ AccountReader     = RaftmetaCatalog{}
+	_ RelocationCatalog = RaftmetaCatalog{}
 )
 
 // Account reads an account from a follower through the client's cache
@@ -39,6 +40,14 @@ func (a RaftmetaCatalog) ConfirmHeartbeat(ctx context.Context, uuids []string) (
 
 func (a RaftmetaCatalog) FenceOrphans(ctx context.Context, hostID string, uuids []string) (fsm.FenceAnswer, error) {
 	return a.C.FenceOrphans(ctx, fsm.FenceOrphans{HostID: hostID, UUIDs: uuids})
+}
+
+func (a RaftmetaCatalog) FenceObjects(ctx context.Context, hostID string, objs []fsm.ObjectRef) (fsm.FenceAnswer, error) {
+	return a.C.FenceOrphans(ctx, fsm.FenceOrphans{HostID: hostID, Objects: objs})
+}
+
+func (a RaftmetaCatalog) RegisterHostState(ctx context.Context, h fsm.RegisterHost) (fsm.Host, error) {
+	return a.C.RegisterHost(ctx, h)
 }
 
 func (a RaftmetaCatalog) RegisterHost(ctx context.Context, h fsm.RegisterHost) error {

@@ -32,9 +32,12 @@ var (
 // message. Internal errors never leak their text (it may hold paths).
 func statusOf(err error) (int, int, string) {
 	var se *sqlexec.Error
+	var he *errHistory
 	switch {
 	case errors.As(err, &se):
 		return sqlStatus(se.Code), se.Code, se.Message
+	case errors.As(err, &he):
+		return he.status, he.code, he.msg
 	case errors.Is(err, ErrNotFound):
 		return http.StatusNotFound, v4.CodeNotFound, ErrNotFound.Error()
 	case errors.Is(err, ErrDeleted):
@@ -53,6 +56,8 @@ func statusOf(err error) (int, int, string) {
 		return http.StatusTooManyRequests, v4.CodeRowLimit, ErrRowLimit.Error()
 	case errors.Is(err, ErrBinding):
 		return http.StatusUnauthorized, v4.CodeUnauthorized, err.Error()
+	case errors.Is(err, ErrRestoring):
+		return http.StatusServiceUnavailable, v4.CodeUnavailable, ErrRestoring.Error()
 	case errors.Is(err, ErrClosed), errors.Is(err, sqlexec.ErrClosed):
 		return http.StatusServiceUnavailable, v4.CodeUnavailable, "object host unavailable, retry"
 	default:

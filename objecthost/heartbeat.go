@@ -114,16 +114,19 @@ func (h *Host) scheduleNext(m *Meta, now time.Time) {
 
 // HeartbeatReport counts what one RunHeartbeats pass did.
 type HeartbeatReport struct {
-	Sent           int // databases included in catalog calls
-	Calls          int // catalog calls made
-	Failed         int // databases whose call failed (rescheduled sooner)
-	Confirmations  int // unknown-on-a-stale-read databases re-asked linearizably
-	OrphansKilled  int // unknown to the catalog (confirmed) after the grace period
-	OrphansSaved   int // orphan verdicts the fence refuted (a create committed after the confirming read)
-	OrphansHeld    int // confirmed orphans kept: the pass had a mass of them (alarm)
-	LostHeld       int // unknown to the catalog although once confirmed active: kept (alarm)
-	Deleted        int // deleted in the catalog
-	RoutesRepaired int // republished (unconfirmed, stale generation or failed publication)
+	Sent            int // databases included in catalog calls
+	Calls           int // catalog calls made
+	Failed          int // databases whose call failed (rescheduled sooner)
+	Confirmations   int // unknown-on-a-stale-read databases re-asked linearizably
+	OrphansKilled   int // unknown to the catalog (confirmed) after the grace period
+	OrphansSaved    int // orphan verdicts the fence refuted (a create committed after the confirming read)
+	OrphansHeld     int // confirmed orphans kept: the pass had a mass of them (alarm)
+	LostHeld        int // unknown to the catalog although once confirmed active: kept (alarm)
+	Deleted         int // deleted in the catalog
+	RoutesRepaired  int // republished (unconfirmed, stale generation or failed publication)
+	Superseded      int // retired: the catalog names a newer object on another host (lost-host recovery)
+	LeftoversKilled int // unconfirmed objects of a relocation that never committed, fenced and deleted
+	OlderHeld       int // confirmed objects the catalog names an older object for: kept (alarm)
 }
 
 // RunHeartbeats sends every due heartbeat, in chunks of HeartbeatBatch UUIDs
@@ -199,7 +202,7 @@ func (h *Host) heartbeatChunk(ctx context.Context, ids []string, now time.Time, 
 	h.m.catalogCalls.WithLabelValues("heartbeat", "ok").Inc()
 	h.applyAccounts(ans.Accounts)
 
-	var suspects, orphans, gone, repair []*object
+	var suspects, orphans, gone, repair, mismatched []*object
 	answered := make(map[*object]bool, len(ans.Databases))
 	gens := make(map[*object]int64)
 	apply := func(st fsm.HeartbeatState, o *object) {
@@ -207,6 +210,10 @@ func (h *Host) heartbeatChunk(ctx context.Context, ids []string, now time.Time, 
 		switch {
 		case st.State == fsm.StateDeleted:
 			gone = append(gone, o)
+		case st.State == fsm.StateActive && st.ObjectID != "" && st.ObjectID != m.ObjectID:
+			// The catalog names another object for this database:
+			// resolved below on a linearizable read (relocated.go).
+			mismatched = append(mismatched, o)
 		case st.State == fsm.StateActive:
 			if !m.Confirmed || st.RoutingGeneration > m.RoutingGeneration || o.routeDirty.Load() {
 				repair = append(repair, o)
@@ -222,7 +229,7 @@ func (h *Host) heartbeatChunk(ctx context.Context, ids []string, now time.Time, 
 			answered[o] = true
 			switch {
 			case !st.Known:
-				if now.Sub(o.meta.Load().CreatedAt) >= h.cfg.CreationGrace {
+				if now.Sub(o.meta.Load().CreatedAt) >= h.cfg.CreationGrace && !h.restoreRunning(o.meta.Load().ObjectID) {
 					suspects = append(suspects, o)
 				}
 			default:
@@ -232,6 +239,9 @@ func (h *Host) heartbeatChunk(ctx context.Context, ids []string, now time.Time, 
 	}
 	if len(suspects) > 0 {
 		orphans = h.confirmUnknown(ctx, suspects, rep, apply)
+	}
+	if len(mismatched) > 0 {
+		h.resolveMismatched(ctx, mismatched, now, rep)
 	}
 	if len(gone) > 0 {
 		if _, err := h.markDeleted(ctx, gone, 0, "deleted in the catalog (heartbeat)"); err != nil {

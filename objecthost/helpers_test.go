@@ -61,6 +61,8 @@ type fakeCatalog struct {
 	// dbs has them: their create committed just after the confirming read.
 	confirmMisses map[string]bool
 	fenced        []string // UUIDs FenceOrphans fenced
+	fencedObjects []string // objects FenceObjects fenced
+	hostState     string   // what RegisterHostState answers (default active)
 	fenceFail     bool     // FenceOrphans fails
 	accountReads  int      // Account calls (storage refresh)
 }
@@ -155,6 +157,46 @@ func (c *fakeCatalog) answerLocked(uuids []string, stale bool) fsm.HeartbeatAnsw
 	return ans
 }
 
+// FenceObjects fences the objects dbs does not name, like the catalog.
+func (c *fakeCatalog) FenceObjects(_ context.Context, _ string, objs []fsm.ObjectRef) (fsm.FenceAnswer, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fail || c.fenceFail {
+		return fsm.FenceAnswer{}, errCatalogDown
+	}
+	var ans fsm.FenceAnswer
+	for _, o := range objs {
+		if st, ok := c.dbs[o.UUID]; ok && st.ObjectID == o.ObjectID {
+			ans.KnownObjects = append(ans.KnownObjects, o.ObjectID)
+		} else {
+			ans.FencedObjects = append(ans.FencedObjects, o.ObjectID)
+			c.fencedObjects = append(c.fencedObjects, o.ObjectID)
+		}
+	}
+	return ans, nil
+}
+
+// RegisterHostState registers like RegisterHost and answers hostState.
+func (c *fakeCatalog) RegisterHostState(ctx context.Context, h fsm.RegisterHost) (fsm.Host, error) {
+	if err := c.RegisterHost(ctx, h); err != nil {
+		return fsm.Host{}, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.hostState
+	if st == "" {
+		st = fsm.HostStateActive
+	}
+	return fsm.Host{ID: h.ID, Address: h.Address, State: st}, nil
+}
+
+// setObject sets a database's state with the object the catalog names.
+func (c *fakeCatalog) setObject(uuid, account, objectID string, gen int64) {
+	c.mu.Lock()
+	c.dbs[uuid] = fsm.HeartbeatState{UUID: uuid, Known: true, State: fsm.StateActive, AccountID: account, RoutingGeneration: gen, ObjectID: objectID}
+	c.mu.Unlock()
+}
+
 func (c *fakeCatalog) RegisterHost(_ context.Context, h fsm.RegisterHost) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -193,7 +235,10 @@ func (c *fakeCatalog) callCount() int {
 	return c.calls
 }
 
-var _ Catalog = (*fakeCatalog)(nil)
+var (
+	_ Catalog           = (*fakeCatalog)(nil)
+	_ RelocationCatalog = (*fakeCatalog)(nil)
+)
 
 // testHost is a Host on a temp dir with a fake clock, catalog and sinks.
 type testHost struct {

@@ -236,7 +236,7 @@ func (hh *hostHistory) open(h *Host, objectID, path string) (*liveDB, error) {
 	hh.mu.Lock()
 	restoring := hh.restoring[objectID]
 	hh.mu.Unlock()
-	if restoring {
+	if restoring || m.Restoring != nil {
 		return nil, ErrRestoring
 	}
 	opts := history.CaptureOptions{StagingDir: hh.cfg.StagingDir, OnAppend: hh.ship.Notify, Now: h.now}
@@ -567,6 +567,22 @@ func (h *Host) HistoryStatus() *history.ShipperStatus {
 	return &st
 }
 
+// waitArchived waits, briefly, until the archive holds key's position p
+// (shipping runs ≤ MaxLag behind the commits a bookmark names); then 503.
+func (hh *hostHistory) waitArchived(ctx context.Context, key string, p history.Position) error {
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		latest, err := hh.archive.Latest(ctx, key)
+		if err == nil && latest.TimeUs >= p.TimeUs {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return &errHistory{status: http.StatusServiceUnavailable, code: v4.CodeUnavailable,
+				msg: "that bookmark is not in the archive yet (or the archive is unavailable); retry"}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // copyAt writes the database as it was at bookmark into a temporary file
 // (an export at a bookmark reads it) and returns its path and the function
 // that removes it. The live database is untouched. A bookmark newer than
@@ -588,16 +604,8 @@ func (h *Host) copyAt(ctx context.Context, objectID, bookmark string, retention 
 	if err := hh.checkRetention(h, target.Time(), retention); err != nil {
 		return "", nil, err
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		latest, err := hh.archive.Latest(ctx, m.DatabaseUUID)
-		if err == nil && latest.TimeUs >= target.TimeUs {
-			break
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return "", nil, &errHistory{status: http.StatusServiceUnavailable, code: v4.CodeUnavailable,
-				msg: "that bookmark is not in the archive yet (or the archive is unavailable); retry"}
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := hh.waitArchived(ctx, m.DatabaseUUID, target); err != nil {
+		return "", nil, err
 	}
 	dir, err := os.MkdirTemp(hh.cfg.StagingDir, "export-")
 	if err != nil {

@@ -199,6 +199,9 @@ type Host struct {
 	accounts map[string]*accountState
 
 	alarms alarmSet // destructive verdicts held (see orphans.go)
+	// declaredLost: the catalog answered this host's registration with
+	// state "lost" (an operator declared it lost; relocated.go).
+	declaredLost atomic.Bool
 
 	active     atomic.Int64 // objects in state active
 	totalBytes atomic.Int64 // sum of objects' last known sizes
@@ -490,6 +493,11 @@ func (h *Host) Init(ctx context.Context, objectID string, req InitRequest) (Obje
 	case len(req.Name) > 64:
 		return ObjectInfo{}, fmt.Errorf("%w: name too long", ErrInvalid)
 	}
+	if req.RestoreFrom != nil {
+		if err := h.checkRestoreSource(*req.RestoreFrom); err != nil {
+			return ObjectInfo{}, err
+		}
+	}
 	for {
 		h.mu.Lock()
 		o := h.objects[objectID]
@@ -518,6 +526,11 @@ func (h *Host) Init(ctx context.Context, objectID string, req InitRequest) (Obje
 				h.m.lifecycle.WithLabelValues("init_conflict").Inc()
 				return ObjectInfo{}, fmt.Errorf("%w: object was deleted", ErrConflict)
 			}
+			if m.Restoring != nil {
+				// The retry of an init whose restore did not finish (a
+				// crash, a failed archive read): resume it.
+				return h.finishRestoreInit(ctx, objectID, start)
+			}
 			return h.info(o, m), nil
 		}
 		m := &Meta{
@@ -531,6 +544,10 @@ func (h *Host) Init(ctx context.Context, objectID string, req InitRequest) (Obje
 			CreatedAt:         h.now().UTC(),
 			RoutingGeneration: req.RoutingGeneration,
 			Options:           req.Options,
+		}
+		if req.RestoreFrom != nil {
+			src := *req.RestoreFrom
+			m.Restoring = &src
 		}
 		if err := h.ix.put(m); err != nil {
 			o.gone = true
@@ -546,9 +563,12 @@ func (h *Host) Init(ctx context.Context, objectID string, req InitRequest) (Obje
 		o.mu.Unlock()
 		h.active.Add(1)
 		h.scheduleFirst(m, h.now())
+		h.refreshGauges()
+		if m.Restoring != nil {
+			return h.finishRestoreInit(ctx, objectID, start)
+		}
 		h.m.lifecycle.WithLabelValues("init").Inc()
 		h.m.initLatency.Observe(time.Since(start).Seconds())
-		h.refreshGauges()
 		return h.info(o, m), nil
 	}
 }

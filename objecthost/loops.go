@@ -63,7 +63,7 @@ func (h *Host) register(ctx context.Context) {
 	backoff := 100 * time.Millisecond
 	for {
 		cctx, cancel := context.WithTimeout(ctx, h.cfg.CatalogTimeout)
-		err := h.cfg.Catalog.RegisterHost(cctx, h.hostRecord())
+		err := h.Register(cctx)
 		cancel()
 		if err == nil {
 			h.m.catalogCalls.WithLabelValues("register_host", "ok").Inc()
@@ -83,7 +83,16 @@ func (h *Host) register(ctx context.Context) {
 // Register records the host in the catalog once (the background loop
 // retries; exported for tests and the CLI).
 func (h *Host) Register(ctx context.Context) error {
-	return h.cfg.Catalog.RegisterHost(ctx, h.hostRecord())
+	rc, ok := h.cfg.Catalog.(RelocationCatalog)
+	if !ok {
+		return h.cfg.Catalog.RegisterHost(ctx, h.hostRecord())
+	}
+	row, err := rc.RegisterHostState(ctx, h.hostRecord())
+	if err != nil {
+		return err
+	}
+	h.noteHostState(row.State)
+	return nil
 }
 
 // ReportLoad sends the host's database count and bytes to the catalog.

@@ -32,6 +32,10 @@ type Meta struct {
 	DeletedAt         time.Time `json:"deleted_at,omitzero"`
 	RoutingGeneration int64     `json:"routing_generation"`
 	Options           Options   `json:"options,omitzero"`
+	// Restoring is set from an init with RestoreFrom until the restored
+	// file is in place (restorefrom.go): the object cannot be opened
+	// meanwhile, and an init retry resumes the restore.
+	Restoring *RestoreSource `json:"restoring,omitempty"`
 }
 
 func (m *Meta) deleted() bool { return m.State == StateDeleted }
@@ -40,8 +44,9 @@ func (m *Meta) deleted() bool { return m.State == StateDeleted }
 // POST /v1/objects/{id}/init: the host API types, defined once in
 // pipeline/event for hosts and edges.
 type (
-	ObjectInfo  = event.ObjectInfo
-	InitRequest = event.InitRequest
+	ObjectInfo    = event.ObjectInfo
+	InitRequest   = event.InitRequest
+	RestoreSource = event.RestoreSource
 )
 
 func encodeMeta(m *Meta) ([]byte, error) { return json.Marshal(m) }

@@ -108,13 +108,16 @@ type HostStatus struct {
 	Bytes     int64   `json:"bytes"`
 	Alarms    []Alarm `json:"alarms"`
 	Scheduled int     `json:"heartbeats_scheduled"`
+	// DeclaredLost: the catalog answered the last registration with state
+	// "lost" (relocated.go).
+	DeclaredLost bool `json:"declared_lost,omitempty"`
 }
 
 // Status returns the host's counts and alarms.
 func (h *Host) Status() HostStatus {
 	st := h.Stats()
 	return HostStatus{ID: h.cfg.ID, Address: h.cfg.Address, Active: st.Active, Deleted: st.Deleted, Bytes: st.Bytes,
-		Alarms: h.Alarms(), Scheduled: h.sched.len()}
+		Alarms: h.Alarms(), Scheduled: h.sched.len(), DeclaredLost: h.declaredLost.Load()}
 }
 
 // confirmUnknown re-asks the catalog, linearizably, about databases a

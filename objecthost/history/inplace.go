@@ -27,16 +27,31 @@ import (
 //  3. empty dbPath-wal, rename the temp file over dbPath, fsync the
 //     directory, rewrite the tip without Restore.
 func RestoreInPlace(ctx context.Context, a *Archive, key, dbPath string, p Position, opts CaptureOptions) (Position, error) {
-	if !validKey(key) {
-		return Position{}, fmt.Errorf("history: invalid database key %q", key)
+	return RestoreInto(ctx, a, key, p, key, dbPath, opts)
+}
+
+// RestoreInto is RestoreInPlace from another database's archive: dbPath,
+// the file of database dstKey (absent for a new object: a fork, or a
+// database relocated off a lost host), becomes srcKey's archived state at
+// p, as a new generation of dstKey's history whose base snapshot is that
+// state (so dstKey's own archive starts with a full copy, and never
+// depends on srcKey's). srcKey == dstKey is RestoreInPlace. Same steps and
+// checkpoint; the new generation starts after both p and dstKey's last
+// local commit, so commit times keep increasing across generations.
+func RestoreInto(ctx context.Context, a *Archive, srcKey string, p Position, dstKey, dbPath string, opts CaptureOptions) (Position, error) {
+	if !validKey(srcKey) {
+		return Position{}, fmt.Errorf("history: invalid database key %q", srcKey)
+	}
+	if !validKey(dstKey) {
+		return Position{}, fmt.Errorf("history: invalid database key %q", dstKey)
 	}
 	tmp := dbPath + ".restore-tmp"
 	var st RestoreStats
-	if err := a.build(ctx, key, p, tmp, &st); err != nil {
+	if err := a.build(ctx, srcKey, p, tmp, &st); err != nil {
 		os.Remove(tmp)
 		return Position{}, err
 	}
-	l, err := openLocalLog(opts.StagingDir, key)
+	l, err := openLocalLog(opts.StagingDir, dstKey)
 	if err != nil {
 		return Position{}, err
 	}

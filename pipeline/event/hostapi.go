@@ -30,6 +30,24 @@ type InitRequest struct {
 	Jurisdiction      string      `json:"jurisdiction"`
 	RoutingGeneration int64       `json:"routing_generation"`
 	Options           InitOptions `json:"options"`
+	// RestoreFrom, when set, makes the new object's content a database's
+	// archived state instead of empty: a fork (another database, at a
+	// bookmark) or a database relocated off a lost host (the same UUID, at
+	// its last archived commit). The init answers once the file is in
+	// place; the host must run with history (an archive).
+	RestoreFrom *RestoreSource `json:"restore_from,omitempty"`
+}
+
+// RestoreSource names an archived state: DatabaseUUID's history at
+// Bookmark, or at its last archived commit when Bookmark is empty.
+// EmptyIfNone accepts a database with no archived history at all (never
+// written) and makes the object empty; without it that is refused, so a
+// relocation never silently turns a database whose archive is missing
+// into an empty one.
+type RestoreSource struct {
+	DatabaseUUID string `json:"database_uuid"`
+	Bookmark     string `json:"bookmark,omitempty"`
+	EmptyIfNone  bool   `json:"empty_if_none,omitempty"`
 }
 
 // InitOptions are the per-database options an object persists at init.
