@@ -192,6 +192,30 @@ func (s *Server) pickHost(ctx context.Context, jurisdiction, hint string, exclud
 	if err != nil {
 		return fsm.Host{}, err
 	}
+	region := s.o.Region
+	if hint != "" {
+		region = hint
+	}
+	s.hostsMu.Lock()
+	h, err := placeAmong(hosts, jurisdiction, region, exclude, s.hostsPending)
+	s.hostsMu.Unlock()
+	if err != nil {
+		var nj *noJurisdictionError
+		if errors.As(err, &nj) {
+			return fsm.Host{}, s.noHostInJurisdiction(jurisdiction, hosts)
+		}
+		return fsm.Host{}, err
+	}
+	return h, nil
+}
+
+// placeAmong is the placement rule shared by creates and relocations
+// (relocate.go): among active hosts, those of the jurisdiction if one is
+// given (a legal constraint: no fallback), else those of region, falling
+// back to any; hosts in exclude are avoided while others remain; then the
+// least loaded by databases per capacity, counting pending (placements made
+// since the host list was read, incremented for the chosen host).
+func placeAmong(hosts []fsm.Host, jurisdiction, region string, exclude map[string]bool, pending map[string]int64) (fsm.Host, error) {
 	filter := func(keep func(fsm.Host) bool) []fsm.Host {
 		var out []fsm.Host
 		for _, h := range hosts {
@@ -205,13 +229,9 @@ func (s *Server) pickHost(ctx context.Context, jurisdiction, hint string, exclud
 	if jurisdiction != "" {
 		cands = filter(func(h fsm.Host) bool { return h.Jurisdiction == jurisdiction })
 		if len(cands) == 0 {
-			return fsm.Host{}, s.noHostInJurisdiction(jurisdiction, hosts)
+			return fsm.Host{}, &noJurisdictionError{jurisdiction: jurisdiction}
 		}
 	} else {
-		region := s.o.Region
-		if hint != "" {
-			region = hint
-		}
 		cands = filter(func(h fsm.Host) bool { return h.Region == region })
 		if len(cands) == 0 {
 			cands = hosts
@@ -231,20 +251,18 @@ func (s *Server) pickHost(ctx context.Context, jurisdiction, hint string, exclud
 			cands = rest
 		}
 	}
-	s.hostsMu.Lock()
-	defer s.hostsMu.Unlock()
 	best, bestLoad := -1, 0.0
 	for i, h := range cands {
 		capacity := h.Capacity
 		if capacity <= 0 {
 			capacity = 100_000
 		}
-		load := float64(h.Databases+s.hostsPending[h.ID]) / float64(capacity)
+		load := float64(h.Databases+pending[h.ID]) / float64(capacity)
 		if best < 0 || load < bestLoad {
 			best, bestLoad = i, load
 		}
 	}
-	s.hostsPending[cands[best].ID]++
+	pending[cands[best].ID]++
 	return cands[best], nil
 }
 
@@ -277,7 +295,11 @@ func (s *Server) failpoint(step string) error {
 //     heartbeats repair a lost confirm).
 //
 // Nothing is held open in the catalog across the object call.
-func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBody) (fsm.Database, error) {
+//
+// src, when set, makes the new database's content an archived state (a
+// fork, fork.go): the object host restores it during (4), before the
+// checkpoint, so an acknowledged fork is durable like any create.
+func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBody, src *RestoreSource) (fsm.Database, error) {
 	// (1) Limit check. Stale by design; the catalog write enforces the limit
 	// authoritatively in the same transaction that counts the database.
 	t0 := time.Now()
@@ -332,6 +354,7 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 		_, err = s.hosts.Init(ctx, host.Address, objectID, InitRequest{
 			DatabaseUUID: id, AccountID: acct, Name: *body.Name, Region: host.Region, Jurisdiction: jur,
 			RoutingGeneration: initialGeneration, Options: InitOptions{HeartbeatIntervalMs: a.Limits.HeartbeatIntervalMs},
+			RestoreFrom: src,
 		})
 		s.m.stepInit.Observe(time.Since(t0).Seconds())
 		if err == nil {
@@ -340,6 +363,12 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 		if err != nil {
 			lastErr = err
 			s.m.createTries.WithLabelValues("init_failed").Inc()
+			var he *HostError
+			if src != nil && errors.As(err, &he) && he.Status == http.StatusBadRequest {
+				// A fork's source state refused (a bookmark not archived or
+				// past retention): the client's, passed through.
+				return fsm.Database{}, err
+			}
 			if !retryable(err) {
 				// The host refused our own request: an internal fault, not
 				// the client's (deliberately not wrapped: answers 500).
@@ -458,7 +487,7 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ principa
 	// abandoned checkpoint write has an unknown outcome anyway).
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 30*time.Second)
 	defer cancel()
-	d, err := s.createDatabase(ctx, acct, body)
+	d, err := s.createDatabase(ctx, acct, body, nil)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

@@ -31,9 +31,10 @@ const (
 // ObjectInfo, InitRequest and InitOptions are the object host's API types,
 // defined once in pipeline/event for both sides.
 type (
-	ObjectInfo  = event.ObjectInfo
-	InitRequest = event.InitRequest
-	InitOptions = event.InitOptions
+	ObjectInfo    = event.ObjectInfo
+	InitRequest   = event.InitRequest
+	RestoreSource = event.RestoreSource
+	InitOptions   = event.InitOptions
 )
 
 // HostError is a refusal by an object host: its HTTP status and v4 error.

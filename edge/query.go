@@ -94,12 +94,44 @@ func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request, kind string
 			}
 		}
 	}
+	if err != nil && neverSent(err) && s.movedCheckDue(id) {
+		// The route's host refused the connection: a host that is down,
+		// or one declared lost whose databases were relocated. Ask the
+		// catalog whether the database moved (a higher generation) and
+		// send the request there: it never reached the first host. At
+		// most one catalog read per database per movedRecheck, so a dead
+		// host's traffic cannot turn into a catalog storm.
+		if nrt, ferr := s.res.fill(r.Context(), id); ferr == nil && nrt.Generation > rt.Generation && usable(nrt, acct) == nil {
+			s.m.movedRoutes.Inc()
+			resp, err = s.forwardQuery(r, nrt, kind, body)
+		}
+	}
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
 	defer resp.Body.Close()
 	s.passThrough(w, resp)
+}
+
+// movedRecheck bounds the catalog reads of databases whose host refuses
+// connections: one per database per period.
+const movedRecheck = 2 * time.Second
+
+// movedCheckDue reports whether the database's route may be re-read now
+// (and records that it is).
+func (s *Server) movedCheckDue(id string) bool {
+	now := s.o.Now()
+	s.movedMu.Lock()
+	defer s.movedMu.Unlock()
+	if s.movedCheck == nil || len(s.movedCheck) > 100_000 {
+		s.movedCheck = make(map[string]time.Time)
+	}
+	if last, ok := s.movedCheck[id]; ok && now.Sub(last) < movedRecheck {
+		return false
+	}
+	s.movedCheck[id] = now
+	return true
 }
 
 // usable checks a route may serve a query of account acct. Another account's

@@ -137,7 +137,10 @@ type Server struct {
 	hostsList    []fsm.Host
 	hostsFetched time.Time
 	hostsPending map[string]int64 // creates placed since the last refresh
-	hostsJurs    map[string]bool  // jurisdictions of every registered host, in any state
+
+	hostsJurs  map[string]bool // jurisdictions of every registered host, in any state
+	movedMu    sync.Mutex
+	movedCheck map[string]time.Time // uuid → last catalog read after its host refused (query.go)
 
 	bgCtx     context.Context
 	bgCancel  context.CancelFunc
@@ -505,6 +508,7 @@ func (s *Server) routes() *mux.Router {
 	d1.Handle("/{database_id}/time_travel/bookmark", s.account("time_travel_bookmark", s.handleTimeTravelBookmark)).Methods(http.MethodGet)
 	d1.Handle("/{database_id}/time_travel/restore", s.account("time_travel_restore", s.handleTimeTravelRestore)).Methods(http.MethodPost)
 	d1.Handle("/{database_id}/insights", s.account("insights", s.handleInsights)).Methods(http.MethodGet)
+	d1.Handle("/{database_id}/fork", s.account("fork", s.handleFork)).Methods(http.MethodPost)
 	r.Handle("/client/v4/shoal/dump/{token}", s.instrument("export_download", http.HandlerFunc(s.handleExportDownload))).Methods(http.MethodGet)
 	r.Handle("/client/v4/shoal/upload/{token}", s.instrument("import_upload", http.HandlerFunc(s.handleImportUpload))).Methods(http.MethodPut)
 

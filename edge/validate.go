@@ -290,8 +290,10 @@ func parseCreateBody(b []byte, l Limits) (CreateBody, error) {
 	if err := checkName(*c.Name, l); err != nil {
 		return c, err
 	}
-	if c.PrimaryLocationHint != nil && *c.PrimaryLocationHint != "" && !locationHints[strings.ToLower(*c.PrimaryLocationHint)] {
-		return c, invalid("Invalid property: primary_location_hint => must be one of wnam, enam, weur, eeur, apac, oc")
+	if c.PrimaryLocationHint != nil && *c.PrimaryLocationHint != "" {
+		if err := checkLocationHint(*c.PrimaryLocationHint); err != nil {
+			return c, err
+		}
 	}
 	if c.Jurisdiction != nil && *c.Jurisdiction != "" && !jurisdictions[strings.ToLower(*c.Jurisdiction)] {
 		return c, invalid("Invalid property: jurisdiction => must be one of eu, fedramp, us")
@@ -302,6 +304,13 @@ func parseCreateBody(b []byte, l Limits) (CreateBody, error) {
 		}
 	}
 	return c, nil
+}
+
+func checkLocationHint(h string) error {
+	if !locationHints[strings.ToLower(h)] {
+		return invalid("Invalid property: primary_location_hint => must be one of wnam, enam, weur, eeur, apac, oc")
+	}
+	return nil
 }
 
 // checkName applies D1's database name rules: lowercase ASCII letters,

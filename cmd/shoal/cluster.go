@@ -198,7 +198,7 @@ initial membership (list the node itself too).`,
 		},
 	}
 
-	cmd.AddCommand(bootstrap, join, remove, status, snapshot, backup, restore)
+	cmd.AddCommand(bootstrap, join, remove, status, snapshot, backup, restore, newClusterHostCmd(&addr, &timeout))
 	return cmd
 }
 

@@ -87,7 +87,7 @@ DB arguments are a database name or UUID. Exit codes: 0 ok, 1 API error,
 	})
 	cmd.AddCommand(e.createCmd(), e.listCmd(), e.infoCmd(), e.deleteCmd(), e.executeCmd(),
 		e.exportCmd(), e.importCmd(), e.bindingCmd())
-	cmd.AddCommand(e.insightsCmd(), e.timeTravelCmd())
+	cmd.AddCommand(e.insightsCmd(), e.timeTravelCmd(), e.forkCmd())
 	e.group(cmd)
 	for _, sub := range cmd.Commands() {
 		if sub.HasSubCommands() {
@@ -243,11 +243,17 @@ func (e *d1Env) printJSON(raw json.RawMessage) error {
 func (e *d1Env) interactive() bool { return e.isTerminal(e.stdout) && e.isTerminal(e.stderr) }
 
 func (e *d1Env) confirm(prompt string) (bool, error) {
-	if !e.isTerminal(e.stdin) {
+	return confirmPrompt(e.stdin, e.stderr, e.isTerminal, prompt)
+}
+
+// confirmPrompt asks prompt on stderr and reads y/yes from stdin, which
+// must be a terminal (scripts pass --yes instead).
+func confirmPrompt(stdin io.Reader, stderr io.Writer, isTerminal func(any) bool, prompt string) (bool, error) {
+	if !isTerminal(stdin) {
 		return false, usagef("refusing to continue without --yes: stdin is not a terminal")
 	}
-	fmt.Fprintf(e.stderr, "%s [y/N] ", prompt)
-	line, err := bufio.NewReader(e.stdin).ReadString('\n')
+	fmt.Fprintf(stderr, "%s [y/N] ", prompt)
+	line, err := bufio.NewReader(stdin).ReadString('\n')
 	if err != nil && !errors.Is(err, io.EOF) {
 		return false, err
 	}

@@ -41,6 +41,7 @@ func newEdgeServeCmd() *cobra.Command {
 		fallbackCap                                   int64
 		kafka                                         kafkaFlags
 		clickhouseDSN                                 string
+		lostHostAfter                                 time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -177,6 +178,15 @@ secrets come from the file; flags given explicitly win.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			if lostHostAfter > 0 {
+				// Automatic lost-host recovery (edge/relocate.go): a host
+				// silent longer than the bound is declared lost and its
+				// databases restored elsewhere from the archive.
+				hc := edge.NewHostClient(0)
+				defer hc.Close()
+				rc := edge.NewRecoverer(edge.RaftmetaRecovery{C: client}, hc, edge.RecoverOptions{Logger: logger})
+				go rc.AutoRecover(ctx, edge.AutoOptions{After: lostHostAfter})
+			}
 			hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 			return serveRole(ctx, httpAddr, hs, func(a net.Addr) {
 				note := "route feed off (no --kafka-brokers)"
@@ -198,6 +208,7 @@ secrets come from the file; flags given explicitly win.`,
 	f.Float64Var(&acctRate, "account-rate", 1000, "requests per second per account (burst twice that); fleet-wide with --kafka-brokers")
 	f.Float64Var(&dbRate, "database-rate", 500, "requests per second per database (burst twice that); fleet-wide with --kafka-brokers")
 	f.Int64Var(&fallbackCap, "fallback-cap", 64, "max concurrent catalog reads for route cache misses")
+	f.DurationVar(&lostHostAfter, "lost-host-after", 0, "declare an object host lost after it has not reported for this long (at least 1m), and restore its databases on other hosts from the archive; 0 (default): only `shoal cluster host lost` does")
 	kafka.register(f)
 	f.StringVar(&clickhouseDSN, "clickhouse-dsn", "", "ClickHouse DSN of the usage tables, for query insights (none: insights answer 503)")
 	f.StringVar(&configPath, "config", "", "cluster.hcl to read this node's settings from")

@@ -39,6 +39,7 @@ func newObjecthostServeCmd() *cobra.Command {
 		logLevel   string
 		kafka      kafkaFlags
 		archiveDir string
+		durability string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -131,6 +132,13 @@ given explicitly win.`,
 				if cfg.History, err = dirHistory(archiveDir, cfg.Dir); err != nil {
 					return err
 				}
+				switch durability {
+				case "", "default":
+				case "archived":
+					cfg.History.Archived = true
+				default:
+					return fmt.Errorf("--durability %q: want default or archived", durability)
+				}
 			case cl != nil && cl.Archive != nil:
 				if cfg.History, err = archiveHistory(cl.Archive, cfg.Dir); err != nil {
 					return err
@@ -166,6 +174,7 @@ given explicitly win.`,
 	f.StringVar(&cfg.ID, "id", "", "host ID in the catalog (unique, stable)")
 	f.StringVar(&cfg.Dir, "dir", "", "data directory (index.db and dbs/)")
 	f.StringVar(&archiveDir, "archive-dir", "", "archive every commit's pages into this directory, outside --dir (time travel and restores; objecthost/history); default: cluster.hcl's archive block, none: no history")
+	f.StringVar(&durability, "durability", "default", "with --archive-dir: default (a write is acknowledged once captured locally; archived within about a second) or archived (acknowledged only once in the archive)")
 	f.StringVar(&httpAddr, "http-addr", "", "listen address of the internal API")
 	f.StringVar(&cfg.Address, "advertise", "", "address edges reach this host at (default --http-addr)")
 	f.StringVar(&cfg.Region, "region", "", "region (wnam, enam, weur, eeur, apac, oc)")
