@@ -79,6 +79,38 @@ func FuzzCreateBody(f *testing.F) {
 // FuzzValidateQueryBody: the allocation-free scan of the query path accepts
 // only bodies parseQueryBody accepts, and validateQueryBody gives the same
 // verdict as parseQueryBody on every input.
+// FuzzForkBody: a fork body either parses into a valid name and at most
+// one of bookmark (lowercase hex and '-', bounded) and timestamp, or is a
+// 400 validation error.
+func FuzzForkBody(f *testing.F) {
+	for _, s := range []string{`{"name":"f"}`, `{"name":"f","bookmark":"0006-ab"}`, `{"name":"f","timestamp":"2026-12-01T00:00:00Z"}`,
+		`{"name":"f","bookmark":"x","timestamp":"y"}`, `{"name":"f","bookmark":"ZZ"}`, `{"name":"f","primary_location_hint":"mars"}`,
+		`{"bookmark":"00"}`, `{"name":"f","bookmark":""}`, `{"name":"f","extra":1}`} {
+		f.Add([]byte(s))
+	}
+	var l Limits
+	l.defaults()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fb, err := parseForkBody(b, l)
+		if err != nil {
+			var ve *validationError
+			require.ErrorAs(t, err, &ve)
+			require.Equal(t, 400, ve.status)
+			return
+		}
+		require.NotNil(t, fb.Name)
+		require.NoError(t, checkName(*fb.Name, l))
+		require.False(t, fb.Bookmark != nil && fb.Timestamp != nil)
+		if fb.Bookmark != nil {
+			require.NotEmpty(t, *fb.Bookmark)
+			require.LessOrEqual(t, len(*fb.Bookmark), maxBookmarkBytes)
+			for _, c := range *fb.Bookmark {
+				require.True(t, c == '-' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'), "bookmark %q", *fb.Bookmark)
+			}
+		}
+	})
+}
+
 func FuzzValidateQueryBody(f *testing.F) {
 	for _, s := range []string{
 		`{"sql":"SELECT 1"}`, `{"sql":"SELECT ?","params":[1,"a",null,true,false,-1.5e+3]}`,

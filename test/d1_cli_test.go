@@ -223,6 +223,27 @@ func TestD1CLI(t *testing.T) {
 	require.Equal(t, 1, r.code, r.stderr)
 	require.Contains(t, r.stderr, "invalid bookmark")
 
+	// fork: at the bookmark taken before the delete (4 rows), and now (the
+	// empty table); the forks are databases of their own.
+	r = ok(d1("", "fork", "cli-db2", "cli-fork-old", "--bookmark", bm[1]))
+	require.Contains(t, r.stdout, "Created cli-fork-old")
+	r = ok(d1("", "execute", "cli-fork-old", "--command", "SELECT count(*) AS n FROM t"))
+	require.Regexp(t, `│\s*4\s*│`, r.stdout)
+	ok(d1("", "fork", "cli-db2", "cli-fork-now"))
+	r = ok(d1("", "execute", "cli-fork-now", "--command", "SELECT count(*) AS n FROM t"))
+	require.Regexp(t, `│\s*0\s*│`, r.stdout)
+	ok(d1("", "execute", "cli-fork-old", "--command", "DELETE FROM t WHERE id = 1"))
+	r = ok(d1("", "execute", "cli-db2", "--command", "SELECT count(*) AS n FROM t"))
+	require.Regexp(t, `│\s*0\s*│`, r.stdout, "a fork's writes never reach its source")
+	r = d1("", "fork", "cli-db2", "cli-fork-old")
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Contains(t, r.stderr, "already exists")
+	r = d1("", "fork", "cli-db2", "cli-fork-bad", "--bookmark", "0123-abcd")
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Contains(t, r.stderr, "bookmark")
+	ok(d1("", "delete", "cli-fork-old", "--yes"))
+	ok(d1("", "delete", "cli-fork-now", "--yes"))
+
 	// Exit codes.
 	r = d1("", "info", "no-such-db")
 	require.Equal(t, 3, r.code)
