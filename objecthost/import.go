@@ -19,6 +19,7 @@ import (
 
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/objecthost/dump"
+	"github.com/shoaldb/shoal/objecthost/history"
 	"github.com/shoaldb/shoal/objecthost/sqlexec"
 )
 
@@ -308,7 +309,14 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 	j.status.Status = "complete"
 	j.status.Progress.Bytes, j.status.Progress.Statements = res.Bytes, res.Statements
 	j.status.Messages = append(j.status.Messages, fmt.Sprintf("Imported %d statements (%d bytes)", res.Statements, res.Bytes))
-	j.status.Result = &ImportSummary{FinalBookmark: j.filename, NumQueries: res.Statements, Meta: ImportMeta{
+	// D1's final_bookmark is the time-travel bookmark just after the
+	// import (restoring to it gets the imported state back); a host without
+	// history has no bookmarks, and keeps answering the upload's name.
+	final := j.filename
+	if c := hd.db.cap; c != nil {
+		final = string(history.MakeBookmark(c.Key(), c.Current()))
+	}
+	j.status.Result = &ImportSummary{FinalBookmark: final, NumQueries: res.Statements, Meta: ImportMeta{
 		ServedBy: d.h.cfg.ID, Duration: float64(time.Since(start).Microseconds()) / 1000, Changes: res.Changes,
 		ChangedDB: res.RowsWritten > 0 || res.Statements > 0, SizeAfter: res.SizeAfter, RowsRead: res.RowsRead, RowsWritten: res.RowsWritten,
 	}}

@@ -249,3 +249,30 @@ func TestHeartbeatRelocatedObjects(t *testing.T) {
 	require.NoError(t, th.Register(ctx))
 	assert.True(t, th.Status().DeclaredLost)
 }
+
+// TestImportFinalBookmark: with history, an import's final_bookmark is the
+// time-travel bookmark right after it (D1's meaning): restoring to it after
+// later writes gets the imported state back.
+func TestImportFinalBookmark(t *testing.T) {
+	dir, err := history.NewDirStore(t.TempDir())
+	require.NoError(t, err)
+	th := historyHost(t, dir)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	sql := "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT, r INTEGER);\nINSERT INTO t VALUES (1, 'imported', 7);\n"
+	code, env := upload(t, srv, d, "f.sql", sql)
+	require.Equal(t, 200, code, "%+v", env)
+	code, env = call(t, srv.Client(), srv, "POST", "/v1/objects/"+d.obj+"/import/ingest", &d, map[string]string{"etag": md5hex(sql), "filename": "f.sql"})
+	require.Equal(t, 200, code, "%+v", env)
+	st := waitImport(t, srv, d, "f.sql")
+	require.Equal(t, "complete", st.Status, "%+v", st)
+	_, err = history.ParseBookmark(d.uuid, history.Bookmark(st.Result.FinalBookmark))
+	require.NoError(t, err, "final_bookmark %q is a bookmark of the database", st.Result.FinalBookmark)
+	imported := th.rowsOf(t, d)
+	th.clock.Advance(time.Second)
+	th.exec(t, d, "DELETE FROM t")
+	_, err = th.Restore(context.Background(), d.obj, st.Result.FinalBookmark, "", 0)
+	require.NoError(t, err)
+	assert.Equal(t, imported, th.rowsOf(t, d))
+}
