@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shoaldb/shoal/internal/pki"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -20,17 +21,24 @@ import (
 // with a *NotLeaderError naming the leader; Admin does not follow it, so an
 // operator always knows which node acted.
 type Admin struct {
-	addr string
-	hc   *http.Client
+	addr   string
+	hc     *http.Client
+	scheme string
 }
 
-// NewAdmin returns an Admin of the node at addr (host:port of its HTTP API).
-func NewAdmin(addr string, timeout time.Duration) *Admin {
-	return &Admin{addr: addr, hc: &http.Client{Timeout: timeout}}
+// NewAdmin returns an Admin of the node at addr (host:port of its HTTP
+// API). A tls Loader, when given (and not nil), authenticates with an
+// operator's certificate.
+func NewAdmin(addr string, timeout time.Duration, tls ...*pki.Loader) *Admin {
+	var l *pki.Loader
+	if len(tls) > 0 {
+		l = tls[0]
+	}
+	return &Admin{addr: addr, hc: &http.Client{Timeout: timeout, Transport: l.Transport(&http.Transport{}, pki.RoleCatalog)}, scheme: l.Scheme()}
 }
 
 func (a *Admin) call(ctx context.Context, method, path string, body io.Reader, out any) error {
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+a.addr+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, a.scheme+"://"+a.addr+path, body)
 	if err != nil {
 		return err
 	}
@@ -91,7 +99,7 @@ func (a *Admin) Snapshot(ctx context.Context) (uint64, error) {
 // Backup streams a consistent catalog copy into w; it returns the Raft index
 // the copy reflects and the bytes written. A short copy is an error.
 func (a *Admin) Backup(ctx context.Context, w io.Writer) (uint64, int64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.addr+"/v1/cluster/backup", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.scheme+"://"+a.addr+"/v1/cluster/backup", nil)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -123,7 +131,7 @@ func (a *Admin) Backup(ctx context.Context, w io.Writer) (uint64, int64, error) 
 // wrapping ErrInvalidBackup whose message says what is wrong, and the
 // catalog is unchanged.
 func (a *Admin) Restore(ctx context.Context, r io.Reader) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+a.addr+"/v1/cluster/restore", r)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.scheme+"://"+a.addr+"/v1/cluster/restore", r)
 	if err != nil {
 		return err
 	}

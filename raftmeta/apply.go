@@ -198,7 +198,7 @@ func (n *Node) forwardApply(ctx context.Context, cmd fsm.Command) (fsm.Result, e
 // forward performs one internal request to the leader l and decodes the
 // answer into out, mapping error answers back to Go errors.
 func (n *Node) forward(ctx context.Context, method string, l nodeMeta, path string, body io.Reader, out any) error {
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+l.HTTPAddr+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, n.cfg.TLS.Scheme()+"://"+l.HTTPAddr+path, body)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/shoaldb/shoal/internal/ids"
+	"github.com/shoaldb/shoal/internal/pki"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -40,6 +41,7 @@ type Client struct {
 	now      func() time.Time
 	newID    func() string
 	cache    *staleCache // nil: no cache
+	scheme   string      // "https" with WithTLS
 
 	mu     sync.Mutex
 	leader string
@@ -59,6 +61,7 @@ type clientConfig struct {
 	writeTO    time.Duration
 	demoteFor  time.Duration
 	hedge      time.Duration
+	tls        *pki.Loader
 }
 
 // ClientOption configures a Client.
@@ -79,6 +82,11 @@ func WithRetries(attempts int, base, max time.Duration) ClientOption {
 
 // WithHTTPClient replaces the HTTP client.
 func WithHTTPClient(hc *http.Client) ClientOption { return func(c *clientConfig) { c.hc = hc } }
+
+// WithTLS authenticates to the catalog nodes with the cluster's
+// certificates (mutual TLS; the nodes must hold the catalog role). Ignored
+// with WithHTTPClient, whose transport must then carry the configuration.
+func WithTLS(l *pki.Loader) ClientOption { return func(c *clientConfig) { c.tls = l } }
 
 // WithRequestTimeout bounds each HTTP request (default 15 s): the ceiling
 // over the per-attempt timeouts.
@@ -125,15 +133,16 @@ func NewClient(addrs []string, opts ...ClientOption) (*Client, error) {
 		o(&cfg)
 	}
 	if cfg.hc == nil {
-		cfg.hc = &http.Client{Timeout: cfg.timeout, Transport: &http.Transport{
+		cfg.hc = &http.Client{Timeout: cfg.timeout, Transport: cfg.tls.Transport(&http.Transport{
 			MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: cfg.timeout,
-		}}
+		}, pki.RoleCatalog)}
 	}
 	if cfg.attempts < 1 {
 		cfg.attempts = 1
 	}
 	c := &Client{addrs: append([]string(nil), addrs...), hc: cfg.hc, attempts: cfg.attempts,
-		boBase: cfg.boBase, boMax: cfg.boMax, now: cfg.now, newID: cfg.newID, readTO: cfg.readTO, writeTO: cfg.writeTO, hedge: cfg.hedge}
+		boBase: cfg.boBase, boMax: cfg.boMax, now: cfg.now, newID: cfg.newID, readTO: cfg.readTO, writeTO: cfg.writeTO, hedge: cfg.hedge,
+		scheme: cfg.tls.Scheme()}
 	c.nodes = newNodeOrder(c.addrs, cfg.now, cfg.demoteFor)
 	if cfg.ttl > 0 {
 		c.cache = newStaleCache(cfg.ttl, cfg.maxEntries, cfg.now)
@@ -194,7 +203,7 @@ func (c *Client) doOnce(ctx context.Context, method, addr, path string, body []b
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, c.scheme+"://"+addr+path, rd)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,8 @@
 package raftmeta
 
 import (
+	"github.com/shoaldb/shoal/internal/pki"
+
 	"errors"
 	"io"
 	"log/slog"
@@ -21,6 +23,12 @@ type Config struct {
 	// already holds one keeps it; naming the other kind for it is
 	// ErrLogStoreMismatch.
 	LogStore string
+
+	// TLS, when set, authenticates every peer with the cluster's
+	// certificates (internal/pki): the HTTP API and the Raft port require
+	// a client certificate, the Raft port and joins the catalog role, and
+	// each HTTP route the roles of authz.go. Nil: plain TCP (insecure).
+	TLS *pki.Loader
 
 	RaftAddr      string // bind address of the Raft port (Raft RPCs + node metadata)
 	RaftAdvertise string // address peers dial; default RaftAddr

@@ -118,6 +118,8 @@ func fromWire(w wireError) error {
 		return fmt.Errorf("catalog internal error: %s", w.Message)
 	case CodeTooLarge:
 		return &fsm.Error{Code: fsm.CodeInvalid, Message: w.Message}
+	case CodeForbidden:
+		return fmt.Errorf("%w: %s", ErrForbidden, w.Message)
 	}
 	return &fsm.Error{Code: w.Code, Message: w.Message}
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/gorilla/mux"
+
+	"github.com/shoaldb/shoal/internal/pki"
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -27,27 +29,28 @@ const maxHeartbeatBatch = 10000
 
 func (n *Node) handler() http.Handler {
 	r := mux.NewRouter()
-	r.HandleFunc("/v1/apply", n.handleApply).Methods(http.MethodPost)
-	r.HandleFunc("/v1/read-index", n.handleReadIndex).Methods(http.MethodGet)
+	cat := []string{pki.RoleCatalog}
+	r.Handle("/v1/apply", n.allow(n.handleApply, everyRole...)).Methods(http.MethodPost) // per command: authz.go
+	r.Handle("/v1/read-index", n.allow(n.handleReadIndex, cat...)).Methods(http.MethodGet)
 
-	r.HandleFunc("/v1/databases/{uuid}", n.handleDatabase).Methods(http.MethodGet)
-	r.HandleFunc("/v1/accounts/{account}", n.handleAccount).Methods(http.MethodGet)
-	r.HandleFunc("/v1/accounts/{account}/databases", n.handleListDatabases).Methods(http.MethodGet)
-	r.HandleFunc("/v1/accounts/{account}/databases/by-name/{name}", n.handleDatabaseByName).Methods(http.MethodGet)
-	r.HandleFunc("/v1/tokens/{hash}", n.handleToken).Methods(http.MethodGet)
-	r.HandleFunc("/v1/hosts", n.handleHosts).Methods(http.MethodGet)
-	r.HandleFunc("/v1/hosts/{id}/databases", n.handleHostDatabases).Methods(http.MethodGet)
-	r.HandleFunc("/v1/heartbeat", n.handleHeartbeat).Methods(http.MethodPost)
-	r.HandleFunc("/v1/storage/{kind}", n.handleStorage).Methods(http.MethodGet) // http_stats.go
+	r.Handle("/v1/databases/{uuid}", n.allow(n.handleDatabase, readers...)).Methods(http.MethodGet)
+	r.Handle("/v1/accounts/{account}", n.allow(n.handleAccount, readers...)).Methods(http.MethodGet)
+	r.Handle("/v1/accounts/{account}/databases", n.allow(n.handleListDatabases, pki.RoleEdge, pki.RoleOperator, pki.RoleCatalog)).Methods(http.MethodGet)
+	r.Handle("/v1/accounts/{account}/databases/by-name/{name}", n.allow(n.handleDatabaseByName, pki.RoleEdge, pki.RoleOperator, pki.RoleCatalog)).Methods(http.MethodGet)
+	r.Handle("/v1/tokens/{hash}", n.allow(n.handleToken, pki.RoleEdge, pki.RoleOperator, pki.RoleCatalog)).Methods(http.MethodGet)
+	r.Handle("/v1/hosts", n.allow(n.handleHosts, readers...)).Methods(http.MethodGet)
+	r.Handle("/v1/hosts/{id}/databases", n.allow(n.handleHostDatabases, pki.RoleEdge, pki.RoleOperator, pki.RoleCatalog)).Methods(http.MethodGet)
+	r.Handle("/v1/heartbeat", n.allow(n.handleHeartbeat, pki.RoleHost, pki.RoleOperator, pki.RoleCatalog)).Methods(http.MethodPost)
+	r.Handle("/v1/storage/{kind}", n.allow(n.handleStorage, pki.RolePipeline, pki.RoleOperator, pki.RoleCatalog)).Methods(http.MethodGet) // http_stats.go
 
-	r.HandleFunc("/v1/cluster/bootstrap", n.handleBootstrap).Methods(http.MethodPost)
-	r.HandleFunc("/v1/cluster/join", n.handleJoin).Methods(http.MethodPost)
-	r.HandleFunc("/v1/cluster/remove", n.handleRemove).Methods(http.MethodPost)
-	r.HandleFunc("/v1/cluster/status", n.handleStatus).Methods(http.MethodGet)
-	r.HandleFunc("/v1/cluster/self", n.handleSelf).Methods(http.MethodGet)
-	r.HandleFunc("/v1/cluster/snapshot", n.handleSnapshot).Methods(http.MethodPost)
-	r.HandleFunc("/v1/cluster/backup", n.handleBackup).Methods(http.MethodGet)
-	r.HandleFunc("/v1/cluster/restore", n.handleRestore).Methods(http.MethodPost)
+	r.Handle("/v1/cluster/bootstrap", n.allow(n.handleBootstrap, operators...)).Methods(http.MethodPost)
+	r.Handle("/v1/cluster/join", n.allow(n.handleJoin, pki.RoleCatalog, pki.RoleOperator)).Methods(http.MethodPost)
+	r.Handle("/v1/cluster/remove", n.allow(n.handleRemove, operators...)).Methods(http.MethodPost)
+	r.Handle("/v1/cluster/status", n.allow(n.handleStatus, everyRole...)).Methods(http.MethodGet)
+	r.Handle("/v1/cluster/self", n.allow(n.handleSelf, everyRole...)).Methods(http.MethodGet)
+	r.Handle("/v1/cluster/snapshot", n.allow(n.handleSnapshot, operators...)).Methods(http.MethodPost)
+	r.Handle("/v1/cluster/backup", n.allow(n.handleBackup, operators...)).Methods(http.MethodGet)
+	r.Handle("/v1/cluster/restore", n.allow(n.handleRestore, operators...)).Methods(http.MethodPost)
 
 	r.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, 200, map[string]string{"status": "ok", "node": n.cfg.ID})
@@ -148,6 +151,11 @@ func (n *Node) handleApply(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := checkCommand(&cmd, n.cfg.Now()); err != nil {
 		n.writeErr(w, err)
+		return
+	}
+	if !n.mayPropose(r, cmd.Type) {
+		writeJSON(w, http.StatusForbidden, map[string]wireError{"error": {Code: CodeForbidden,
+			Message: "the caller's certificate roles may not propose " + string(cmd.Type)}})
 		return
 	}
 	if r.Header.Get(headerForwarded) != "" && n.raft.State() != raft.Leader {

@@ -98,14 +98,14 @@ func (n *Node) leaderOpErr(what string, err error) error {
 
 // joinCluster asks the nodes at addrs (HTTP) to add this node, following a
 // not_leader answer to the named leader, with bounded retries.
-func joinCluster(ctx context.Context, hc *http.Client, addrs []string, r JoinRequest) error {
+func joinCluster(ctx context.Context, hc *http.Client, scheme string, addrs []string, r JoinRequest) error {
 	body, _ := json.Marshal(r)
 	var lastErr error
 	for attempt := 0; ; attempt++ {
 		for i := 0; i < len(addrs); i++ {
 			target := addrs[i]
 			for hop := 0; hop < 3 && target != ""; hop++ {
-				req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+target+"/v1/cluster/join", bytes.NewReader(body))
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, scheme+"://"+target+"/v1/cluster/join", bytes.NewReader(body))
 				if err != nil {
 					return err
 				}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/shoaldb/shoal/internal/ids"
+	"github.com/shoaldb/shoal/internal/pki"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -131,7 +133,7 @@ func NewNode(c Config) (_ *Node, err error) {
 	if adv == cfg.RaftAddr {
 		adv = raftLn.Addr().String() // resolves ":0" in tests
 	}
-	n.mux, err = newMuxLayer(raftLn, adv, n.selfMeta)
+	n.mux, err = newMuxLayer(raftLn, adv, n.selfMeta, cfg.TLS)
 	if err != nil {
 		raftLn.Close()
 		return nil, err
@@ -187,14 +189,15 @@ func NewNode(c Config) (_ *Node, err error) {
 	n.trans.raft.Store(n.raft)
 	n.hc = &http.Client{
 		Timeout:   cfg.ApplyTimeout + 2*time.Second,
-		Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second},
+		Transport: cfg.TLS.Transport(&http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}, pki.RoleCatalog),
 	}
 
-	n.httpSrv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 10 * time.Second}
+	n.httpSrv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)} // failed TLS handshakes: debug
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
-		if err := n.httpSrv.Serve(n.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := n.httpSrv.Serve(cfg.TLS.Listen(n.httpLn)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			n.log.Error("http server stopped", "err", err)
 		}
 	}()
@@ -207,7 +210,7 @@ func NewNode(c Config) (_ *Node, err error) {
 	}
 	if len(cfg.Join) > 0 && !hasState {
 		jctx, jcancel := context.WithTimeout(ctx, cfg.JoinTimeout)
-		err := joinCluster(jctx, n.hc, cfg.Join, JoinRequest{ID: cfg.ID, RaftAddr: string(n.trans.LocalAddr()), Voter: !cfg.NonVoter})
+		err := joinCluster(jctx, n.hc, cfg.TLS.Scheme(), cfg.Join, JoinRequest{ID: cfg.ID, RaftAddr: string(n.trans.LocalAddr()), Voter: !cfg.NonVoter})
 		jcancel()
 		if err != nil {
 			return nil, fmt.Errorf("join %v: %w", cfg.Join, err)
@@ -308,7 +311,7 @@ func (n *Node) peerMeta(raftAddr string) (nodeMeta, error) {
 	if ok {
 		return nm, nil
 	}
-	nm, err := lookupMeta(raftAddr, time.Second)
+	nm, err := lookupMeta(raftAddr, time.Second, n.cfg.TLS)
 	if err != nil {
 		return nodeMeta{}, err
 	}

@@ -1,6 +1,7 @@
 package raftmeta
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/shoaldb/shoal/internal/pki"
 )
 
 // The Raft port is shared by two services, told apart by the first byte of
@@ -39,6 +42,7 @@ type muxLayer struct {
 	ln        net.Listener
 	advertise net.Addr
 	meta      func() nodeMeta
+	tls       *pki.Loader // nil: plain TCP
 
 	raftConns chan net.Conn
 	closed    chan struct{}
@@ -83,7 +87,7 @@ func (m *muxLayer) track(c net.Conn) net.Conn {
 
 var _ raft.StreamLayer = (*muxLayer)(nil)
 
-func newMuxLayer(ln net.Listener, advertise string, meta func() nodeMeta) (*muxLayer, error) {
+func newMuxLayer(ln net.Listener, advertise string, meta func() nodeMeta, tlsL *pki.Loader) (*muxLayer, error) {
 	adv, err := net.ResolveTCPAddr("tcp", advertise)
 	if err != nil {
 		return nil, fmt.Errorf("raft advertise address %q: %w", advertise, err)
@@ -91,7 +95,7 @@ func newMuxLayer(ln net.Listener, advertise string, meta func() nodeMeta) (*muxL
 	if adv.IP == nil || adv.IP.IsUnspecified() {
 		return nil, fmt.Errorf("raft advertise address %q is not routable", advertise)
 	}
-	m := &muxLayer{ln: ln, advertise: adv, meta: meta, raftConns: make(chan net.Conn), closed: make(chan struct{}),
+	m := &muxLayer{ln: ln, advertise: adv, meta: meta, tls: tlsL, raftConns: make(chan net.Conn), closed: make(chan struct{}),
 		conns: map[*trackedConn]struct{}{}}
 	m.wg.Add(1)
 	go m.acceptLoop()
@@ -123,6 +127,21 @@ func (m *muxLayer) acceptLoop() {
 func (m *muxLayer) route(c net.Conn) {
 	defer m.wg.Done()
 	_ = c.SetReadDeadline(time.Now().Add(muxHeaderTimeout))
+	if m.tls != nil {
+		// Both services of the port are for catalog voters only: Raft's
+		// RPCs and the metadata answer.
+		tc := tls.Server(c, m.tls.Server())
+		if err := tc.Handshake(); err != nil {
+			c.Close()
+			return
+		}
+		st := tc.ConnectionState()
+		if id, ok := pki.PeerIdentity(&st); !ok || !id.Has(pki.RoleCatalog) {
+			tc.Close()
+			return
+		}
+		c = tc
+	}
 	var b [1]byte
 	if _, err := io.ReadFull(c, b[:]); err != nil {
 		c.Close()
@@ -182,8 +201,7 @@ func (m *muxLayer) Addr() net.Addr { return m.advertise }
 
 // Dial opens a Raft connection to a peer's shared port.
 func (m *muxLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	d := net.Dialer{Timeout: timeout}
-	c, err := d.Dial("tcp", string(address))
+	c, err := dialMux(string(address), timeout, m.tls)
 	if err != nil {
 		return nil, err
 	}
@@ -199,8 +217,8 @@ func (m *muxLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.
 }
 
 // lookupMeta asks the node at a Raft address for its ID and HTTP address.
-func lookupMeta(raftAddr string, timeout time.Duration) (nodeMeta, error) {
-	c, err := net.DialTimeout("tcp", raftAddr, timeout)
+func lookupMeta(raftAddr string, timeout time.Duration, tlsL *pki.Loader) (nodeMeta, error) {
+	c, err := dialMux(raftAddr, timeout, tlsL)
 	if err != nil {
 		return nodeMeta{}, err
 	}
@@ -214,4 +232,22 @@ func lookupMeta(raftAddr string, timeout time.Duration) (nodeMeta, error) {
 		return nodeMeta{}, fmt.Errorf("node metadata from %s: %w", raftAddr, err)
 	}
 	return nm, nil
+}
+
+// dialMux connects to a peer's Raft port: over TLS (a catalog voter's
+// certificate on both sides) when tlsL is set.
+func dialMux(addr string, timeout time.Duration, tlsL *pki.Loader) (net.Conn, error) {
+	d := net.Dialer{Timeout: timeout}
+	c, err := d.Dial("tcp", addr)
+	if err != nil || tlsL == nil {
+		return c, err
+	}
+	tc := tls.Client(c, tlsL.ClientFor(pki.RoleCatalog))
+	_ = tc.SetDeadline(time.Now().Add(timeout))
+	if err := tc.Handshake(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	_ = tc.SetDeadline(time.Time{})
+	return tc, nil
 }

@@ -198,7 +198,8 @@ initial membership (list the node itself too).`,
 		},
 	}
 
-	cmd.AddCommand(bootstrap, join, remove, status, snapshot, backup, restore, newClusterHostCmd(&addr, &timeout))
+	cmd.AddCommand(bootstrap, join, remove, status, snapshot, backup, restore, newClusterHostCmd(&addr, &timeout),
+		newClusterCACmd(), newClusterCertCmd())
 	return cmd
 }
 
