@@ -295,6 +295,9 @@ func apply[R any](ctx context.Context, c *Client, t fsm.CommandType, body any) (
 	if err != nil {
 		return out, err
 	}
+	if a, ok := fsm.AuditFrom(ctx); ok {
+		cmd.Audit = &a
+	}
 	res, err := c.Apply(ctx, cmd)
 	if err != nil {
 		return out, err

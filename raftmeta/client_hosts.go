@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"strconv"
 
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
@@ -45,5 +46,26 @@ func (c *Client) RelocateDatabase(ctx context.Context, r fsm.RelocateDatabase) (
 func (c *Client) HostDatabasesPage(ctx context.Context, hostID, after string, limit int, o ReadOptions) (fsm.HostDatabasesPage, error) {
 	var out fsm.HostDatabasesPage
 	err := c.read(ctx, "", http.MethodGet, "/v1/hosts/"+url.PathEscape(hostID)+"/databases", storagePageQuery(after, limit), nil, o, &out)
+	return out, err
+}
+
+// AuditPage reads a page of the audit log (fsm.AuditQuery), never cached.
+func (c *Client) AuditPage(ctx context.Context, q fsm.AuditQuery, o ReadOptions) (fsm.AuditPage, error) {
+	v := url.Values{}
+	if q.AccountID != "" {
+		v.Set("account", q.AccountID)
+	}
+	if q.Before > 0 {
+		v.Set("before", strconv.FormatInt(q.Before, 10))
+	}
+	if q.Since > 0 {
+		v.Set("since", strconv.FormatInt(q.Since, 10))
+	}
+	if q.Limit > 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	o.NoCache = true
+	var out fsm.AuditPage
+	err := c.read(ctx, "", http.MethodGet, "/v1/audit", v, nil, o, &out)
 	return out, err
 }

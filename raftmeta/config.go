@@ -70,7 +70,10 @@ type Config struct {
 	ApplyTimeout  time.Duration // one proposal's enqueue+commit bound; default 10 s
 	ReadTimeout   time.Duration // default bound on waiting for a read index; 5 s
 	DrainInterval time.Duration // stats drain loop period; default 1 s; <0 disables
-	JoinTimeout   time.Duration // default 30 s
+	// AuditRetention is how long the audit log keeps rows (default 90
+	// days; <0 keeps them forever). The leader prunes hourly.
+	AuditRetention time.Duration
+	JoinTimeout    time.Duration // default 30 s
 
 	FSMOptions []fsm.Option
 
@@ -129,6 +132,7 @@ func (c *Config) withDefaults() (Config, error) {
 	def(&cfg.ApplyTimeout, 10*time.Second)
 	def(&cfg.ReadTimeout, 5*time.Second)
 	def(&cfg.DrainInterval, time.Second)
+	def(&cfg.AuditRetention, 90*24*time.Hour)
 	def(&cfg.JoinTimeout, 30*time.Second)
 	if cfg.SnapshotThreshold == 0 {
 		cfg.SnapshotThreshold = 8192

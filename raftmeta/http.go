@@ -13,9 +13,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/gorilla/mux"
 
-	"github.com/shoaldb/shoal/internal/pki"
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/shoaldb/shoal/internal/pki"
 
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
@@ -41,6 +41,7 @@ func (n *Node) handler() http.Handler {
 	r.Handle("/v1/hosts", n.allow(n.handleHosts, readers...)).Methods(http.MethodGet)
 	r.Handle("/v1/hosts/{id}/databases", n.allow(n.handleHostDatabases, pki.RoleEdge, pki.RoleOperator, pki.RoleCatalog)).Methods(http.MethodGet)
 	r.Handle("/v1/heartbeat", n.allow(n.handleHeartbeat, pki.RoleHost, pki.RoleOperator, pki.RoleCatalog)).Methods(http.MethodPost)
+	r.Handle("/v1/audit", n.allow(n.handleAudit, pki.RoleOperator, pki.RoleEdge, pki.RoleCatalog)).Methods(http.MethodGet)
 	r.Handle("/v1/storage/{kind}", n.allow(n.handleStorage, pki.RolePipeline, pki.RoleOperator, pki.RoleCatalog)).Methods(http.MethodGet) // http_stats.go
 
 	r.Handle("/v1/cluster/bootstrap", n.allow(n.handleBootstrap, operators...)).Methods(http.MethodPost)
@@ -342,6 +343,42 @@ func (n *Node) handleHostDatabases(w http.ResponseWriter, r *http.Request) {
 	n.serveRead(w, r, func(ctx context.Context) (any, error) { return n.cat.HostDatabasesPage(ctx, id, after, limit) })
 }
 
+// handleAudit is GET /v1/audit?account=&before=&since=&limit=: a page of
+// the audit log, newest first (fsm.AuditQuery; since in Unix ns).
+func (n *Node) handleAudit(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var aq fsm.AuditQuery
+	aq.AccountID = q.Get("account")
+	if aq.AccountID != "" {
+		if err := validID("account id", aq.AccountID); err != nil {
+			n.writeErr(w, err)
+			return
+		}
+	}
+	for _, p := range []struct {
+		name string
+		dst  *int64
+	}{{"before", &aq.Before}, {"since", &aq.Since}} {
+		if v := q.Get(p.name); v != "" {
+			x, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || x < 0 {
+				n.writeErr(w, invalid("invalid %s %q", p.name, truncate(v, 24)))
+				return
+			}
+			*p.dst = x
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		x, err := strconv.Atoi(v)
+		if err != nil || x < 1 || x > 1000 {
+			n.writeErr(w, invalid("invalid limit %q: want 1..1000", truncate(v, 24)))
+			return
+		}
+		aq.Limit = x
+	}
+	n.serveRead(w, r, func(ctx context.Context) (any, error) { return n.cat.Audit(ctx, aq) })
+}
+
 // HeartbeatRequest is the body of POST /v1/heartbeat.
 type HeartbeatRequest struct {
 	UUIDs []string `json:"uuids"`
@@ -413,6 +450,7 @@ func (n *Node) handleJoin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, 200, map[string]any{"result": "joined", "id": jr.ID})
+	n.audit(r, "join", "node:"+jr.ID, map[string]string{"raft_addr": jr.RaftAddr, "voter": strconv.FormatBool(jr.Voter)})
 }
 
 // RemoveRequest names the member to remove.
@@ -431,6 +469,7 @@ func (n *Node) handleRemove(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, 200, map[string]any{"result": "removed", "id": rr.ID})
+	n.audit(r, "remove", "node:"+rr.ID, nil)
 }
 
 func (n *Node) handleStatus(w http.ResponseWriter, r *http.Request) {
@@ -484,4 +523,8 @@ func (n *Node) handleRestore(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, 200, map[string]any{"result": "restored", "applied_index": n.AppliedIndex()})
+	// Not in the audit log: the restore replaced it with the backup's (a
+	// row written now would make the restored catalog differ from the
+	// backup). The node's log keeps it.
+	n.log.Warn("catalog restored from a backup", "by", peerName(r), "from", r.RemoteAddr, "applied_index", n.AppliedIndex())
 }

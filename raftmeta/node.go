@@ -359,7 +359,7 @@ func (n *Node) leaderLoop() {
 	defer n.wg.Done()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	lastDrain := time.Now()
+	lastDrain, lastPrune := time.Now(), time.Time{}
 	for {
 		select {
 		case <-n.ctx.Done():
@@ -381,6 +381,49 @@ func (n *Node) leaderLoop() {
 			lastDrain = time.Now()
 			n.drainStats()
 		}
+		if n.cfg.AuditRetention > 0 && time.Since(lastPrune) >= time.Hour {
+			lastPrune = time.Now()
+			n.pruneAudit()
+		}
+	}
+}
+
+// pruneAudit proposes prune_audit for the rows older than AuditRetention.
+func (n *Node) pruneAudit() {
+	ctx, c := context.WithTimeout(n.ctx, n.cfg.ApplyTimeout)
+	defer c()
+	now := n.cfg.Now()
+	cmd, err := fsm.NewCommand(fsm.CmdPruneAudit, ids.New(), now.UnixNano(), fsm.PruneAudit{Before: now.Add(-n.cfg.AuditRetention).UnixNano()})
+	if err != nil {
+		return
+	}
+	if _, err := n.applyLocal(ctx, cmd); err != nil && n.ctx.Err() == nil {
+		n.log.Warn("audit log prune failed", "err", err)
+	}
+}
+
+// peerName names a request's caller for the audit log: its certificate's
+// node ("cert:<node>"), or "unknown" without TLS.
+func peerName(r *http.Request) string {
+	if id, ok := pki.PeerIdentity(r.TLS); ok {
+		return "cert:" + id.Node
+	}
+	return "unknown"
+}
+
+// audit records an action of this node's HTTP API (a membership change, a
+// restore) in the audit log, best effort: the action is done either way.
+func (n *Node) audit(r *http.Request, action, subject string, detail map[string]string) {
+	a := fsm.Audit{Actor: peerName(r), Source: r.RemoteAddr}
+	cmd, err := fsm.NewCommand(fsm.CmdRecordAudit, ids.New(), n.cfg.Now().UnixNano(), fsm.RecordAudit{Action: action, Subject: subject, Detail: detail})
+	if err != nil {
+		return
+	}
+	cmd.Audit = &a
+	ctx, c := context.WithTimeout(n.ctx, n.cfg.ApplyTimeout)
+	defer c()
+	if _, err := n.Apply(ctx, cmd); err != nil {
+		n.log.Warn("audit record failed", "action", action, "err", err)
 	}
 }
 

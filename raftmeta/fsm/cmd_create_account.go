@@ -28,6 +28,9 @@ var createAccountCommand = command[CreateAccount, *createAccountStmts]{
 	validate: validateCreateAccount,
 	apply:    applyCreateAccount,
 	refuses:  []error{ErrExists},
+	audit: func(b *CreateAccount, v any) auditRow {
+		return auditRow{account: b.ID, subject: b.ID, detail: map[string]any{"name": b.Name, "tier": b.Tier, "limits": b.Limits}}
+	},
 }
 
 type createAccountStmts struct{ insert *sql.Stmt }

@@ -33,6 +33,9 @@ var createDatabaseCommand = command[CreateDatabase, *createDatabaseStmts]{
 	validate: validateCreateDatabase,
 	apply:    applyCreateDatabase,
 	refuses:  []error{ErrAccountNotFound, ErrExists, ErrNameTaken, ErrDatabaseLimit},
+	audit: func(b *CreateDatabase, v any) auditRow {
+		return auditRow{account: b.AccountID, subject: b.UUID, detail: map[string]any{"name": b.Name, "host": b.HostID, "jurisdiction": b.Jurisdiction}}
+	},
 }
 
 type createDatabaseStmts struct{ check, insert *sql.Stmt }

@@ -3,6 +3,7 @@ package fsm
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 )
@@ -16,6 +17,11 @@ type CreateToken struct {
 	Hash      string `json:"hash"`       // hex SHA-256 of the secret; the secret is never stored
 	Name      string `json:"name"`
 	Admin     bool   `json:"admin"`
+	// Scope (ScopeEdit when empty), Databases (UUIDs; empty: all of the
+	// account's) and ExpiresAt (Unix ns; 0: never): Token's.
+	Scope     string   `json:"scope,omitempty"`
+	Databases []string `json:"databases,omitempty"`
+	ExpiresAt int64    `json:"expires_at,omitempty"`
 }
 
 // createTokenCommand answers the new Token. An unknown account is
@@ -24,13 +30,16 @@ var createTokenCommand = command[CreateToken, *createTokenStmts]{
 	prepareS: func(p *preparer) *createTokenStmts {
 		return &createTokenStmts{
 			hashExists: p.prep(`SELECT 1 FROM api_tokens WHERE hash = ?`),
-			insert: p.prep(`INSERT INTO api_tokens (id, account_id, hash, name, admin, revoked, created_at)
-				VALUES (?, ?, ?, ?, ?, 0, ?)`),
+			insert: p.prep(`INSERT INTO api_tokens (id, account_id, hash, name, admin, revoked, created_at, scope, databases, expires_at)
+				VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?)`),
 		}
 	},
 	validate: validateCreateToken,
 	apply:    applyCreateToken,
 	refuses:  []error{ErrAccountNotFound, ErrExists},
+	audit: func(b *CreateToken, v any) auditRow {
+		return auditRow{account: b.AccountID, subject: "token:" + b.ID, detail: map[string]any{"name": b.Name, "admin": b.Admin, "scope": b.Scope, "databases": b.Databases, "expires_at": b.ExpiresAt}}
+	},
 }
 
 type createTokenStmts struct{ hashExists, insert *sql.Stmt }
@@ -38,6 +47,24 @@ type createTokenStmts struct{ hashExists, insert *sql.Stmt }
 func validateCreateToken(b *CreateToken) error {
 	if err := firstErr(checkID("token id", b.ID), checkHash(b.Hash), checkText("token name", b.Name, maxTextBytes)); err != nil {
 		return err
+	}
+	switch b.Scope {
+	case "":
+		b.Scope = ScopeEdit
+	case ScopeEdit, ScopeRead:
+	default:
+		return fmt.Errorf("%w: token scope %.32q (read or edit)", ErrInvalid, b.Scope)
+	}
+	if len(b.Databases) > maxTokenDatabases {
+		return fmt.Errorf("%w: a token is limited to at most %d databases", ErrInvalid, maxTokenDatabases)
+	}
+	for _, u := range b.Databases {
+		if err := checkUUID(u); err != nil {
+			return err
+		}
+	}
+	if b.ExpiresAt < 0 {
+		return fmt.Errorf("%w: expires_at %d", ErrInvalid, b.ExpiresAt)
 	}
 	switch {
 	case b.AccountID == "" && !b.Admin:
@@ -64,7 +91,15 @@ func applyCreateToken(f *FSM, ctx context.Context, c *Command, st *createTokenSt
 	} else if taken {
 		return nil, fmt.Errorf("%w: token hash", ErrExists)
 	}
-	if _, err := exec(ctx, st.insert, b.ID, b.AccountID, b.Hash, b.Name, b.Admin, c.Time); err != nil {
+	dbs := ""
+	if len(b.Databases) > 0 {
+		j, err := json.Marshal(b.Databases)
+		if err != nil {
+			return nil, err
+		}
+		dbs = string(j)
+	}
+	if _, err := exec(ctx, st.insert, b.ID, b.AccountID, b.Hash, b.Name, b.Admin, c.Time, b.Scope, dbs, b.ExpiresAt); err != nil {
 		return nil, err
 	}
 	return f.getToken(ctx, b.ID)

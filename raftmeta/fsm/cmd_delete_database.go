@@ -27,6 +27,10 @@ var deleteDatabaseCommand = command[DeleteDatabase, *deleteDatabaseStmts]{
 	validate: func(b *DeleteDatabase) error { return checkDatabaseRef(b.AccountID, b.UUID) },
 	apply:    applyDeleteDatabase,
 	refuses:  []error{ErrNotFound},
+	audit: func(b *DeleteDatabase, v any) auditRow {
+		d, _ := v.(Database)
+		return auditRow{account: b.AccountID, subject: b.UUID, detail: map[string]any{"name": d.Name}}
+	},
 }
 
 type deleteDatabaseStmts struct{ delete, statsDelete *sql.Stmt }

@@ -34,6 +34,9 @@ var registerHostCommand = command[RegisterHost, *registerHostStmts]{
 	},
 	validate: validateRegisterHost,
 	apply:    applyRegisterHost,
+	audit: func(b *RegisterHost, v any) auditRow {
+		return auditRow{subject: "host:" + b.ID, detail: map[string]any{"address": b.Address, "region": b.Region, "jurisdiction": b.Jurisdiction}}
+	},
 }
 
 type registerHostStmts struct{ upsert *sql.Stmt }

@@ -55,6 +55,10 @@ var relocateDatabaseCommand = command[RelocateDatabase, *relocateDatabaseStmts]{
 	},
 	apply:   applyRelocateDatabase,
 	refuses: []error{ErrNotFound, ErrExists, ErrConflict},
+	audit: func(b *RelocateDatabase, v any) auditRow {
+		d, _ := v.(Database)
+		return auditRow{account: d.AccountID, subject: b.UUID, detail: map[string]any{"from_object": b.FromObjectID, "object": b.ObjectID, "host": b.HostID}}
+	},
 }
 
 type relocateDatabaseStmts struct{ host, fenced, move *sql.Stmt }

@@ -23,6 +23,10 @@ var revokeTokenCommand = command[RevokeToken, *revokeTokenStmts]{
 	validate: func(b *RevokeToken) error { return checkID("token id", b.ID) },
 	apply:    applyRevokeToken,
 	refuses:  []error{ErrNotFound},
+	audit: func(b *RevokeToken, v any) auditRow {
+		t, _ := v.(Token)
+		return auditRow{account: t.AccountID, subject: "token:" + b.ID}
+	},
 }
 
 type revokeTokenStmts struct{ revoke *sql.Stmt }

@@ -45,6 +45,9 @@ var setHostStateCommand = command[SetHostState, *setHostStateStmts]{
 	},
 	apply:   applySetHostState,
 	refuses: []error{ErrNotFound, ErrConflict},
+	audit: func(b *SetHostState, v any) auditRow {
+		return auditRow{subject: "host:" + b.ID, detail: map[string]any{"state": b.State, "automatic": b.IdleSince != 0}}
+	},
 }
 
 type setHostStateStmts struct{ set *sql.Stmt }

@@ -28,6 +28,16 @@ var updateAccountCommand = command[UpdateAccount, *updateAccountStmts]{
 	validate: func(b *UpdateAccount) error { return checkID("account id", b.ID) },
 	apply:    applyUpdateAccount,
 	refuses:  []error{ErrAccountNotFound},
+	audit: func(b *UpdateAccount, v any) auditRow {
+		d := map[string]any{}
+		if b.Tier != nil {
+			d["tier"] = *b.Tier
+		}
+		if b.Limits != nil {
+			d["limits"] = *b.Limits
+		}
+		return auditRow{account: b.ID, subject: b.ID, detail: d}
+	},
 }
 
 type updateAccountStmts struct{ update *sql.Stmt }

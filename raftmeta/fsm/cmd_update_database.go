@@ -25,6 +25,13 @@ var updateDatabaseCommand = command[UpdateDatabase, *updateDatabaseStmts]{
 	validate: func(b *UpdateDatabase) error { return checkDatabaseRef(b.AccountID, b.UUID) },
 	apply:    applyUpdateDatabase,
 	refuses:  []error{ErrNotFound},
+	audit: func(b *UpdateDatabase, v any) auditRow {
+		d := map[string]any{}
+		if b.ReadReplication != nil {
+			d["read_replication"] = *b.ReadReplication
+		}
+		return auditRow{account: b.AccountID, subject: b.UUID, detail: d}
+	},
 }
 
 type updateDatabaseStmts struct{ setRR *sql.Stmt }

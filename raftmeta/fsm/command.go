@@ -29,6 +29,9 @@ type Command struct {
 	RequestID string          `json:"rid"`
 	Time      int64           `json:"ts"` // proposer's clock, Unix nanoseconds
 	Body      json.RawMessage `json:"body"`
+	// Audit names who proposed the command and from where, for the audit
+	// log (audit.go); absent: recorded as "unknown".
+	Audit *Audit `json:"audit,omitempty"`
 }
 
 // NewCommand builds a command of the current version with body encoded.
@@ -78,7 +81,23 @@ type Token struct {
 	Admin     bool   `json:"admin"`
 	Revoked   bool   `json:"revoked"`
 	CreatedAt int64  `json:"created_at"`
+	// Scope is ScopeEdit (read and write, the default) or ScopeRead.
+	Scope string `json:"scope,omitempty"`
+	// Databases, when not empty, are the only databases (UUIDs) the token
+	// may see or touch.
+	Databases []string `json:"databases,omitempty"`
+	// ExpiresAt is when the token stops working (Unix ns; 0: never).
+	ExpiresAt int64 `json:"expires_at,omitempty"`
 }
+
+// Token scopes (Cloudflare's D1 Read and D1 Edit).
+const (
+	ScopeEdit = "edit"
+	ScopeRead = "read"
+)
+
+// maxTokenDatabases bounds a token's database list.
+const maxTokenDatabases = 100
 
 type Host struct {
 	ID           string `json:"id"`

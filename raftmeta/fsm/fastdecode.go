@@ -154,6 +154,21 @@ func envelopeFast(data []byte, body func(fp *fastParser) bool) (cmd Command, ok 
 			cmd.Body = data[start:fp.p]
 			hasBody = true
 			return once(seen, 16)
+		case "audit":
+			a := &Audit{}
+			cmd.Audit = a
+			return once(seen, 32) && fp.object(func(key string, seen *uint32) bool {
+				s, ok := fp.str()
+				switch key {
+				case "actor":
+					a.Actor = s
+					return ok && once(seen, 1)
+				case "source":
+					a.Source = s
+					return ok && once(seen, 2)
+				}
+				return false
+			})
 		}
 		return false
 	})

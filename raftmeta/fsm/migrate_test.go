@@ -35,26 +35,34 @@ func readTestdata(t testing.TB, name string) []byte {
 	return b
 }
 
-// migratedV1Dump is the Dump the version-1 catalog must have once migrated:
-// the same rows, schema_version 2, and database_stats with seq 0.
+// migratedV1Dump is the Dump the version-1 catalog must have once migrated
+// to the current version: the same rows, schema_version 3, database_stats
+// with seq 0 (2), tokens with scope edit, no databases and no expiry, and
+// an empty audit log (3).
 func migratedV1Dump(t testing.TB) string {
 	t.Helper()
 	lines := strings.Split(string(readTestdata(t, v1Dump)), "\n")
-	inStats := false
+	var section string
 	for i, l := range lines {
 		switch {
 		case l == `"schema_version"|"1"`:
-			lines[i] = `"schema_version"|"2"`
+			lines[i] = `"schema_version"|"3"`
 		case strings.HasPrefix(l, "## database_stats "):
-			inStats = true
+			section = "stats"
 			lines[i] = strings.TrimSuffix(l, ")") + ", seq)"
+		case strings.HasPrefix(l, "## api_tokens "):
+			section = "tokens"
+			lines[i] = strings.TrimSuffix(l, ")") + ", scope, databases, expires_at)"
 		case strings.HasPrefix(l, "## "):
-			inStats = false
-		case inStats && l != "":
+			section = ""
+		case section == "stats" && l != "":
 			lines[i] = l + "|0"
+		case section == "tokens" && l != "":
+			lines[i] = l + `|"edit"|""|0`
 		}
 	}
-	return strings.Join(lines, "\n")
+	out := strings.TrimSuffix(strings.Join(lines, "\n"), "\n")
+	return out + "\n## audit_log (id, time, type, actor, source, account_id, subject, detail)\n"
 }
 
 func TestSchemaVersionIsMigrationCount(t *testing.T) {
@@ -122,7 +130,7 @@ func TestRestoreVersion1Snapshot(t *testing.T) {
 	g := newFSM(t)
 	require.NoError(t, restoreBytes(g, snap2))
 	assert.Equal(t, dump(t, f), dump(t, g))
-	assert.Contains(t, dump(t, g), `"schema_version"|"2"`)
+	assert.Contains(t, dump(t, g), `"schema_version"|"3"`)
 }
 
 // TestMigrateRefusesAMismatchedOldCatalog: a file claiming version 1 whose
@@ -153,8 +161,8 @@ func TestMigrateRefusesAMismatchedOldCatalog(t *testing.T) {
 			`not a catalog of schema version "1" (missing: index databases_active_list)`},
 		"no stats table": {edit(`DROP TABLE database_stats`),
 			`not a catalog of schema version "1" (missing: table database_stats, trigger database_stats_delete`},
-		"version 3": {edit(`UPDATE meta SET value = '3' WHERE key = 'schema_version'`),
-			`catalog schema version "3" unsupported (this build restores version "2", and migrates versions 1 to 1)`},
+		"version 4": {edit(`UPDATE meta SET value = '4' WHERE key = 'schema_version'`),
+			`catalog schema version "4" unsupported (this build restores version "3", and migrates versions 1 to 2)`},
 	}
 	f := newFSM(t)
 	d := newDriver(t, f)

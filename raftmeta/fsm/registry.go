@@ -32,6 +32,8 @@ var commands = map[CommandType]commandSpec{
 	CmdFenceOrphans:     fenceOrphansCommand,
 	CmdRelocateDatabase: relocateDatabaseCommand,
 	CmdSetHostState:     setHostStateCommand,
+	CmdRecordAudit:      recordAuditCommand,
+	CmdPruneAudit:       pruneAuditCommand,
 }
 
 // envelopeRefusals are the refusals any entry can get, whatever its type:
@@ -80,6 +82,9 @@ type command[B, S any] struct {
 	validate func(b *B) error    // required
 	apply    func(f *FSM, ctx context.Context, c *Command, st S, b *B) (any, error)
 	refuses  []error // beyond envelopeRefusals; each must be in refusals (refusal.go)
+	// audit, when set, makes every successful application write a row of
+	// the audit log (audit.go) in the same savepoint.
+	audit func(b *B, v any) auditRow
 }
 
 // noStmts is S for a command that uses only the shared statements.
@@ -108,7 +113,13 @@ func (d command[B, S]) run(f *FSM, ctx context.Context, c *Command, st any, body
 	if err := d.validate(b); err != nil {
 		return nil, err
 	}
-	return d.apply(f, ctx, c, st.(S), b)
+	v, err := d.apply(f, ctx, c, st.(S), b)
+	if err == nil && d.audit != nil {
+		if err := f.recordAudit(ctx, c, d.audit(b, v)); err != nil {
+			return nil, err
+		}
+	}
+	return v, err
 }
 
 func (d command[B, S]) newBody() any {

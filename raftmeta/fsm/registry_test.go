@@ -44,6 +44,15 @@ func fillValue(t *testing.T, v reflect.Value, seed *int) {
 		v.SetInt(int64(*seed))
 	case reflect.Bool:
 		v.SetBool(true)
+	case reflect.Map:
+		m := reflect.MakeMap(v.Type())
+		for i := 0; i < 2; i++ {
+			k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
+			fillValue(t, k, seed)
+			fillValue(t, e, seed)
+			m.SetMapIndex(k, e)
+		}
+		v.Set(m)
 	default:
 		t.Fatalf("fillValue: add %s", v.Kind())
 	}

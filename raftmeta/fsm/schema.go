@@ -3,7 +3,7 @@ package fsm
 // schemaVersion is stored in meta and checked by Restore: a snapshot of an
 // older version is migrated (see migrations), one of a newer or unknown
 // version is refused rather than half-understood.
-const schemaVersion = "2"
+const schemaVersion = "3"
 
 // migrations[i] moves a catalog from schema version i+1 to version i+2;
 // len(migrations)+1 is schemaVersion. A fresh catalog is schema (version 1)
@@ -28,6 +28,25 @@ var migrations = []string{
 	// insert and delete triggers stay.
 	`ALTER TABLE database_stats ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
 	DROP TRIGGER database_stats_update;`,
+	// 2 → 3: scoped API tokens (scope 'edit' — what every token of version
+	// 2 could do — or 'read'; databases, a JSON array of database UUIDs the
+	// token is limited to, '' for all; expires_at, Unix ns, 0 for never) and
+	// the audit log of control-plane actions (audit.go). audit_log is a
+	// rowid table: ids are max+1, deterministic, in commit order.
+	`ALTER TABLE api_tokens ADD COLUMN scope TEXT NOT NULL DEFAULT 'edit';
+	ALTER TABLE api_tokens ADD COLUMN databases TEXT NOT NULL DEFAULT '';
+	ALTER TABLE api_tokens ADD COLUMN expires_at INTEGER NOT NULL DEFAULT 0;
+	CREATE TABLE audit_log (
+		id          INTEGER PRIMARY KEY,
+		time        INTEGER NOT NULL,
+		type        TEXT NOT NULL,
+		actor       TEXT NOT NULL,
+		source      TEXT NOT NULL,
+		account_id  TEXT NOT NULL,
+		subject     TEXT NOT NULL,
+		detail      TEXT NOT NULL
+	);
+	CREATE INDEX audit_log_account ON audit_log (account_id, id);`,
 }
 
 // currentSchema is the SQL that builds a catalog of schemaVersion.
@@ -194,6 +213,7 @@ func dumpTables() []struct{ name, order string } {
 		{"account_database_stats_changes", "id"},
 		{"account_database_stats", "account_id"},
 		{"requests", "request_id"},
+		{"audit_log", "id"},
 	}
 }
 

@@ -3,6 +3,7 @@ package fsm
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 )
 
 // Column lists shared by the apply path and the readers, so a row is decoded
@@ -23,7 +24,7 @@ const (
 		COALESCE((SELECT s.storage_bytes FROM account_database_stats s WHERE s.account_id = a.id), 0), a.created_at`
 	accountFrom = `accounts a`
 
-	tokenCols = `id, account_id, name, admin, revoked, created_at`
+	tokenCols = `id, account_id, name, admin, revoked, created_at, scope, databases, expires_at`
 	hostCols  = `id, address, region, jurisdiction, capacity, state, databases, bytes, updated_at`
 )
 
@@ -47,7 +48,11 @@ func scanAccount(r scanner) (Account, error) {
 
 func scanToken(r scanner) (Token, error) {
 	var t Token
-	err := r.Scan(&t.ID, &t.AccountID, &t.Name, &t.Admin, &t.Revoked, &t.CreatedAt)
+	var dbs string
+	err := r.Scan(&t.ID, &t.AccountID, &t.Name, &t.Admin, &t.Revoked, &t.CreatedAt, &t.Scope, &dbs, &t.ExpiresAt)
+	if err == nil && dbs != "" {
+		err = json.Unmarshal([]byte(dbs), &t.Databases)
+	}
 	return t, err
 }
 
@@ -74,6 +79,8 @@ type stmts struct {
 	tokenGet, hostGet       *sql.Stmt
 	dbGet                   *sql.Stmt
 
+	auditInsert, auditPrune *sql.Stmt
+
 	// cmds holds every registered command with its own statements.
 	cmds map[CommandType]boundCommand
 }
@@ -89,6 +96,8 @@ func prepareStmts(ctx context.Context, c *sql.Conn) (*stmts, error) {
 	s.release = p.prep(`RELEASE cmd`)
 
 	s.metaSet = p.prep(`UPDATE meta SET value = ?2 WHERE key = ?1`)
+	s.auditInsert = p.prep(`INSERT INTO audit_log (time, type, actor, source, account_id, subject, detail) VALUES (?, ?, ?, ?, ?, ?, ?)`)
+	s.auditPrune = p.prep(`DELETE FROM audit_log WHERE id IN (SELECT id FROM audit_log ORDER BY id LIMIT ?1) AND time < ?2`)
 
 	s.accountGet = p.prep(`SELECT ` + accountCols + ` FROM ` + accountFrom + ` WHERE a.id = ?`)
 	// Creates add to active_databases once per run (flushActive), deletes
