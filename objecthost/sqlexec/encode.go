@@ -33,6 +33,12 @@ func appendResult(b []byte, r *StatementResult) []byte {
 			b = row.appendJSON(b)
 		}
 		b = append(b, ']')
+	case Encoded:
+		if x == nil {
+			b = append(b, "null"...)
+			break
+		}
+		b = append(b, x...)
 	case *RawResults:
 		if x == nil {
 			b = append(b, "null"...)
