@@ -213,8 +213,8 @@ type Host struct {
 
 	closeOnce sync.Once
 	closed    atomic.Bool
-	jobMu     sync.Mutex  // makes startJob's closed check and wg.Add atomic with Close
-	dump      *dumpAPI    // export/import jobs, one map per host
+	jobMu     sync.Mutex // makes startJob's closed check and wg.Add atomic with Close
+	dump      *dumpAPI   // export/import jobs, one map per host
 	tenant    *tenantGuard
 	limits    *limitsFeed // nil without Config.LimitsFeed
 	cancel    context.CancelFunc
