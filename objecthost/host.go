@@ -213,12 +213,13 @@ type Host struct {
 
 	closeOnce sync.Once
 	closed    atomic.Bool
-	jobMu     sync.Mutex // makes startJob's closed check and wg.Add atomic with Close
-	dump      *dumpAPI   // export/import jobs, one map per host
-	tenant    *tenantGuard
+	jobMu     sync.Mutex  // makes startJob's closed check and wg.Add atomic with Close
+	dump      *dumpAPI    // export/import jobs, one map per host
 	limits    *limitsFeed // nil without Config.LimitsFeed
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
+
+	tenant *tenantGuard // per-account admission, result budget (tenant.go)
 }
 
 // object is one database's in-memory state. meta is replaced, never
