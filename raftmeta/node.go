@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/shoaldb/shoal/internal/ids"
+	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -190,11 +191,13 @@ func NewNode(c Config) (_ *Node, err error) {
 		Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second},
 	}
 
-	n.httpSrv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 10 * time.Second}
+	// Timeouts, limits and protocol errors as on every Shoal listener
+	// (internal/v4, docs/security.md).
+	n.httpSrv = v4.NewServer(n.handler(), v4.ServerOptions{}).Server
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
-		if err := n.httpSrv.Serve(n.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := n.httpSrv.Serve(v4.WrapListener(n.httpLn, v4.ServerOptions{})); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			n.log.Error("http server stopped", "err", err)
 		}
 	}()

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 	"github.com/shoaldb/shoal/internal/config"
 	"github.com/shoaldb/shoal/internal/plane"
 	"github.com/shoaldb/shoal/internal/srvruntime"
+	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/raftmeta"
 )
@@ -154,7 +154,7 @@ given explicitly win.`,
 			if hp != nil {
 				planeNote = "brokers " + strings.Join(k.Brokers, ",")
 			}
-			srv := &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 10 * time.Second}
+			srv := v4.NewServer(h.Handler(), v4.ServerOptions{})
 			// In-flight queries finish before the files close.
 			return serveRole(ctx, httpAddr, srv, func(a net.Addr) {
 				st := h.Stats()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shoaldb/shoal/internal/binding"
+	v4 "github.com/shoaldb/shoal/internal/v4"
 )
 
 // roleLogger is the serve commands' logger: text on stderr at --log-level.
@@ -39,7 +40,7 @@ func bindingKeys(secret string) (*binding.Keyring, error) {
 // then shuts the HTTP server down (in-flight requests finish, up to 30 s)
 // and only then closes the role (closeRole), so nothing still running
 // uses what it closes. started is told the bound address.
-func serveRole(ctx context.Context, addr string, srv *http.Server, started func(net.Addr), closeRole func() error) error {
+func serveRole(ctx context.Context, addr string, srv *v4.Server, started func(net.Addr), closeRole func() error) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return errors.Join(err, closeRole())
