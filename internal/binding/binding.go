@@ -149,6 +149,19 @@ func ValidTokenID(s string) bool {
 type Keyring struct {
 	current  cipher.AEAD
 	previous []cipher.AEAD
+	material []byte // the current key material, for DeriveKey
+}
+
+// DeriveKey returns a 32-byte key for another purpose (say, signing
+// download URLs), derived from the current key material with HKDF-SHA256
+// and purpose as its info: the same on every process with the same keys,
+// unrelated to the sealing key and to other purposes' keys.
+func (k *Keyring) DeriveKey(purpose string) []byte {
+	key, err := hkdf.Key(sha256.New, k.material, nil, "shoal derived key: "+purpose, 32)
+	if err != nil {
+		panic(err) // only for lengths HKDF-SHA256 cannot produce; 32 always works
+	}
+	return key
 }
 
 // NewKeyring returns a keyring that seals with current and opens tokens
@@ -174,7 +187,7 @@ func NewKeyring(current []byte, previous ...[]byte) (*Keyring, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := &Keyring{current: cur}
+	k := &Keyring{current: cur, material: append([]byte(nil), current...)}
 	for _, p := range previous {
 		a, err := aead(p, "previous key")
 		if err != nil {
