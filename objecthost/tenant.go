@@ -20,8 +20,10 @@ import (
 type TenantLimits struct {
 	// MaxRunning is how many requests of one account run on this host at
 	// once (default 8). Further requests wait, in arrival order, up to
-	// MaxWaiting of them (default 128) for at most Wait (default 5 s);
-	// beyond that they are refused at once with 429/7429 and Retry-After.
+	// MaxWaiting of them (default 128) for at most Wait (default 2 s);
+	// beyond that they are refused with 429/7429 and Retry-After. The wait
+	// is short so that it and the query (QueryTimeout, 30 s) together stay
+	// under the edge's 35 s budget for a host call.
 	// Requests wait before their bodies are read.
 	MaxRunning int
 	MaxWaiting int
@@ -48,7 +50,7 @@ func (l *TenantLimits) setDefaults() {
 		l.MaxWaiting = 128
 	}
 	if l.Wait <= 0 {
-		l.Wait = 5 * time.Second
+		l.Wait = 2 * time.Second
 	}
 	if l.ResultMemory <= 0 {
 		l.ResultMemory = 1 << 30
