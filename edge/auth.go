@@ -14,7 +14,6 @@ import (
 	"golang.org/x/sync/semaphore"
 	"golang.org/x/sync/singleflight"
 
-	"github.com/shoaldb/shoal/internal/binding"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -196,19 +195,14 @@ func (a *authenticator) forget(hash string) {
 	}
 }
 
-// parentValid checks the API token that minted a binding token (its hex
+// parentValid checks the bearer token that minted a binding token (its hex
 // SHA-256, binding.Claims.Parent) as a bearer check would: the binding
-// token dies with it, within TokenTTL. When the catalog cannot say (it is
-// unreachable and this edge never validated that token), the binding token
-// is served: the binding path never needs the catalog (docs/security.md,
-// "Binding tokens", bounds this).
+// token dies with it, within TokenTTL (the admin token's: when it is
+// replaced). When the catalog cannot say (it is unreachable and this edge
+// never validated that token), the binding token is served: the binding
+// path never needs the catalog (docs/security.md, "Binding tokens", bounds
+// this).
 func (a *authenticator) parentValid(ctx context.Context, parent string) error {
-	if parent == binding.ParentAdmin {
-		if a.adminHash == nil {
-			return errUnauthenticated
-		}
-		return nil
-	}
 	var sum [sha256.Size]byte
 	if b, err := hex.DecodeString(parent); err != nil || len(b) != len(sum) {
 		return errUnauthenticated

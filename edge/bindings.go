@@ -1,7 +1,6 @@
 package edge
 
 import (
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -136,17 +135,13 @@ func (s *Server) handleMintBinding(w http.ResponseWriter, r *http.Request, p pri
 		s.writeErr(w, r, hostControlErr(err))
 		return
 	}
-	parent := p.tokenHash
-	if p.admin && s.auth.adminHash != nil && p.tokenHash == hex.EncodeToString(s.auth.adminHash) {
-		parent = binding.ParentAdmin
-	}
 	now := s.o.Now()
 	exp := now.Add(ttl)
 	tokenID := binding.NewTokenID()
 	tok, err := s.o.BindingKeys.Sign(binding.Claims{
 		DatabaseUUID: rt.DatabaseUUID, ObjectID: rt.ObjectID, AccountID: rt.AccountID, HostAddress: rt.HostAddress,
 		Generation: rt.Generation, IssuedAt: now.Unix(), ExpiresAt: exp.Unix(),
-		TokenID: tokenID, Epoch: st.Epoch, Parent: parent,
+		TokenID: tokenID, Epoch: st.Epoch, Parent: p.tokenHash,
 	})
 	if err != nil {
 		s.writeErr(w, r, err)

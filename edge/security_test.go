@@ -214,3 +214,20 @@ func TestBindingServedWithCatalogDownAndParentUnknown(t *testing.T) {
 	a = e2.call("POST", "/client/v4/bound/query", "Binding "+m.Token, map[string]any{"sql": "SELECT 1"})
 	assert.Equal(t, 200, a.Status, "%s", a.Raw)
 }
+
+// A binding token minted with the admin token dies when the admin token is
+// replaced (its parent is the admin token's hash, which no longer matches
+// and is no API token either).
+func TestBindingTokenOfReplacedAdminToken(t *testing.T) {
+	e := newEnv(t)
+	d := e.create(acctA, tokA, "db1")
+	a := e.call("POST", dbPath(acctA)+"/"+d.UUID+"/binding", adminTok, nil)
+	require.Equal(t, 200, a.Status, "%s", a.Raw)
+	var m mintResult
+	require.NoError(t, json.Unmarshal(a.Result, &m))
+	q := map[string]any{"sql": "SELECT 1"}
+	require.Equal(t, 200, e.call("POST", "/client/v4/bound/query", "Binding "+m.Token, q).Status)
+	rotated := newEnv(t, func(o *Options) { o.BindingKeys, o.AdminToken = e.keys, "a-new-admin-secret" })
+	a = rotated.call("POST", "/client/v4/bound/query", "Binding "+m.Token, q)
+	assert.Equal(t, 401, a.Status, "%s", a.Raw)
+}

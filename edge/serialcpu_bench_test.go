@@ -17,6 +17,7 @@ import (
 
 	"github.com/shoaldb/shoal/edge"
 	"github.com/shoaldb/shoal/internal/binding"
+	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/raftmeta"
 )
@@ -136,4 +137,4 @@ func benchCPU() time.Duration {
 }
 
 // serveEdgeBench is an HTTP server as the serve commands build it.
-func serveEdgeBench(h http.Handler) *http.Server { return &http.Server{Handler: h} }
+func serveEdgeBench(h http.Handler) *v4.Server { return v4.NewServer(h, v4.ServerOptions{}) }

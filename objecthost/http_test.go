@@ -204,7 +204,7 @@ func TestHTTPBoundQuery(t *testing.T) {
 		return tok
 	}
 	good := binding.Claims{DatabaseUUID: d.uuid, ObjectID: d.obj, AccountID: d.account, HostAddress: "h:1", Generation: 4, ExpiresAt: th.clock.Now().Add(time.Minute).Unix(),
-		TokenID: binding.NewTokenID(), Parent: binding.ParentAdmin}
+		TokenID: binding.NewTokenID(), Parent: strings.Repeat("ab", 32)}
 	do := func(tok string) (int, envelope) {
 		req, err := http.NewRequest("POST", srv.URL+"/v1/bound/query", strings.NewReader(`{"sql":"SELECT 42 AS x"}`))
 		require.NoError(t, err)

@@ -3,11 +3,12 @@ package objecthost
 import (
 	"context"
 	"net"
-	"net/http"
 	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	v4 "github.com/shoaldb/shoal/internal/v4"
 )
 
 // BenchmarkSerialRPCCPU sends point SELECTs one at a time over loopback
@@ -51,4 +52,4 @@ func BenchmarkSerialRPCCPU(b *testing.B) {
 }
 
 // serveForBench is the host's HTTP server as the serve command builds it.
-func serveForBench(h *Host) *http.Server { return &http.Server{Handler: h.Handler()} }
+func serveForBench(h *Host) *v4.Server { return v4.NewServer(h.Handler(), v4.ServerOptions{}) }

@@ -34,6 +34,7 @@ func newEdgeCmd() *cobra.Command {
 func newEdgeServeCmd() *cobra.Command {
 	var (
 		httpAddr, dir, region, adminToken, bindingKey string
+		bindingPrevious                               []string
 		catalog                                       []string
 		configPath, nodeID, logLevel                  string
 		tokenTTL                                      time.Duration
@@ -106,7 +107,7 @@ secrets come from the file; flags given explicitly win.`,
 			if err != nil {
 				return err
 			}
-			keys, err := bindingKeys(bindingKey)
+			keys, err := bindingKeys(bindingKey, bindingPrevious)
 			if err != nil {
 				return err
 			}
@@ -194,6 +195,7 @@ secrets come from the file; flags given explicitly win.`,
 	f.StringSliceVar(&catalog, "catalog", nil, "catalog (raftmeta) node HTTP addresses; stale reads are spread over all of them")
 	f.StringVar(&adminToken, "admin-token", "", "operator token for /admin/v1 (default $SHOAL_ADMIN_TOKEN)")
 	f.StringVar(&bindingKey, "binding-key", "", "secret for binding tokens, shared with object hosts (default $SHOAL_BINDING_KEY)")
+	f.StringSliceVar(&bindingPrevious, "binding-key-previous", nil, "earlier binding-token secrets still accepted while tokens they sealed live (key rotation, docs/security.md)")
 	f.DurationVar(&tokenTTL, "token-ttl", 10*time.Second, "how long a token check is trusted (revocation delay)")
 	f.Float64Var(&acctRate, "account-rate", 1000, "requests per second per account (burst twice that); fleet-wide with --kafka-brokers")
 	f.Float64Var(&dbRate, "database-rate", 500, "requests per second per database (burst twice that); fleet-wide with --kafka-brokers")

@@ -25,11 +25,16 @@ func roleLogger(level string) (*slog.Logger, error) {
 
 // bindingKeys is the keyring of --binding-key, or nil when it is empty
 // (binding tokens disabled).
-func bindingKeys(secret string) (*binding.Keyring, error) {
+//
+// previous are earlier secrets still accepted (--binding-key-previous):
+// rotate by making the new secret current and the old one previous on
+// every object host first, then on every edge; drop the old one once the
+// tokens it sealed have expired (7 days at most).
+func bindingKeys(secret string, previous []string) (*binding.Keyring, error) {
 	if secret == "" {
 		return nil, nil
 	}
-	k, err := binding.KeyringFromSecrets(secret)
+	k, err := binding.KeyringFromSecrets(secret, previous...)
 	if err != nil {
 		return nil, fmt.Errorf("--binding-key: %w", err)
 	}

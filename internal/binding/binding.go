@@ -89,15 +89,12 @@ type Claims struct {
 	// Epoch is the database's binding epoch when the token was minted; the
 	// object host refuses tokens below its current epoch (revoke all).
 	Epoch int64 `json:"e"`
-	// Parent is who minted it: the hex SHA-256 of the API token (the edge
-	// refuses the binding token once that API token is revoked), or
-	// ParentAdmin for the operator's admin token.
+	// Parent is the hex SHA-256 of the bearer token that minted it (an
+	// API token, or the operator's admin token): the edge refuses the
+	// binding token once that token is revoked or, for the admin token,
+	// replaced.
 	Parent string `json:"p"`
 }
-
-// ParentAdmin is Claims.Parent of tokens minted with the operator's admin
-// token.
-const ParentAdmin = "admin"
 
 // Expiry returns ExpiresAt as a time.
 func (c Claims) Expiry() time.Time { return time.Unix(c.ExpiresAt, 0) }
