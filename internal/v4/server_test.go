@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
 	"io"
 	"net"
 	"net/http"
@@ -184,5 +186,22 @@ func TestSlowHeadersAndSlowReaders(t *testing.T) {
 		assert.Error(t, err, "the write to a client that does not read failed")
 	case <-time.After(60 * time.Second):
 		t.Fatal("the handler is still writing to a client that does not read")
+	}
+}
+
+// docs/security.md states the listeners' defaults.
+func TestSecurityDocsStateServerDefaults(t *testing.T) {
+	b, err := os.ReadFile("../../docs/security.md")
+	require.NoError(t, err)
+	doc := strings.Join(strings.Fields(string(b)), " ")
+	var o ServerOptions
+	o.defaults()
+	for _, want := range []string{
+		fmt.Sprintf("| header read time / size | %d s / %d KiB |", int(o.ReadHeaderTimeout/time.Second), o.MaxHeaderBytes>>10),
+		fmt.Sprintf("| body progress | %d KiB per %d s |", o.BodyProgress>>10, int(o.BodyTimeout/time.Second)),
+		fmt.Sprintf("| answer progress | %d KiB per %d s |", o.WriteChunk>>10, int(o.WriteTimeout/time.Second)),
+		fmt.Sprintf("idle keep-alive connections close after %d s", int(o.IdleTimeout/time.Second)),
+	} {
+		assert.Contains(t, doc, want)
 	}
 }
