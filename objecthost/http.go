@@ -290,6 +290,26 @@ func (h *Host) serveQuery(w http.ResponseWriter, r *http.Request, objectID strin
 // TestQueryEnvelopeBytes), without encoding/json's reflection and its
 // re-validation of the rows' MarshalJSON output.
 func writeResults(w http.ResponseWriter, res []sqlexec.StatementResult, buf *[]byte) {
+	if largeResults(res) {
+		// Written in parts: a large answer is held once, as its results,
+		// not copied into the envelope (the result budget counts it once).
+		b, parts := sqlexec.AppendResultsParts((*buf)[:0], `{"result":`, ",\"success\":true,\"errors\":[],\"messages\":[]}\n", res)
+		*buf = b
+		n := 0
+		for _, p := range parts {
+			n += len(p)
+		}
+		hdr := w.Header()
+		hdr["Content-Type"] = []string{"application/json"}
+		hdr["Content-Length"] = []string{strconv.Itoa(n)}
+		w.WriteHeader(http.StatusOK)
+		for _, p := range parts {
+			if _, err := w.Write(p); err != nil {
+				return
+			}
+		}
+		return
+	}
 	b := append((*buf)[:0], `{"result":`...)
 	b = sqlexec.AppendResults(b, res)
 	b = append(b, ",\"success\":true,\"errors\":[],\"messages\":[]}\n"...)
@@ -339,6 +359,17 @@ func (h *Host) readQueryBody(w http.ResponseWriter, r *http.Request, buf *[]byte
 		return nil, fmt.Errorf("%w: reading body: %v", ErrInvalid, err)
 	}
 	return b, nil
+}
+
+// largeResults reports whether an answer holds an encoded result worth
+// not copying (writeResults).
+func largeResults(res []sqlexec.StatementResult) bool {
+	for i := range res {
+		if e, ok := res[i].Results.(sqlexec.Encoded); ok && len(e) > 64<<10 {
+			return true
+		}
+	}
+	return false
 }
 
 // outcome is the metrics label of a query's result.

@@ -296,9 +296,21 @@ func TestQueryEnvelopeBytes(t *testing.T) {
 	ctx := context.Background()
 	_, err := th.Query(ctx, d.obj, d.id(), q("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT, b BLOB, f REAL); INSERT INTO t VALUES (1, '<a&b>\"é', x'0102', 0.5), (2, NULL, NULL, 1e-9)"))
 	require.NoError(t, err)
-	for _, raw := range []bool{false, true} {
-		req := q("SELECT * FROM t ORDER BY id; SELECT count(*) FROM t")
-		req.Raw = raw
+	big := "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM r WHERE i < 5000) SELECT i, '<pad>' AS p FROM r"
+	for _, tc := range []struct {
+		raw, encode bool
+		sql         string
+	}{
+		{false, false, "SELECT * FROM t ORDER BY id; SELECT count(*) FROM t"},
+		{true, false, "SELECT * FROM t ORDER BY id; SELECT count(*) FROM t"},
+		{false, true, "SELECT * FROM t ORDER BY id; SELECT count(*) FROM t"},
+		{true, true, "SELECT * FROM t ORDER BY id; SELECT count(*) FROM t"},
+		// Encoded results over 64 KiB are written in parts, not copied.
+		{false, true, "SELECT 1 AS one; " + big + "; SELECT 2 AS two"},
+		{true, true, big},
+	} {
+		req := q(tc.sql)
+		req.Raw, req.Encode = tc.raw, tc.encode
 		res, err := th.Query(ctx, d.obj, d.id(), req)
 		require.NoError(t, err)
 		want := httptest.NewRecorder()

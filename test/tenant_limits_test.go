@@ -184,6 +184,7 @@ func TestResourceExhaustionIsBounded(t *testing.T) {
 		{"string over 2 MB", map[string]any{"sql": "SELECT length(printf('%.*c', 3000000, 'x'))"}, 413, 7413, "SQLITE_TOOBIG"},
 		{"group_concat over 2 MB", map[string]any{"sql": recurseTo(200_000) + "SELECT length(group_concat(printf('%020d', i))) FROM r"}, 413, 7413, "SQLITE_TOOBIG"},
 		{"IN list of 170 KB", map[string]any{"sql": "SELECT 1 WHERE 5 IN (" + strings.Join(inList, ",") + ")"}, 413, 7413, "limit"},
+		{"body of 5 MiB", map[string]any{"sql": "SELECT 1 -- " + strings.Repeat("x", 5<<20)}, 413, 7413, "request body exceeds"},
 		{"101 parameters", map[string]any{"sql": "SELECT 1 WHERE 5 IN (" + strings.TrimSuffix(strings.Repeat("?,", 101), ",") + ")", "params": params}, 400, 7400, "100"},
 		{"nested parentheses", map[string]any{"sql": "SELECT " + strings.Repeat("(", 5000) + "1" + strings.Repeat(")", 5000)}, 400, 7500, "SQLITE_ERROR"},
 		{"expression depth", map[string]any{"sql": "SELECT 1" + strings.Repeat(" + 1", 3000)}, 400, 7500, "SQLITE_ERROR"},
