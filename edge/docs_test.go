@@ -190,7 +190,7 @@ func TestAPIDocExamples(t *testing.T) {
 		case c.method == "POST" && strings.HasSuffix(path, "/d1/database"):
 			vars["DATABASE_ID"] = res["uuid"].(string)
 		case c.method == "POST" && strings.HasSuffix(path, "/binding"):
-			vars["BINDING_TOKEN"] = res["token"].(string)
+			vars["BINDING_TOKEN"], vars["BINDING_TOKEN_ID"] = res["token"].(string), res["token_id"].(string)
 		}
 		var pairs []string
 		for k, short := range map[string]string{"ACCOUNT_ID": "A", "DATABASE_ID": "D"} {
@@ -205,6 +205,7 @@ func TestAPIDocExamples(t *testing.T) {
 		"GET /client/v4/accounts/A/d1/database/D", "PATCH /client/v4/accounts/A/d1/database/D",
 		"DELETE /client/v4/accounts/A/d1/database/D", "POST /client/v4/accounts/A/d1/database/D/query",
 		"POST /client/v4/accounts/A/d1/database/D/raw", "POST /client/v4/accounts/A/d1/database/D/binding",
+		"DELETE /client/v4/accounts/A/d1/database/D/binding",
 		"POST /client/v4/bound/query", "POST /admin/v1/accounts", "GET /admin/v1/accounts/A",
 		"PATCH /admin/v1/accounts/A", "POST /admin/v1/accounts/A/tokens",
 		"GET /client/v4/memberships", "GET /client/v4/accounts/A/tokens/verify",

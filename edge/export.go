@@ -24,7 +24,6 @@ import (
 
 	"github.com/gorilla/mux"
 
-	"github.com/shoaldb/shoal/internal/binding"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 )
 
@@ -51,23 +50,16 @@ var errBadURLToken = errors.New("invalid or expired signed URL")
 // as current_bookmark means "the same export", not a time-travel point.
 var pollingBookmark = regexp.MustCompile(`^[0-9a-f]{16}$`)
 
-// urlKey derives the signed-URL key from the binding keyring: the MAC of a
-// fixed, already-expired claim set. Only holders of the binding key can
-// compute it, every edge with the same keyring gets the same key, and the
-// derived key is not itself a binding token, so a leaked download URL grants
-// no query access. A key rotation invalidates outstanding URLs (they live
-// an hour).
+// urlKey derives the signed-URL key from the binding keyring's key material
+// with HKDF (binding.Keyring.DeriveKey). Only holders of the binding key can compute it, every edge with the
+// same keyring gets the same key, and the derived key is not itself a
+// binding key, so a leaked download URL grants no query access. A key
+// rotation invalidates outstanding URLs (they live an hour).
 func (s *Server) urlKey() ([]byte, error) {
 	if s.o.BindingKeys == nil {
 		return nil, errURLsDisabled
 	}
-	tok, err := s.o.BindingKeys.Sign(binding.Claims{DatabaseUUID: "00000000-0000-0000-0000-000000000000",
-		ObjectID: "shoal-signed-url-key", AccountID: "-", HostAddress: "-", ExpiresAt: 1})
-	if err != nil {
-		return nil, err
-	}
-	sum := sha256.Sum256([]byte("shoal signed url v1\x00" + tok[strings.LastIndexByte(tok, '.')+1:]))
-	return sum[:], nil
+	return s.o.BindingKeys.DeriveKey("signed url v2"), nil
 }
 
 var errURLsDisabled = errors.New("export and import need a binding keyring on this edge")

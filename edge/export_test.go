@@ -39,7 +39,7 @@ func TestSignedURLTokens(t *testing.T) {
 	// A binding token signed with the same keyring is not a URL token, and a
 	// URL token is not a binding token.
 	bt, err := e.keys.Sign(binding.Claims{DatabaseUUID: c.Database, ObjectID: strings.Repeat("a", 32), AccountID: acctA,
-		HostAddress: "127.0.0.1:1", ExpiresAt: c.Expires})
+		HostAddress: "127.0.0.1:1", ExpiresAt: c.Expires, TokenID: binding.NewTokenID(), Parent: strings.Repeat("ab", 32)})
 	require.NoError(t, err)
 	_, err = e.srv.verifyURL(bt, "export")
 	require.ErrorIs(t, err, errBadURLToken)

@@ -357,7 +357,9 @@ type fakeObject struct {
 	state     string
 	confirmed bool
 	gen       int64
-	imp       map[string]any // the import job: cumulative messages, like the real host
+	imp       map[string]any  // the import job: cumulative messages, like the real host
+	epoch     int64           // binding epoch (revoke all)
+	revoked   map[string]bool // revoked binding token IDs
 }
 
 func newFakeHost(t *testing.T, keys *binding.Keyring) *fakeHost {
@@ -452,6 +454,24 @@ func (h *fakeHost) serveObject(w http.ResponseWriter, r *http.Request, id, op st
 		h.answer(w, op, body)
 	case "export":
 		v4.WriteResult(w, map[string]any{})
+	case "bindings":
+		v4.WriteResult(w, map[string]any{"epoch": o.epoch, "revoked": len(o.revoked)})
+	case "bindings/revoke":
+		var in struct {
+			All     bool   `json:"all"`
+			TokenID string `json:"token_id"`
+		}
+		_ = json.Unmarshal(body, &in)
+		if in.All {
+			o.epoch++
+			o.revoked = nil
+		} else {
+			if o.revoked == nil {
+				o.revoked = map[string]bool{}
+			}
+			o.revoked[in.TokenID] = true
+		}
+		v4.WriteResult(w, map[string]any{"epoch": o.epoch, "revoked": len(o.revoked)})
 	case "import/ingest":
 		var in struct{ Filename string }
 		_ = json.Unmarshal(body, &in)
@@ -530,9 +550,14 @@ func (h *fakeHost) serveBound(w http.ResponseWriter, r *http.Request, kind strin
 	}
 	h.mu.Lock()
 	o := h.objects[c.ObjectID]
+	revoked := o != nil && (c.Epoch < o.epoch || o.revoked[c.TokenID])
 	h.mu.Unlock()
 	if o == nil || o.req.DatabaseUUID != c.DatabaseUUID || o.req.AccountID != c.AccountID || o.gen != c.Generation {
 		v4.WriteError(w, 421, 7421, "wrong host")
+		return
+	}
+	if revoked {
+		v4.WriteError(w, 401, 10000, "binding token revoked")
 		return
 	}
 	h.answer(w, kind, body)

@@ -98,8 +98,14 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request, _ principa
 			s.writeErr(w, r, invalid("Invalid property: etag => must be the MD5 hex digest of the file"))
 			return
 		}
-		// The database must exist before we hand out an upload URL.
-		if _, err := s.res.lookup(r.Context(), id); err != nil {
+		// The database must exist, and be this account's, before we hand
+		// out an upload URL: another account's database is "not found"
+		// here as everywhere (no existence oracle).
+		rt, err := s.res.lookup(r.Context(), id)
+		if err == nil {
+			err = usable(rt, acct)
+		}
+		if err != nil {
 			s.writeErr(w, r, err)
 			return
 		}

@@ -5,13 +5,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/gorilla/mux"
 
 	"github.com/shoaldb/shoal/internal/binding"
-	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -223,7 +221,7 @@ func (s *Server) serveBound(w http.ResponseWriter, r *http.Request, kind, tok st
 	}
 	c, err := s.o.BindingKeys.Verify(tok, s.o.Now())
 	if err != nil {
-		s.writeErr(w, r, errUnauthenticated)
+		s.writeErr(w, r, bindingRefusal(err))
 		return
 	}
 	if check != nil {
@@ -234,6 +232,12 @@ func (s *Server) serveBound(w http.ResponseWriter, r *http.Request, kind, tok st
 	}
 	if err := s.checkRate(c.AccountID, c.DatabaseUUID); err != nil {
 		s.writeErr(w, r, err)
+		return
+	}
+	// The API token that minted it must still be valid (cached like a
+	// bearer check; see authenticator.parentValid).
+	if err := s.auth.parentValid(r.Context(), c.Parent); err != nil {
+		s.writeErr(w, r, bindingRefusal(err))
 		return
 	}
 	body, err := s.queryBody(r)
@@ -254,73 +258,14 @@ func (s *Server) serveBound(w http.ResponseWriter, r *http.Request, kind, tok st
 		return
 	}
 	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusMisdirectedRequest, http.StatusNotFound:
+		// The route the token carries is no longer true (the database
+		// moved or its generation changed): the token is spent, not the
+		// database. A deleted database stays 410 (passed through).
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		s.writeErr(w, r, bindingRefusal(errBindingRouteChanged))
+		return
+	}
 	s.passThrough(w, resp)
-}
-
-// mintBody is the optional body of POST /{id}/binding.
-type mintBody struct {
-	TTLSeconds int64 `json:"ttl_seconds,omitempty"`
-}
-
-type mintResult struct {
-	Token        string `json:"token"`
-	DatabaseUUID string `json:"database_uuid"`
-	ExpiresAt    string `json:"expires_at"`
-}
-
-// handleMintBinding signs a binding token for one database of the caller's
-// account. The route is read fresh from the catalog (not the cache): a token
-// outlives cache entries, so it should carry the newest route known.
-func (s *Server) handleMintBinding(w http.ResponseWriter, r *http.Request, _ principal) {
-	if s.o.BindingKeys == nil {
-		v4.WriteError(w, http.StatusNotImplemented, v4.CodeInvalidRequest, "binding tokens are not enabled on this edge")
-		return
-	}
-	acct, id, err := s.databaseRequest(r)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	b, err := readBody(r.Body, 4096)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	var mb mintBody
-	if len(strings.TrimSpace(string(b))) > 0 {
-		if err := decodeStrict(b, &mb); err != nil {
-			s.writeErr(w, r, err)
-			return
-		}
-	}
-	ttl := s.o.BindingDefaultTTL
-	if mb.TTLSeconds < 0 {
-		s.writeErr(w, r, invalid("Invalid property: ttl_seconds => must be positive"))
-		return
-	}
-	if mb.TTLSeconds > 0 {
-		ttl = time.Duration(mb.TTLSeconds) * time.Second
-	}
-	if ttl > s.o.BindingMaxTTL {
-		ttl = s.o.BindingMaxTTL
-	}
-	rt, err := s.res.fill(r.Context(), id)
-	if err == nil {
-		err = usable(rt, acct)
-	}
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	now := s.o.Now()
-	exp := now.Add(ttl)
-	tok, err := s.o.BindingKeys.Sign(binding.Claims{
-		DatabaseUUID: rt.DatabaseUUID, ObjectID: rt.ObjectID, AccountID: rt.AccountID, HostAddress: rt.HostAddress,
-		Generation: rt.Generation, IssuedAt: now.Unix(), ExpiresAt: exp.Unix(),
-	})
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	v4.WriteResult(w, mintResult{Token: tok, DatabaseUUID: rt.DatabaseUUID, ExpiresAt: exp.UTC().Format(time.RFC3339)})
 }

@@ -191,7 +191,9 @@ func New(o Options) (*Server, error) {
 		bgSem: semaphore.NewWeighted(256),
 	}
 	s.auth = &authenticator{catalog: o.Catalog, fb: fb, ttl: o.TokenTTL, negativeTTL: o.TokenNegativeTTL,
-		staleGrace: o.TokenStaleGrace, max: 100_000, now: o.Now, m: make(map[[sha256.Size]byte]tokenEntry)}
+		staleGrace: o.TokenStaleGrace, max: 100_000, maxNegative: 10_000, now: o.Now,
+		unknown: semaphore.NewWeighted(unknownTokenLookups(o.FallbackCap)),
+		m:       make(map[[sha256.Size]byte]tokenEntry), neg: make(map[[sha256.Size]byte]time.Time)}
 	if o.AdminToken != "" {
 		h := HashToken(o.AdminToken)
 		s.auth.adminHash = mustHex(h)
@@ -228,6 +230,15 @@ func New(o Options) (*Server, error) {
 		rs.start()
 	}
 	return s, nil
+}
+
+// unknownTokenLookups is how many catalog reads for tokens this edge has not
+// validated may be in flight: a quarter of the fallback's capacity, at least 4.
+func unknownTokenLookups(fallbackCap int64) int64 {
+	if fallbackCap <= 0 {
+		fallbackCap = 64
+	}
+	return max(fallbackCap/4, 4)
 }
 
 func setDefaults(o *Options) {
@@ -503,6 +514,8 @@ func (s *Server) routes() *mux.Router {
 	d1.Handle("/{database_id}", s.account("update", s.handleUpdate)).Methods(http.MethodPut, http.MethodPatch)
 	d1.Handle("/{database_id}", s.account("delete", s.handleDelete)).Methods(http.MethodDelete)
 	d1.Handle("/{database_id}/binding", s.account("binding", s.handleMintBinding)).Methods(http.MethodPost)
+	d1.Handle("/{database_id}/binding", s.account("binding_revoke_all", s.handleRevokeBindings)).Methods(http.MethodDelete)
+	d1.Handle("/{database_id}/binding/{token_id}", s.account("binding_revoke", s.handleRevokeBindings)).Methods(http.MethodDelete)
 	d1.Handle("/{database_id}/export", s.account("export", s.handleExport)).Methods(http.MethodPost)
 	d1.Handle("/{database_id}/import", s.account("import", s.handleImport)).Methods(http.MethodPost)
 	d1.Handle("/{database_id}/time_travel/bookmark", s.account("time_travel_bookmark", s.handleTimeTravelBookmark)).Methods(http.MethodGet)
@@ -679,9 +692,12 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	var rl *rateLimited
 	var he *HostError
 	var dle *databaseLimitError
+	var be *bindingError
 	switch {
 	case errors.As(err, &ve):
 		v4.WriteError(w, ve.status, ve.code, ve.msg)
+	case errors.As(err, &be):
+		v4.WriteError(w, http.StatusUnauthorized, v4.CodeUnauthorized, be.msg)
 	case errors.Is(err, errUnauthenticated):
 		v4.WriteError(w, http.StatusUnauthorized, v4.CodeUnauthorized, "Authentication error")
 	case errors.Is(err, errForbidden), errors.Is(err, fsm.ErrAccountNotFound):

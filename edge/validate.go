@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strconv"
 	"strings"
 
 	"github.com/google/uuid"
+
 	"github.com/shoaldb/shoal/internal/d1body"
+	v4 "github.com/shoaldb/shoal/internal/v4"
 )
 
 // Limits applied before any work is done. D1's published limits by default.
@@ -65,6 +68,10 @@ func tooLarge(format string, args ...any) error {
 // readBody reads at most max bytes; more is a 413.
 func readBody(r io.Reader, max int64) ([]byte, error) {
 	b, err := io.ReadAll(io.LimitReader(r, max+1))
+	if errors.Is(err, v4.ErrSlowBody) {
+		return nil, &validationError{status: v4.SlowBodyStatus, code: v4.CodeInvalidRequest,
+			msg: "request body arrived too slowly: the connection was closed"}
+	}
 	if err != nil {
 		return nil, invalid("could not read request body")
 	}
@@ -121,8 +128,11 @@ func decodeJSON(b []byte, v any, strict bool) error {
 	dec.UseNumber()
 	if err := dec.Decode(v); err != nil {
 		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field != "" {
-			return invalid("Invalid property: %s => expected %s", te.Field, te.Type)
+		if errors.As(err, &te) {
+			if te.Field == "" {
+				return invalid("malformed JSON body: expected %s, got %s", jsonKind(te.Type), jsonValueName(te.Value))
+			}
+			return invalid("Invalid property: %s => expected %s, got %s", te.Field, jsonKind(te.Type), jsonValueName(te.Value))
 		}
 		return invalid("malformed JSON body: %s", jsonMsg(err))
 	}
@@ -135,11 +145,65 @@ func decodeJSON(b []byte, v any, strict bool) error {
 	return nil
 }
 
-// jsonMsg keeps encoding/json's message but drops the Go type names.
+// jsonMsg is encoding/json's message for a syntax error (which names no Go
+// type); any other decoder error gets a generic text, since its message
+// may name the Go types it decodes into.
 func jsonMsg(err error) string {
-	s := err.Error()
-	s = strings.TrimPrefix(s, "json: ")
-	return s
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Sprintf("%s (at byte %d)", strings.TrimPrefix(se.Error(), "json: "), se.Offset)
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return "unexpected end of JSON input"
+	}
+	msg := strings.TrimPrefix(err.Error(), "json: ")
+	if strings.HasPrefix(msg, "unknown field ") {
+		return msg // `unknown field "x"`: the client's own text
+	}
+	return "not valid for this request"
+}
+
+// jsonKind names the JSON a Go type decodes from: what a client must send,
+// never the Go type (which would leak internals such as "[]edge.Statement").
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "a value"
+	}
+	if t == reflect.TypeFor[json.Number]() {
+		return "a number"
+	}
+	if t == reflect.TypeFor[json.RawMessage]() {
+		return "a JSON value"
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "an integer"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a non-negative integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	}
+	return "a value"
+}
+
+// jsonValueName is encoding/json's description of the value it found
+// ("string", "number 1e400", "array", …), kept to its first word plus a
+// short number: it is the client's own input, bounded.
+func jsonValueName(v string) string {
+	if len(v) > 40 {
+		v = v[:40] + "…"
+	}
+	return v
 }
 
 // Statement is one SQL statement with its parameters.

@@ -54,10 +54,12 @@ func statusOf(err error) (int, int, string) {
 			return http.StatusTooManyRequests, v4.CodeRowLimit, rl.Error()
 		}
 		return http.StatusTooManyRequests, v4.CodeRowLimit, ErrRowLimit.Error()
-	case errors.Is(err, ErrBinding):
+	case errors.Is(err, ErrBinding), errors.Is(err, ErrBindingRevoked):
 		return http.StatusUnauthorized, v4.CodeUnauthorized, err.Error()
 	case errors.Is(err, ErrRestoring):
 		return http.StatusServiceUnavailable, v4.CodeUnavailable, ErrRestoring.Error()
+	case isAccountBusy(err):
+		return http.StatusTooManyRequests, v4.CodeRateLimited, err.Error()
 	case errors.Is(err, ErrClosed), errors.Is(err, sqlexec.ErrClosed):
 		return http.StatusServiceUnavailable, v4.CodeUnavailable, "object host unavailable, retry"
 	default:

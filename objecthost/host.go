@@ -86,6 +86,9 @@ type Config struct {
 	// bound routes (404).
 	Bindings *binding.Keyring
 
+	// Tenant bounds what one account may take of the host (tenant.go).
+	Tenant TenantLimits
+
 	// Now is the clock for heartbeats, grace periods, retention and token
 	// expiry (default time.Now).
 	Now func() time.Time
@@ -218,6 +221,8 @@ type Host struct {
 	limits    *limitsFeed // nil without Config.LimitsFeed
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
+
+	tenant *tenantGuard // per-account admission, result budget (tenant.go)
 }
 
 // object is one database's in-memory state. meta is replaced, never
@@ -286,6 +291,7 @@ func Open(cfg Config) (*Host, error) {
 		Name: "shoal_objecthost_alarms", Help: "Alarms raised (mass of orphan verdicts, databases the catalog lost); see /v1/status.",
 	}, func() float64 { return float64(len(h.Alarms())) }))
 	h.bufs.New = func() any { b := make([]byte, 0, 4096); return &b }
+	h.tenant = newTenantGuard(cfg.Tenant, h.m.reg)
 	h.handles = newHandleCache(cfg.MaxOpen, h.openDB, func(n int) { h.m.openHandles.Set(float64(n)) })
 
 	now := h.now()

@@ -41,6 +41,7 @@ func (h *Host) Handler() http.Handler {
 	r.HandleFunc("/v1/objects/{id}", h.handleInfo).Methods(http.MethodGet)
 	h.dumpRoutes(r)    // export/import endpoints: export.go, import.go
 	h.historyRoutes(r) // time travel: history.go
+	h.bindingRoutes(r) // binding-token revocation: bindings.go
 	r.HandleFunc("/v1/objects/{id}/query", h.handleQuery(false)).Methods(http.MethodPost)
 	r.HandleFunc("/v1/objects/{id}/raw", h.handleQuery(true)).Methods(http.MethodPost)
 	if h.cfg.Bindings != nil {
@@ -113,6 +114,11 @@ func queryRoute(path string) (id string, raw bool, ok bool) {
 
 func writeErr(w http.ResponseWriter, err error) {
 	status, code, msg := statusOf(err)
+	if status == http.StatusTooManyRequests {
+		// Overload and admission refusals are worth a retry: say when.
+		v4.WriteRetryAfter(w, status, code, msg, time.Second)
+		return
+	}
 	v4.WriteError(w, status, code, msg)
 }
 
@@ -232,9 +238,15 @@ func (h *Host) handleBound(raw bool) http.HandlerFunc {
 			writeErr(w, fmt.Errorf("%w: %v", ErrBinding, err))
 			return
 		}
-		if _, m, err := h.lookup(c.ObjectID); err == nil && !m.deleted() && m.RoutingGeneration != c.Generation {
-			writeErr(w, ErrWrongHost)
-			return
+		if _, m, err := h.lookup(c.ObjectID); err == nil && !m.deleted() {
+			if m.RoutingGeneration != c.Generation {
+				writeErr(w, ErrWrongHost)
+				return
+			}
+			if err := checkBinding(m, c); err != nil {
+				writeErr(w, err)
+				return
+			}
 		}
 		h.serveQuery(w, r, c.ObjectID, Identity{DatabaseUUID: c.DatabaseUUID, AccountID: c.AccountID}, raw)
 	}
@@ -244,13 +256,26 @@ func (h *Host) serveQuery(w http.ResponseWriter, r *http.Request, objectID strin
 	start := time.Now()
 	h.m.queueDepth.Inc()
 	defer h.m.queueDepth.Dec()
+	// Admission per account (tenant.go), before the body is read: the
+	// account is the object's own; an unknown object goes on to Query,
+	// which refuses it.
+	if _, m, err := h.lookup(objectID); err == nil {
+		if err := h.tenant.admit(r.Context(), m.AccountID); err != nil {
+			h.m.queryDone(outcome(err))
+			writeErr(w, err)
+			return
+		}
+		defer h.tenant.leave(m.AccountID)
+	}
+	lease := h.tenant.budget.Lease()
+	defer lease.Release() // after the answer is written: its bytes are the results
 	buf := h.bufs.Get().(*[]byte)
 	defer func() {
 		if cap(*buf) <= 1<<20 { // a huge result's buffer is left to the GC
 			h.bufs.Put(buf)
 		}
 	}()
-	res, err := h.query(w, r, objectID, id, raw, buf)
+	res, err := h.query(w, r, objectID, id, raw, buf, lease)
 	h.m.latency.Observe(time.Since(start).Seconds())
 	h.m.queryDone(outcome(err))
 	if err != nil {
@@ -265,6 +290,26 @@ func (h *Host) serveQuery(w http.ResponseWriter, r *http.Request, objectID strin
 // TestQueryEnvelopeBytes), without encoding/json's reflection and its
 // re-validation of the rows' MarshalJSON output.
 func writeResults(w http.ResponseWriter, res []sqlexec.StatementResult, buf *[]byte) {
+	if largeResults(res) {
+		// Written in parts: a large answer is held once, as its results,
+		// not copied into the envelope (the result budget counts it once).
+		b, parts := sqlexec.AppendResultsParts((*buf)[:0], `{"result":`, ",\"success\":true,\"errors\":[],\"messages\":[]}\n", res)
+		*buf = b
+		n := 0
+		for _, p := range parts {
+			n += len(p)
+		}
+		hdr := w.Header()
+		hdr["Content-Type"] = []string{"application/json"}
+		hdr["Content-Length"] = []string{strconv.Itoa(n)}
+		w.WriteHeader(http.StatusOK)
+		for _, p := range parts {
+			if _, err := w.Write(p); err != nil {
+				return
+			}
+		}
+		return
+	}
 	b := append((*buf)[:0], `{"result":`...)
 	b = sqlexec.AppendResults(b, res)
 	b = append(b, ",\"success\":true,\"errors\":[],\"messages\":[]}\n"...)
@@ -276,7 +321,7 @@ func writeResults(w http.ResponseWriter, res []sqlexec.StatementResult, buf *[]b
 	_, _ = w.Write(b)
 }
 
-func (h *Host) query(w http.ResponseWriter, r *http.Request, objectID string, id Identity, raw bool, buf *[]byte) ([]sqlexec.StatementResult, error) {
+func (h *Host) query(w http.ResponseWriter, r *http.Request, objectID string, id Identity, raw bool, buf *[]byte, lease *sqlexec.ResultLease) ([]sqlexec.StatementResult, error) {
 	b, err := h.readQueryBody(w, r, buf)
 	if err != nil {
 		return nil, err
@@ -286,6 +331,9 @@ func (h *Host) query(w http.ResponseWriter, r *http.Request, objectID string, id
 		return nil, err
 	}
 	req.Raw = raw
+	// Results are encoded as they are read, counted exactly against the
+	// per-request limit and the host's result budget (sqlexec).
+	req.Encode, req.Lease = true, lease
 	switch r.Header.Get(HeaderNumbers) {
 	case "", "exact":
 	case "js":
@@ -313,6 +361,17 @@ func (h *Host) readQueryBody(w http.ResponseWriter, r *http.Request, buf *[]byte
 	return b, nil
 }
 
+// largeResults reports whether an answer holds an encoded result worth
+// not copying (writeResults).
+func largeResults(res []sqlexec.StatementResult) bool {
+	for i := range res {
+		if e, ok := res[i].Results.(sqlexec.Encoded); ok && len(e) > 64<<10 {
+			return true
+		}
+	}
+	return false
+}
+
 // outcome is the metrics label of a query's result.
 func outcome(err error) string {
 	if err == nil {
@@ -330,7 +389,7 @@ func outcome(err error) string {
 		return "wrong_host"
 	case v4.CodeOverloaded:
 		return "overloaded"
-	case v4.CodeTooLarge, v4.CodeStorageLimit, v4.CodeRowLimit, v4.CodeTimeout, v4.CodeInvalidRequest:
+	case v4.CodeTooLarge, v4.CodeStorageLimit, v4.CodeRowLimit, v4.CodeTimeout, v4.CodeInvalidRequest, v4.CodeRateLimited:
 		return "limit"
 	default:
 		return "error"

@@ -203,7 +203,8 @@ func TestHTTPBoundQuery(t *testing.T) {
 		require.NoError(t, err)
 		return tok
 	}
-	good := binding.Claims{DatabaseUUID: d.uuid, ObjectID: d.obj, AccountID: d.account, HostAddress: "h:1", Generation: 4, ExpiresAt: th.clock.Now().Add(time.Minute).Unix()}
+	good := binding.Claims{DatabaseUUID: d.uuid, ObjectID: d.obj, AccountID: d.account, HostAddress: "h:1", Generation: 4, ExpiresAt: th.clock.Now().Add(time.Minute).Unix(),
+		TokenID: binding.NewTokenID(), Parent: strings.Repeat("ab", 32)}
 	do := func(tok string) (int, envelope) {
 		req, err := http.NewRequest("POST", srv.URL+"/v1/bound/query", strings.NewReader(`{"sql":"SELECT 42 AS x"}`))
 		require.NoError(t, err)
@@ -239,9 +240,49 @@ func TestHTTPBoundQuery(t *testing.T) {
 	status, _ = do(sign(wrongDB))
 	assert.Equal(t, 421, status, "object holds another database")
 
+	// Revocation through the internal API: one token, then every token
+	// minted below the new epoch. The identity headers must match.
+	revoke := func(body string, hdr *db) (int, envelope) {
+		return call(t, srv.Client(), srv, "POST", "/v1/objects/"+d.obj+"/bindings/revoke", hdr, body)
+	}
+	other := newDB("other")
+	status, _ = revoke(`{"token_id":"`+good.TokenID+`","until":`+strconv.FormatInt(good.ExpiresAt, 10)+`}`, &other)
+	assert.Equal(t, 421, status, "another database's identity cannot revoke")
+	status, env = revoke(`{"token_id":"not-a-token-id"}`, &d)
+	assert.Equal(t, 400, status, "%+v", env)
+	status, env = revoke(`{"token_id":"`+good.TokenID+`","until":`+strconv.FormatInt(good.ExpiresAt, 10)+`}`, &d)
+	require.Equal(t, 200, status, "%+v", env)
+	assert.JSONEq(t, `{"epoch":0,"revoked":1}`, string(env.Result))
+	status, env = do(sign(good))
+	assert.Equal(t, 401, status, "a revoked token")
+	assert.Equal(t, v4.CodeUnauthorized, errCode(env))
+	assert.Equal(t, "binding token revoked", env.Errors[0].Message)
+	sibling := good
+	sibling.TokenID = binding.NewTokenID()
+	status, _ = do(sign(sibling))
+	assert.Equal(t, 200, status, "another token of the same database still works")
+	status, env = revoke(`{"all":true}`, &d)
+	require.Equal(t, 200, status, "%+v", env)
+	assert.JSONEq(t, `{"epoch":1,"revoked":0}`, string(env.Result))
+	status, _ = do(sign(sibling))
+	assert.Equal(t, 401, status, "revoke all refuses tokens of the old epoch")
+	st, err := th.BindingState(d.obj, d.id())
+	require.NoError(t, err)
+	fresh := good
+	fresh.TokenID, fresh.Epoch = binding.NewTokenID(), st.Epoch
+	status, _ = do(sign(fresh))
+	assert.Equal(t, 200, status, "a token minted at the new epoch works")
+	// The revocation is durable: a restarted host still refuses.
+	th.reopen(t)
+	srv = serve(t, th)
+	status, _ = do(sign(sibling))
+	assert.Equal(t, 401, status, "revocations survive a restart")
+	status, _ = do(sign(fresh))
+	assert.Equal(t, 200, status)
+
 	_, err = th.Delete(context.Background(), d.obj, 5)
 	require.NoError(t, err)
-	status, env = do(sign(good))
+	status, env = do(sign(fresh))
 	assert.Equal(t, 410, status, "a live token cannot reach a deleted database")
 	assert.Equal(t, v4.CodeDatabaseDeleted, errCode(env))
 }
@@ -255,9 +296,21 @@ func TestQueryEnvelopeBytes(t *testing.T) {
 	ctx := context.Background()
 	_, err := th.Query(ctx, d.obj, d.id(), q("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT, b BLOB, f REAL); INSERT INTO t VALUES (1, '<a&b>\"é', x'0102', 0.5), (2, NULL, NULL, 1e-9)"))
 	require.NoError(t, err)
-	for _, raw := range []bool{false, true} {
-		req := q("SELECT * FROM t ORDER BY id; SELECT count(*) FROM t")
-		req.Raw = raw
+	big := "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM r WHERE i < 5000) SELECT i, '<pad>' AS p FROM r"
+	for _, tc := range []struct {
+		raw, encode bool
+		sql         string
+	}{
+		{false, false, "SELECT * FROM t ORDER BY id; SELECT count(*) FROM t"},
+		{true, false, "SELECT * FROM t ORDER BY id; SELECT count(*) FROM t"},
+		{false, true, "SELECT * FROM t ORDER BY id; SELECT count(*) FROM t"},
+		{true, true, "SELECT * FROM t ORDER BY id; SELECT count(*) FROM t"},
+		// Encoded results over 64 KiB are written in parts, not copied.
+		{false, true, "SELECT 1 AS one; " + big + "; SELECT 2 AS two"},
+		{true, true, big},
+	} {
+		req := q(tc.sql)
+		req.Raw, req.Encode = tc.raw, tc.encode
 		res, err := th.Query(ctx, d.obj, d.id(), req)
 		require.NoError(t, err)
 		want := httptest.NewRecorder()

@@ -36,6 +36,18 @@ type Meta struct {
 	// file is in place (restorefrom.go): the object cannot be opened
 	// meanwhile, and an init retry resumes the restore.
 	Restoring *RestoreSource `json:"restoring,omitempty"`
+	// Binding tokens revoked on this object (bindings.go): every token
+	// minted at an epoch below BindingEpoch, and the tokens listed in
+	// RevokedBindings (sorted by ID) until they would have expired.
+	BindingEpoch    int64            `json:"binding_epoch,omitempty"`
+	RevokedBindings []RevokedBinding `json:"revoked_bindings,omitempty"`
+}
+
+// RevokedBinding is one revoked binding token: its ID and until when it
+// must be refused (Unix seconds: the latest its expiry can be).
+type RevokedBinding struct {
+	ID    string `json:"id"`
+	Until int64  `json:"until"`
 }
 
 func (m *Meta) deleted() bool { return m.State == StateDeleted }

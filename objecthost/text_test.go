@@ -32,7 +32,7 @@ func TestHTTPRefusesNULAndInvalidUTF8(t *testing.T) {
 	_, err = th.Confirm(context.Background(), d.obj, 4)
 	require.NoError(t, err)
 	tok, err := ring.Sign(binding.Claims{DatabaseUUID: d.uuid, ObjectID: d.obj, AccountID: d.account, HostAddress: "h:1",
-		Generation: 4, ExpiresAt: th.clock.Now().Add(time.Hour).Unix()})
+		Generation: 4, ExpiresAt: th.clock.Now().Add(time.Hour).Unix(), TokenID: binding.NewTokenID(), Parent: strings.Repeat("ab", 32)})
 	require.NoError(t, err)
 	base := "/v1/objects/" + d.obj
 	status, env := call(t, c, srv, "POST", base+"/query", &d, `{"sql":"CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t VALUES (0, 'zero')"}`)

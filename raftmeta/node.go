@@ -20,6 +20,7 @@ import (
 
 	"github.com/shoaldb/shoal/internal/ids"
 	"github.com/shoaldb/shoal/internal/pki"
+	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -192,12 +193,17 @@ func NewNode(c Config) (_ *Node, err error) {
 		Transport: cfg.TLS.Transport(&http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}, pki.RoleCatalog),
 	}
 
-	n.httpSrv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)} // failed TLS handshakes: debug
+	// Timeouts, limits and protocol errors as on every Shoal listener
+	// (internal/v4, docs/security.md); with TLS, the TLS listener wraps
+	// v4's (net/http must see the *tls.Conn to know the peer), so protocol
+	// errors stay net/http's plain text there (internal listeners only).
+	srvOpts := v4.ServerOptions{}
+	n.httpSrv = v4.NewServer(n.handler(), srvOpts).Server
+	n.httpSrv.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug) // failed TLS handshakes: debug
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
-		if err := n.httpSrv.Serve(cfg.TLS.Listen(n.httpLn)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := n.httpSrv.Serve(cfg.TLS.Listen(v4.WrapListener(n.httpLn, srvOpts))); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			n.log.Error("http server stopped", "err", err)
 		}
 	}()

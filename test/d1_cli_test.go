@@ -201,7 +201,7 @@ func TestD1CLI(t *testing.T) {
 	require.Regexp(t, `│\s*4\s*│`, r.stdout)
 
 	r = ok(d1("", "binding", "create", "cli-db", "--json"))
-	require.Contains(t, r.stdout, `"token": "v1.`)
+	require.Contains(t, r.stdout, `"token": "v2.`)
 
 	// time-travel: the bookmark before a delete, a restore to it brings the
 	// rows back, the printed undo bookmark returns to the empty table.

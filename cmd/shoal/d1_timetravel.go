@@ -125,4 +125,3 @@ blocked, and NEW has its own history from then on.`,
 	cmd.Flags().BoolVar(&e.jsonOut, "json", false, "print the raw API result")
 	return cmd
 }
-

@@ -24,6 +24,7 @@ import (
 	"github.com/shoaldb/shoal/edge"
 	"github.com/shoaldb/shoal/internal/binding"
 	"github.com/shoaldb/shoal/internal/srvruntime"
+	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/raftmeta"
 )
@@ -234,17 +235,17 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	return nil
 }
 
-func serveHTTP(addr string, h http.Handler) (*http.Server, error) {
+func serveHTTP(addr string, h http.Handler) (*v4.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	s := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	s := v4.NewServer(h, v4.ServerOptions{})
 	go func() { _ = s.Serve(ln) }()
 	return s, nil
 }
 
-func shutdownHTTP(s *http.Server) {
+func shutdownHTTP(s *v4.Server) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = s.Shutdown(ctx)

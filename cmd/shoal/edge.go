@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	"github.com/shoaldb/shoal/internal/config"
 	"github.com/shoaldb/shoal/internal/plane"
 	"github.com/shoaldb/shoal/internal/srvruntime"
+	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/pipeline/chsink"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
@@ -34,6 +34,7 @@ func newEdgeCmd() *cobra.Command {
 func newEdgeServeCmd() *cobra.Command {
 	var (
 		httpAddr, dir, region, adminToken, bindingKey string
+		bindingPrevious                               []string
 		catalog                                       []string
 		configPath, nodeID, logLevel                  string
 		tokenTTL                                      time.Duration
@@ -107,7 +108,7 @@ secrets come from the file; flags given explicitly win.`,
 			if err != nil {
 				return err
 			}
-			keys, err := bindingKeys(bindingKey)
+			keys, err := bindingKeys(bindingKey, bindingPrevious)
 			if err != nil {
 				return err
 			}
@@ -187,7 +188,7 @@ secrets come from the file; flags given explicitly win.`,
 				rc := edge.NewRecoverer(edge.RaftmetaRecovery{C: client}, hc, edge.RecoverOptions{Logger: logger})
 				go rc.AutoRecover(ctx, edge.AutoOptions{After: lostHostAfter})
 			}
-			hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+			hs := v4.NewServer(srv, v4.ServerOptions{})
 			return serveRole(ctx, httpAddr, hs, func(a net.Addr) {
 				note := "route feed off (no --kafka-brokers)"
 				if feed != nil {
@@ -204,6 +205,7 @@ secrets come from the file; flags given explicitly win.`,
 	f.StringSliceVar(&catalog, "catalog", nil, "catalog (raftmeta) node HTTP addresses; stale reads are spread over all of them")
 	f.StringVar(&adminToken, "admin-token", "", "operator token for /admin/v1 (default $SHOAL_ADMIN_TOKEN)")
 	f.StringVar(&bindingKey, "binding-key", "", "secret for binding tokens, shared with object hosts (default $SHOAL_BINDING_KEY)")
+	f.StringSliceVar(&bindingPrevious, "binding-key-previous", nil, "earlier binding-token secrets still accepted while tokens they sealed live (key rotation, docs/security.md)")
 	f.DurationVar(&tokenTTL, "token-ttl", 10*time.Second, "how long a token check is trusted (revocation delay)")
 	f.Float64Var(&acctRate, "account-rate", 1000, "requests per second per account (burst twice that); fleet-wide with --kafka-brokers")
 	f.Float64Var(&dbRate, "database-rate", 500, "requests per second per database (burst twice that); fleet-wide with --kafka-brokers")

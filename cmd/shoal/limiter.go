@@ -21,6 +21,7 @@ import (
 	"github.com/shoaldb/shoal/internal/config"
 	"github.com/shoaldb/shoal/internal/plane"
 	"github.com/shoaldb/shoal/internal/srvruntime"
+	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/limiter"
 	"github.com/shoaldb/shoal/pipeline/chsink"
 	"github.com/shoaldb/shoal/raftmeta"
@@ -243,7 +244,7 @@ func runLimiterServe(cmd *cobra.Command, o *limiterServeOpts) error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(lim.Status())
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := v4.NewServer(mux, v4.ServerOptions{})
 	return serveRole(ctx, o.httpAddr, srv, func(a net.Addr) {
 		ch := []string{}
 		if notify.SMTP != nil {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 	"github.com/shoaldb/shoal/internal/config"
 	"github.com/shoaldb/shoal/internal/plane"
 	"github.com/shoaldb/shoal/internal/srvruntime"
+	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/raftmeta"
 )
@@ -30,16 +30,17 @@ func newObjecthostCmd() *cobra.Command {
 
 func newObjecthostServeCmd() *cobra.Command {
 	var (
-		cfg        objecthost.Config
-		httpAddr   string
-		catalog    []string
-		bindingKey string
-		configPath string
-		nodeID     string
-		logLevel   string
-		kafka      kafkaFlags
-		archiveDir string
-		durability string
+		cfg         objecthost.Config
+		httpAddr    string
+		catalog     []string
+		bindingKey  string
+		bindingPrev []string
+		configPath  string
+		nodeID      string
+		logLevel    string
+		kafka       kafkaFlags
+		archiveDir  string
+		durability  string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -99,7 +100,7 @@ given explicitly win.`,
 			if cfg.Logger, err = roleLogger(logLevel); err != nil {
 				return err
 			}
-			if cfg.Bindings, err = bindingKeys(bindingKey); err != nil {
+			if cfg.Bindings, err = bindingKeys(bindingKey, bindingPrev); err != nil {
 				return err
 			}
 			client, err := raftmeta.NewClient(catalog)
@@ -162,7 +163,7 @@ given explicitly win.`,
 			if hp != nil {
 				planeNote = "brokers " + strings.Join(k.Brokers, ",")
 			}
-			srv := &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 10 * time.Second}
+			srv := v4.NewServer(h.Handler(), v4.ServerOptions{})
 			// In-flight queries finish before the files close.
 			return serveRole(ctx, httpAddr, srv, func(a net.Addr) {
 				st := h.Stats()
@@ -182,6 +183,7 @@ given explicitly win.`,
 	f.Int64Var(&cfg.Capacity, "capacity", 100000, "databases this host accepts")
 	f.StringSliceVar(&catalog, "catalog", nil, "catalog nodes' HTTP addresses (ADDR[,ADDR]); stale reads are spread over all of them")
 	f.StringVar(&bindingKey, "binding-key", "", "binding token secret (enables /v1/bound/*); shared with every edge")
+	f.StringSliceVar(&bindingPrev, "binding-key-previous", nil, "earlier binding-token secrets still accepted (key rotation, docs/security.md)")
 	f.IntVar(&cfg.MaxOpen, "max-open", 1000, "open database handles kept (LRU)")
 	f.IntVar(&cfg.ReadConns, "read-conns", 1, "read connections per open database (-1: none)")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 30*time.Second, "default heartbeat interval per database")

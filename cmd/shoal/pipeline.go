@@ -23,6 +23,7 @@ import (
 	"github.com/shoaldb/shoal/internal/config"
 	"github.com/shoaldb/shoal/internal/plane"
 	"github.com/shoaldb/shoal/internal/srvruntime"
+	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/pipeline/broker"
 	"github.com/shoaldb/shoal/pipeline/chlocal"
 	"github.com/shoaldb/shoal/raftmeta"
@@ -188,7 +189,7 @@ func runPipelineServe(cmd *cobra.Command, o *pipelineServeOpts) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: pipelineHandler(reg, cons, k), ReadHeaderTimeout: 10 * time.Second}
+	srv := v4.NewServer(pipelineHandler(reg, cons, k), v4.ServerOptions{})
 	return serveRole(ctx, o.httpAddr, srv, func(a net.Addr) {
 		what := "storage consumer"
 		if ch != nil {

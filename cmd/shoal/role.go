@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shoaldb/shoal/internal/binding"
+	v4 "github.com/shoaldb/shoal/internal/v4"
 )
 
 // roleLogger is the serve commands' logger: text on stderr at --log-level.
@@ -24,11 +25,16 @@ func roleLogger(level string) (*slog.Logger, error) {
 
 // bindingKeys is the keyring of --binding-key, or nil when it is empty
 // (binding tokens disabled).
-func bindingKeys(secret string) (*binding.Keyring, error) {
+//
+// previous are earlier secrets still accepted (--binding-key-previous):
+// rotate by making the new secret current and the old one previous on
+// every object host first, then on every edge; drop the old one once the
+// tokens it sealed have expired (7 days at most).
+func bindingKeys(secret string, previous []string) (*binding.Keyring, error) {
 	if secret == "" {
 		return nil, nil
 	}
-	k, err := binding.KeyringFromSecrets(secret)
+	k, err := binding.KeyringFromSecrets(secret, previous...)
 	if err != nil {
 		return nil, fmt.Errorf("--binding-key: %w", err)
 	}
@@ -39,7 +45,7 @@ func bindingKeys(secret string) (*binding.Keyring, error) {
 // then shuts the HTTP server down (in-flight requests finish, up to 30 s)
 // and only then closes the role (closeRole), so nothing still running
 // uses what it closes. started is told the bound address.
-func serveRole(ctx context.Context, addr string, srv *http.Server, started func(net.Addr), closeRole func() error) error {
+func serveRole(ctx context.Context, addr string, srv *v4.Server, started func(net.Addr), closeRole func() error) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return errors.Join(err, closeRole())

@@ -27,6 +27,9 @@ func claims() Claims {
 		Generation:   3,
 		IssuedAt:     t0.Unix(),
 		ExpiresAt:    t0.Add(time.Hour).Unix(),
+		TokenID:      "00112233445566778899aabbccddeeff",
+		Epoch:        2,
+		Parent:       strings.Repeat("ab", 32),
 	}
 }
 
@@ -35,7 +38,7 @@ func TestSignVerifyRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	tok, err := k.Sign(claims())
 	require.NoError(t, err)
-	assert.True(t, strings.HasPrefix(tok, "v1."))
+	assert.True(t, strings.HasPrefix(tok, "v2."))
 	got, err := k.Verify(tok, t0.Add(time.Minute))
 	require.NoError(t, err)
 	assert.Equal(t, claims(), got)
@@ -78,41 +81,82 @@ func TestVerifyRejectsTamperedClaims(t *testing.T) {
 	k, _ := NewKeyring(key1)
 	tok, err := k.Sign(claims())
 	require.NoError(t, err)
-	parts := strings.Split(tok, ".")
-	other := claims()
-	other.AccountID = "acct2"
-	k2, _ := NewKeyring(key2)
-	otherTok, _ := k2.Sign(other)
-	// Splice another token's claims with this token's signature.
-	forged := parts[0] + "." + strings.Split(otherTok, ".")[1] + "." + parts[2]
-	_, err = k.Verify(forged, t0)
-	assert.ErrorIs(t, err, ErrBadSignature)
+	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(tok, "v2."))
+	require.NoError(t, err)
+	// Flip each byte in turn (nonce, ciphertext, tag): none opens.
+	for i := range raw {
+		forged := bytes.Clone(raw)
+		forged[i] ^= 0x01
+		_, err = k.Verify("v2."+base64.RawURLEncoding.EncodeToString(forged), t0)
+		require.ErrorIs(t, err, ErrBadSignature, "byte %d", i)
+	}
+	// Another token's body under this prefix, truncated or extended: refused.
+	_, err = k.Verify(tok[:len(tok)-4], t0)
+	assert.Error(t, err)
+	_, err = k.Verify(tok+"AAAA", t0)
+	assert.Error(t, err)
+}
+
+// The holder of a token cannot read its claims: neither the host address,
+// the object ID, the account, the database nor the token ID appear in the
+// token or its base64 decoding, and two tokens of the same claims differ.
+func TestTokensAreOpaque(t *testing.T) {
+	k, _ := NewKeyring(key1)
+	c := claims()
+	tok, err := k.Sign(c)
+	require.NoError(t, err)
+	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(tok, "v2."))
+	require.NoError(t, err)
+	for _, secret := range []string{c.HostAddress, "127.0.0.1", c.ObjectID, c.AccountID, c.DatabaseUUID, c.TokenID, c.Parent, `"h"`} {
+		assert.NotContains(t, tok, secret)
+		assert.False(t, bytes.Contains(raw, []byte(secret)), "decoded token holds %q", secret)
+	}
+	again, err := k.Sign(c)
+	require.NoError(t, err)
+	assert.NotEqual(t, tok, again, "a fresh nonce per token")
 }
 
 func TestVerifyMalformed(t *testing.T) {
 	k, _ := NewKeyring(key1)
 	for _, tok := range []string{
-		"", "v1", "v1.a", "v2.a.b", "v1.a.b.c",
-		"v1.!!!." + base64.RawURLEncoding.EncodeToString(make([]byte, 32)),
-		"v1.e30.short",
+		"", "v2", "v2.", "v2.a", "v2.!!!", "v1.a.b", "v3.abc",
+		"v2." + base64.RawURLEncoding.EncodeToString(make([]byte, 27)),
+		"v2." + base64.RawURLEncoding.EncodeToString(make([]byte, 64)),
 		strings.Repeat("a", MaxTokenLen+1),
 	} {
 		_, err := k.Verify(tok, t0)
 		assert.Error(t, err, "token %q", tok)
 	}
-	// A validly signed token with empty claims is still refused.
-	signed := "v1." + base64.RawURLEncoding.EncodeToString([]byte(`{}`))
-	tok := signed + "." + base64.RawURLEncoding.EncodeToString(mac(key1, signed))
-	_, err := k.Verify(tok, t0)
+	// A validly sealed token with empty claims is still refused.
+	sealed := k.current.Seal(nil, nil, []byte(`{}`), []byte("v2"))
+	_, err := k.Verify("v2."+base64.RawURLEncoding.EncodeToString(sealed), t0)
 	assert.ErrorIs(t, err, ErrInvalidClaim)
+}
+
+// First-version tokens (HMAC-signed, readable claims) are refused: their
+// claims name no token ID, epoch or parent, so they could not be revoked.
+func TestV1TokensRefused(t *testing.T) {
+	k, _ := NewKeyring(key1)
+	v1 := "v1." + base64.RawURLEncoding.EncodeToString([]byte(`{"d":"x","o":"y","a":"z","h":"127.0.0.1:1","exp":9999999999}`)) + "." + base64.RawURLEncoding.EncodeToString(make([]byte, 32))
+	_, err := k.Verify(v1, t0)
+	assert.ErrorIs(t, err, ErrMalformed)
 }
 
 func TestSignRejectsIncompleteClaims(t *testing.T) {
 	k, _ := NewKeyring(key1)
-	c := claims()
-	c.HostAddress = ""
-	_, err := k.Sign(c)
-	assert.ErrorIs(t, err, ErrInvalidClaim)
+	for _, mod := range []func(*Claims){
+		func(c *Claims) { c.HostAddress = "" },
+		func(c *Claims) { c.TokenID = "" },
+		func(c *Claims) { c.TokenID = "not-hex" },
+		func(c *Claims) { c.Parent = "" },
+	} {
+		c := claims()
+		mod(&c)
+		_, err := k.Sign(c)
+		assert.ErrorIs(t, err, ErrInvalidClaim)
+	}
+	assert.True(t, ValidTokenID(NewTokenID()))
+	assert.NotEqual(t, NewTokenID(), NewTokenID())
 }
 
 func TestKeyTooShort(t *testing.T) {
@@ -126,15 +170,15 @@ func TestHeader(t *testing.T) {
 	h := http.Header{}
 	_, err := FromHeader(h)
 	assert.ErrorIs(t, err, ErrNoToken)
-	SetHeader(h, "v1.x.y")
+	SetHeader(h, "v2.xy")
 	tok, err := FromHeader(h)
 	require.NoError(t, err)
-	assert.Equal(t, "v1.x.y", tok)
-	h.Set("Authorization", "binding  v1.x.y ")
+	assert.Equal(t, "v2.xy", tok)
+	h.Set("Authorization", "binding  v2.xy ")
 	tok, err = FromHeader(h)
 	require.NoError(t, err)
-	assert.Equal(t, "v1.x.y", tok)
-	h.Set("Authorization", "Bearer v1.x.y")
+	assert.Equal(t, "v2.xy", tok)
+	h.Set("Authorization", "Bearer v2.xy")
 	_, err = FromHeader(h)
 	assert.ErrorIs(t, err, ErrNoToken)
 }
@@ -143,7 +187,7 @@ func FuzzVerify(f *testing.F) {
 	k, _ := NewKeyring(key1)
 	tok, _ := k.Sign(claims())
 	f.Add(tok)
-	f.Add("v1..")
+	f.Add("v2.")
 	f.Fuzz(func(t *testing.T, s string) {
 		c, err := k.Verify(s, t0)
 		if err == nil {

@@ -21,6 +21,23 @@ type Limits struct {
 	QueryTimeout     time.Duration // per request, enforced with sqlite3_interrupt (D1: 30 s)
 	MaxDatabaseBytes int64         // per database, enforced with max_page_count (D1: 10 GB)
 	MaxQueue         int           // pending requests per database before CodeOverloaded
+	// MaxResultBytes bounds a request's results, all statements together,
+	// as the JSON the host answers with (D1: 50 MB). A request whose
+	// results would exceed it fails with CodeTooLarge
+	// (ResultTooLargeMessage) as soon as the limit is crossed, before the
+	// rest of the rows are read: never a partial answer.
+	MaxResultBytes int64
+	// MaxTempBytes bounds the temporary files one request may hold open
+	// at once (sorter runs, temporary b-trees of UNION, DISTINCT, IN,
+	// materialized and recursive CTEs, statement journals): a write past
+	// it fails the request with CodeTooLarge (TempTooLargeMessage). The
+	// host-wide cap is SetTempSpaceLimit.
+	MaxTempBytes int64
+	// MaxProgramOps bounds the size of one prepared statement's program
+	// (SQLITE_LIMIT_VDBE_OP): a statement that expands into more
+	// instructions (CTEs inlined into each other, say) fails to prepare
+	// instead of taking the memory and CPU to build it.
+	MaxProgramOps int
 }
 
 // DefaultLimits returns D1's Workers Paid limits.
@@ -35,6 +52,9 @@ func DefaultLimits() Limits {
 		QueryTimeout:     30 * time.Second,
 		MaxDatabaseBytes: 10_000_000_000,
 		MaxQueue:         64,
+		MaxResultBytes:   50_000_000,
+		MaxTempBytes:     512 << 20,
+		MaxProgramOps:    1_000_000,
 	}
 }
 
@@ -68,6 +88,15 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxQueue <= 0 {
 		l.MaxQueue = d.MaxQueue
+	}
+	if l.MaxResultBytes <= 0 {
+		l.MaxResultBytes = d.MaxResultBytes
+	}
+	if l.MaxTempBytes <= 0 {
+		l.MaxTempBytes = d.MaxTempBytes
+	}
+	if l.MaxProgramOps <= 0 {
+		l.MaxProgramOps = d.MaxProgramOps
 	}
 	return l
 }
@@ -107,6 +136,31 @@ type Request struct {
 	// as 9007199254740992. Off by default: Shoal returns every 64-bit
 	// integer exactly (docs/d1-compatibility.md).
 	JSNumbers bool
+	// Encode makes each statement's Results an Encoded: its JSON, written
+	// while the statement steps, instead of Rows or *RawResults. The bytes
+	// are what AppendResults writes for the other form; a request then
+	// holds its results once, as the answer's bytes, and is measured
+	// exactly against Limits.MaxResultBytes. The object host's HTTP path
+	// sets it.
+	Encode bool
+	// Lease, when set with Encode, is charged for the encoded bytes beyond
+	// the budget's free allowance; a charge the budget cannot cover fails
+	// the request with CodeOverloaded (ResultMemoryMessage). The caller
+	// releases the lease once it no longer holds the results.
+	Lease *ResultLease
+}
+
+// Encoded is one statement's results as JSON (Request.Encode): a /query
+// statement's array of row objects, or a /raw statement's
+// {"columns":[…],"rows":[…]}. It marshals as itself.
+type Encoded []byte
+
+// MarshalJSON returns e unchanged.
+func (e Encoded) MarshalJSON() ([]byte, error) {
+	if e == nil {
+		return []byte("null"), nil
+	}
+	return e, nil
 }
 
 // Statement is one SQL string with its JSON-encoded parameters. The SQL may
@@ -197,6 +251,17 @@ const (
 	// MultiParamsMessage: a statement other than the last of a
 	// multi-statement string takes parameters.
 	MultiParamsMessage = "When executing multiple SQL statements in a single call, only the last statement can have parameters."
+)
+
+// Messages of the resource limits (code v4.CodeTooLarge, or
+// v4.CodeOverloaded for ResultMemoryMessage). %d is the limit in bytes.
+const (
+	ResultTooLargeMessage = "result too large: the query's results would exceed the limit of %d bytes per request; select fewer rows or columns (LIMIT, or page through the table by its key): SQLITE_TOOBIG"
+	TempTooLargeMessage   = "query needs too much temporary storage: the limit is %d bytes per query (sorting, DISTINCT, UNION, GROUP BY and CTEs over many rows use it; add an index or narrow the query): SQLITE_FULL"
+	TempHostFullMessage   = "query needs temporary storage the host cannot give it now (other queries hold it); retry later, or narrow the query: SQLITE_FULL"
+	ResultMemoryMessage   = "the host is short of memory for query results; retry later, or select fewer rows: SQLITE_NOMEM"
+	// ProgramTooLargeMessage: %d is Limits.MaxProgramOps.
+	ProgramTooLargeMessage = "statement too complex: it would compile to more than %d instructions; split it or simplify it (a CTE referenced many times is copied at each reference unless MATERIALIZED): SQLITE_TOOBIG"
 )
 
 // TransactionMessage is D1's text for refused BEGIN/COMMIT/SAVEPOINT… statements.

@@ -22,6 +22,7 @@ import (
 // SQLite result codes we branch on.
 const (
 	rcOK        = 0
+	rcNoMem     = 7
 	rcInterrupt = 9
 	rcFull      = 13
 	rcTooBig    = 18
@@ -45,6 +46,8 @@ const (
 	limitAttached       = 7
 	limitLikePattern    = 8
 	limitVariableNumber = 9
+	limitVdbeOp         = 5
+	limitWorkerThreads  = 11
 )
 
 const (
@@ -79,6 +82,9 @@ type cstmt struct {
 	nparams     int
 	cols        []string
 	colsGen     uint64 // schema generation cols were read at
+	// plan is the row-object keys for planCols (Request.Encode, rowPlan).
+	plan     []keyCol
+	planCols []string
 	// The schema it was prepared against (DB schemaGen, this connection's
 	// DDL count): see prepare.
 	prepGen, prepDDL uint64
@@ -125,6 +131,9 @@ type conn struct {
 }
 
 func openConn(path string, writer bool, lim Limits, schemaGen *atomic.Uint64, sizeHint, lastRowID *atomic.Int64) (*conn, error) {
+	if err := registerVFS(); err != nil {
+		return nil, err
+	}
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
 	var db *C.sqlite3
@@ -179,6 +188,11 @@ func (c *conn) setup() error {
 	C.sqlite3_limit(c.db, limitAttached, 0)
 	C.sqlite3_limit(c.db, limitLikePattern, C.int(c.lim.MaxLikePattern))
 	C.sqlite3_limit(c.db, limitVariableNumber, C.int(c.lim.MaxParams))
+	C.sqlite3_limit(c.db, limitVdbeOp, C.int(c.lim.MaxProgramOps))
+	// No sorter helper threads: a query's CPU stays on its own thread,
+	// which the host's per-account admission counts.
+	C.sqlite3_limit(c.db, limitWorkerThreads, 0)
+	c.sc.temp_limit = C.longlong(c.lim.MaxTempBytes)
 
 	// One cgo call, no cached statements (see shoal_configure). The pragmas
 	// it sets, and why:
@@ -427,6 +441,12 @@ func (c *conn) errorFor(rc C.int, stmtIdx int) *Error {
 	case rcTooBig:
 		e.Code = v4.CodeTooLarge
 	case rcFull:
+		switch c.sc.temp_full {
+		case 1: // this query's temporary files (vfs.c)
+			return &Error{Code: v4.CodeTooLarge, Statement: stmtIdx, Message: fmt.Sprintf(TempTooLargeMessage, c.lim.MaxTempBytes)}
+		case 2: // the host's
+			return &Error{Code: v4.CodeOverloaded, Statement: stmtIdx, Message: TempHostFullMessage}
+		}
 		e.Code = v4.CodeStorageLimit
 		msg = "database size limit reached: " + msg
 	case rcInterrupt:
@@ -539,6 +559,12 @@ func (c *conn) prepare(sql string, stmtIdx int) (*cstmt, error) {
 		persist = 1
 	}
 	rc := C.shoal_prepare(c.db, p, C.int(len(sql)), &s, &consumed, persist)
+	if rc&0xff == rcNoMem {
+		// SQLite reports a program over SQLITE_LIMIT_VDBE_OP as an
+		// allocation failure; nothing else allocates unbounded memory
+		// while preparing.
+		return nil, sqlErr(v4.CodeTooLarge, stmtIdx, ProgramTooLargeMessage, c.lim.MaxProgramOps)
+	}
 	if rc != rcOK {
 		return nil, c.errorFor(rc, stmtIdx)
 	}
@@ -658,68 +684,6 @@ func (c *conn) bind(cs *cstmt, params []param, stmtIdx int) error {
 	return nil
 }
 
-// stepAll runs a bound statement to completion, collecting its rows
-// (unless discard: scripts keep no result rows, only a simple count's one
-// row, which is its rows_read).
-// Column names are read after the first step: a cached statement is
-// re-prepared inside sqlite3_step when the schema changed, and its column
-// list (SELECT *) may differ from the previous run's.
-func (c *conn) stepAll(cs *cstmt, raw bool, stmtIdx int, discard, jsNumbers bool) (any, error) {
-	rc := C.sqlite3_step(cs.s)
-	cols := c.columns(cs)
-	ncol := len(cols)
-	c.ensureCells(max(ncol, 1))
-	cells := unsafe.Slice(c.cells, max(ncol, 1))
-	var rows Rows
-	var rawRows [][]any
-	keep := !discard || cs.simpleCount
-	for rc == rcRow {
-		if !keep {
-			rc = C.sqlite3_step(cs.s)
-			continue
-		}
-		C.shoal_fill(cs.s, C.int(ncol), c.cells)
-		vals := make([]any, ncol)
-		for i := 0; i < ncol; i++ {
-			cell := &cells[i]
-			switch cell._type {
-			case 1:
-				v := int64(cell.i)
-				if jsNumbers && (v > maxSafeInt || v < -maxSafeInt) {
-					vals[i] = float64(v)
-				} else {
-					vals[i] = v
-				}
-			case 2:
-				vals[i] = float64(cell.f)
-			case 3:
-				vals[i] = C.GoStringN((*C.char)(cell.p), cell.n)
-			case 4:
-				vals[i] = Blob(C.GoBytes(cell.p, cell.n))
-			}
-		}
-		if raw {
-			rawRows = append(rawRows, vals)
-		} else {
-			rows = append(rows, Row{cols: cols, vals: vals})
-		}
-		rc = C.sqlite3_step(cs.s)
-	}
-	if rc != rcDone {
-		return nil, c.errorFor(C.sqlite3_errcode(c.db), stmtIdx)
-	}
-	if raw {
-		if rawRows == nil {
-			rawRows = [][]any{}
-		}
-		return &RawResults{Columns: cols, Rows: rawRows}, nil
-	}
-	if rows == nil {
-		rows = Rows{}
-	}
-	return rows, nil
-}
-
 // isBlank reports whether s holds no SQL: only whitespace, comments and
 // semicolons. It decides whether a statement string holds more than one
 // statement without preparing the rest (which may depend on the first).
@@ -781,9 +745,6 @@ func startsWithKeyword(sql, kw string) bool {
 	return false
 }
 
-// maxSafeInt is 2^53, beyond which JavaScript numbers skip integers.
-const maxSafeInt = 1 << 53
-
 // reqState is what one request needs while it runs on a connection.
 type reqState struct {
 	base      Meta
@@ -798,6 +759,11 @@ type reqState struct {
 	stmtIdx     int
 	discard     bool // keep no result rows (scripts)
 	jsNumbers   bool // Request.JSNumbers
+	encode      bool // Request.Encode
+	lease       *ResultLease
+	// resultBytes is the request's results so far (exact when encoding, an
+	// estimate otherwise), against Limits.MaxResultBytes.
+	resultBytes int64
 	// speculative: a reader runs SQL not known to be read-only (see
 	// Execute); a statement it cannot prepare goes to the writer, whose
 	// view of the schema may differ (a script's tables).
@@ -882,6 +848,10 @@ func (c *conn) body(rq reqCtx, req *Request, params [][]param, st *reqState) (re
 	}
 	st.storageFull = req.StorageFull
 	st.jsNumbers = req.JSNumbers
+	st.encode = req.Encode
+	st.lease = req.Lease
+	st.resultBytes = 0
+	c.sc.temp_full = 0
 	checkPages := (req.BlockGrowth || req.StorageFull) && c.writer
 	var pagesBefore int64
 	if checkPages {
@@ -1025,7 +995,7 @@ func (c *conn) exec(rq reqCtx, cs *cstmt, params []param, raw bool, st *reqState
 		c.sc.ddl = 1
 	}
 	c.sc.grows = 0 // likewise: a re-prepare (a new trigger) may make it grow
-	out, err := c.stepAll(cs, raw, idx, st.discard, st.jsNumbers)
+	out, count, err := c.stepAll(cs, raw, idx, st)
 	c.sc.user = 0
 	if cs.ddl {
 		c.ddlRuns++
@@ -1065,7 +1035,7 @@ func (c *conn) exec(rq reqCtx, cs *cstmt, params []param, raw bool, st *reqState
 	m.Timings.SQLDurationMs = ms
 	m.RowsRead = int64(stats.rows_read)
 	if cs.simpleCount {
-		m.RowsRead += countResult(out)
+		m.RowsRead += count
 	}
 	// D1's changes: every row the statement changed, including those of
 	// its triggers, foreign-key actions and FTS5's shadow tables (the
@@ -1137,24 +1107,6 @@ func (c *conn) usedBytes() (int64, error) {
 		return 0, c.errorFor(rc, -1)
 	}
 	return int64(n) * c.pageSize, nil
-}
-
-// countResult is the single integer a simple count returned (0 if the
-// result is not that shape).
-func countResult(out any) int64 {
-	var v any
-	switch r := out.(type) {
-	case Rows:
-		if len(r) == 1 && len(r[0].vals) == 1 {
-			v = r[0].vals[0]
-		}
-	case *RawResults:
-		if len(r.Rows) == 1 && len(r.Rows[0]) == 1 {
-			v = r.Rows[0][0]
-		}
-	}
-	n, _ := v.(int64)
-	return max(n, 0)
 }
 
 // containsFold reports whether s contains the ASCII lower-case word w in

@@ -21,8 +21,64 @@ func AppendResults(b []byte, res []StatementResult) []byte {
 	return append(b, ']')
 }
 
+// AppendResultsParts is AppendResults for answers too large to copy: the
+// answer prefix + AppendResults(res) + suffix, as a list of byte slices in
+// order. The small parts are appended to b (returned for reuse); Encoded
+// results are referenced, not copied, so a large answer is held once.
+func AppendResultsParts(b []byte, prefix, suffix string, res []StatementResult) ([]byte, [][]byte) {
+	type span struct {
+		off, end int
+		enc      Encoded
+	}
+	var spans []span
+	start := len(b)
+	b = append(b, prefix...)
+	b = append(b, '[')
+	for i := range res {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		r := &res[i]
+		if e, ok := r.Results.(Encoded); ok && e != nil {
+			b = append(b, `{"results":`...)
+			spans = append(spans, span{off: start, end: len(b)}, span{enc: e})
+			start = len(b)
+			b = appendResultTail(b, r)
+			continue
+		}
+		b = appendResult(b, r)
+	}
+	b = append(b, ']')
+	b = append(b, suffix...)
+	spans = append(spans, span{off: start, end: len(b)})
+	parts := make([][]byte, len(spans))
+	for i, s := range spans {
+		if s.enc != nil {
+			parts[i] = s.enc
+		} else {
+			parts[i] = b[s.off:s.end]
+		}
+	}
+	return b, parts
+}
+
 func appendResult(b []byte, r *StatementResult) []byte {
 	b = append(b, `{"results":`...)
+	b = appendResultsValue(b, r)
+	return appendResultTail(b, r)
+}
+
+// appendResultTail writes what follows a statement's results: success,
+// meta and the closing brace.
+func appendResultTail(b []byte, r *StatementResult) []byte {
+	b = append(b, `,"success":`...)
+	b = strconv.AppendBool(b, r.Success)
+	b = append(b, `,"meta":`...)
+	b = r.Meta.appendJSON(b)
+	return append(b, '}')
+}
+
+func appendResultsValue(b []byte, r *StatementResult) []byte {
 	switch x := r.Results.(type) {
 	case Rows: // nil renders [] too, as Rows.MarshalJSON does
 		b = append(b, '[')
@@ -33,6 +89,12 @@ func appendResult(b []byte, r *StatementResult) []byte {
 			b = row.appendJSON(b)
 		}
 		b = append(b, ']')
+	case Encoded:
+		if x == nil {
+			b = append(b, "null"...)
+			break
+		}
+		b = append(b, x...)
 	case *RawResults:
 		if x == nil {
 			b = append(b, "null"...)
@@ -50,11 +112,7 @@ func appendResult(b []byte, r *StatementResult) []byte {
 		}
 		b = append(b, enc...)
 	}
-	b = append(b, `,"success":`...)
-	b = strconv.AppendBool(b, r.Success)
-	b = append(b, `,"meta":`...)
-	b = r.Meta.appendJSON(b)
-	return append(b, '}')
+	return b
 }
 
 // appendJSON writes m with the field order and names of its struct tags.

@@ -203,7 +203,7 @@ func TestVacuumIntoRefusedOutsideTransaction(t *testing.T) {
 	for _, sql := range []string{"VACUUM INTO '" + target + "'", "ATTACH '" + target + "' AS x"} {
 		cs, err := c.prepare(sql, 0)
 		if err == nil {
-			_, err = c.stepAll(cs, false, 0, false, false)
+			_, _, err = c.stepAll(cs, false, 0, &reqState{})
 			c.release(sql, cs)
 		}
 		require.Error(t, err, sql)

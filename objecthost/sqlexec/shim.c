@@ -280,8 +280,11 @@ int shoal_simple_count(sqlite3 *db, const char *sql, int n) {
 // instead of a -shm file (no file to create, extend and mmap on every cold
 // open, no fcntl per lock). The object host is the only process that opens
 // its databases; another process trying to gets SQLITE_BUSY.
+//
+// It goes through "shoal-excl" (vfs.c), which is unix-excl with temporary
+// files counted and capped.
 int shoal_open(const char *path, int flags, sqlite3 **db) {
-	return sqlite3_open_v2(path, db, flags, "unix-excl");
+	return sqlite3_open_v2(path, db, flags, "shoal-excl");
 }
 
 // shoal_query_int runs a one-row integer query without caching it.

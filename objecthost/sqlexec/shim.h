@@ -132,6 +132,12 @@ typedef struct {
 	shoal_wrec *recs;
 	int nrec, cap;
 	int oom;
+	// Temporary files (vfs.c): bytes of this connection's open temporary
+	// files, its cap (0: none), and why a write was refused (1: this cap,
+	// 2: the process's); Go clears temp_full per request.
+	long long temp_used;
+	long long temp_limit;
+	int temp_full;
 } shoal_ctx;
 
 // One result cell, filled by shoal_step for all columns in one cgo call.
@@ -173,5 +179,11 @@ int shoal_bind_blob(sqlite3_stmt *s, int i, const void *p, int n);
 void shoal_clear_recs(shoal_ctx *c);
 void shoal_free_ctx(shoal_ctx *c);
 shoal_ctx *shoal_new_ctx(void);
+
+// Implemented in vfs.c.
+int shoal_vfs_register(void);
+void shoal_set_temp_max(long long max);
+long long shoal_temp_bytes(void);
+int shoal_step(shoal_ctx *c, sqlite3_stmt *s, int ncol, shoal_cell *cells);
 
 #endif

@@ -1,0 +1,140 @@
+package edge_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/shoaldb/shoal/edge"
+	"github.com/shoaldb/shoal/internal/binding"
+	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/objecthost"
+	"github.com/shoaldb/shoal/raftmeta"
+)
+
+// BenchmarkSerialEdgeCPU sends point SELECTs one at a time through a real
+// edge to a real object host (one catalog node in the process; routes and
+// tokens cached after the first request), with a bearer token and with a
+// binding token, and reports the process's CPU time per request
+// (cpu-ns/op: client, edge and host together). It is the A/B figure for
+// changes on the edge's query path:
+//
+//	go test -run '^$' -bench SerialEdgeCPU -benchtime 10000x ./edge/
+func BenchmarkSerialEdgeCPU(b *testing.B) {
+	quiet := slog.New(slog.DiscardHandler)
+	node, err := raftmeta.NewNode(raftmeta.Config{ID: "c0", Dir: b.TempDir(), RaftAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		Bootstrap: true, Logger: quiet, RaftLogOutput: io.Discard})
+	require.NoError(b, err)
+	defer node.Close()
+	require.Eventually(b, node.IsLeader, 20*time.Second, 20*time.Millisecond)
+	keys, err := binding.KeyringFromSecrets("bench-binding-secret-0123456789")
+	require.NoError(b, err)
+	cl, err := raftmeta.NewClient([]string{node.HTTPAddr()})
+	require.NoError(b, err)
+	hln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	h, err := objecthost.Open(objecthost.Config{ID: "h0", Dir: b.TempDir(), Address: hln.Addr().String(), Region: "weur",
+		Capacity: 100, Catalog: objecthost.RaftmetaCatalog{C: cl}, Bindings: keys, Logger: quiet})
+	require.NoError(b, err)
+	defer h.Close()
+	hs := serveEdgeBench(h.Handler())
+	go func() { _ = hs.Serve(hln) }()
+	defer hs.Close()
+	srv, err := edge.New(edge.Options{Catalog: edge.RaftmetaCatalog{C: cl}, Dir: b.TempDir(), Region: "weur",
+		AdminToken: "bench-admin", BindingKeys: keys, Logger: quiet,
+		AccountRate: edge.RateLimit{Rate: 1e6, Burst: 1e6}, DatabaseRate: edge.RateLimit{Rate: 1e6, Burst: 1e6}})
+	require.NoError(b, err)
+	defer srv.Close()
+	eln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	es := serveEdgeBench(srv)
+	go func() { _ = es.Serve(eln) }()
+	defer es.Close()
+	base := "http://" + eln.Addr().String()
+	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}}
+	call := func(method, url, auth string, body []byte) (json.RawMessage, error) {
+		req, err := http.NewRequest(method, url, bytes.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Authorization", auth)
+		resp, err := c.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		raw, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode != 200 {
+			return nil, fmt.Errorf("%s %s: %d %s", method, url, resp.StatusCode, raw)
+		}
+		var env struct{ Result json.RawMessage }
+		return env.Result, json.Unmarshal(raw, &env)
+	}
+	var res json.RawMessage
+	require.Eventually(b, func() bool {
+		res, err = call("POST", base+"/admin/v1/accounts", "Bearer bench-admin", []byte(`{"name":"bench","tier":"paid"}`))
+		return err == nil
+	}, 20*time.Second, 50*time.Millisecond, "%v", err)
+	var acct struct{ ID string }
+	require.NoError(b, json.Unmarshal(res, &acct))
+	res, err = call("POST", base+"/admin/v1/accounts/"+acct.ID+"/tokens", "Bearer bench-admin", []byte(`{"name":"bench"}`))
+	require.NoError(b, err)
+	var tok struct{ Token string }
+	require.NoError(b, json.Unmarshal(res, &tok))
+	bearer := "Bearer " + tok.Token
+	dbs := base + "/client/v4/accounts/" + acct.ID + "/d1/database"
+	require.Eventually(b, func() bool {
+		res, err = call("POST", dbs, bearer, []byte(`{"name":"bench"}`))
+		return err == nil
+	}, 20*time.Second, 50*time.Millisecond, "%v", err)
+	var db struct{ UUID string }
+	require.NoError(b, json.Unmarshal(res, &db))
+	_, err = call("POST", dbs+"/"+db.UUID+"/query", bearer, []byte(`{"sql":"CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO kv SELECT value, 'value-' || value FROM json_each('[1,2,3,4,5,6,7,8,9,10]')"}`))
+	require.NoError(b, err)
+	res, err = call("POST", dbs+"/"+db.UUID+"/binding", bearer, nil)
+	require.NoError(b, err)
+	var mint struct{ Token string }
+	require.NoError(b, json.Unmarshal(res, &mint))
+	bodies := make([][]byte, 10)
+	for i := range bodies {
+		bodies[i] = []byte(`{"sql":"SELECT id, v FROM kv WHERE id = ?","params":[` + strconv.Itoa(i+1) + `]}`)
+	}
+	run := func(b *testing.B, url, auth string) {
+		for i := 0; i < 100; i++ {
+			_, err := call("POST", url, auth, bodies[i%10])
+			require.NoError(b, err)
+		}
+		b.ResetTimer()
+		c0 := benchCPU()
+		for i := 0; i < b.N; i++ {
+			if _, err := call("POST", url, auth, bodies[i%10]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(benchCPU()-c0)/float64(b.N), "cpu-ns/op")
+	}
+	b.Run("Bearer", func(b *testing.B) { run(b, dbs+"/"+db.UUID+"/query", bearer) })
+	b.Run("Binding", func(b *testing.B) { run(b, base+"/client/v4/bound/query", "Binding "+mint.Token) })
+}
+
+func benchCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// serveEdgeBench is an HTTP server as the serve commands build it.
+func serveEdgeBench(h http.Handler) *v4.Server { return v4.NewServer(h, v4.ServerOptions{}) }
