@@ -26,6 +26,14 @@ import (
 // frameSnapshot frames a payload as fsm's snapshot stream: "SHOALFS1",
 // big-endian length, payload, big-endian CRC-32C. Written out here rather
 // than borrowed from fsm so the test pins the format a backup file has.
+// raiseLength returns a copy of a backup whose header claims 64 KiB more
+// payload than it holds (a flipped bit in the length field).
+func raiseLength(b []byte) []byte {
+	b = bytes.Clone(b)
+	binary.BigEndian.PutUint64(b[8:16], binary.BigEndian.Uint64(b[8:16])+1<<16)
+	return b
+}
+
 func frameSnapshot(payload []byte) []byte {
 	out := append([]byte("SHOALFS1"), binary.BigEndian.AppendUint64(nil, uint64(len(payload)))...)
 	out = append(out, payload...)
@@ -168,11 +176,11 @@ func TestRestoreRefusesBadBackupsAndChangesNothing(t *testing.T) {
 		{"trailing data", append(bytes.Clone(good), "extra"...), "5 unexpected bytes after the end of the snapshot at byte " + itoa(size)},
 		{"flipped payload byte", flip(size / 2), "checksum mismatch"},
 		{"flipped checksum byte", flip(size - 2), "checksum mismatch"},
-		{"flipped length byte", flip(14), "truncated at byte " + itoa(size)},
+		{"length raised", raiseLength(good), "truncated at byte " + itoa(size)},
 		{"framed, not SQLite", frameSnapshot(garbage), "the payload is not a SQLite database"},
 		{"framed SQLite, not a catalog", frameSnapshot(foreignSQLite(t)), "not a catalog: the SQLite file has no meta table"},
-		{"catalog of a newer schema version", alterPayload(t, good, `UPDATE meta SET value = '3' WHERE key = 'schema_version'`, nil),
-			`catalog schema version "3" unsupported (this build restores version "2"`},
+		{"catalog of a newer schema version", alterPayload(t, good, `UPDATE meta SET value = '4' WHERE key = 'schema_version'`, nil),
+			`catalog schema version "4" unsupported (this build restores version "3"`},
 		{"catalog without a table", alterPayload(t, good, `DROP TABLE hosts`, nil), "missing: table hosts"},
 		{"catalog with another column", alterPayload(t, good, `ALTER TABLE accounts ADD COLUMN note TEXT`, nil),
 			"defined differently: table accounts"},
