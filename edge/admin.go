@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/gorilla/mux"
 
@@ -38,11 +39,14 @@ func accountJSON(a fsm.Account) AccountJSON {
 // TokenJSON is a minted or revoked token. Token (the secret) is set only in
 // the mint answer.
 type TokenJSON struct {
-	ID        string `json:"id"`
-	AccountID string `json:"account_id"`
-	Name      string `json:"name"`
-	Revoked   bool   `json:"revoked"`
-	Token     string `json:"token,omitempty"`
+	ID        string   `json:"id"`
+	AccountID string   `json:"account_id"`
+	Name      string   `json:"name"`
+	Revoked   bool     `json:"revoked"`
+	Token     string   `json:"token,omitempty"`
+	Scope     string   `json:"scope,omitempty"`
+	Databases []string `json:"databases,omitempty"`
+	ExpiresAt string   `json:"expires_at,omitempty"` // RFC 3339
 }
 
 type createAccountBody struct {
@@ -57,9 +61,19 @@ type updateAccountBody struct {
 	Limits *fsm.Limits `json:"limits,omitempty"`
 }
 
+// createTokenBody: scope "edit" (default) or "read"; databases, names or
+// UUIDs of the account's databases the token is limited to (resolved to
+// UUIDs now: a later database of the same name is not included);
+// ttl_seconds, when set, makes the token expire.
 type createTokenBody struct {
-	Name string `json:"name"`
+	Name       string   `json:"name"`
+	Scope      string   `json:"scope,omitempty"`
+	Databases  []string `json:"databases,omitempty"`
+	TTLSeconds int64    `json:"ttl_seconds,omitempty"`
 }
+
+// maxTokenTTL bounds ttl_seconds (ten years).
+const maxTokenTTL = 10 * 365 * 24 * 3600
 
 func randomHex(n int) string {
 	b := make([]byte, n)
@@ -182,13 +196,41 @@ func (s *Server) handleAdminCreateToken(w http.ResponseWriter, r *http.Request, 
 			return
 		}
 	}
+	switch body.Scope {
+	case "", fsm.ScopeEdit, fsm.ScopeRead:
+	default:
+		s.writeErr(w, r, invalid("Invalid property: scope => must be read or edit"))
+		return
+	}
+	if body.TTLSeconds < 0 || body.TTLSeconds > maxTokenTTL {
+		s.writeErr(w, r, invalid("Invalid property: ttl_seconds => must be 0 (no expiry) to %d", maxTokenTTL))
+		return
+	}
+	if len(body.Databases) > 100 {
+		s.writeErr(w, r, invalid("Invalid property: databases => at most 100"))
+		return
+	}
+	var dbs []string
+	for _, ref := range body.Databases {
+		d, err := s.resolveDatabaseRef(r.Context(), acct, ref)
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		dbs = append(dbs, d.UUID)
+	}
+	var expires int64
+	if body.TTLSeconds > 0 {
+		expires = s.o.Now().Add(time.Duration(body.TTLSeconds) * time.Second).UnixNano()
+	}
 	secretBytes := make([]byte, 30)
 	_, _ = rand.Read(secretBytes)
 	secret := base64.RawURLEncoding.EncodeToString(secretBytes) // 40 chars, like Cloudflare's tokens
 	var t fsm.Token
 	err = s.catalogWrite(r.Context(), func(ctx context.Context) error {
 		var err error
-		t, err = s.catalog.CreateToken(ctx, fsm.CreateToken{ID: randomHex(16), AccountID: acct, Hash: HashToken(secret), Name: body.Name})
+		t, err = s.catalog.CreateToken(ctx, fsm.CreateToken{ID: randomHex(16), AccountID: acct, Hash: HashToken(secret), Name: body.Name,
+			Scope: body.Scope, Databases: dbs, ExpiresAt: expires})
 		return err
 	})
 	if err != nil {
@@ -198,7 +240,11 @@ func (s *Server) handleAdminCreateToken(w http.ResponseWriter, r *http.Request, 
 	// No negative entry of this edge may outlive the mint (it cannot exist
 	// for a fresh random secret, but the rule is cheap to keep exactly).
 	s.auth.forget(HashToken(secret))
-	v4.WriteResult(w, TokenJSON{ID: t.ID, AccountID: t.AccountID, Name: t.Name, Token: secret})
+	out := TokenJSON{ID: t.ID, AccountID: t.AccountID, Name: t.Name, Token: secret, Scope: t.Scope, Databases: t.Databases}
+	if t.ExpiresAt > 0 {
+		out.ExpiresAt = time.Unix(0, t.ExpiresAt).UTC().Format(time.RFC3339)
+	}
+	v4.WriteResult(w, out)
 }
 
 func (s *Server) handleAdminRevokeToken(w http.ResponseWriter, r *http.Request, _ principal) {
@@ -232,4 +278,20 @@ func (s *Server) writeAdminErr(w http.ResponseWriter, r *http.Request, err error
 	default:
 		s.writeErr(w, r, err)
 	}
+}
+
+// resolveDatabaseRef finds one of acct's active databases by UUID or name.
+func (s *Server) resolveDatabaseRef(ctx context.Context, acct, ref string) (fsm.Database, error) {
+	if id, err := canonicalUUID(ref); err == nil {
+		d, err := s.ownDatabase(ctx, acct, id)
+		if errors.Is(err, ErrDatabaseNotFound) || errors.Is(err, fsm.ErrNotFound) {
+			return d, invalid("Invalid property: databases => no database %q in the account", ref)
+		}
+		return d, err
+	}
+	d, err := catalogRead(ctx, s, func(ctx context.Context) (fsm.Database, error) { return s.catalog.DatabaseByName(ctx, acct, ref) })
+	if errors.Is(err, fsm.ErrNotFound) {
+		return d, invalid("Invalid property: databases => no database %q in the account", ref)
+	}
+	return d, err
 }

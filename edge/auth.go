@@ -17,7 +17,10 @@ import (
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
-var errUnauthenticated = errors.New("authentication error")
+var (
+	errUnauthenticated = errors.New("authentication error")
+	errTokenExpired    = errors.New("token expired")
+)
 
 // principal is who a request acts for.
 type principal struct {
@@ -25,6 +28,15 @@ type principal struct {
 	accountID string
 	tokenID   string
 	tokenHash string // hex SHA-256 of the bearer token (a binding token's parent)
+	// operator: the configured admin token (the only credential of
+	// /admin/v1; a catalog token's admin flag does not make an operator).
+	operator bool
+	// readOnly: a D1 Read token (scope "read"): no statement that writes,
+	// no control-plane change (scope.go).
+	readOnly bool
+	// databases, when not empty, are the only databases (UUIDs) the token
+	// may see or touch.
+	databases []string
 }
 
 // HashToken is how token secrets are stored in the catalog: hex SHA-256.
@@ -83,7 +95,7 @@ func (a *authenticator) authenticate(ctx context.Context, authz string) (princip
 	}
 	sum := sha256.Sum256([]byte(secret))
 	if a.adminHash != nil && subtle.ConstantTimeCompare(sum[:], a.adminHash) == 1 {
-		return principal{admin: true, tokenHash: hex.EncodeToString(sum[:])}, nil
+		return principal{admin: true, operator: true, tokenHash: hex.EncodeToString(sum[:])}, nil
 	}
 	e, err := a.lookup(ctx, sum)
 	if err != nil {
@@ -92,7 +104,11 @@ func (a *authenticator) authenticate(ctx context.Context, authz string) (princip
 	if !e.found || e.tok.Revoked {
 		return principal{}, errUnauthenticated
 	}
-	return principal{admin: e.tok.Admin, accountID: e.tok.AccountID, tokenID: e.tok.ID, tokenHash: hex.EncodeToString(sum[:])}, nil
+	if e.tok.ExpiresAt > 0 && a.now().UnixNano() >= e.tok.ExpiresAt {
+		return principal{}, errTokenExpired
+	}
+	return principal{admin: e.tok.Admin, accountID: e.tok.AccountID, tokenID: e.tok.ID, tokenHash: hex.EncodeToString(sum[:]),
+		readOnly: e.tok.Scope == fsm.ScopeRead, databases: e.tok.Databases}, nil
 }
 
 // lookup returns what the catalog says of a token digest, through the

@@ -20,7 +20,15 @@ type RaftmetaCatalog struct {
 	C *raftmeta.Client
 }
 
-var _ Catalog = RaftmetaCatalog{}
+var (
+	_ Catalog       = RaftmetaCatalog{}
+	_ auditRecorder = RaftmetaCatalog{}
+)
+
+// RecordAudit records an action done outside the catalog in its audit log.
+func (r RaftmetaCatalog) RecordAudit(ctx context.Context, a fsm.RecordAudit) error {
+	return r.C.RecordAudit(ctx, a)
+}
 
 func (r RaftmetaCatalog) CreateDatabase(ctx context.Context, cmd fsm.CreateDatabase) (fsm.Database, error) {
 	return r.C.CreateDatabase(ctx, cmd)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -498,7 +499,7 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ principa
 	v4.WriteResult(w, out)
 }
 
-func (s *Server) handleList(w http.ResponseWriter, r *http.Request, _ principal) {
+func (s *Server) handleList(w http.ResponseWriter, r *http.Request, p principal) {
 	acct := mux.Vars(r)["account_id"]
 	if err := s.checkRate(acct, ""); err != nil {
 		s.writeErr(w, r, err)
@@ -527,6 +528,10 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, _ principal)
 		s.writeErr(w, r, err)
 		return
 	}
+	if len(p.databases) > 0 {
+		s.listLimited(w, r, p, acct, name, page, perPage)
+		return
+	}
 	type listed struct {
 		dbs   []fsm.Database
 		total int64
@@ -552,6 +557,41 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, _ principal)
 			Version: "production", Jurisdiction: nullable(d.Jurisdiction)})
 	}
 	v4.WriteList(w, items, v4.ResultInfo{Page: page, PerPage: perPage, Count: len(items), TotalCount: res.total})
+}
+
+// listLimited lists for a token limited to databases: those of its list
+// that exist (read one by one: at most 100), filtered by name, oldest
+// first as the catalog lists, then paged.
+func (s *Server) listLimited(w http.ResponseWriter, r *http.Request, p principal, acct, name string, page, perPage int) {
+	var dbs []fsm.Database
+	for _, id := range p.databases {
+		d, err := s.ownDatabase(r.Context(), acct, id)
+		switch {
+		case errors.Is(err, ErrDatabaseNotFound), errors.Is(err, fsm.ErrNotFound):
+			continue
+		case err != nil:
+			s.writeErr(w, r, err)
+			return
+		}
+		if name == "" || d.Name == name {
+			dbs = append(dbs, d)
+		}
+	}
+	sort.Slice(dbs, func(i, j int) bool {
+		if dbs[i].CreatedAt != dbs[j].CreatedAt {
+			return dbs[i].CreatedAt < dbs[j].CreatedAt
+		}
+		return dbs[i].UUID < dbs[j].UUID
+	})
+	total := len(dbs)
+	from := min((page-1)*perPage, total)
+	dbs = dbs[from:min(from+perPage, total)]
+	items := make([]listItemJSON, 0, len(dbs))
+	for _, d := range dbs {
+		items = append(items, listItemJSON{UUID: d.UUID, Name: d.Name, CreatedAt: d1Time(d.CreatedAt),
+			Version: "production", Jurisdiction: nullable(d.Jurisdiction)})
+	}
+	v4.WriteList(w, items, v4.ResultInfo{Page: page, PerPage: perPage, Count: len(items), TotalCount: int64(total)})
 }
 
 func (s *Server) handleGet(w http.ResponseWriter, r *http.Request, _ principal) {

@@ -110,8 +110,13 @@ func (s *Server) handleGraphQL(w http.ResponseWriter, r *http.Request) {
 	}
 	var rl *rateLimited
 	switch {
-	case errors.Is(err, errUnauthenticated):
+	case errors.Is(err, errUnauthenticated), errors.Is(err, errTokenExpired):
 		writeGQLError(w, http.StatusUnauthorized, gqlErr(gqlCodeAuth, nil, "Authentication error").err)
+		return
+	case err == nil && len(p.databases) > 0:
+		// Account-wide analytics would show databases the token may not
+		// see (scope.go).
+		writeGQLError(w, http.StatusForbidden, gqlErr(gqlCodeAuth, nil, "This API token is limited to named databases: account-wide analytics are not available to it").err)
 		return
 	case errors.As(err, &rl):
 		secs := int(math.Ceil(rl.after.Seconds()))

@@ -26,6 +26,8 @@ const (
 	// HeaderNumbers ("exact" or "js": integers beyond ±2^53 as D1 renders
 	// them) is passed from the client to the object host, which checks it.
 	HeaderNumbers = "Shoal-Numbers"
+	// HeaderReadOnly "1": the query runs read-only (a D1 Read token).
+	HeaderReadOnly = "X-Shoal-Read-Only"
 )
 
 // ObjectInfo, InitRequest and InitOptions are the object host's API types,

@@ -71,7 +71,7 @@ func (s *Server) authenticated(w http.ResponseWriter, r *http.Request) (principa
 func (s *Server) handleUserTokenVerify(w http.ResponseWriter, r *http.Request) {
 	p, err := s.auth.authenticate(r.Context(), r.Header.Get("Authorization"))
 	switch {
-	case errors.Is(err, errUnauthenticated):
+	case errors.Is(err, errUnauthenticated), errors.Is(err, errTokenExpired):
 		writeJSON(w, http.StatusUnauthorized, v4.Envelope{Success: false,
 			Errors: []v4.Error{{Code: codeInvalidAPIToken, Message: "Invalid API Token"}}, Messages: []any{}})
 		return

@@ -17,8 +17,8 @@ import (
 // binding token which skips the route lookup), rate-limit, validate, route,
 // forward. The catalog is only consulted on a route cache miss.
 func (s *Server) query(kind string) http.Handler {
-	bearer := s.account(kind, func(w http.ResponseWriter, r *http.Request, _ principal) {
-		s.handleQuery(w, r, kind)
+	bearer := s.account(kind, func(w http.ResponseWriter, r *http.Request, p principal) {
+		s.handleQuery(w, r, kind, p.readOnly)
 	})
 	// Built once, not per request: instrument keeps its resolved metric
 	// observers in its closure.
@@ -48,7 +48,9 @@ func (s *Server) query(kind string) http.Handler {
 	})
 }
 
-func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request, kind string) {
+// handleQuery serves a bearer query; readOnly (a D1 Read token) makes the
+// object host refuse any statement that writes.
+func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request, kind string, readOnly bool) {
 	acct, id, err := s.databaseRequest(r)
 	if err != nil {
 		s.writeErr(w, r, err)
@@ -67,7 +69,7 @@ func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request, kind string
 		s.writeErr(w, r, err)
 		return
 	}
-	resp, err := s.forwardQuery(r, rt, kind, body)
+	resp, err := s.forwardQuery(r, rt, kind, body, readOnly)
 	if errors.Is(err, ErrStaleRoute) {
 		// A stale route is harmless: forget it, ask the catalog once, retry
 		// once. The host refused before executing anything (421/410/404), so
@@ -81,7 +83,7 @@ func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request, kind string
 			err = usable(rt, acct)
 		}
 		if err == nil {
-			resp, err = s.forwardQuery(r, rt, kind, body)
+			resp, err = s.forwardQuery(r, rt, kind, body, readOnly)
 		}
 		var se *staleError
 		if errors.As(err, &se) {
@@ -101,7 +103,7 @@ func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request, kind string
 		// host's traffic cannot turn into a catalog storm.
 		if nrt, ferr := s.res.fill(r.Context(), id); ferr == nil && nrt.Generation > rt.Generation && usable(nrt, acct) == nil {
 			s.m.movedRoutes.Inc()
-			resp, err = s.forwardQuery(r, nrt, kind, body)
+			resp, err = s.forwardQuery(r, nrt, kind, body, readOnly)
 		}
 	}
 	if err != nil {
@@ -161,9 +163,12 @@ func (s *Server) queryBody(r *http.Request) ([]byte, error) {
 // forwardQuery sends the validated body to the route's object host. It returns
 // the host's response for pass-through, or a *staleError, or ErrUnavailable
 // when the host cannot be reached.
-func (s *Server) forwardQuery(r *http.Request, rt Route, kind string, body []byte) (*http.Response, error) {
+func (s *Server) forwardQuery(r *http.Request, rt Route, kind string, body []byte, readOnly bool) (*http.Response, error) {
 	h := make(http.Header, 6)
 	setRouteHeaders(h, rt)
+	if readOnly {
+		h.Set(HeaderReadOnly, "1")
+	}
 	h.Set(HeaderRequestID, requestIDFrom(r.Context()))
 	if v := r.Header.Get(HeaderNumbers); v != "" {
 		h.Set(HeaderNumbers, v)

@@ -639,6 +639,16 @@ func (s *Server) account(name string, h authedHandler) http.Handler {
 			s.writeErr(w, r, errForbidden)
 			return
 		}
+		if p.readOnly || len(p.databases) > 0 {
+			if err := scopeCheck(p, name, pathVar(r, "database_id")); err != nil {
+				s.writeErr(w, r, err)
+				return
+			}
+		}
+		if name != "query" && name != "raw" {
+			// Control-plane calls: who and from where, for the audit log.
+			r = r.WithContext(fsm.WithAudit(r.Context(), auditOf(p, r)))
+		}
 		h(w, r, p)
 	}))
 }
@@ -651,11 +661,11 @@ func (s *Server) admin(name string, h authedHandler) http.Handler {
 			s.writeErr(w, r, err)
 			return
 		}
-		if !p.admin {
+		if !p.operator {
 			s.writeErr(w, r, errForbidden)
 			return
 		}
-		h(w, r, p)
+		h(w, r.WithContext(fsm.WithAudit(r.Context(), auditOf(p, r))), p)
 	}))
 }
 
@@ -700,6 +710,8 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		v4.WriteError(w, http.StatusUnauthorized, v4.CodeUnauthorized, be.msg)
 	case errors.Is(err, errUnauthenticated):
 		v4.WriteError(w, http.StatusUnauthorized, v4.CodeUnauthorized, "Authentication error")
+	case errors.Is(err, errTokenExpired):
+		v4.WriteError(w, http.StatusUnauthorized, v4.CodeUnauthorized, "Authentication error: the API token has expired")
 	case errors.Is(err, errForbidden), errors.Is(err, fsm.ErrAccountNotFound):
 		v4.WriteError(w, http.StatusForbidden, v4.CodeForbidden, "The given account is not valid or is not authorized to access this service")
 	case errors.As(err, &rl):

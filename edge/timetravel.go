@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 
@@ -86,7 +87,28 @@ func (s *Server) handleTimeTravelRestore(w http.ResponseWriter, r *http.Request,
 		s.writeErr(w, r, err)
 		return
 	}
+	s.recordAudit(r.Context(), fsm.RecordAudit{Action: "time_travel_restore", AccountID: acct, Subject: id,
+		Detail: map[string]string{"bookmark": out.Bookmark, "previous_bookmark": out.PreviousBookmark}})
 	v4.WriteResult(w, out)
+}
+
+// auditRecorder is the optional part of Catalog that records actions done
+// outside the catalog (fsm.CmdRecordAudit); RaftmetaCatalog has it.
+type auditRecorder interface {
+	RecordAudit(ctx context.Context, a fsm.RecordAudit) error
+}
+
+// recordAudit records a in the audit log in the background (best effort:
+// the action is done), with who and from where from ctx.
+func (s *Server) recordAudit(ctx context.Context, a fsm.RecordAudit) {
+	ar, ok := s.catalog.(auditRecorder)
+	if !ok {
+		return
+	}
+	who, _ := fsm.AuditFrom(ctx)
+	s.goBackground("audit", func(bg context.Context) error {
+		return ar.RecordAudit(fsm.WithAudit(bg, who), a)
+	})
 }
 
 // timeTravelRetention adds the account tier's retention (D1: 7 days free,

@@ -70,6 +70,8 @@ func statusOf(err error) (int, int, string) {
 // sqlStatus is the contract's HTTP status for each sqlexec code.
 func sqlStatus(code int) int {
 	switch code {
+	case v4.CodeForbidden:
+		return http.StatusForbidden
 	case v4.CodeTooLarge:
 		return http.StatusRequestEntityTooLarge
 	case v4.CodeOverloaded:

@@ -29,6 +29,9 @@ const (
 	// D1 answers through JavaScript). Clients send it to the edge, which
 	// passes it on (docs/d1-compatibility.md).
 	HeaderNumbers = "Shoal-Numbers"
+	// HeaderReadOnly "1" runs the query read-only (sqlexec.Request.ReadOnly):
+	// the edge sets it for D1 Read tokens.
+	HeaderReadOnly = "X-Shoal-Read-Only"
 )
 
 // Handler returns the internal HTTP API: lifecycle (init, confirm, delete,
@@ -331,6 +334,7 @@ func (h *Host) query(w http.ResponseWriter, r *http.Request, objectID string, id
 		return nil, err
 	}
 	req.Raw = raw
+	req.ReadOnly = r.Header.Get(HeaderReadOnly) == "1"
 	// Results are encoded as they are read, counted exactly against the
 	// per-request limit and the host's result budget (sqlexec).
 	req.Encode, req.Lease = true, lease

@@ -69,3 +69,11 @@ func (c *Client) AuditPage(ctx context.Context, q fsm.AuditQuery, o ReadOptions)
 	err := c.read(ctx, "", http.MethodGet, "/v1/audit", v, nil, o, &out)
 	return out, err
 }
+
+// RecordAudit records an action done outside the catalog (a time-travel
+// restore on a host) in the audit log; who and from where come from ctx
+// (fsm.WithAudit).
+func (c *Client) RecordAudit(ctx context.Context, a fsm.RecordAudit) error {
+	_, err := apply[struct{}](ctx, c, fsm.CmdRecordAudit, a)
+	return err
+}

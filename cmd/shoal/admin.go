@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/shoaldb/shoal/d1client"
@@ -88,14 +90,40 @@ func newAdminCmd() *cobra.Command {
 	acct.AddCommand(create, get, update)
 
 	tok := &cobra.Command{Use: "token", Short: "API tokens (bearer secrets, one account each)"}
-	var tokName string
+	var (
+		tokName, scope, ttl string
+		databases           []string
+	)
 	mint := &cobra.Command{
-		Use: "create ACCOUNT_ID", Short: "Mint a token; the secret is shown once", Args: cobra.ExactArgs(1),
+		Use: "create ACCOUNT_ID [--scope read|edit] [--database NAME ...] [--ttl 30d]", Short: "Mint a token; the secret is shown once",
+		Long: `Mint an API token of ACCOUNT_ID. --scope read makes a D1 Read token (queries
+that write are refused by the object host, and no control-plane change is
+allowed); --database (repeatable, a name or UUID) limits it to those
+databases; --ttl makes it expire (Go durations, or days: 30d).`,
+		Example: "  shoal admin token create 244fd4… --name ci-reader --scope read --database app-db --ttl 30d",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return call(cmd, http.MethodPost, "/admin/v1/accounts/"+args[0]+"/tokens", map[string]any{"name": tokName})
+			body := map[string]any{"name": tokName}
+			if scope != "" {
+				body["scope"] = scope
+			}
+			if len(databases) > 0 {
+				body["databases"] = databases
+			}
+			if ttl != "" {
+				d, err := parseDays(ttl)
+				if err != nil || d <= 0 {
+					return usagef("--ttl %q: a positive duration such as 12h or 30d", ttl)
+				}
+				body["ttl_seconds"] = int64(d / time.Second)
+			}
+			return call(cmd, http.MethodPost, "/admin/v1/accounts/"+args[0]+"/tokens", body)
 		},
 	}
 	mint.Flags().StringVar(&tokName, "name", "", "token name")
+	mint.Flags().StringVar(&scope, "scope", "", "edit (default: read and write) or read (D1 Read)")
+	mint.Flags().StringSliceVar(&databases, "database", nil, "limit the token to this database (name or UUID; repeatable)")
+	mint.Flags().StringVar(&ttl, "ttl", "", "expire the token after this long (e.g. 12h, 30d); default never")
 	revoke := &cobra.Command{
 		Use: "revoke TOKEN_ID", Short: "Revoke a token (effective on every edge within its token TTL, 10 s by default)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -139,4 +167,16 @@ func adminCall(ctx context.Context, base, token, method, path string, body, out 
 	default:
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
+}
+
+// parseDays is time.ParseDuration that also takes whole days ("30d").
+func parseDays(s string) (time.Duration, error) {
+	if n, ok := strings.CutSuffix(s, "d"); ok {
+		days, err := strconv.Atoi(n)
+		if err != nil {
+			return 0, err
+		}
+		return time.Duration(days) * 24 * time.Hour, nil
+	}
+	return time.ParseDuration(s)
 }

@@ -199,7 +199,7 @@ initial membership (list the node itself too).`,
 	}
 
 	cmd.AddCommand(bootstrap, join, remove, status, snapshot, backup, restore, newClusterHostCmd(&addr, &timeout),
-		newClusterCACmd(), newClusterCertCmd())
+		newClusterCACmd(), newClusterCertCmd(), newClusterAuditCmd(&addr, &timeout))
 	return cmd
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"text/tabwriter"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -219,4 +220,58 @@ func printRecoverReport(w io.Writer, r edge.RecoverReport) {
 	}
 	sort.Strings(failed)
 	show("failed", failed, func(id string) string { return ": " + r.Failed[id] })
+}
+
+// newClusterAuditCmd is `shoal cluster audit`: the catalog's audit log of
+// control-plane actions, newest first.
+func newClusterAuditCmd(addr *string, timeout *time.Duration) *cobra.Command {
+	var (
+		account, since string
+		limit          int
+		asJSON         bool
+	)
+	cmd := &cobra.Command{
+		Use:   "audit [--account ID] [--since 24h] [--limit 100] [--json]",
+		Short: "Show the audit log of control-plane actions (who, what, when, from where), newest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := raftmeta.NewClient([]string{*addr}, raftmeta.WithCacheTTL(0), raftmeta.WithRetries(3, 100*time.Millisecond, time.Second))
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			q := fsm.AuditQuery{AccountID: account, Limit: limit}
+			if since != "" {
+				d, err := parseDays(since)
+				if err != nil || d <= 0 {
+					return usagef("--since %q: a positive duration such as 24h or 7d", since)
+				}
+				q.Since = time.Now().Add(-d).UnixNano()
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), *timeout)
+			defer cancel()
+			page, err := cl.AuditPage(ctx, q, raftmeta.LinearizableRead())
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(page)
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TIME\tACTION\tACTOR\tFROM\tACCOUNT\tSUBJECT\tDETAIL")
+			for _, e := range page.Entries {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", time.Unix(0, e.Time).UTC().Format(time.RFC3339), e.Type, e.Actor,
+					e.Source, e.AccountID, e.Subject, e.Detail)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&account, "account", "", "only this account's actions")
+	cmd.Flags().StringVar(&since, "since", "", "only actions this recent (e.g. 24h, 7d)")
+	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many rows (1..1000)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
 }

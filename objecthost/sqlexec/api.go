@@ -131,6 +131,11 @@ type Request struct {
 	// enlarges rows); reads, UPDATE that fits, DELETE and DROP work. The
 	// refusal is CodeStorageLimit with AccountStorageLimitMessage.
 	StorageFull bool
+	// ReadOnly refuses, before it runs, every statement SQLite compiled as
+	// writing (sqlite3_stmt_readonly: the program, not the SQL text; a
+	// write through a trigger or a writing PRAGMA counts), with
+	// CodeForbidden and ReadOnlyMessage. Set for D1 Read tokens.
+	ReadOnly bool
 	// JSNumbers renders integers outside ±2^53 as the nearest double, the
 	// way D1 (through JavaScript) returns them: 9007199254740993 comes back
 	// as 9007199254740992. Off by default: Shoal returns every 64-bit

@@ -756,11 +756,14 @@ type reqState struct {
 	// storageFull is Request.StorageFull: statements that grow (cstmt.grows)
 	// are refused before they run.
 	storageFull bool
-	stmtIdx     int
-	discard     bool // keep no result rows (scripts)
-	jsNumbers   bool // Request.JSNumbers
-	encode      bool // Request.Encode
-	lease       *ResultLease
+	// readOnly is Request.ReadOnly: a statement SQLite compiled as writing
+	// is refused before it runs.
+	readOnly  bool
+	stmtIdx   int
+	discard   bool // keep no result rows (scripts)
+	jsNumbers bool // Request.JSNumbers
+	encode    bool // Request.Encode
+	lease     *ResultLease
 	// resultBytes is the request's results so far (exact when encoding, an
 	// estimate otherwise), against Limits.MaxResultBytes.
 	resultBytes int64
@@ -826,6 +829,10 @@ const (
 	DatabaseSizeLimitMessage   = "database size limit exceeded: the database has reached its maximum size, so writes that grow it are refused; reads, DELETE and DROP still work: SQLITE_FULL"
 )
 
+// ReadOnlyMessage is the refusal of a writing statement in a read-only
+// request (a D1 Read token).
+const ReadOnlyMessage = "not authorized: the API token is read-only (D1 Read), and this statement writes to the database: SQLITE_AUTH"
+
 func accountStorageErr(idx int) error {
 	return sqlErr(v4.CodeStorageLimit, idx, AccountStorageLimitMessage)
 }
@@ -847,6 +854,7 @@ func (c *conn) body(rq reqCtx, req *Request, params [][]param, st *reqState) (re
 		return nil, e
 	}
 	st.storageFull = req.StorageFull
+	st.readOnly = req.ReadOnly
 	st.jsNumbers = req.JSNumbers
 	st.encode = req.Encode
 	st.lease = req.Lease
@@ -988,6 +996,9 @@ func (c *conn) exec(rq reqCtx, cs *cstmt, params []param, raw bool, st *reqState
 	start := time.Now()
 	if st.storageFull && cs.grows {
 		return StatementResult{}, accountStorageErr(idx)
+	}
+	if st.readOnly && !cs.readonly {
+		return StatementResult{}, sqlErr(v4.CodeForbidden, idx, ReadOnlyMessage)
 	}
 	c.sc.user = 1
 	c.sc.ddl = 0 // the authorizer sets it again if the statement is re-prepared
