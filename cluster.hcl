@@ -12,6 +12,20 @@
 name   = "local"
 region = "weur" # default region for nodes that name none: wnam enam weur eeur apac oc
 
+# Mutual TLS between every component (docs/operations.md, "Authentication
+# between components"): the cluster CA and one certificate per node, made with
+#
+#   shoal cluster ca init --dir .shoal/cluster/ca
+#   shoal cluster cert issue --ca-dir .shoal/cluster/ca --node n1 --roles catalog,edge,host,pipeline,limiter --out .shoal/cluster/pki
+#   (n2, n3 with their roles; an operator's: --node ops --roles operator)
+#
+# Without a tls block the file is refused, unless `insecure = true` (then
+# every internal endpoint answers anyone who can reach it).
+tls {
+  ca_file  = ".shoal/cluster/pki/ca.crt"
+  cert_dir = ".shoal/cluster/pki" # node ID's certificate and key: ID.crt, ID.key
+}
+
 catalog {
   max_stale          = "5s"   # stale reads refused past this since the last leader contact
   cache_ttl          = "2s"   # client-side cache of stale reads, keyed per account

@@ -342,7 +342,7 @@ func (s *Server) streamToHost(ctx context.Context, c urlClaims, method, suffix s
 		if err != nil {
 			return nil, err
 		}
-		req, err := http.NewRequestWithContext(ctx, method, "http://"+rt.HostAddress+"/v1/objects/"+rt.ObjectID+suffix, nil)
+		req, err := http.NewRequestWithContext(ctx, method, s.hosts.URL(rt.HostAddress, "/v1/objects/"+rt.ObjectID+suffix), nil)
 		if err != nil {
 			return nil, err
 		}

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shoaldb/shoal/internal/pki"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 )
 
@@ -73,11 +74,18 @@ type HostClient struct {
 	http    *http.Client // control calls (init, confirm, delete, info, dumps)
 	raw     *hostConns   // forward's round trips (see hostConns)
 	timeout time.Duration
+	scheme  string // "https" with TLS
 }
 
 // NewHostClient returns a client with a connection pool sized for an edge
-// talking to a modest number of hosts.
-func NewHostClient(timeout time.Duration) *HostClient {
+// talking to a modest number of hosts. A tls Loader, when given and not
+// nil, authenticates to the hosts with the caller's cluster certificate and
+// accepts only servers holding the host role (mutual TLS, internal/pki).
+func NewHostClient(timeout time.Duration, tls ...*pki.Loader) *HostClient {
+	var tl *pki.Loader
+	if len(tls) > 0 {
+		tl = tls[0]
+	}
 	if timeout <= 0 {
 		timeout = 35 * time.Second // D1's 30 s query limit plus slack
 	}
@@ -89,9 +97,16 @@ func NewHostClient(timeout time.Duration) *HostClient {
 		IdleConnTimeout:     90 * time.Second,
 		ForceAttemptHTTP2:   false,
 	}
-	return &HostClient{http: &http.Client{Transport: tr, Timeout: timeout},
-		raw: newHostConns(256), timeout: timeout}
+	raw := newHostConns(256)
+	if tl != nil {
+		raw.tls = tl.ClientFor(pki.RoleHost)
+	}
+	return &HostClient{http: &http.Client{Transport: tl.Transport(tr, pki.RoleHost), Timeout: timeout},
+		raw: raw, timeout: timeout, scheme: tl.Scheme()}
 }
+
+// URL is the URL of path on the host at addr.
+func (c *HostClient) URL(addr, path string) string { return c.scheme + "://" + addr + path }
 
 // Close drops idle connections.
 func (c *HostClient) Close() {
@@ -108,7 +123,7 @@ func (c *HostClient) call(ctx context.Context, addr, method, path string, rt *Ro
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, c.URL(addr, path), rd)
 	if err != nil {
 		return err
 	}

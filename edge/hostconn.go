@@ -3,6 +3,7 @@ package edge
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -37,6 +38,10 @@ type hostConns struct {
 	maxIdle int // per host
 	dialer  net.Dialer
 	closed  bool
+	// tls, when set, wraps every connection (mutual TLS to the hosts).
+	// Hosts send no session tickets, so an idle TLS connection has no
+	// bytes pending and open's peek at the socket stays exact.
+	tls *tls.Config
 }
 
 type hostConn struct {
@@ -76,6 +81,17 @@ func (p *hostConns) get(ctx context.Context, addr string) (*hostConn, bool, erro
 		if err != nil {
 			return nil, false, err
 		}
+		if p.tls != nil {
+			tc := tls.Client(nc, p.tls)
+			hctx, cancel := context.WithTimeout(ctx, p.dialer.Timeout)
+			err := tc.HandshakeContext(hctx)
+			cancel()
+			if err != nil {
+				nc.Close()
+				return nil, false, err // before any byte of a request: not sent
+			}
+			nc = tc
+		}
 		return &hostConn{nc: nc, br: bufio.NewReaderSize(nc, 16<<10)}, false, nil
 	}
 }
@@ -111,7 +127,11 @@ func (c *hostConn) open() bool {
 	if c.br.Buffered() > 0 {
 		return false // bytes nobody asked for: the stream is out of step
 	}
-	sc, ok := c.nc.(syscall.Conn)
+	nc := c.nc
+	if tc, ok := nc.(*tls.Conn); ok {
+		nc = tc.NetConn() // the socket under TLS: a close_notify or FIN shows there
+	}
+	sc, ok := nc.(syscall.Conn)
 	if !ok {
 		return true
 	}
@@ -137,6 +157,9 @@ func (c *hostConn) open() bool {
 // cancelling ctx aborts the exchange.
 func (p *hostConns) roundTrip(ctx context.Context, url string, hdr http.Header, body []byte, timeout time.Duration) (*http.Response, error) {
 	rest, ok := strings.CutPrefix(url, "http://")
+	if !ok {
+		rest, ok = strings.CutPrefix(url, "https://") // the pool's tls decides
+	}
 	if !ok {
 		return nil, fmt.Errorf("forward: unsupported URL %q", url)
 	}

@@ -173,7 +173,7 @@ func (s *Server) forwardQuery(r *http.Request, rt Route, kind string, body []byt
 	if v := r.Header.Get(HeaderNumbers); v != "" {
 		h.Set(HeaderNumbers, v)
 	}
-	resp, err := s.hosts.forward(r.Context(), "http://"+rt.HostAddress+"/v1/objects/"+rt.ObjectID+"/"+kind, h, body)
+	resp, err := s.hosts.forward(r.Context(), s.hosts.URL(rt.HostAddress, "/v1/objects/"+rt.ObjectID+"/"+kind), h, body)
 	if err != nil {
 		return nil, fmt.Errorf("%w: object host unreachable: %w", ErrUnavailable, err)
 	}
@@ -257,7 +257,7 @@ func (s *Server) serveBound(w http.ResponseWriter, r *http.Request, kind, tok st
 	if v := r.Header.Get(HeaderNumbers); v != "" {
 		h.Set(HeaderNumbers, v)
 	}
-	resp, err := s.hosts.forward(r.Context(), "http://"+c.HostAddress+"/v1/bound/"+kind, h, body)
+	resp, err := s.hosts.forward(r.Context(), s.hosts.URL(c.HostAddress, "/v1/bound/"+kind), h, body)
 	if err != nil {
 		s.writeErr(w, r, fmt.Errorf("%w: object host unreachable: %w", ErrUnavailable, err))
 		return

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/shoaldb/shoal/internal/binding"
+	"github.com/shoaldb/shoal/internal/pki"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
@@ -28,7 +29,10 @@ import (
 // has a default.
 type Options struct {
 	Catalog Catalog
-	Hosts   *HostClient // default NewHostClient(0)
+	Hosts   *HostClient // default NewHostClient(0, HostTLS)
+	// HostTLS is the edge's cluster certificate for calling object hosts
+	// (mutual TLS, internal/pki); nil: plain HTTP (insecure mode).
+	HostTLS *pki.Loader
 	Dir     string      // holds routes.db, the bbolt route cache
 	Region  string      // this edge's region (placement default); default "weur"
 
@@ -243,7 +247,7 @@ func unknownTokenLookups(fallbackCap int64) int64 {
 
 func setDefaults(o *Options) {
 	if o.Hosts == nil {
-		o.Hosts = NewHostClient(0)
+		o.Hosts = NewHostClient(0, o.HostTLS)
 	}
 	if o.Region == "" {
 		o.Region = "weur"

@@ -15,12 +15,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shoaldb/shoal/internal/binding"
+	"github.com/shoaldb/shoal/internal/pki"
 	"github.com/shoaldb/shoal/objecthost/sqlexec"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
 // Config configures a Host. Zero values take the documented defaults.
 type Config struct {
+	// TLS, when set, is the host's cluster certificate: its internal API
+	// admits only callers whose certificates hold the roles of
+	// peerAllowed (http.go). The listener itself is the caller's (cmd/shoal
+	// wraps it, internal/pki); nil: no authentication (insecure mode).
+	TLS          *pki.Loader
 	ID           string // host ID in the catalog (required)
 	Dir          string // data directory (required)
 	Address      string // advertised host:port of the internal API

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/shoaldb/shoal/internal/binding"
+	"github.com/shoaldb/shoal/internal/pki"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/objecthost/sqlexec"
 )
@@ -83,6 +84,9 @@ type apiHandler struct {
 }
 
 func (a *apiHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if a.h.cfg.TLS != nil && !a.h.peerAllowed(w, r) {
+		return
+	}
 	if r.Method == http.MethodPost {
 		if id, raw, ok := queryRoute(r.URL.Path); ok {
 			a.h.serveQuery(w, r, id, Identity{DatabaseUUID: r.Header.Get(HeaderDatabase), AccountID: r.Header.Get(HeaderAccount)}, raw)
@@ -90,6 +94,24 @@ func (a *apiHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	a.router.ServeHTTP(w, r)
+}
+
+// peerAllowed authorises a request by its TLS peer's roles (Config.TLS):
+// the objects and bound-query routes are for edges (and operators, whose
+// lost-host recovery initialises objects); status and metrics for
+// operators and edges; /healthz for any cluster certificate (the listener
+// admits no other). It answers the refusal itself.
+func (h *Host) peerAllowed(w http.ResponseWriter, r *http.Request) bool {
+	id, ok := pki.PeerIdentity(r.TLS)
+	if !ok {
+		v4.WriteError(w, http.StatusUnauthorized, v4.CodeUnauthorized, "internal endpoint: a cluster certificate is required")
+		return false
+	}
+	if r.URL.Path == "/healthz" || id.Has(pki.RoleEdge, pki.RoleOperator) {
+		return true
+	}
+	v4.WriteError(w, http.StatusForbidden, v4.CodeForbidden, "internal endpoint: the caller's certificate roles do not allow this request")
+	return false
 }
 
 // queryRoute matches /v1/objects/{id}/query and /v1/objects/{id}/raw with

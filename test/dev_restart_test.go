@@ -98,9 +98,23 @@ func TestDevRestartKeepsEverything(t *testing.T) {
 	// The restarted catalog accepts writes (a leader among the 3 voters).
 	r = d1("create", "after-restart")
 	require.Equal(t, 0, r.code, "%s%s", r.stdout, r.stderr)
-	st := runCLI(t, bin, nil, "", "cluster", "status", "--addr", fmt.Sprintf("127.0.0.1:%d", base+100))
+	// The catalog answers operators only: dev's internal calls are mutual
+	// TLS with its own CA (DIR/pki).
+	catAddr := fmt.Sprintf("127.0.0.1:%d", base+100)
+	st := runCLI(t, bin, nil, "", "cluster", "status", "--addr", catAddr)
+	require.NotEqual(t, 0, st.code, "no certificate: refused\n%s%s", st.stdout, st.stderr)
+	pkiDir := filepath.Join(dir, "pki")
+	st = runCLI(t, bin, nil, "", "cluster", "status", "--addr", catAddr, "--tls-ca", filepath.Join(pkiDir, "ca.crt"),
+		"--tls-cert", filepath.Join(pkiDir, "operator.crt"), "--tls-key", filepath.Join(pkiDir, "operator.key"))
 	require.Equal(t, 0, st.code, "%s%s", st.stdout, st.stderr)
 	assert.Equal(t, 3, strings.Count(st.stdout, "voter"), st.stdout)
+	st = runCLI(t, bin, nil, "", "cluster", "status", "--addr", catAddr, "--tls-ca", filepath.Join(pkiDir, "ca.crt"),
+		"--tls-cert", filepath.Join(pkiDir, "edge.crt"), "--tls-key", filepath.Join(pkiDir, "edge.key"))
+	require.Equal(t, 0, st.code, "status is open to every role: %s%s", st.stdout, st.stderr)
+	bk := runCLI(t, bin, nil, "", "cluster", "backup", "-o", filepath.Join(t.TempDir(), "b"), "--addr", catAddr, "--tls-ca", filepath.Join(pkiDir, "ca.crt"),
+		"--tls-cert", filepath.Join(pkiDir, "edge.crt"), "--tls-key", filepath.Join(pkiDir, "edge.key"))
+	require.NotEqual(t, 0, bk.code, "an edge's certificate may not take backups: %s%s", bk.stdout, bk.stderr)
+	assert.Contains(t, bk.stdout+bk.stderr, "forbidden")
 }
 
 // TestDevCreateThenUseAtOnce: with 3 catalog voters, a database is usable by

@@ -46,7 +46,7 @@ func TestEdgeCLI(t *testing.T) {
 
 	edgeAddr := harness.FreeAddr(t)
 	var logs bytes.Buffer
-	srv := exec.Command(bin, "edge", "serve", "--http-addr", edgeAddr, "--dir", t.TempDir(), "--region", "weur",
+	srv := exec.Command(bin, "edge", "serve", "--insecure", "--http-addr", edgeAddr, "--dir", t.TempDir(), "--region", "weur",
 		"--catalog", node.HTTPAddr(), "--log-level", "warn")
 	srv.Env = append(os.Environ(), "SHOAL_ADMIN_TOKEN=cli-admin", "SHOAL_BINDING_KEY="+bindingSecret)
 	srv.Stdout, srv.Stderr = &logs, &logs

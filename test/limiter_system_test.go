@@ -166,7 +166,7 @@ func newLimiterSystem(t *testing.T) *limiterSystem {
 	dsn := "clickhouse://default:@" + ch.Addr() + "/shoal"
 
 	s.catAddr = harness.FreeAddr(t)
-	cat := harness.StartProc(t, bin, "n1", "raftmeta", "serve", "--id", "n1", "--dir", filepath.Join(dir, "n1"),
+	cat := harness.StartProc(t, bin, "n1", "raftmeta", "serve", "--insecure", "--id", "n1", "--dir", filepath.Join(dir, "n1"),
 		"--raft-addr", harness.FreeAddr(t), "--http-addr", s.catAddr, "--bootstrap", "--log-level", "warn")
 	harness.WaitHTTP200(t, "http://"+s.catAddr+"/readyz", 30*time.Second, "catalog never ready: %s", cat.Log)
 	s.cat, err = raftmeta.NewClient([]string{s.catAddr})
@@ -174,12 +174,12 @@ func newLimiterSystem(t *testing.T) *limiterSystem {
 	t.Cleanup(s.cat.Close)
 
 	pipeAddr := harness.FreeAddr(t)
-	pipe := harness.StartProc(t, bin, "pipeline", "pipeline", "serve", "--http-addr", pipeAddr, "--dir", filepath.Join(dir, "pipeline"),
+	pipe := harness.StartProc(t, bin, "pipeline", "pipeline", "serve", "--insecure", "--http-addr", pipeAddr, "--dir", filepath.Join(dir, "pipeline"),
 		"--catalog", s.catAddr, "--kafka-brokers", b.Addr(), "--clickhouse-dsn", dsn, "--log-level", "warn")
 	harness.WaitHTTP200(t, "http://"+pipeAddr+"/healthz", 60*time.Second, "pipeline never healthy: %s", pipe.Log)
 	for _, id := range s.hosts {
 		addr := harness.FreeAddr(t)
-		h := harness.StartProc(t, bin, id, "objecthost", "serve", "--id", id, "--dir", filepath.Join(dir, id),
+		h := harness.StartProc(t, bin, id, "objecthost", "serve", "--insecure", "--id", id, "--dir", filepath.Join(dir, id),
 			"--http-addr", addr, "--region", "weur", "--catalog", s.catAddr, "--kafka-brokers", b.Addr(),
 			"--heartbeat-interval", "1s", "--log-level", "warn")
 		harness.WaitHTTP200(t, "http://"+addr+"/healthz", 30*time.Second, "%s never healthy: %s", id, h.Log)
@@ -190,7 +190,7 @@ func newLimiterSystem(t *testing.T) *limiterSystem {
 	}, 30*time.Second, 50*time.Millisecond, "both hosts registered")
 	edgeAddr := harness.FreeAddr(t)
 	s.edgeURL = "http://" + edgeAddr
-	edge := harness.StartProc(t, bin, "e1", "edge", "serve", "--http-addr", edgeAddr, "--dir", filepath.Join(dir, "e1"),
+	edge := harness.StartProc(t, bin, "e1", "edge", "serve", "--insecure", "--http-addr", edgeAddr, "--dir", filepath.Join(dir, "e1"),
 		"--region", "weur", "--catalog", s.catAddr, "--admin-token", s.admin, "--kafka-brokers", b.Addr(),
 		"--account-rate", "100000", "--database-rate", "100000", "--log-level", "warn")
 	harness.WaitHTTP200(t, s.edgeURL+"/healthz", 30*time.Second, "edge never healthy: %s", edge.Log)
@@ -199,7 +199,7 @@ func newLimiterSystem(t *testing.T) *limiterSystem {
 	require.NoError(t, os.WriteFile(secret, []byte(sysHookSecret+"\n"), 0o600))
 	for i := range 2 {
 		addr := harness.FreeAddr(t)
-		l := harness.StartProc(t, bin, fmt.Sprintf("limiter%d", i+1), "limiter", "serve", "--http-addr", addr,
+		l := harness.StartProc(t, bin, fmt.Sprintf("limiter%d", i+1), "limiter", "serve", "--insecure", "--http-addr", addr,
 			"--catalog", s.catAddr, "--kafka-brokers", b.Addr(), "--clickhouse-dsn", dsn,
 			"--interval", "1s", "--rows-written-per-day", strconv.Itoa(sysLimit),
 			"--smtp-addr", s.mail.addr, "--smtp-from", "limits@shoal.test", "--smtp-to", "owner+{account_id}@example.com",

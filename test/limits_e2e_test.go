@@ -48,17 +48,17 @@ func newLimitsCluster(t *testing.T) *limitsCluster {
 	require.NoError(t, pipeline.EnsureTopics(ctx, c.kcl)) // as the limiter and the plane do at start
 
 	c.catAddr = harness.FreeAddr(t)
-	cat := harness.StartProc(t, bin, "n1", "raftmeta", "serve", "--id", "n1", "--dir", filepath.Join(dir, "n1"),
+	cat := harness.StartProc(t, bin, "n1", "raftmeta", "serve", "--insecure", "--id", "n1", "--dir", filepath.Join(dir, "n1"),
 		"--raft-addr", harness.FreeAddr(t), "--http-addr", c.catAddr, "--bootstrap", "--log-level", "warn")
 	harness.WaitHTTP200(t, "http://"+c.catAddr+"/readyz", 30*time.Second, "catalog never ready: %s", cat.Log)
 	hostAddr := harness.FreeAddr(t)
 	c.hostURL = "http://" + hostAddr
-	c.host = harness.StartProc(t, bin, "h1", "objecthost", "serve", "--id", "h1", "--dir", filepath.Join(dir, "h1"),
+	c.host = harness.StartProc(t, bin, "h1", "objecthost", "serve", "--insecure", "--id", "h1", "--dir", filepath.Join(dir, "h1"),
 		"--http-addr", hostAddr, "--region", "weur", "--catalog", c.catAddr, "--kafka-brokers", b.Addr(),
 		"--heartbeat-interval", "1s", "--log-level", "warn")
 	edgeAddr := harness.FreeAddr(t)
 	c.edgeURL = "http://" + edgeAddr
-	edge := harness.StartProc(t, bin, "e1", "edge", "serve", "--http-addr", edgeAddr, "--dir", filepath.Join(dir, "e1"),
+	edge := harness.StartProc(t, bin, "e1", "edge", "serve", "--insecure", "--http-addr", edgeAddr, "--dir", filepath.Join(dir, "e1"),
 		"--region", "weur", "--catalog", c.catAddr, "--admin-token", c.admin, "--kafka-brokers", b.Addr(),
 		"--account-rate", "100000", "--database-rate", "100000", "--log-level", "warn")
 	harness.WaitHTTP200(t, c.hostURL+"/healthz", 30*time.Second, "host never healthy: %s", c.host.Log)

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/shoaldb/shoal/edge"
+	"github.com/shoaldb/shoal/internal/pki"
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/test/harness"
@@ -28,32 +29,39 @@ import (
 // directory archive (outside their data directories: it stands for the
 // off-host store) and an edge, as processes on loopback, with no route
 // feed: an edge learns a relocation from the catalog when the lost host
-// refuses its connection.
+// refuses its connection. Every internal call is mutual TLS with the
+// cluster's certificates (a CA and one certificate per process, and an
+// operator's for the test and the CLI).
 type lostHostCluster struct {
 	bin, dir, archive, catAddr, edgeURL, admin, durability string
 	hosts                                                  map[string]*harness.Proc
 	hostAddr                                               map[string]string
 	acct, bearer                                           string
 	cat                                                    *raftmeta.Client
+	pki                                                    *harness.PKI
+	ops                                                    *http.Client // an operator's TLS client
 }
 
 func newLostHostCluster(t *testing.T, durability string) *lostHostCluster {
 	c := &lostHostCluster{bin: shoalBin.Path(t), dir: t.TempDir(), admin: "lost-host-admin", durability: durability,
 		hosts: map[string]*harness.Proc{}, hostAddr: map[string]string{}}
 	c.archive = filepath.Join(c.dir, "archive")
+	c.pki = harness.NewPKI(t)
+	c.ops = c.pki.HTTPClient(t, "ops", pki.RoleOperator)
 	c.catAddr = harness.FreeAddr(t)
-	cat := harness.StartProc(t, c.bin, "n1", "raftmeta", "serve", "--id", "n1", "--dir", filepath.Join(c.dir, "n1"),
-		"--raft-addr", harness.FreeAddr(t), "--http-addr", c.catAddr, "--bootstrap", "--log-level", "warn")
-	harness.WaitHTTP200(t, "http://"+c.catAddr+"/readyz", 30*time.Second, "catalog never ready: %s", cat.Log)
+	cat := harness.StartProc(t, c.bin, "n1", append([]string{"raftmeta", "serve", "--id", "n1", "--dir", filepath.Join(c.dir, "n1"),
+		"--raft-addr", harness.FreeAddr(t), "--http-addr", c.catAddr, "--bootstrap", "--log-level", "warn"},
+		c.pki.Args(t, "n1", pki.RoleCatalog)...)...)
+	harness.WaitHTTP200With(t, c.ops, "https://"+c.catAddr+"/readyz", 30*time.Second, "catalog never ready: %s", cat.Log)
 	var err error
-	c.cat, err = raftmeta.NewClient([]string{c.catAddr}, raftmeta.WithCacheTTL(0))
+	c.cat, err = raftmeta.NewClient([]string{c.catAddr}, raftmeta.WithCacheTTL(0), raftmeta.WithTLS(c.pki.Loader(t, "ops", pki.RoleOperator)))
 	require.NoError(t, err)
 	t.Cleanup(c.cat.Close)
 	edgeAddr := harness.FreeAddr(t)
 	c.edgeURL = "http://" + edgeAddr
-	e := harness.StartProc(t, c.bin, "e1", "edge", "serve", "--http-addr", edgeAddr, "--dir", filepath.Join(c.dir, "e1"),
+	e := harness.StartProc(t, c.bin, "e1", append([]string{"edge", "serve", "--http-addr", edgeAddr, "--dir", filepath.Join(c.dir, "e1"),
 		"--region", "weur", "--catalog", c.catAddr, "--admin-token", c.admin,
-		"--account-rate", "100000", "--database-rate", "100000", "--log-level", "warn")
+		"--account-rate", "100000", "--database-rate", "100000", "--log-level", "warn"}, c.pki.Args(t, "e1", pki.RoleEdge)...)...)
 	harness.WaitHTTP200(t, c.edgeURL+"/healthz", 30*time.Second, "edge never healthy: %s", e.Log)
 	return c
 }
@@ -62,10 +70,11 @@ func newLostHostCluster(t *testing.T, durability string) *lostHostCluster {
 func (c *lostHostCluster) startHost(t *testing.T, id string) {
 	addr := harness.FreeAddr(t)
 	c.hostAddr[id] = addr
-	c.hosts[id] = harness.StartProc(t, c.bin, id, "objecthost", "serve", "--id", id, "--dir", filepath.Join(c.dir, id),
+	c.hosts[id] = harness.StartProc(t, c.bin, id, append([]string{"objecthost", "serve", "--id", id, "--dir", filepath.Join(c.dir, id),
 		"--http-addr", addr, "--region", "weur", "--catalog", c.catAddr, "--archive-dir", c.archive,
-		"--durability", c.durability, "--heartbeat-interval", "1s", "--creation-grace", "10s", "--log-level", "warn")
-	harness.WaitHTTP200(t, "http://"+addr+"/healthz", 30*time.Second, "host %s never healthy: %s", id, c.hosts[id].Log)
+		"--durability", c.durability, "--heartbeat-interval", "1s", "--creation-grace", "10s", "--log-level", "warn"},
+		c.pki.Args(t, id, pki.RoleHost)...)...)
+	harness.WaitHTTP200With(t, c.ops, "https://"+addr+"/healthz", 30*time.Second, "host %s never healthy: %s", id, c.hosts[id].Log)
 	require.Eventually(t, func() bool {
 		hs, err := c.cat.Hosts(context.Background(), raftmeta.LinearizableRead())
 		if err != nil {
@@ -129,7 +138,8 @@ func (c *lostHostCluster) rows(uuid string) (string, error) {
 // hostLost runs `shoal cluster host lost HOST --yes --json` and decodes its
 // report.
 func (c *lostHostCluster) hostLost(t *testing.T, host string) edge.RecoverReport {
-	cmd := exec.Command(c.bin, "cluster", "--addr", c.catAddr, "host", "lost", host, "--yes", "--json")
+	cmd := exec.Command(c.bin, append([]string{"cluster", "--addr", c.catAddr, "host", "lost", host, "--yes", "--json"},
+		c.pki.Args(t, "ops", pki.RoleOperator)...)...)
 	var out, errOut harness.SyncWriter
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	require.NoError(t, cmd.Run(), "host lost: %s\n%s", out.String(), errOut.String())
@@ -338,14 +348,14 @@ func TestLostHostDefaultDurabilityAndReturn(t *testing.T) {
 
 	// The lost host returns on its old disk.
 	h1.Start(t)
-	hostURL := "http://" + c.hostAddr["h1"]
-	harness.WaitHTTP200(t, hostURL+"/healthz", 30*time.Second, "h1 never healthy again: %s", h1.Log)
+	hostURL := "https://" + c.hostAddr["h1"]
+	harness.WaitHTTP200With(t, c.ops, hostURL+"/healthz", 30*time.Second, "h1 never healthy again: %s", h1.Log)
 	var st objecthost.HostStatus
 	require.Eventually(t, func() bool {
 		var env struct {
 			Result objecthost.HostStatus `json:"result"`
 		}
-		if err := harness.GetJSON(hostURL+"/v1/status", &env); err != nil {
+		if err := harness.GetJSONWith(c.ops, hostURL+"/v1/status", &env); err != nil {
 			return false
 		}
 		st = env.Result

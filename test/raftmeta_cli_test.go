@@ -37,7 +37,7 @@ func TestRaftmetaCLIThreeProcesses(t *testing.T) {
 	var procs []*proc
 	start := func(id string, extra ...string) *proc {
 		p := &proc{id: id, raftAddr: harness.FreeAddr(t), httpAddr: harness.FreeAddr(t), log: &bytes.Buffer{}}
-		args := append([]string{"raftmeta", "serve", "--id", id, "--dir", filepath.Join(dir, id),
+		args := append([]string{"raftmeta", "serve", "--insecure", "--id", id, "--dir", filepath.Join(dir, id),
 			"--raft-addr", p.raftAddr, "--http-addr", p.httpAddr}, extra...)
 		p.cmd = exec.Command(bin, args...)
 		p.cmd.Stdout, p.cmd.Stderr = p.log, p.log

@@ -30,7 +30,7 @@ func TestRaftmetaCLIRestoreRefusesBadFiles(t *testing.T) {
 	var log bytes.Buffer
 	var proc *exec.Cmd
 	start := func(extra ...string) {
-		proc = exec.Command(bin, append([]string{"raftmeta", "serve", "--id", "n1", "--dir", filepath.Join(dir, "n1"),
+		proc = exec.Command(bin, append([]string{"raftmeta", "serve", "--insecure", "--id", "n1", "--dir", filepath.Join(dir, "n1"),
 			"--raft-addr", raftAddr, "--http-addr", httpAddr}, extra...)...)
 		proc.Stdout, proc.Stderr = &log, &log
 		require.NoError(t, proc.Start())

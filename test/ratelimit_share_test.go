@@ -62,11 +62,11 @@ func newRateShareCluster(t *testing.T) *rateShareCluster {
 	require.NoError(t, pipeline.EnsureTopics(ctx, cl, pipeline.DefaultTopics()...))
 
 	c.catAddr = harness.FreeAddr(t)
-	cat := harness.StartProc(t, c.bin, "n1", "raftmeta", "serve", "--id", "n1", "--dir", filepath.Join(c.dir, "n1"),
+	cat := harness.StartProc(t, c.bin, "n1", "raftmeta", "serve", "--insecure", "--id", "n1", "--dir", filepath.Join(c.dir, "n1"),
 		"--raft-addr", harness.FreeAddr(t), "--http-addr", c.catAddr, "--bootstrap", "--log-level", "warn")
 	harness.WaitHTTP200(t, "http://"+c.catAddr+"/readyz", 30*time.Second, "catalog never ready: %s", cat.Log)
 	hostAddr := harness.FreeAddr(t)
-	host := harness.StartProc(t, c.bin, "h1", "objecthost", "serve", "--id", "h1", "--dir", filepath.Join(c.dir, "h1"),
+	host := harness.StartProc(t, c.bin, "h1", "objecthost", "serve", "--insecure", "--id", "h1", "--dir", filepath.Join(c.dir, "h1"),
 		"--http-addr", hostAddr, "--region", "weur", "--catalog", c.catAddr, "--log-level", "warn")
 	harness.WaitHTTP200(t, "http://"+hostAddr+"/healthz", 30*time.Second, "host never healthy: %s", host.Log)
 	reader, err := raftmeta.NewClient([]string{c.catAddr})
@@ -85,7 +85,7 @@ func (c *rateShareCluster) edges(t *testing.T, prefix string, share bool) []stri
 	var urls []string
 	for i := 1; i <= 3; i++ {
 		name, addr := fmt.Sprintf("%s%d", prefix, i), harness.FreeAddr(t)
-		args := []string{"edge", "serve", "--http-addr", addr, "--dir", filepath.Join(c.dir, name),
+		args := []string{"edge", "serve", "--insecure", "--http-addr", addr, "--dir", filepath.Join(c.dir, name),
 			"--region", "weur", "--catalog", c.catAddr, "--admin-token", c.admin, "--log-level", "warn",
 			"--account-rate", strconv.Itoa(rateShareRate), "--database-rate", strconv.Itoa(rateShareRate)}
 		if share {

@@ -98,7 +98,7 @@ func newFaultCluster(t *testing.T) *faultCluster {
 	c := &faultCluster{admin: "fault-admin-token"}
 	for i, id := range []string{"n1", "n2", "n3"} {
 		httpAddr := harness.FreeAddr(t)
-		args := []string{"raftmeta", "serve", "--id", id, "--dir", filepath.Join(dir, id),
+		args := []string{"raftmeta", "serve", "--insecure", "--id", id, "--dir", filepath.Join(dir, id),
 			"--raft-addr", harness.FreeAddr(t), "--http-addr", httpAddr, "--log-level", "warn"}
 		if i == 0 {
 			args = append(args, "--bootstrap")
@@ -114,7 +114,7 @@ func newFaultCluster(t *testing.T) *faultCluster {
 	var health []string
 	for i := 1; i <= 2; i++ {
 		id, addr := fmt.Sprintf("h%d", i), harness.FreeAddr(t)
-		procs = append(procs, harness.StartProc(t, bin, id, "objecthost", "serve", "--id", id, "--dir", filepath.Join(dir, id),
+		procs = append(procs, harness.StartProc(t, bin, id, "objecthost", "serve", "--insecure", "--id", id, "--dir", filepath.Join(dir, id),
 			"--http-addr", addr, "--region", "weur", "--catalog", catalog, "--log-level", "warn",
 			"--heartbeat-interval", faultHeartbeat.String(), "--creation-grace", faultGrace.String()))
 		c.hostID, c.hostAddr = append(c.hostID, id), append(c.hostAddr, addr)
@@ -124,7 +124,7 @@ func newFaultCluster(t *testing.T) *faultCluster {
 		id, addr := fmt.Sprintf("e%d", i), harness.FreeAddr(t)
 		// Rate limits far above what the generators send: they are not
 		// what these tests are about.
-		procs = append(procs, harness.StartProc(t, bin, id, "edge", "serve", "--http-addr", addr, "--dir", filepath.Join(dir, id),
+		procs = append(procs, harness.StartProc(t, bin, id, "edge", "serve", "--insecure", "--http-addr", addr, "--dir", filepath.Join(dir, id),
 			"--region", "weur", "--catalog", catalog, "--admin-token", c.admin, "--log-level", "warn",
 			"--account-rate", "100000", "--database-rate", "100000"))
 		c.edgeURL = append(c.edgeURL, "http://"+addr)

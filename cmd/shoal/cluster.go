@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/shoaldb/shoal/internal/pki"
 	"io"
 	"os"
 	"path/filepath"
@@ -26,7 +27,17 @@ func newClusterCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "cluster", Short: "Operate the catalog's Raft cluster"}
 	cmd.PersistentFlags().StringVar(&addr, "addr", envOr("SHOAL_CATALOG_ADDR", "127.0.0.1:7101"), "HTTP address of a catalog node (default $SHOAL_CATALOG_ADDR, else n1 of the example cluster.hcl)")
 	cmd.PersistentFlags().DurationVar(&timeout, "timeout", 30*time.Second, "request timeout")
-	admin := func() *raftmeta.Admin { return raftmeta.NewAdmin(addr, timeout) }
+	var tlsf tlsFlags
+	tlsf.register(cmd.PersistentFlags(), false) // an operator's certificate (role operator); none: a cluster running insecure
+	opTLS := func() *pki.Loader {
+		l, err := tlsf.clientTLS()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "error:", err)
+			os.Exit(2)
+		}
+		return l
+	}
+	admin := func() *raftmeta.Admin { return raftmeta.NewAdmin(addr, timeout, opTLS()) }
 	explain := func(err error) error {
 		var nl *raftmeta.NotLeaderError
 		if errors.As(err, &nl) {
@@ -117,7 +128,7 @@ initial membership (list the node itself too).`,
 			if err != nil {
 				return explain(err)
 			}
-			hosts := objectHostStatuses(cmd.Context(), addr)
+			hosts := objectHostStatuses(cmd.Context(), addr, opTLS())
 			out := cmd.OutOrStdout()
 			if asJSON {
 				enc := json.NewEncoder(out)
@@ -198,8 +209,8 @@ initial membership (list the node itself too).`,
 		},
 	}
 
-	cmd.AddCommand(bootstrap, join, remove, status, snapshot, backup, restore, newClusterHostCmd(&addr, &timeout),
-		newClusterCACmd(), newClusterCertCmd(), newClusterAuditCmd(&addr, &timeout))
+	cmd.AddCommand(bootstrap, join, remove, status, snapshot, backup, restore, newClusterHostCmd(&addr, &timeout, opTLS),
+		newClusterCACmd(), newClusterCertCmd(), newClusterAuditCmd(&addr, &timeout, opTLS))
 	return cmd
 }
 

@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/shoaldb/shoal/internal/pki"
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/raftmeta"
 )
@@ -30,8 +31,8 @@ type hostView struct {
 // objectHostStatuses lists the hosts the catalog node at addr knows and asks
 // each for its status (2 s each, in parallel). A failure to list is shown as
 // no hosts: the catalog part of the status is what the command is for.
-func objectHostStatuses(ctx context.Context, addr string) []hostView {
-	cl, err := raftmeta.NewClient([]string{addr}, raftmeta.WithCacheTTL(0), raftmeta.WithRetries(2, 50*time.Millisecond, 200*time.Millisecond))
+func objectHostStatuses(ctx context.Context, addr string, tlsL *pki.Loader) []hostView {
+	cl, err := raftmeta.NewClient([]string{addr}, raftmeta.WithCacheTTL(0), raftmeta.WithRetries(2, 50*time.Millisecond, 200*time.Millisecond), raftmeta.WithTLS(tlsL))
 	if err != nil {
 		return nil
 	}
@@ -43,14 +44,14 @@ func objectHostStatuses(ctx context.Context, addr string) []hostView {
 		return nil
 	}
 	out := make([]hostView, len(hosts))
-	hc := &http.Client{Timeout: 2 * time.Second}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: tlsL.Transport(&http.Transport{}, pki.RoleHost)}
 	var wg sync.WaitGroup
 	for i, h := range hosts {
 		out[i] = hostView{ID: h.ID, Address: h.Address, Region: h.Region}
 		wg.Add(1)
 		go func(v *hostView) {
 			defer wg.Done()
-			st, err := fetchHostStatus(ctx, hc, v.Address)
+			st, err := fetchHostStatus(ctx, hc, tlsL.Scheme()+"://"+v.Address)
 			if err != nil {
 				v.Error = err.Error()
 				return
@@ -62,8 +63,8 @@ func objectHostStatuses(ctx context.Context, addr string) []hostView {
 	return out
 }
 
-func fetchHostStatus(ctx context.Context, hc *http.Client, addr string) (*objecthost.HostStatus, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v1/status", nil)
+func fetchHostStatus(ctx context.Context, hc *http.Client, base string) (*objecthost.HostStatus, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/status", nil)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shoaldb/shoal/edge"
+	"github.com/shoaldb/shoal/internal/pki"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
@@ -22,10 +23,10 @@ import (
 // newClusterHostCmd is `shoal cluster host`: an operator's decisions about
 // object hosts — declaring one lost (its databases are restored on other
 // hosts from the archive: edge/relocate.go) and readmitting it.
-func newClusterHostCmd(addr *string, timeout *time.Duration) *cobra.Command {
+func newClusterHostCmd(addr *string, timeout *time.Duration, opTLS func() *pki.Loader) *cobra.Command {
 	cmd := &cobra.Command{Use: "host", Short: "Declare an object host lost (its databases come back on other hosts from the archive), or readmit it"}
 	client := func() (*raftmeta.Client, error) {
-		return raftmeta.NewClient([]string{*addr}, raftmeta.WithCacheTTL(0), raftmeta.WithRetries(5, 100*time.Millisecond, 2*time.Second))
+		return raftmeta.NewClient([]string{*addr}, raftmeta.WithCacheTTL(0), raftmeta.WithRetries(5, 100*time.Millisecond, 2*time.Second), raftmeta.WithTLS(opTLS()))
 	}
 	var (
 		yes, emptyOK, asJSON bool
@@ -113,7 +114,7 @@ recreates those empty.`,
 						fmt.Fprintf(stderr, "relocated %d of %d listed so far\n", p.Done, p.Listed)
 					}
 				}}
-			hc := edge.NewHostClient(0)
+			hc := edge.NewHostClient(0, opTLS())
 			defer hc.Close()
 			rc := edge.NewRecoverer(edge.RaftmetaRecovery{C: cl}, hc, opts)
 			if h.State != fsm.HostStateLost {
@@ -224,7 +225,7 @@ func printRecoverReport(w io.Writer, r edge.RecoverReport) {
 
 // newClusterAuditCmd is `shoal cluster audit`: the catalog's audit log of
 // control-plane actions, newest first.
-func newClusterAuditCmd(addr *string, timeout *time.Duration) *cobra.Command {
+func newClusterAuditCmd(addr *string, timeout *time.Duration, opTLS func() *pki.Loader) *cobra.Command {
 	var (
 		account, since string
 		limit          int
@@ -235,7 +236,7 @@ func newClusterAuditCmd(addr *string, timeout *time.Duration) *cobra.Command {
 		Short: "Show the audit log of control-plane actions (who, what, when, from where), newest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := raftmeta.NewClient([]string{*addr}, raftmeta.WithCacheTTL(0), raftmeta.WithRetries(3, 100*time.Millisecond, time.Second))
+			cl, err := raftmeta.NewClient([]string{*addr}, raftmeta.WithCacheTTL(0), raftmeta.WithRetries(3, 100*time.Millisecond, time.Second), raftmeta.WithTLS(opTLS()))
 			if err != nil {
 				return err
 			}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/shoaldb/shoal/edge"
 	"github.com/shoaldb/shoal/internal/binding"
+	"github.com/shoaldb/shoal/internal/pki"
 	"github.com/shoaldb/shoal/internal/srvruntime"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/objecthost"
@@ -105,6 +106,20 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 		return err
 	}
 
+	// 0. The cluster CA and each component's certificate (DIR/pki): every
+	// internal call below is mutual TLS with role checks, as in a cluster.
+	certs, err := openDevPKI(o.dir, o.nodes)
+	if err != nil {
+		return fmt.Errorf("dev certificates: %w", err)
+	}
+	tlsOf := func(name string) (*pki.Loader, error) {
+		l, err := certs.loader(name)
+		if err != nil {
+			return nil, fmt.Errorf("dev certificate %s: %w", name, err)
+		}
+		return l, nil
+	}
+
 	// 1. The catalog: node 1 bootstraps; the others join it. On a restart the
 	// Raft state exists and both flags are ignored.
 	var rnodes []*raftmeta.Node
@@ -123,6 +138,9 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 			HTTPAddr: fmt.Sprintf("127.0.0.1:%d", o.basePort+100+i),
 			Logger:   logger,
 		}
+		if cfg.TLS, err = tlsOf(id); err != nil {
+			return err
+		}
 		if i == 0 {
 			cfg.Bootstrap = true
 		} else {
@@ -135,11 +153,23 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 		rnodes = append(rnodes, n)
 		catalogAddrs = append(catalogAddrs, cfg.HTTPAddr)
 	}
-	client, err := raftmeta.NewClient(catalogAddrs)
-	if err != nil {
-		return err
+	// One catalog client per component, each with its own certificate
+	// (the catalog authorises each command by the caller's role).
+	clients := map[string]*raftmeta.Client{}
+	loaders := map[string]*pki.Loader{}
+	for name := range devComponents {
+		l, err := tlsOf(name)
+		if err != nil {
+			return err
+		}
+		c, err := raftmeta.NewClient(catalogAddrs, raftmeta.WithTLS(l))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		clients[name], loaders[name] = c, l
 	}
-	defer client.Close()
+	client := clients["operator"]
 	if err := waitCatalog(ctx, client); err != nil {
 		return err
 	}
@@ -150,7 +180,7 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	const hostID = "dev-host-1"
 	hostReg, edgeReg := prometheus.NewRegistry(), prometheus.NewRegistry()
 	pipe, err := startDevPipeline(ctx, o.dir, fmt.Sprintf("127.0.0.1:%d", o.basePort+300),
-		fmt.Sprintf("127.0.0.1:%d", o.basePort+310), hostID, client, hostReg, edgeReg, logger)
+		fmt.Sprintf("127.0.0.1:%d", o.basePort+310), hostID, clients["pipeline"], clients["limiter"], hostReg, edgeReg, logger)
 	if err != nil {
 		return err
 	}
@@ -163,9 +193,10 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 		Dir:      filepath.Join(o.dir, "objecthost"),
 		Address:  hostAddr,
 		Region:   "weur",
-		Catalog:  objecthost.RaftmetaCatalog{C: client},
+		Catalog:  objecthost.RaftmetaCatalog{C: clients["host"]},
 		Logger:   logger,
 		Registry: hostReg,
+		TLS:      loaders["host"],
 	}
 	if o.archive {
 		// The archive stands in for off-host storage: beside the object
@@ -180,7 +211,7 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 		return fmt.Errorf("start object host: %w", err)
 	}
 	defer host.Close()
-	hostSrv, err := serveHTTP(hostAddr, host.Handler())
+	hostSrv, err := serveHTTP(hostAddr, host.Handler(), loaders["host"])
 	if err != nil {
 		return fmt.Errorf("object host: %w", err)
 	}
@@ -192,7 +223,8 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 		return err
 	}
 	srv, err := edge.New(edge.Options{
-		Catalog:        edge.RaftmetaCatalog{C: client},
+		Catalog:        edge.RaftmetaCatalog{C: clients["edge"]},
+		HostTLS:        loaders["edge"],
 		Dir:            filepath.Join(o.dir, "edge"),
 		Region:         "weur",
 		AdminToken:     st.AdminToken,
@@ -207,7 +239,7 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 		return fmt.Errorf("start edge: %w", err)
 	}
 	defer srv.Close()
-	edgeSrv, err := serveHTTP(o.addr, srv.Handler())
+	edgeSrv, err := serveHTTP(o.addr, srv.Handler(), nil) // the public API
 	if err != nil {
 		return fmt.Errorf("edge: %w (is another shoal dev running? use --addr)", err)
 	}
@@ -228,20 +260,20 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 			return err
 		}
 	}
-	printDevBanner(out, st, o, pipe)
+	printDevBanner(out, st, o, pipe, certs, catalogAddrs[0])
 
 	<-ctx.Done()
 	fmt.Fprintln(out, "\nshutting down…")
 	return nil
 }
 
-func serveHTTP(addr string, h http.Handler) (*v4.Server, error) {
+func serveHTTP(addr string, h http.Handler, tlsL *pki.Loader) (*v4.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	s := v4.NewServer(h, v4.ServerOptions{})
-	go func() { _ = s.Serve(ln) }()
+	go func() { _ = serveTLS(s, ln, tlsL) }()
 	return s, nil
 }
 
@@ -334,7 +366,7 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func printDevBanner(out io.Writer, st *devState, o devOptions, pipe *devPipeline) {
+func printDevBanner(out io.Writer, st *devState, o devOptions, pipe *devPipeline, certs *devPKI, catalogAddr string) {
 	base := st.APIURL + "/client/v4/accounts/" + st.AccountID + "/d1/database"
 	// The client command as this binary was invoked (bin/shoal under make dev).
 	d1 := os.Args[0] + " d1"
@@ -373,6 +405,11 @@ Or with the wrangler-like client (it reads %s/dev.json):
   %s execute my-second-db --command "CREATE TABLE t(x); INSERT INTO t VALUES (1); SELECT * FROM t"
   %s list
 
+Internal calls use mutual TLS with the dev CA in %s; operator commands:
+
+  %s cluster status --addr %s --tls-ca %s --tls-cert %s --tls-key %s
+
 Press Ctrl-C to stop; data survives restarts (--reset wipes it).
-`, st.APIURL, st.AccountID, st.Token, base, base, base, o.dir, d1, d1, d1)
+`, st.APIURL, st.AccountID, st.Token, base, base, base, o.dir, d1, d1, d1,
+		certs.dir, os.Args[0], catalogAddr, certs.files("operator").CA, certs.files("operator").Cert, certs.files("operator").Key)
 }

@@ -44,7 +44,7 @@ type devPipeline struct {
 // startDevPipeline starts the broker on brokerAddr, ClickHouse on chAddr,
 // the host side registering on hostReg and the consumers on reg. On error
 // everything started is stopped.
-func startDevPipeline(ctx context.Context, dir, brokerAddr, chAddr, hostID string, catalog *raftmeta.Client,
+func startDevPipeline(ctx context.Context, dir, brokerAddr, chAddr, hostID string, catalog, limiterCatalog *raftmeta.Client,
 	hostReg, reg prometheus.Registerer, logger *slog.Logger) (_ *devPipeline, err error) {
 	p := &devPipeline{log: logger}
 	defer func() {
@@ -81,7 +81,7 @@ func startDevPipeline(ctx context.Context, dir, brokerAddr, chAddr, hostID strin
 	// The limiter needs the usage in ClickHouse: free-tier daily row
 	// limits (notices go to the log: no SMTP or webhook in dev).
 	if st := p.consumers.Store(); st != nil {
-		p.limiter, err = limiter.Start(limiter.Config{Kafka: p.kafka, Store: st, Catalog: catalog, Registerer: reg, Logger: logger})
+		p.limiter, err = limiter.Start(limiter.Config{Kafka: p.kafka, Store: st, Catalog: limiterCatalog, Registerer: reg, Logger: logger})
 		if err != nil {
 			return nil, fmt.Errorf("limiter: %w", err)
 		}

@@ -43,6 +43,7 @@ func newEdgeServeCmd() *cobra.Command {
 		kafka                                         kafkaFlags
 		clickhouseDSN                                 string
 		lostHostAfter                                 time.Duration
+		tlsf                                          tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -112,7 +113,11 @@ secrets come from the file; flags given explicitly win.`,
 			if err != nil {
 				return err
 			}
-			client, err := raftmeta.NewClient(catalog)
+			tlsL, err := tlsf.roleTLS(cl, nodeIDOr(nodeID, "edge"), logger, "edge")
+			if err != nil {
+				return err
+			}
+			client, err := raftmeta.NewClient(catalog, raftmeta.WithTLS(tlsL))
 			if err != nil {
 				return err
 			}
@@ -168,7 +173,7 @@ secrets come from the file; flags given explicitly win.`,
 				RateShare:      share,
 				AccountChanged: accountChanged,
 				Insights:       insights,
-				Catalog:        edge.RaftmetaCatalog{C: client}, Dir: dir, Region: region,
+				Catalog:        edge.RaftmetaCatalog{C: client}, Dir: dir, Region: region, HostTLS: tlsL,
 				AdminToken: adminToken, BindingKeys: keys, TokenTTL: tokenTTL,
 				AccountRate:  edge.RateLimit{Rate: acctRate, Burst: int(2 * acctRate)},
 				DatabaseRate: edge.RateLimit{Rate: dbRate, Burst: int(2 * dbRate)},
@@ -183,13 +188,15 @@ secrets come from the file; flags given explicitly win.`,
 				// Automatic lost-host recovery (edge/relocate.go): a host
 				// silent longer than the bound is declared lost and its
 				// databases restored elsewhere from the archive.
-				hc := edge.NewHostClient(0)
+				hc := edge.NewHostClient(0, tlsL)
 				defer hc.Close()
 				rc := edge.NewRecoverer(edge.RaftmetaRecovery{C: client}, hc, edge.RecoverOptions{Logger: logger})
 				go rc.AutoRecover(ctx, edge.AutoOptions{After: lostHostAfter})
 			}
 			hs := v4.NewServer(srv, v4.ServerOptions{})
-			return serveRole(ctx, httpAddr, hs, func(a net.Addr) {
+			// The public API: no cluster TLS (clients are D1 clients;
+			// terminate TLS in front of the edge).
+			return serveRole(ctx, httpAddr, hs, nil, func(a net.Addr) {
 				note := "route feed off (no --kafka-brokers)"
 				if feed != nil {
 					note = "route feed and rate share from " + strings.Join(k.Brokers, ",")
@@ -199,6 +206,7 @@ secrets come from the file; flags given explicitly win.`,
 		},
 	}
 	f := cmd.Flags()
+	tlsf.register(f, true)
 	f.StringVar(&httpAddr, "http-addr", "", "public HTTP bind address host:port")
 	f.StringVar(&dir, "dir", "", "data directory (the bbolt route cache)")
 	f.StringVar(&region, "region", "weur", "this edge's region: placement default (wnam, enam, weur, eeur, apac, oc)")

@@ -34,6 +34,7 @@ func newLimiterCmd() *cobra.Command {
 }
 
 type limiterServeOpts struct {
+	tls           tlsFlags
 	httpAddr      string
 	catalog       []string
 	kafka         kafkaFlags
@@ -88,6 +89,7 @@ accounts named by their address).
 		},
 	}
 	f := cmd.Flags()
+	o.tls.register(f, true)
 	f.StringVar(&o.httpAddr, "http-addr", "", "listen address of /metrics, /healthz and /v1/status (required)")
 	f.StringSliceVar(&o.catalog, "catalog", nil, "catalog nodes' HTTP addresses (ADDR[,ADDR])")
 	o.kafka.register(f)
@@ -220,7 +222,11 @@ func runLimiterServe(cmd *cobra.Command, o *limiterServeOpts) error {
 		return err
 	}
 	defer store.Close()
-	client, err := raftmeta.NewClient(o.catalog)
+	tlsL, err := o.tls.roleTLS(cl, nodeIDOr(o.nodeID, "limiter"), logger, "limiter")
+	if err != nil {
+		return err
+	}
+	client, err := raftmeta.NewClient(o.catalog, raftmeta.WithTLS(tlsL))
 	if err != nil {
 		return err
 	}
@@ -245,7 +251,7 @@ func runLimiterServe(cmd *cobra.Command, o *limiterServeOpts) error {
 		_ = json.NewEncoder(w).Encode(lim.Status())
 	})
 	srv := v4.NewServer(mux, v4.ServerOptions{})
-	return serveRole(ctx, o.httpAddr, srv, func(a net.Addr) {
+	return serveRole(ctx, o.httpAddr, srv, tlsL, func(a net.Addr) {
 		ch := []string{}
 		if notify.SMTP != nil {
 			ch = append(ch, "smtp "+o.smtpAddr)

@@ -41,6 +41,7 @@ func newObjecthostServeCmd() *cobra.Command {
 		kafka       kafkaFlags
 		archiveDir  string
 		durability  string
+		tlsf        tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -103,7 +104,10 @@ given explicitly win.`,
 			if cfg.Bindings, err = bindingKeys(bindingKey, bindingPrev); err != nil {
 				return err
 			}
-			client, err := raftmeta.NewClient(catalog)
+			if cfg.TLS, err = tlsf.roleTLS(cl, cfg.ID, cfg.Logger, "object host"); err != nil {
+				return err
+			}
+			client, err := raftmeta.NewClient(catalog, raftmeta.WithTLS(cfg.TLS))
 			if err != nil {
 				return err
 			}
@@ -165,13 +169,14 @@ given explicitly win.`,
 			}
 			srv := v4.NewServer(h.Handler(), v4.ServerOptions{})
 			// In-flight queries finish before the files close.
-			return serveRole(ctx, httpAddr, srv, func(a net.Addr) {
+			return serveRole(ctx, httpAddr, srv, cfg.TLS, func(a net.Addr) {
 				st := h.Stats()
 				fmt.Fprintf(cmd.OutOrStdout(), "objecthost %s: http %s, %d active / %d deleted databases, %s\n", cfg.ID, a, st.Active, st.Deleted, planeNote)
 			}, closeAll)
 		},
 	}
 	f := cmd.Flags()
+	tlsf.register(f, true)
 	f.StringVar(&cfg.ID, "id", "", "host ID in the catalog (unique, stable)")
 	f.StringVar(&cfg.Dir, "dir", "", "data directory (index.db and dbs/)")
 	f.StringVar(&archiveDir, "archive-dir", "", "archive every commit's pages into this directory, outside --dir (time travel and restores; objecthost/history); default: cluster.hcl's archive block, none: no history")

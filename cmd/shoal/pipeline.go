@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shoaldb/shoal/internal/config"
+	"github.com/shoaldb/shoal/internal/pki"
 	"github.com/shoaldb/shoal/internal/plane"
 	"github.com/shoaldb/shoal/internal/srvruntime"
 	v4 "github.com/shoaldb/shoal/internal/v4"
@@ -36,6 +37,7 @@ func newPipelineCmd() *cobra.Command {
 }
 
 type pipelineServeOpts struct {
+	tls            tlsFlags
 	httpAddr, dir  string
 	catalog        []string
 	kafka          kafkaFlags
@@ -78,6 +80,7 @@ Object hosts publish to the same brokers (shoal objecthost serve
 		},
 	}
 	f := cmd.Flags()
+	o.tls.register(f, true)
 	f.StringVar(&o.httpAddr, "http-addr", "", "listen address of /metrics, /healthz and /v1/status")
 	f.StringVar(&o.dir, "dir", "", "data directory (embedded broker and managed ClickHouse data)")
 	f.StringSliceVar(&o.catalog, "catalog", nil, "catalog nodes' HTTP addresses (ADDR[,ADDR])")
@@ -176,7 +179,11 @@ func runPipelineServe(cmd *cobra.Command, o *pipelineServeOpts) error {
 	default:
 		fmt.Fprintln(out, "pipeline: analytics OFF: no ClickHouse configured (--clickhouse-dsn or --managed-clickhouse); the storage consumer runs")
 	}
-	client, err := raftmeta.NewClient(o.catalog)
+	tlsL, err := o.tls.roleTLS(cl, nodeIDOr(o.nodeID, "pipeline"), logger, "pipeline")
+	if err != nil {
+		return err
+	}
+	client, err := raftmeta.NewClient(o.catalog, raftmeta.WithTLS(tlsL))
 	if err != nil {
 		return err
 	}
@@ -190,7 +197,7 @@ func runPipelineServe(cmd *cobra.Command, o *pipelineServeOpts) error {
 		return err
 	}
 	srv := v4.NewServer(pipelineHandler(reg, cons, k), v4.ServerOptions{})
-	return serveRole(ctx, o.httpAddr, srv, func(a net.Addr) {
+	return serveRole(ctx, o.httpAddr, srv, tlsL, func(a net.Addr) {
 		what := "storage consumer"
 		if ch != nil {
 			what += ", ClickHouse sink and storage snapshots every " + o.snapInterval.String() + " (" + strings.Join(ch.Options.Addr, ",") + "/" + ch.Database + ")"
@@ -230,6 +237,7 @@ func newPipelineStatusCmd() *cobra.Command {
 		addr, configPath, nodeID string
 		kafka                    kafkaFlags
 		asJSON                   bool
+		tlsf                     tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -268,7 +276,11 @@ Exit status 1 when the brokers or the pipeline role cannot be reached.`,
 			var st pipelineStatus
 			var errs []error
 			if addr != "" {
-				if err := getJSON(ctx, "http://"+addr+"/v1/status", &st); err != nil {
+				tlsL, err := tlsf.clientTLS()
+				if err != nil {
+					return err
+				}
+				if err := getJSON(ctx, tlsL, tlsL.Scheme()+"://"+addr+"/v1/status", &st); err != nil {
 					errs = append(errs, fmt.Errorf("pipeline role %s: %w", addr, err))
 				}
 			}
@@ -295,6 +307,7 @@ Exit status 1 when the brokers or the pipeline role cannot be reached.`,
 		},
 	}
 	f := cmd.Flags()
+	tlsf.register(f, false)
 	f.StringVar(&addr, "addr", "", "the pipeline role's HTTP address (its --http-addr)")
 	kafka.register(f)
 	f.StringVar(&configPath, "config", "", "cluster.hcl (brokers and the pipeline node's address)")
@@ -303,12 +316,16 @@ Exit status 1 when the brokers or the pipeline role cannot be reached.`,
 	return cmd
 }
 
-func getJSON(ctx context.Context, url string, out any) error {
+func getJSON(ctx context.Context, tlsL *pki.Loader, url string, out any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	hc := http.DefaultClient
+	if tlsL != nil {
+		hc = &http.Client{Transport: tlsL.Transport(&http.Transport{}, pki.RolePipeline)}
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return err
 	}

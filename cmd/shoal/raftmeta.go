@@ -28,6 +28,7 @@ func newRaftmetaServeCmd() *cobra.Command {
 		configPath string
 		nodeID     string
 		logLevel   string
+		tlsf       tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -44,8 +45,10 @@ node joins the other catalog nodes of the file. Flags given explicitly win.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			srvruntime.Apply(true)
+			var cl *config.Cluster
 			if configPath != "" {
-				if err := applyClusterConfig(cmd, configPath, nodeID, &cfg, &join); err != nil {
+				var err error
+				if cl, err = applyClusterConfig(cmd, configPath, nodeID, &cfg, &join); err != nil {
 					return err
 				}
 			}
@@ -55,6 +58,9 @@ node joins the other catalog nodes of the file. Flags given explicitly win.`,
 				return err
 			}
 			cfg.Logger = logger
+			if cfg.TLS, err = tlsf.roleTLS(cl, cfg.ID, logger, "catalog node"); err != nil {
+				return err
+			}
 			if cfg.ID == "" || cfg.Dir == "" || cfg.RaftAddr == "" || cfg.HTTPAddr == "" {
 				return errors.New("--id, --dir, --raft-addr and --http-addr are required (or --config with --node)")
 			}
@@ -77,6 +83,7 @@ node joins the other catalog nodes of the file. Flags given explicitly win.`,
 		},
 	}
 	f := cmd.Flags()
+	tlsf.register(f, true)
 	f.StringVar(&cfg.ID, "id", "", "node ID (unique, stable)")
 	f.StringVar(&cfg.Dir, "dir", "", "data directory")
 	f.StringVar(&cfg.LogStore, "log-store", "", "Raft log store for a new data directory: wal (raft-wal, default) or bolt (raft-boltdb/v2); an existing directory keeps its own")
@@ -99,10 +106,10 @@ node joins the other catalog nodes of the file. Flags given explicitly win.`,
 
 // applyClusterConfig fills cfg from the node's block in cluster.hcl, except
 // where a flag was given explicitly.
-func applyClusterConfig(cmd *cobra.Command, path, id string, cfg *raftmeta.Config, join *[]string) error {
+func applyClusterConfig(cmd *cobra.Command, path, id string, cfg *raftmeta.Config, join *[]string) (*config.Cluster, error) {
 	c, n, err := loadNode(path, id, config.RoleRaftmeta)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	set := func(flag string) bool { return cmd.Flags().Changed(flag) }
 	if !set("id") {
@@ -141,5 +148,5 @@ func applyClusterConfig(cmd *cobra.Command, path, id string, cfg *raftmeta.Confi
 			}
 		}
 	}
-	return nil
+	return c, nil
 }

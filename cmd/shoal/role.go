@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shoaldb/shoal/internal/binding"
+	"github.com/shoaldb/shoal/internal/pki"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 )
 
@@ -45,13 +46,17 @@ func bindingKeys(secret string, previous []string) (*binding.Keyring, error) {
 // then shuts the HTTP server down (in-flight requests finish, up to 30 s)
 // and only then closes the role (closeRole), so nothing still running
 // uses what it closes. started is told the bound address.
-func serveRole(ctx context.Context, addr string, srv *v4.Server, started func(net.Addr), closeRole func() error) error {
+//
+// tlsL, when set, puts the listener behind mutual TLS (internal/pki): the
+// internal listeners of the catalog, hosts, pipeline and limiter; the
+// edge's public API is served without it (nil).
+func serveRole(ctx context.Context, addr string, srv *v4.Server, tlsL *pki.Loader, started func(net.Addr), closeRole func() error) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return errors.Join(err, closeRole())
 	}
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- serveTLS(srv, ln, tlsL) }()
 	started(ln.Addr())
 	select {
 	case <-ctx.Done():

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -48,8 +49,30 @@ type Cluster struct {
 	Tiers      []*Tier     `hcl:"tier,block"`
 	Limiter    *Limiter    `hcl:"limiter,block"`
 	Secrets    *Secrets    `hcl:"secrets,block"`
+	// TLS authenticates every component to every other (mutual TLS from
+	// the cluster CA, internal/pki). Without it the file is refused unless
+	// Insecure is set, and then every role warns at start.
+	TLS      *TLS `hcl:"tls,block"`
+	Insecure bool `hcl:"insecure,optional"`
 
 	file string
+}
+
+// TLS names the cluster's certificates: the CA bundle every node trusts,
+// and the directory where node ID's certificate and key are ID.crt and
+// ID.key (what `shoal cluster cert issue --out DIR` writes).
+type TLS struct {
+	CAFile  string `hcl:"ca_file"`
+	CertDir string `hcl:"cert_dir"`
+}
+
+// NodeTLS returns node id's credential files, or empty Files without a tls
+// block.
+func (c *Cluster) NodeTLS(id string) (ca, cert, key string) {
+	if c.TLS == nil {
+		return "", "", ""
+	}
+	return c.TLS.CAFile, filepath.Join(c.TLS.CertDir, id+".crt"), filepath.Join(c.TLS.CertDir, id+".key")
 }
 
 // Catalog holds the Raft catalog's settings.
@@ -392,6 +415,14 @@ func (c *Cluster) validate(body *hclsyntax.Body) error {
 	}
 	if !c.ClickHouse.Managed && c.ClickHouse.DSN == "" {
 		v.fail("clickhouse", "", "dsn", "required unless managed = true")
+	}
+	switch {
+	case c.TLS == nil && !c.Insecure:
+		v.fail("", "", "tls", "no tls block: every internal endpoint would answer anyone on the network; add tls { ca_file, cert_dir } (shoal cluster ca init, shoal cluster cert issue; docs/operations.md) or, for a trusted test network only, insecure = true")
+	case c.TLS != nil && c.Insecure:
+		v.fail("", "", "insecure", "insecure = true with a tls block: remove one")
+	case c.TLS != nil && (c.TLS.CAFile == "" || c.TLS.CertDir == ""):
+		v.fail("tls", "", "ca_file", "ca_file and cert_dir are required")
 	}
 	if a := c.Archive; a != nil {
 		switch {

@@ -30,7 +30,7 @@ func TestExampleClusterFileIsValid(t *testing.T) {
 }
 
 func TestDefaults(t *testing.T) {
-	c, err := Parse("c.hcl", []byte(`
+	c, err := Parse("c.hcl", []byte(`insecure = true
 node "a" {
   roles = ["raftmeta"]
   raft_addr = "127.0.0.1:1"
@@ -186,6 +186,21 @@ archive {
 			assert.Contains(t, err.Error(), tc.want)
 		})
 	}
+}
+
+// TestTLSRequired: a cluster file names its certificates or says, in so
+// many words, that it runs without them.
+func TestTLSRequired(t *testing.T) {
+	_, err := Parse("c.hcl", []byte(node1))
+	require.ErrorIs(t, err, ErrInvalid)
+	assert.Contains(t, err.Error(), "no tls block")
+	_, err = Parse("c.hcl", []byte("insecure = true\ntls {\n  ca_file = \"ca.crt\"\n  cert_dir = \"pki\"\n}\n"+node1))
+	require.ErrorIs(t, err, ErrInvalid)
+	assert.Contains(t, err.Error(), "remove one")
+	c, err := Parse("c.hcl", []byte("tls {\n  ca_file = \"/etc/shoal/ca.crt\"\n  cert_dir = \"/etc/shoal/pki\"\n}\n"+node1))
+	require.NoError(t, err)
+	ca, cert, key := c.NodeTLS("a")
+	assert.Equal(t, []string{"/etc/shoal/ca.crt", "/etc/shoal/pki/a.crt", "/etc/shoal/pki/a.key"}, []string{ca, cert, key})
 }
 
 func TestLoadMissingFile(t *testing.T) {

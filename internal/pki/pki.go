@@ -400,7 +400,12 @@ func (l *Loader) verify(cs tls.ConnectionState, usage x509.ExtKeyUsage, roles []
 func (l *Loader) Server() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
-		ClientAuth: tls.RequireAnyClientCert, // verified below, against the current bundle
+		// No session tickets: a TLS 1.3 server sends them after the
+		// handshake, and those unread bytes would make an idle pooled
+		// connection look out of step to a client that peeks at its socket
+		// (the edge's host pool). Every connection is long-lived anyway.
+		SessionTicketsDisabled: true,
+		ClientAuth:             tls.RequireAnyClientCert, // verified below, against the current bundle
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			c, _, _ := l.current()
 			return c, nil

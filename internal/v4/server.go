@@ -95,6 +95,13 @@ func NewServer(h http.Handler, o ServerOptions) *Server {
 // Serve serves on ln (wrapped, see Server) until Shutdown or Close.
 func (s *Server) Serve(ln net.Listener) error { return s.Server.Serve(WrapListener(ln, s.o)) }
 
+// ServeWrapped is Serve with outer wrapping ln after this package's own
+// (TLS: net/http must see the *tls.Conn to know its peer, so it goes
+// outermost; protocol errors then stay net/http's plain text inside TLS).
+func (s *Server) ServeWrapped(ln net.Listener, outer func(net.Listener) net.Listener) error {
+	return s.Server.Serve(outer(WrapListener(ln, s.o)))
+}
+
 // ListenAndServe listens on s.Addr and serves.
 func (s *Server) ListenAndServe() error {
 	ln, err := net.Listen("tcp", s.Addr)

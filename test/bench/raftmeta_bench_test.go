@@ -48,7 +48,7 @@ func TestRaftmetaBenchProcesses(t *testing.T) {
 	var httpAddrs []string
 	start := func(id string, extra ...string) string {
 		httpAddr := harness.FreeAddr(t)
-		args := []string{"raftmeta", "serve", "--id", id, "--dir", filepath.Join(dir, id),
+		args := []string{"raftmeta", "serve", "--insecure", "--id", id, "--dir", filepath.Join(dir, id),
 			"--raft-addr", harness.FreeAddr(t), "--http-addr", httpAddr}
 		if ls := os.Getenv("SHOAL_BENCH_LOG_STORE"); ls != "" {
 			args = append(args, "--log-store", ls)

@@ -99,8 +99,11 @@ func AnswerText(a Answer, err error) string {
 
 // GetJSON decodes the JSON body of a GET of url into out; a status other
 // than 200 is an error. Safe from any goroutine.
-func GetJSON(url string, out any) error {
-	resp, err := client.Get(url)
+func GetJSON(url string, out any) error { return GetJSONWith(client, url, out) }
+
+// GetJSONWith is GetJSON through hc.
+func GetJSONWith(hc *http.Client, url string, out any) error {
+	resp, err := hc.Get(url)
 	if err != nil {
 		return err
 	}

@@ -47,8 +47,15 @@ func FreeAddr(t testing.TB) string {
 // msgAndArgs after within.
 func WaitHTTP200(t testing.TB, url string, within time.Duration, msgAndArgs ...any) {
 	t.Helper()
+	WaitHTTP200With(t, http.DefaultClient, url, within, msgAndArgs...)
+}
+
+// WaitHTTP200With is WaitHTTP200 through hc (a cluster certificate's TLS
+// client, PKI.HTTPClient).
+func WaitHTTP200With(t testing.TB, hc *http.Client, url string, within time.Duration, msgAndArgs ...any) {
+	t.Helper()
 	require.Eventually(t, func() bool {
-		resp, err := http.Get(url)
+		resp, err := hc.Get(url)
 		if err != nil {
 			return false
 		}

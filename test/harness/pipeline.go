@@ -62,20 +62,20 @@ func NewPipelineCluster(t testing.TB, bin string) *PipelineCluster {
 	c.BrokerAddr = c.Broker.Addr()
 
 	c.CatAddr = FreeAddr(t)
-	c.Cat = StartProc(t, bin, "n1", "raftmeta", "serve", "--id", "n1", "--dir", filepath.Join(c.Dir, "n1"),
+	c.Cat = StartProc(t, bin, "n1", "raftmeta", "serve", "--insecure", "--id", "n1", "--dir", filepath.Join(c.Dir, "n1"),
 		"--raft-addr", FreeAddr(t), "--http-addr", c.CatAddr, "--bootstrap", "--log-level", "warn")
 	WaitHTTP200(t, "http://"+c.CatAddr+"/readyz", 30*time.Second, "catalog never ready: %s", c.Cat.Log)
 
 	pipeAddr := FreeAddr(t)
 	c.PipeURL = "http://" + pipeAddr
-	c.Pipe = StartProc(t, bin, "pipeline", "pipeline", "serve", "--http-addr", pipeAddr, "--dir", filepath.Join(c.Dir, "pipeline"),
+	c.Pipe = StartProc(t, bin, "pipeline", "pipeline", "serve", "--insecure", "--http-addr", pipeAddr, "--dir", filepath.Join(c.Dir, "pipeline"),
 		"--catalog", c.CatAddr, "--kafka-brokers", c.BrokerAddr, "--clickhouse-dsn", "clickhouse://default:@"+c.CH.Addr()+"/shoal", "--snapshot-interval", "2s", "--reconcile-interval", "1s", "--log-level", "warn")
 	hostAddr := FreeAddr(t)
-	c.Host = StartProc(t, bin, "h1", "objecthost", "serve", "--id", "h1", "--dir", filepath.Join(c.Dir, "h1"),
+	c.Host = StartProc(t, bin, "h1", "objecthost", "serve", "--insecure", "--id", "h1", "--dir", filepath.Join(c.Dir, "h1"),
 		"--http-addr", hostAddr, "--region", "weur", "--catalog", c.CatAddr, "--kafka-brokers", c.BrokerAddr, "--log-level", "warn")
 	edgeAddr := FreeAddr(t)
 	c.EdgeURL = "http://" + edgeAddr
-	c.Edge = StartProc(t, bin, "e1", "edge", "serve", "--http-addr", edgeAddr, "--dir", filepath.Join(c.Dir, "e1"),
+	c.Edge = StartProc(t, bin, "e1", "edge", "serve", "--insecure", "--http-addr", edgeAddr, "--dir", filepath.Join(c.Dir, "e1"),
 		"--region", "weur", "--catalog", c.CatAddr, "--admin-token", c.Admin, "--kafka-brokers", c.BrokerAddr,
 		"--account-rate", "100000", "--database-rate", "100000", "--log-level", "warn")
 	for _, p := range []struct {
