@@ -33,8 +33,8 @@ type Options struct {
 	// HostTLS is the edge's cluster certificate for calling object hosts
 	// (mutual TLS, internal/pki); nil: plain HTTP (insecure mode).
 	HostTLS *pki.Loader
-	Dir     string      // holds routes.db, the bbolt route cache
-	Region  string      // this edge's region (placement default); default "weur"
+	Dir     string // holds routes.db, the bbolt route cache
+	Region  string // this edge's region (placement default); default "weur"
 
 	AdminToken  string           // bearer secret of the operator; "" disables the admin API
 	BindingKeys *binding.Keyring // nil disables binding tokens
