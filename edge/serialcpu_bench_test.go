@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/shoaldb/shoal/edge"
 	"github.com/shoaldb/shoal/internal/binding"
+	"github.com/shoaldb/shoal/internal/pki"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/raftmeta"
@@ -30,28 +32,58 @@ import (
 // changes on the edge's query path:
 //
 //	go test -run '^$' -bench SerialEdgeCPU -benchtime 10000x ./edge/
+//
+// "plain" runs the internal hops (edge → host, everything → catalog) over
+// plain HTTP (an insecure cluster), "mtls" over mutual TLS with role
+// checks, as clusters and shoal dev run them: the cost of the
+// authenticated hop.
 func BenchmarkSerialEdgeCPU(b *testing.B) {
+	b.Run("plain", func(b *testing.B) { serialEdgeCPU(b, false) })
+	b.Run("mtls", func(b *testing.B) { serialEdgeCPU(b, true) })
+}
+
+func serialEdgeCPU(b *testing.B, mtls bool) {
 	quiet := slog.New(slog.DiscardHandler)
+	var catTLS, hostTLS, edgeTLS *pki.Loader
+	if mtls {
+		dir := b.TempDir()
+		_, err := pki.InitCA(filepath.Join(dir, "ca"), "bench", time.Hour)
+		require.NoError(b, err)
+		issue := func(node string, roles ...string) *pki.Loader {
+			f, err := pki.Issue(filepath.Join(dir, "ca"), dir, pki.IssueRequest{Node: node, Roles: roles, Validity: time.Hour}, false)
+			require.NoError(b, err)
+			l, err := pki.NewLoader(f)
+			require.NoError(b, err)
+			return l
+		}
+		catTLS, hostTLS, edgeTLS = issue("c0", pki.RoleCatalog), issue("h0", pki.RoleHost), issue("e0", pki.RoleEdge, pki.RoleOperator)
+	}
 	node, err := raftmeta.NewNode(raftmeta.Config{ID: "c0", Dir: b.TempDir(), RaftAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		Bootstrap: true, Logger: quiet, RaftLogOutput: io.Discard})
+		Bootstrap: true, Logger: quiet, RaftLogOutput: io.Discard, TLS: catTLS})
 	require.NoError(b, err)
 	defer node.Close()
 	require.Eventually(b, node.IsLeader, 20*time.Second, 20*time.Millisecond)
 	keys, err := binding.KeyringFromSecrets("bench-binding-secret-0123456789")
 	require.NoError(b, err)
-	cl, err := raftmeta.NewClient([]string{node.HTTPAddr()})
+	hcl, err := raftmeta.NewClient([]string{node.HTTPAddr()}, raftmeta.WithTLS(hostTLS))
+	require.NoError(b, err)
+	cl, err := raftmeta.NewClient([]string{node.HTTPAddr()}, raftmeta.WithTLS(edgeTLS))
 	require.NoError(b, err)
 	hln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)
 	h, err := objecthost.Open(objecthost.Config{ID: "h0", Dir: b.TempDir(), Address: hln.Addr().String(), Region: "weur",
-		Capacity: 100, Catalog: objecthost.RaftmetaCatalog{C: cl}, Bindings: keys, Logger: quiet})
+		Capacity: 100, Catalog: objecthost.RaftmetaCatalog{C: hcl}, Bindings: keys, Logger: quiet, TLS: hostTLS})
 	require.NoError(b, err)
 	defer h.Close()
 	hs := serveEdgeBench(h.Handler())
-	go func() { _ = hs.Serve(hln) }()
+	if hostTLS != nil {
+		go func() { _ = hs.ServeWrapped(hln, hostTLS.Listen) }()
+	} else {
+		go func() { _ = hs.Serve(hln) }()
+	}
 	defer hs.Close()
 	srv, err := edge.New(edge.Options{Catalog: edge.RaftmetaCatalog{C: cl}, Dir: b.TempDir(), Region: "weur",
-		AdminToken: "bench-admin", BindingKeys: keys, Logger: quiet,
+		AdminToken: "bench-admin", BindingKeys: keys, Logger: quiet, HostTLS: edgeTLS,
 		AccountRate: edge.RateLimit{Rate: 1e6, Burst: 1e6}, DatabaseRate: edge.RateLimit{Rate: 1e6, Burst: 1e6}})
 	require.NoError(b, err)
 	defer srv.Close()

@@ -2,6 +2,7 @@ package test
 
 import (
 	"bufio"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/shoaldb/shoal/internal/pki"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/test/harness"
 )
@@ -47,12 +49,19 @@ func TestListenersRefuseSlowAndMalformedClients(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(raw, &st))
 
-	listeners := []struct {
-		name, addr, bodyPath, auth string
-	}{
-		{"edge", addr, "/client/v4/accounts/" + st.AccountID + "/d1/database/01900000-0000-7000-8000-000000000000/query", "Bearer " + st.Token},
-		{"object host", fmt.Sprintf("127.0.0.1:%d", base+200), "/v1/objects/" + strings.Repeat("0", 32) + "/query", ""},
-		{"catalog", fmt.Sprintf("127.0.0.1:%d", base+100), "/v1/apply", ""},
+	// The internal listeners run mutual TLS (dev's CA): this test talks to
+	// them with dev's operator certificate. Inside TLS, net/http's own
+	// answers to protocol errors stay its plain text (the TLS listener must
+	// wrap the envelope rewriter so net/http sees the peer's certificate);
+	// only cluster components can reach that far.
+	ops, err := pki.NewLoader(pki.Files{CA: filepath.Join(dir, "pki", "ca.crt"),
+		Cert: filepath.Join(dir, "pki", "operator.crt"), Key: filepath.Join(dir, "pki", "operator.key")})
+	require.NoError(t, err)
+	opsTLS := ops.ClientFor()
+	listeners := []listenerUnderTest{
+		{"edge", addr, "/client/v4/accounts/" + st.AccountID + "/d1/database/01900000-0000-7000-8000-000000000000/query", "Bearer " + st.Token, nil},
+		{"object host", fmt.Sprintf("127.0.0.1:%d", base+200), "/v1/objects/" + strings.Repeat("0", 32) + "/query", "", opsTLS},
+		{"catalog", fmt.Sprintf("127.0.0.1:%d", base+100), "/v1/apply", "", opsTLS},
 	}
 	for _, l := range listeners {
 		for _, tc := range []struct {
@@ -62,12 +71,28 @@ func TestListenersRefuseSlowAndMalformedClients(t *testing.T) {
 			{"bad request line", "NOT HTTP AT ALL\r\n\r\n", 400},
 			{"headers over 64 KiB", "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 100<<10) + "\r\n\r\n", 431},
 		} {
-			resp, env := exchange(t, l.addr, tc.req)
+			resp, env := exchange(t, l, tc.req)
 			assert.Equal(t, tc.status, resp.StatusCode, "%s %s", l.name, tc.name)
+			if l.tls != nil {
+				continue
+			}
 			assert.Equal(t, "application/json", resp.Header.Get("Content-Type"), "%s %s", l.name, tc.name)
 			if assert.NotEmpty(t, env.Errors, "%s %s", l.name, tc.name) {
 				assert.False(t, env.Success)
 				t.Logf("%s, %s: %d %d %q", l.name, tc.name, resp.StatusCode, env.Errors[0].Code, env.Errors[0].Message)
+			}
+		}
+		if l.tls != nil {
+			// Plain HTTP gets Go's TLS server's canned 400 ("Client sent
+			// an HTTP request to an HTTPS server") and nothing else.
+			c, err := net.Dial("tcp", l.addr)
+			require.NoError(t, err)
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			_, _ = io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			c.Close()
+			if err == nil {
+				assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s answers plain HTTP", l.name)
 			}
 		}
 	}
@@ -78,7 +103,7 @@ func TestListenersRefuseSlowAndMalformedClients(t *testing.T) {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			c, err := net.Dial("tcp", l.addr)
+			c, err := l.dial()
 			if !assert.NoError(t, err) {
 				return
 			}
@@ -92,7 +117,7 @@ func TestListenersRefuseSlowAndMalformedClients(t *testing.T) {
 		}()
 		go func() {
 			defer wg.Done()
-			c, err := net.Dial("tcp", l.addr)
+			c, err := l.dial()
 			if !assert.NoError(t, err) {
 				return
 			}
@@ -145,9 +170,23 @@ func TestListenersRefuseSlowAndMalformedClients(t *testing.T) {
 	assert.Equal(t, 200, a.Status, "%s", a.Raw)
 }
 
-func exchange(t *testing.T, addr, req string) (*http.Response, v4.Envelope) {
+// listenerUnderTest is one listener of the shoal binary; tls, when set, is
+// the client configuration of an internal (mutual TLS) listener.
+type listenerUnderTest struct {
+	name, addr, bodyPath, auth string
+	tls                        *tls.Config
+}
+
+func (l listenerUnderTest) dial() (net.Conn, error) {
+	if l.tls == nil {
+		return net.Dial("tcp", l.addr)
+	}
+	return tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp", l.addr, l.tls)
+}
+
+func exchange(t *testing.T, l listenerUnderTest, req string) (*http.Response, v4.Envelope) {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
+	c, err := l.dial()
 	require.NoError(t, err)
 	defer c.Close()
 	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
@@ -158,7 +197,9 @@ func exchange(t *testing.T, addr, req string) (*http.Response, v4.Envelope) {
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	var env v4.Envelope
-	require.NoError(t, json.Unmarshal(body, &env), "not an envelope: %q", body)
+	if l.tls == nil {
+		require.NoError(t, json.Unmarshal(body, &env), "not an envelope: %q", body)
+	}
 	return resp, env
 }
 
