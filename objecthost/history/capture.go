@@ -40,6 +40,9 @@ type CaptureOptions struct {
 	// captureDelay, tests only: the capture goroutine sleeps this long
 	// before each batch, so that capture lags behind the commits.
 	captureDelay time.Duration
+	// appendErr, tests only: when it returns an error, appending to the
+	// staging file fails with it.
+	appendErr func() error
 }
 
 // captureBatchWindow: after a commit wakes the capture goroutine it waits
@@ -101,6 +104,7 @@ type Capturer struct {
 	kick     chan struct{} // a commit was published
 	urgent   chan struct{} // someone waits: skip the batching window
 	stop     chan struct{}
+	stopOnce sync.Once
 	loopDone chan struct{}
 	// batchWindow: how long capture lets commits gather after the first
 	// one (captureBatchWindow; tests may change it before Attach).
@@ -604,7 +608,14 @@ func (c *Capturer) capture(h walHeader, limit int, entries []commitEntry) error 
 		if len(c.rec) == 0 {
 			return nil
 		}
-		became, err := c.log.appendBatch(c.rec, first, c.last)
+		var became bool
+		var err error
+		if c.opts.appendErr != nil {
+			err = c.opts.appendErr()
+		}
+		if err == nil {
+			became, err = c.log.appendBatch(c.rec, first, c.last)
+		}
 		if err != nil {
 			c.last, c.pos, c.restartOK = okLast, okPos, okRestart
 			c.rec = c.rec[:0]
@@ -795,13 +806,15 @@ func (c *Capturer) Flush() error {
 // the files; call it after sqlexec.DB.Close (closing our descriptor of the
 // database file earlier would drop SQLite's POSIX lock on it).
 func (c *Capturer) Close() error {
-	c.mu.Lock()
-	running := c.running
-	c.mu.Unlock()
-	if running {
+	c.stopOnce.Do(func() {
+		c.mu.Lock()
+		running := c.running
+		c.mu.Unlock()
 		close(c.stop)
-		<-c.loopDone
-	}
+		if running {
+			<-c.loopDone
+		}
+	})
 	// Seal what is open: the shipper (Retire) can then send it.
 	_, err := c.log.seal()
 	if cerr := c.log.close(); err == nil {
