@@ -159,7 +159,7 @@ func shippingLag(b *testing.B, store *lagStore, dbs, writers int, d time.Duratio
 	// Let the shipper ship the rest at its own pace.
 	want := int64(0)
 	for _, l := range all {
-		_ = l.c.Current()                // every acknowledged commit captured
+		_ = l.c.Current()               // every acknowledged commit captured
 		want += l.c.Stats().Records - 1 // minus the CREATE TABLE's
 	}
 	deadline := time.Now().Add(time.Minute)
