@@ -496,7 +496,10 @@ func (c *Capturer) step() error {
 		}
 		synced = err == nil
 	}
-	if cap(c.buf) > 256<<10 {
+	// Keep the buffers of ordinary batches (one WAL read is at most
+	// maxChunkFrames frames; records are written per MiB), drop what a
+	// huge page size or transaction grew them to.
+	if cap(c.buf) > maxChunkFrames*(walFrameHeaderSize+4096) {
 		c.buf = nil
 	}
 	if cap(c.rec) > 2<<20 {
