@@ -52,6 +52,11 @@ type CaptureOptions struct {
 // stay in the WAL until captured; it only delays shipping by as much.
 const captureBatchWindow = time.Millisecond
 
+// eagerFrames: within this many frames of a checkpoint, every commit wakes
+// capture at once (no batching window), so the checkpoint's wait for
+// capture is short.
+const eagerFrames = 64
+
 // Capturer captures one database's committed transactions into its local
 // staging log. It is the sqlexec.CommitHook of that database.
 //
@@ -356,8 +361,14 @@ func (c *Capturer) Committed(w sqlexec.HookConn) error {
 	seq := c.pubSeq
 	c.queue = append(c.queue, commitEntry{seq: seq, mx: mx, us: us})
 	c.mu.Unlock()
+	wake := c.kick
+	if mx-c.ckBase >= c.opts.CheckpointFrames-eagerFrames {
+		// A checkpoint is near and will wait for capture: keep capture
+		// caught up instead of letting commits gather.
+		wake = c.urgent
+	}
 	select {
-	case c.kick <- struct{}{}:
+	case wake <- struct{}{}:
 	default: // the capture goroutine has a wake-up pending already
 	}
 	c.maybeCheckpoint(w, seq, mx)
@@ -707,6 +718,7 @@ func (c *Capturer) maybeCheckpoint(w sqlexec.HookConn, seq uint64, mx int) {
 	if err := c.waitFor(seq, false); err != nil {
 		return // capture is failing: the frames stay in the WAL
 	}
+
 	c.mu.Lock()
 	captured := c.capPos
 	if c.wantDur < seq {
@@ -788,7 +800,9 @@ func (c *Capturer) Flush() error {
 	c.mu.Lock()
 	seq := c.pubSeq
 	c.mu.Unlock()
-	if err := c.waitFor(seq, false); err != nil && !errors.Is(err, errCaptureStopped) {
+	if err := c.waitFor(seq, false); err != nil {
+		// Not settled: the next attach will not take an empty or restarted
+		// WAL for a continuation of a log that lacks those commits.
 		return err
 	}
 	if err := c.Err(); err != nil {

@@ -271,6 +271,7 @@ func (l *localLog) appendBatch(rec []byte, first, last recordHeader) (became boo
 		l.unshippedUs = first.TimeUs
 		became = true
 	}
+	startWriteback(l.open, l.openBytes, int64(len(rec)))
 	l.openLast = last
 	l.openBytes += int64(len(rec))
 	return became, nil
