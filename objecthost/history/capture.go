@@ -449,12 +449,14 @@ func (c *Capturer) run() {
 		c.mu.Unlock()
 	}
 	for {
+		urgent := false
 		select {
 		case <-c.stop:
 			stopped()
 			return
 		case <-c.kick:
 		case <-c.urgent:
+			urgent = true
 		case <-retry.C:
 		}
 		if c.opts.captureDelay > 0 {
@@ -463,7 +465,7 @@ func (c *Capturer) run() {
 		// Let commits gather for a moment unless someone waits: one
 		// staging write for all of them, and meanwhile the writer's kicks
 		// find no goroutine to wake.
-		if c.batchWindow > 0 {
+		if c.batchWindow > 0 && !urgent {
 			window.Reset(c.batchWindow)
 			select {
 			case <-c.stop:
