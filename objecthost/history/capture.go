@@ -61,9 +61,9 @@ const eagerFrames = 64
 // staging log. It is the sqlexec.CommitHook of that database.
 //
 // Lifecycle: NewCapturer (before sqlexec.Open: it finishes a restore that a
-// crash interrupted), Attach (right after Open: it starts the capture
-// goroutine), Flush (before sqlexec.DB.Close), Close (after it: it stops
-// the goroutine). Committed is called by sqlexec on the writer goroutine
+// crash interrupted), Attach (right after Open), Flush (before
+// sqlexec.DB.Close), Close (after it: it stops the capture goroutine,
+// which the first commit that wrote frames started). Committed is called by sqlexec on the writer goroutine
 // only: it publishes the commit (its WAL frame count and time) and
 // returns; the capture goroutine turns published commits into records, in
 // order, several at a time. Current, Flush, Snapshot and the shipper's
@@ -89,6 +89,7 @@ type Capturer struct {
 	genReason string // why the last generation was started
 
 	// Writer goroutine only.
+	lastMx       int    // WALFrames at the last commit (0 after a full checkpoint, as SQLite's)
 	ckBase       int    // WALFrames at the last checkpoint
 	archivedTxid uint64 // WaitArchived confirmed up to here
 
@@ -105,7 +106,8 @@ type Capturer struct {
 	failedAt uint64        // the last attempt that failed (0: the last succeeded)
 	fullCk   walPos        // a checkpoint backfilled the whole WAL up to here…
 	fullCkOK bool          // …so SQLite may restart the WAL after it
-	running  bool          // the capture goroutine runs
+	running  bool          // attached and not closed: capture may run
+	looping  bool          // the capture goroutine was started
 	kick     chan struct{} // a commit was published
 	urgent   chan struct{} // someone waits: skip the batching window
 	stop     chan struct{}
@@ -282,10 +284,17 @@ func (c *Capturer) attach(w sqlexec.HookConn) error {
 	}
 	c.mu.Lock()
 	c.capPos = c.pos
-	c.running = true
+	c.running = true // the goroutine starts with the first commit to capture
 	c.mu.Unlock()
-	go c.run()
 	return nil
+}
+
+// startLoop starts the capture goroutine unless it runs (c.mu held).
+func (c *Capturer) startLoop() {
+	if !c.looping && c.running {
+		c.looping = true
+		go c.run()
+	}
 }
 
 // newGeneration starts a generation whose base snapshot is the database as
@@ -356,20 +365,37 @@ func (c *Capturer) newGeneration(afterUs int64, limit int) error {
 func (c *Capturer) Committed(w sqlexec.HookConn) error {
 	mx := w.WALFrames()
 	us := c.opts.Now().UnixMicro()
+	// A commit that wrote no frames (a read that ran on the writer, a
+	// write that changed nothing) leaves SQLite's count as it was: when
+	// nothing is queued either, it is captured as it stands, without
+	// waking capture (a cold database's first query is such a commit).
+	noFrames := mx <= 0 || mx == c.lastMx
 	c.mu.Lock()
 	c.pubSeq++
 	seq := c.pubSeq
-	c.queue = append(c.queue, commitEntry{seq: seq, mx: mx, us: us})
-	c.mu.Unlock()
-	wake := c.kick
-	if mx-c.ckBase >= c.opts.CheckpointFrames-eagerFrames {
-		// A checkpoint is near and will wait for capture: keep capture
-		// caught up instead of letting commits gather.
-		wake = c.urgent
+	idle := noFrames && len(c.queue) == 0
+	if idle {
+		if c.durSeq == c.capSeq {
+			c.durSeq = seq
+		}
+		c.capSeq = seq
+	} else {
+		c.queue = append(c.queue, commitEntry{seq: seq, mx: mx, us: us})
+		c.startLoop()
 	}
-	select {
-	case wake <- struct{}{}:
-	default: // the capture goroutine has a wake-up pending already
+	c.mu.Unlock()
+	c.lastMx = mx
+	if !idle {
+		wake := c.kick
+		if mx-c.ckBase >= c.opts.CheckpointFrames-eagerFrames {
+			// A checkpoint is near and will wait for capture: keep
+			// capture caught up instead of letting commits gather.
+			wake = c.urgent
+		}
+		select {
+		case wake <- struct{}{}:
+		default: // the capture goroutine has a wake-up pending already
+		}
 	}
 	c.maybeCheckpoint(w, seq, mx)
 	if c.opts.WaitArchived != nil {
@@ -411,6 +437,7 @@ func (c *Capturer) waitFor(seq uint64, durable bool) error {
 	if durable && c.wantDur < seq {
 		c.wantDur = seq
 	}
+	c.startLoop()
 	from := c.started
 	select {
 	case c.urgent <- struct{}{}:
@@ -739,6 +766,9 @@ func (c *Capturer) maybeCheckpoint(w sqlexec.HookConn, seq uint64, mx int) {
 		c.captureErr.Store(&err)
 		return
 	}
+	if nlog == nckpt {
+		c.lastMx = 0 // HookConn.WALFrames reads 0 now
+	}
 	c.ckBase = mx
 	c.wantCkpt.Store(false)
 	if err := c.waitFor(seq, true); err != nil {
@@ -827,10 +857,12 @@ func (c *Capturer) Flush() error {
 func (c *Capturer) Close() error {
 	c.stopOnce.Do(func() {
 		c.mu.Lock()
-		running := c.running
+		looping := c.looping
+		c.running = false // no goroutine starts after this
+		c.cond.Broadcast()
 		c.mu.Unlock()
 		close(c.stop)
-		if running {
+		if looping {
 			<-c.loopDone
 		}
 	})
