@@ -32,38 +32,90 @@ type CaptureOptions struct {
 	// be archived when the store is back, but it was not acknowledged as
 	// archived.
 	WaitArchived func(c *Capturer) error
-	// OnAppend is called (writer goroutine, must not block) when records
+	// OnAppend is called (capture goroutine, must not block) when records
 	// were appended to a log that had nothing unshipped: the Shipper uses it
 	// to learn that a database has work (Shipper.Notify).
 	OnAppend func(c *Capturer)
+
+	// captureDelay, tests only: the capture goroutine sleeps this long
+	// before each batch, so that capture lags behind the commits.
+	captureDelay time.Duration
+	// appendErr, tests only: when it returns an error, appending to the
+	// staging file fails with it.
+	appendErr func() error
 }
+
+// captureBatchWindow: after a commit wakes the capture goroutine it waits
+// this long before capturing, so that one staging write takes every
+// commit of the window (unless a waiter needs capture now: a checkpoint,
+// Current, Flush, the archived mode). Capture lag is harmless: the frames
+// stay in the WAL until captured; it only delays shipping by as much.
+const captureBatchWindow = time.Millisecond
+
+// eagerFrames: within this many frames of a checkpoint, every commit wakes
+// capture at once (no batching window), so the checkpoint's wait for
+// capture is short.
+const eagerFrames = 64
 
 // Capturer captures one database's committed transactions into its local
 // staging log. It is the sqlexec.CommitHook of that database.
 //
 // Lifecycle: NewCapturer (before sqlexec.Open: it finishes a restore that a
 // crash interrupted), Attach (right after Open), Flush (before
-// sqlexec.DB.Close), Close (after it). Committed is called by sqlexec on the
-// writer goroutine only; Snapshot and the shipper's calls may come from any
-// goroutine.
+// sqlexec.DB.Close), Close (after it: it stops the capture goroutine,
+// which the first commit that wrote frames started). Committed is called by sqlexec on the writer goroutine
+// only: it publishes the commit (its WAL frame count and time) and
+// returns; the capture goroutine turns published commits into records, in
+// order, several at a time. Current, Flush, Snapshot and the shipper's
+// calls may come from any goroutine.
 type Capturer struct {
 	key    string
 	dbPath string
 	opts   CaptureOptions
 	log    *localLog
 
-	// Writer goroutine only (or under the attach transaction).
-	walF, dbF    *os.File
-	pageSize     int
-	pos          walPos
-	restartOK    bool // the WAL at pos was fully checkpointed: a new salt is expected
-	last         recordHeader
-	framesAtCk   uint32 // pos.Frames at which the last checkpoint ran
-	hdr          walHeader
-	hdrOK        bool   // hdr is the WAL header for pos's salts
-	limit        int    // SQLite's mxFrame after the commit being captured (-1: unknown, verify)
+	// Opened by attach, then only read (ReadAt) by any goroutine.
+	walF, dbF *os.File
+
+	// Capture state: written by attach (writer goroutine, before the
+	// capture goroutine starts), then by the capture goroutine only.
+	pageSize  int
+	pos       walPos
+	restartOK bool // the WAL at pos was fully checkpointed: a new salt is expected
+	last      recordHeader
+	hdr       walHeader
+	hdrOK     bool // hdr is the WAL header for pos's salts
+	buf, rec  []byte
+	genReason string // why the last generation was started
+
+	// Writer goroutine only.
+	lastMx       int    // WALFrames at the last commit (0 after a full checkpoint, as SQLite's)
+	ckBase       int    // WALFrames at the last checkpoint
 	archivedTxid uint64 // WaitArchived confirmed up to here
-	buf          []byte
+
+	// Between the writer, the capture goroutine and waiters (mu).
+	mu       sync.Mutex
+	cond     sync.Cond     // broadcast after each capture attempt
+	queue    []commitEntry // published, not captured yet, in commit order
+	pubSeq   uint64        // the last commit published (1, 2, …)
+	capSeq   uint64        // every commit up to it is captured
+	durSeq   uint64        // … and its record fsynced
+	capPos   walPos        // the WAL position after commit capSeq
+	wantDur  uint64        // a waiter needs durSeq ≥ wantDur
+	started  uint64        // capture attempts started
+	failedAt uint64        // the last attempt that failed (0: the last succeeded)
+	fullCk   walPos        // a checkpoint backfilled the whole WAL up to here…
+	fullCkOK bool          // …so SQLite may restart the WAL after it
+	running  bool          // attached and not closed: capture may run
+	looping  bool          // the capture goroutine was started
+	kick     chan struct{} // a commit was published
+	urgent   chan struct{} // someone waits: skip the batching window
+	stop     chan struct{}
+	stopOnce sync.Once
+	loopDone chan struct{}
+	// batchWindow: how long capture lets commits gather after the first
+	// one (captureBatchWindow; tests may change it before Attach).
+	batchWindow time.Duration
 
 	// cur is the last captured position, published for other goroutines.
 	curMu sync.Mutex
@@ -80,24 +132,37 @@ type Capturer struct {
 	snapTimeUs   atomic.Int64
 	appendedRecs atomic.Int64
 	appendedB    atomic.Int64
+	batches      atomic.Int64 // capture batches written
 	checkpoints  atomic.Int64 // full checkpoints
+	ckptWaits    atomic.Int64 // time (ns) the writer waited for capture before checkpoints
 	walRestarts  atomic.Int64 // new WAL salts followed
 	generations  atomic.Int64 // generations started by this capturer
-	genReason    string       // why the last one was started (writer goroutine)
 	retired      atomic.Bool  // closed; the shipper drops it once shipped
 	recovered    *recovered   // staging state read by NewCapturer, used once by attach
-	syncing      atomic.Bool  // a background fsync of the staging file runs
-	syncWG       sync.WaitGroup
+}
+
+// commitEntry is one commit the writer published: SQLite's mxFrame after
+// it (≤ 0: the commit wrote no frames) and its commit time.
+type commitEntry struct {
+	seq uint64
+	mx  int
+	us  int64
 }
 
 // CaptureStats are counters of one capturer since NewCapturer.
 type CaptureStats struct {
 	Records, RecordBytes, FullCheckpoints, WALRestarts, Generations int64
+	// Batches is the number of staging writes (each holds one or more
+	// records); CheckpointWait is the time the writer spent waiting for
+	// capture and fsync before its checkpoints.
+	Batches        int64
+	CheckpointWait time.Duration
 }
 
 // Stats returns the capturer's counters.
 func (c *Capturer) Stats() CaptureStats {
-	return CaptureStats{c.appendedRecs.Load(), c.appendedB.Load(), c.checkpoints.Load(), c.walRestarts.Load(), c.generations.Load()}
+	return CaptureStats{c.appendedRecs.Load(), c.appendedB.Load(), c.checkpoints.Load(), c.walRestarts.Load(), c.generations.Load(),
+		c.batches.Load(), time.Duration(c.ckptWaits.Load())}
 }
 
 type published struct {
@@ -127,7 +192,10 @@ func NewCapturer(key, dbPath string, opts CaptureOptions) (*Capturer, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Capturer{key: key, dbPath: dbPath, opts: opts, log: l, limit: -1}
+	c := &Capturer{key: key, dbPath: dbPath, opts: opts, log: l,
+		kick: make(chan struct{}, 1), urgent: make(chan struct{}, 1), stop: make(chan struct{}), loopDone: make(chan struct{}),
+		batchWindow: captureBatchWindow}
+	c.cond.L = &c.mu
 	if dbPath == "" {
 		return c, nil // staging only (SealForShipping): no file to finish a restore into
 	}
@@ -186,11 +254,11 @@ func (c *Capturer) attach(w sqlexec.HookConn) error {
 		default:
 			// A new WAL. SQLite restarts a WAL only once every frame of
 			// the old one is in the database file, and then sets salt1 to
-			// the old salt1 + 1. The capturer checkpoints only right after
-			// capturing everything (maybeCheckpoint, its records fsynced
-			// first) and nothing can commit between a crash and this
-			// attach, so "old salt1 + 1" means every frame of the old WAL
-			// up to our last record was captured and the new WAL's frames
+			// the old salt1 + 1. The writer checkpoints only once every
+			// frame is captured and its record fsynced (maybeCheckpoint),
+			// and nothing can commit between a crash and this attach, so
+			// "old salt1 + 1" means every frame of the old WAL up to our
+			// last durable record was captured and the new WAL's frames
 			// all come after it.
 			continuous = st.Settled || st.Last.WAL.Frames > 0 && h.salt1 == st.Last.WAL.Salt1+1
 			c.pos, c.restartOK = walStart(h), false
@@ -200,22 +268,42 @@ func (c *Capturer) attach(w sqlexec.HookConn) error {
 		if ok {
 			c.genReason = fmt.Sprintf("cannot prove continuity: tip %+v settled=%v, wal header ok=%v salts %x/%x", st.Last.WAL, st.Settled, walOK, h.salt1, h.salt2)
 		}
-		return c.newGeneration(st.Last.TimeUs)
-	}
-	c.publish(st.Gen)
-	if walOK {
-		// Catch up: commits that a crash left in the WAL uncaptured
-		// (c.limit is -1 here: every checksum is verified).
-		if err := c.capture(h); err != nil {
+		if err := c.newGeneration(st.Last.TimeUs, -1); err != nil {
 			return err
 		}
+	} else {
+		c.publish(st.Gen)
+		if walOK {
+			// Catch up: commits that a crash left in the WAL uncaptured
+			// (no limit: every checksum is verified; nothing writes now).
+			c.hdr, c.hdrOK = h, true
+			if err := c.capture(h, -1, nil); err != nil {
+				return err
+			}
+		}
 	}
+	c.mu.Lock()
+	c.capPos = c.pos
+	c.running = true // the goroutine starts with the first commit to capture
+	c.mu.Unlock()
 	return nil
 }
 
+// startLoop starts the capture goroutine unless it runs (c.mu held).
+func (c *Capturer) startLoop() {
+	if !c.looping && c.running {
+		c.looping = true
+		go c.run()
+	}
+}
+
 // newGeneration starts a generation whose base snapshot is the database as
-// it is now (writer goroutine: nothing commits or checkpoints meanwhile).
-func (c *Capturer) newGeneration(afterUs int64) error {
+// it is now: the database file overlaid with the WAL's committed frames
+// (up to limit, SQLite's mxFrame; -1: verify every checksum, when nothing
+// writes). Nothing checkpoints meanwhile: on the writer goroutine (attach)
+// nothing else runs, and on the capture goroutine the writer waits for
+// capture before it checkpoints.
+func (c *Capturer) newGeneration(afterUs int64, limit int) error {
 	h, walOK, err := readWALHeader(c.walF)
 	if err != nil {
 		return err
@@ -228,7 +316,7 @@ func (c *Capturer) newGeneration(afterUs int64) error {
 	if walOK {
 		ps = h.pageSize
 		pos = walStart(h)
-		pos, err = scanWAL(c.walF, h, pos, true, -1, &c.buf, func(tx *walTx) error {
+		pos, err = scanWAL(c.walF, h, pos, limit < 0, limit, &c.buf, func(tx *walTx) error {
 			pages = tx.dbSize
 			return nil
 		})
@@ -256,7 +344,7 @@ func (c *Capturer) newGeneration(afterUs int64) error {
 		return fmt.Errorf("history: start generation: %w", err)
 	}
 	c.pageSize, c.pos, c.last, c.restartOK = ps, pos, last, !walOK
-	c.framesAtCk = 0
+	c.hdr, c.hdrOK = h, walOK
 	c.bytesSince.Store(0)
 	c.snapTxid.Store(0)
 	c.snapTimeUs.Store(startUs)
@@ -265,93 +353,357 @@ func (c *Capturer) newGeneration(afterUs int64) error {
 	return nil
 }
 
-// Committed captures the transactions committed since the last call
-// (sqlexec.CommitHook). It never fails the requests: a capture error is
-// kept (Err) and the next commit retries from the same WAL position, since
-// nothing checkpoints frames that were not captured.
+// Committed publishes a commit to the capture goroutine (sqlexec.
+// CommitHook, writer goroutine, after COMMIT and before the
+// acknowledgement): SQLite's mxFrame after it, which the capture never
+// reads past, and its commit time, which becomes the record's. It returns
+// at once: capture runs behind the writer, and the frames it has not
+// captured stay in the WAL because the writer checkpoints only once
+// capture caught up (maybeCheckpoint). It never fails the requests, except
+// in `durability = "archived"` mode: a capture error is kept (Err) and
+// retried from the same WAL position.
 func (c *Capturer) Committed(w sqlexec.HookConn) error {
-	// Never read past SQLite's last committed frame (see scanWAL).
-	c.limit = w.WALFrames()
-	defer func() { c.limit = -1 }()
-	var err error
-	progressed := false
-	if c.hdrOK && c.hdr.salt1 == c.pos.Salt1 && c.hdr.salt2 == c.pos.Salt2 {
-		// Fast path: the header is unchanged unless the WAL restarted, in
-		// which case the frames at pos are not valid and nothing is found.
-		before := c.last.Txid
-		err = c.capture(c.hdr)
-		progressed = c.last.Txid != before
+	mx := w.WALFrames()
+	us := c.opts.Now().UnixMicro()
+	// A commit that wrote no frames (a read that ran on the writer, a
+	// write that changed nothing) leaves SQLite's count as it was: when
+	// nothing is queued either, it is captured as it stands, without
+	// waking capture (a cold database's first query is such a commit).
+	noFrames := mx <= 0 || mx == c.lastMx
+	c.mu.Lock()
+	c.pubSeq++
+	seq := c.pubSeq
+	idle := noFrames && len(c.queue) == 0
+	if idle {
+		if c.durSeq == c.capSeq {
+			c.durSeq = seq
+		}
+		c.capSeq = seq
+	} else {
+		c.queue = append(c.queue, commitEntry{seq: seq, mx: mx, us: us})
+		c.startLoop()
 	}
-	if err == nil && !progressed {
-		h, walOK, herr := readWALHeader(c.walF)
-		err = herr
-		if err == nil && walOK {
-			c.hdr, c.hdrOK = h, true
-			if c.limit >= 0 && uint32(c.limit) < c.pos.Frames && h.salt1 == c.pos.Salt1 && h.salt2 == c.pos.Salt2 {
-				// SQLite's WAL ends before frames we captured: its recovery
-				// dropped them (an OS crash lost WAL writes our log kept).
-				// The log is ahead of the database: start over from it.
-				c.genReason = "the wal ends before the captured position"
-				err = c.newGeneration(c.last.TimeUs)
-			} else {
-				err = c.capture(h)
+	c.mu.Unlock()
+	c.lastMx = mx
+	if !idle {
+		wake := c.kick
+		if mx-c.ckBase >= c.opts.CheckpointFrames-eagerFrames {
+			// A checkpoint is near and will wait for capture: keep
+			// capture caught up instead of letting commits gather.
+			wake = c.urgent
+		}
+		select {
+		case wake <- struct{}{}:
+		default: // the capture goroutine has a wake-up pending already
+		}
+	}
+	c.maybeCheckpoint(w, seq, mx)
+	if c.opts.WaitArchived != nil {
+		unavailable := &sqlexec.Error{Code: v4.CodeUnavailable, Statement: -1,
+			Message: "the write is committed on the host but the archive store did not confirm it (durability = archived); it will be archived when the store is back"}
+		if err := c.waitFor(seq, false); err != nil {
+			return unavailable
+		}
+		c.curMu.Lock()
+		txid := c.cur.last.Txid
+		c.curMu.Unlock()
+		if txid != c.archivedTxid {
+			if err := c.opts.WaitArchived(c); err != nil {
+				return unavailable
 			}
+			c.archivedTxid = txid
 		}
-	}
-	if err != nil {
-		c.captureErr.Store(&err)
-		return nil
-	}
-	c.captureErr.Store(nil)
-	c.maybeCheckpoint(w)
-	if c.opts.WaitArchived != nil && c.last.Txid != c.archivedTxid {
-		if err := c.opts.WaitArchived(c); err != nil {
-			return &sqlexec.Error{Code: v4.CodeUnavailable, Statement: -1,
-				Message: "the write is committed on the host but the archive store did not confirm it (durability = archived); it will be archived when the store is back"}
-		}
-		c.archivedTxid = c.last.Txid
 	}
 	return nil
 }
 
-// capture appends a record for each transaction in the WAL after c.pos.
-func (c *Capturer) capture(h walHeader) error {
+// errCaptureStopped: the capture goroutine is not running (Close, or no
+// Attach).
+var errCaptureStopped = errors.New("history: capture is not running")
+
+// waitFor waits until commit seq is captured (and with durable, its record
+// fsynced). It fails when a capture attempt that started after the call
+// failed: the commit stays in the queue and is retried.
+func (c *Capturer) waitFor(seq uint64, durable bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	done := func() bool { return c.capSeq >= seq && (!durable || c.durSeq >= seq) }
+	if done() {
+		return nil
+	}
+	if !c.running {
+		return errCaptureStopped
+	}
+	if durable && c.wantDur < seq {
+		c.wantDur = seq
+	}
+	c.startLoop()
+	from := c.started
+	select {
+	case c.urgent <- struct{}{}:
+	default:
+	}
+	for !done() {
+		if c.failedAt > from {
+			if p := c.captureErr.Load(); p != nil {
+				return *p
+			}
+			return errors.New("history: capture failed")
+		}
+		if !c.running {
+			return errCaptureStopped
+		}
+		c.cond.Wait()
+	}
+	return nil
+}
+
+// run is the capture goroutine: one batch per wake-up (Committed, a
+// waiter), until Close. A failed batch is retried at the next wake-up, at
+// the latest after a second.
+func (c *Capturer) run() {
+	defer close(c.loopDone)
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	window := time.NewTimer(time.Hour)
+	window.Stop()
+	defer window.Stop()
+	stopped := func() {
+		c.mu.Lock()
+		c.running = false
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	}
+	for {
+		urgent := false
+		select {
+		case <-c.stop:
+			stopped()
+			return
+		case <-c.kick:
+		case <-c.urgent:
+			urgent = true
+		case <-retry.C:
+		}
+		if c.opts.captureDelay > 0 {
+			time.Sleep(c.opts.captureDelay)
+		}
+		// Let commits gather for a moment unless someone waits: one
+		// staging write for all of them, and meanwhile the writer's kicks
+		// find no goroutine to wake.
+		if c.batchWindow > 0 && !urgent {
+			window.Reset(c.batchWindow)
+			select {
+			case <-c.stop:
+				stopped()
+				return
+			case <-c.urgent:
+				window.Stop()
+			case <-window.C:
+			}
+		}
+		if err := c.step(); err != nil {
+			retry.Reset(time.Second)
+		}
+	}
+}
+
+// step captures every published commit (one staging write for all of
+// them) and fsyncs the staging file when a waiter needs it.
+func (c *Capturer) step() error {
+	c.mu.Lock()
+	n := len(c.queue)
+	entries := c.queue[:n:n] // Committed only appends after them
+	needDur := c.wantDur > c.durSeq
+	if c.fullCkOK && c.fullCk == c.pos {
+		// The writer's last checkpoint backfilled everything we captured:
+		// SQLite may restart the WAL at the next write.
+		c.restartOK = true
+	}
+	c.started++
+	attempt := c.started
+	c.mu.Unlock()
+
+	var err error
+	if n > 0 {
+		err = c.captureEntries(entries)
+	}
+	synced := false
+	if err == nil && needDur {
+		if c.log.synced.Load() < c.last.Txid {
+			err = c.log.sync()
+		}
+		synced = err == nil
+	}
+	// Keep the buffers of ordinary batches (one WAL read is at most
+	// maxChunkFrames frames; records are written per MiB), drop what a
+	// huge page size or transaction grew them to.
+	if cap(c.buf) > maxChunkFrames*(walFrameHeaderSize+4096) {
+		c.buf = nil
+	}
+	if cap(c.rec) > 2<<20 {
+		c.rec = nil
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	defer c.cond.Broadcast()
+	if err != nil {
+		c.failedAt = attempt
+		c.captureErr.Store(&err)
+		return err
+	}
+	if n > 0 {
+		c.capSeq = entries[n-1].seq
+		rest := copy(c.queue, c.queue[n:])
+		c.queue = c.queue[:rest]
+	}
+	c.capPos = c.pos
+	if synced {
+		c.durSeq = c.capSeq
+	}
+	c.failedAt = 0
+	c.captureErr.Store(nil)
+	return nil
+}
+
+// captureEntries captures the transactions of the published commits
+// entries (capture goroutine). They all lie in the WAL that is current
+// now: the writer restarts a WAL only after a checkpoint it ran once every
+// published commit was captured.
+func (c *Capturer) captureEntries(entries []commitEntry) error {
+	limit := 0
+	for _, e := range entries {
+		limit = max(limit, e.mx)
+	}
+	if limit <= 0 {
+		return nil // commits that wrote no frames
+	}
+	h := c.hdr
+	if !c.hdrOK || c.restartOK {
+		// A restart is possible only after a full checkpoint (restartOK);
+		// otherwise the header read last is still the WAL's.
+		var walOK bool
+		var err error
+		if h, walOK, err = readWALHeader(c.walF); err != nil {
+			return err
+		}
+		if !walOK {
+			return errors.New("history: no valid wal header after a commit")
+		}
+		c.hdr, c.hdrOK = h, true
+	}
+	if h.salt1 == c.pos.Salt1 && h.salt2 == c.pos.Salt2 && uint32(limit) < c.pos.Frames {
+		// SQLite's WAL ends before frames we captured: its recovery
+		// dropped them (an OS crash lost WAL writes our log kept). The
+		// log is ahead of the database: start over from it.
+		c.genReason = "the wal ends before the captured position"
+		return c.newGeneration(c.last.TimeUs, limit)
+	}
+	before := c.pos
+	if err := c.capture(h, limit, entries); err != nil {
+		return err
+	}
+	if c.pos == before && h.salt1 == c.pos.Salt1 && h.salt2 == c.pos.Salt2 && uint32(limit) > c.pos.Frames {
+		// Nothing found where committed frames should be: the WAL was
+		// restarted under us (a checkpoint we did not run). capture()
+		// with the new header starts a new generation.
+		h2, walOK, err := readWALHeader(c.walF)
+		if err != nil {
+			return err
+		}
+		if walOK && (h2.salt1 != h.salt1 || h2.salt2 != h.salt2) {
+			c.hdr = h2
+			return c.capture(h2, limit, entries)
+		}
+		return fmt.Errorf("history: wal frames %d..%d not found", c.pos.Frames+1, limit)
+	}
+	return nil
+}
+
+// capture appends a record for each transaction in the WAL after c.pos,
+// up to limit (-1: verify every checksum; attach only), with one write(2)
+// per MiB of records. entries, in commit order, give each transaction its
+// commit time: the first published commit whose frame count reaches its
+// commit frame (none: a commit from before the hook was attached, which
+// gets the capture time).
+func (c *Capturer) capture(h walHeader, limit int, entries []commitEntry) error {
+	startTxid := c.last.Txid
 	if h.salt1 != c.pos.Salt1 || h.salt2 != c.pos.Salt2 {
 		if !c.restartOK {
 			// The WAL was restarted under frames we never captured: only a
 			// checkpoint we did not run can do that. History cannot prove
 			// continuity: start over from the database as it is.
 			c.genReason = "wal restarted under uncaptured frames"
-			return c.newGeneration(c.last.TimeUs)
+			return c.newGeneration(c.last.TimeUs, limit)
 		}
 		c.pos = walStart(h)
-		c.framesAtCk = 0
 		c.walRestarts.Add(1)
 	}
 	c.pageSize = h.pageSize
-	appended, dirty := false, false
-	pos, err := scanWAL(c.walF, h, c.pos, false, c.limit, &c.buf, func(tx *walTx) error {
-		t := c.opts.Now().UnixMicro()
+	// What is in the staging file: rolled back to on a failed write.
+	okLast, okPos, okRestart := c.last, c.pos, c.restartOK
+	var first recordHeader
+	c.rec = c.rec[:0]
+	dirty := false
+	flush := func() error {
+		if len(c.rec) == 0 {
+			return nil
+		}
+		var became bool
+		var err error
+		if c.opts.appendErr != nil {
+			err = c.opts.appendErr()
+		}
+		if err == nil {
+			became, err = c.log.appendBatch(c.rec, first, c.last)
+		}
+		if err != nil {
+			c.last, c.pos, c.restartOK = okLast, okPos, okRestart
+			c.rec = c.rec[:0]
+			return fmt.Errorf("history: append: %w", err)
+		}
+		n := int64(len(c.rec))
+		c.bytesSince.Add(n)
+		c.appendedB.Add(n)
+		c.batches.Add(1)
+		dirty = dirty || became
+		okLast, okPos, okRestart = c.last, c.pos, c.restartOK
+		c.rec = c.rec[:0]
+		return nil
+	}
+	ei := 0
+	_, err := scanWAL(c.walF, h, c.pos, false, limit, &c.buf, func(tx *walTx) error {
+		for ei < len(entries) && entries[ei].mx < int(tx.end.Frames) {
+			ei++
+		}
+		var t int64
+		if ei < len(entries) {
+			t = entries[ei].us
+		} else {
+			t = c.opts.Now().UnixMicro()
+		}
 		if t <= c.last.TimeUs {
 			t = c.last.TimeUs + 1 // strictly increasing: bookmarks sort
 		}
 		rh := recordHeader{PageSize: uint32(h.pageSize), DBSize: tx.dbSize, PrevCRC: c.last.CRC, Txid: c.last.Txid + 1, TimeUs: t, WAL: tx.end}
-		rh, n, became, err := c.log.append(rh, tx.pages)
-		if err != nil {
-			return fmt.Errorf("history: append: %w", err)
-		}
-		if became {
-			dirty = true
+		batchStart := len(c.rec) == 0
+		c.rec, rh = encodeRecord(c.rec, rh, tx.pages)
+		if batchStart {
+			first = rh
 		}
 		c.last, c.pos, c.restartOK = rh, tx.end, false
-		c.bytesSince.Add(n)
 		c.appendedRecs.Add(1)
-		c.appendedB.Add(n)
-		appended = true
+		if len(c.rec) >= 1<<20 {
+			return flush()
+		}
 		return nil
 	})
-	c.pos = pos
-	if appended {
+	if ferr := flush(); err == nil {
+		err = ferr
+	}
+	if c.last.Txid != startTxid {
 		c.publish("")
 		if dirty && c.opts.OnAppend != nil {
 			c.opts.OnAppend(c)
@@ -360,45 +712,82 @@ func (c *Capturer) capture(h walHeader) error {
 	return err
 }
 
-// maybeCheckpoint checkpoints the WAL when it has grown past
-// CheckpointFrames (or a snapshot asked for it), after fsyncing the
-// staging file that holds its frames' records: once SQLite restarts the
-// WAL those frames exist only there. That fsync is on the write path (the
-// checkpoint backfills up to the newest commit, so its record must be
-// durable too), but short: at 3/4 of the way a background fsync already
-// writes most of the bytes out.
-func (c *Capturer) maybeCheckpoint(w sqlexec.HookConn) {
-	frames := int(c.pos.Frames - c.framesAtCk)
-	if frames < c.opts.CheckpointFrames && !c.wantCkpt.Load() {
-		if frames >= c.opts.CheckpointFrames*3/4 && c.log.synced.Load() < c.last.Txid {
-			c.syncInBackground()
-		}
+// maybeCheckpoint checkpoints the WAL once it has grown by
+// CheckpointFrames since the last checkpoint (or a test asked). This is
+// the only time the writer waits for capture in the default mode:
+//
+//  1. wait until every commit published so far is captured (capture is
+//     usually a few commits behind; a failing capture skips the
+//     checkpoint, the frames stay in the WAL);
+//  2. ask the capture goroutine to fsync the staging file, and meanwhile
+//     run the PASSIVE checkpoint (SQLite fsyncs the WAL, copies the pages
+//     into the database file, fsyncs it): the frames are still in the
+//     WAL afterwards, only a restart overwrites them;
+//  3. wait for that fsync. *Checkpoint: the fsync.* Only now may SQLite
+//     restart the fully backfilled WAL, which it does at the next write,
+//     on this goroutine, after this returns: from then on those frames
+//     exist only in the staging log.
+//
+// If the fsync fails the WAL may restart anyway: capture then sees a
+// restart it was not told about and starts a new generation (an fsync
+// error may have dropped the pages: continuity is not claimed).
+func (c *Capturer) maybeCheckpoint(w sqlexec.HookConn, seq uint64, mx int) {
+	if mx < c.ckBase {
+		c.ckBase = 0 // a new WAL (or 0 frames reported after a full checkpoint)
+	}
+	if mx <= 0 || mx-c.ckBase < c.opts.CheckpointFrames && !c.wantCkpt.Load() {
 		return
 	}
 	if !c.ckptMu.TryLock() {
 		return // a snapshot is reading the database file; next commit
 	}
 	defer c.ckptMu.Unlock()
-	if c.log.synced.Load() < c.last.Txid {
-		if err := c.log.sync(); err != nil {
-			c.captureErr.Store(&err)
-			return
-		}
+	t0 := time.Now()
+	defer func() { c.ckptWaits.Add(int64(time.Since(t0))) }()
+	if err := c.waitFor(seq, false); err != nil {
+		return // capture is failing: the frames stay in the WAL
+	}
+
+	c.mu.Lock()
+	captured := c.capPos
+	if c.wantDur < seq {
+		c.wantDur = seq
+	}
+	c.mu.Unlock()
+	if captured.Frames != uint32(mx) {
+		return // cannot happen: capture reached commit seq, whose WAL ends at mx
+	}
+	select {
+	case c.urgent <- struct{}{}: // the fsync runs while SQLite checkpoints
+	default:
 	}
 	nlog, nckpt, err := w.Checkpoint()
 	if err != nil {
 		c.captureErr.Store(&err)
 		return
 	}
-	c.framesAtCk = c.pos.Frames
+	if nlog == nckpt {
+		c.lastMx = 0 // HookConn.WALFrames reads 0 now
+	}
+	c.ckBase = mx
 	c.wantCkpt.Store(false)
-	if nlog == nckpt && uint32(nlog) == c.pos.Frames {
+	if err := c.waitFor(seq, true); err != nil {
+		return
+	}
+	if nlog == nckpt && uint32(nlog) == captured.Frames {
 		// The database file holds everything: SQLite may restart the WAL
 		// at the next write (salt1 + 1, which is how the next attach
-		// recognises that restart; no tip needs writing here).
-		c.restartOK = true
+		// recognises that restart; no tip needs writing here). The capture
+		// goroutine learns it before it sees a frame of the new WAL.
+		c.mu.Lock()
+		c.fullCk, c.fullCkOK = captured, true
+		c.mu.Unlock()
+		c.curMu.Lock()
+		if c.cur.pos == captured {
+			c.cur.restartOK = true
+		}
+		c.curMu.Unlock()
 		c.checkpoints.Add(1)
-		c.publish("")
 	}
 }
 
@@ -411,9 +800,15 @@ func (c *Capturer) publish(gen string) {
 	c.curMu.Unlock()
 }
 
-// Current is the position of the last captured commit (the database's
-// current bookmark).
+// Current is the position of the last commit (the database's current
+// bookmark): it waits until every commit acknowledged before the call is
+// captured (capture runs a few commits behind the writer). If capture is
+// failing it returns the last captured commit.
 func (c *Capturer) Current() Position {
+	c.mu.Lock()
+	seq := c.pubSeq
+	c.mu.Unlock()
+	_ = c.waitFor(seq, false)
 	c.curMu.Lock()
 	defer c.curMu.Unlock()
 	return Position{Gen: c.cur.gen, Txid: c.cur.last.Txid, TimeUs: c.cur.last.TimeUs}
@@ -427,12 +822,21 @@ func (c *Capturer) Err() error {
 	return nil
 }
 
-// Flush makes the staging log durable and marks it settled, so that the
-// checkpoint sqlexec.DB.Close does is expected at the next attach. Call it
-// after the last write and before Close; it fails if a capture failed (the
-// WAL then holds commits the log lacks: do not close the database, or
-// accept that the next attach starts a new generation).
+// Flush captures every commit published so far, makes the staging log
+// durable and marks it settled, so that the checkpoint sqlexec.DB.Close
+// does is expected at the next attach. Call it after the last write and
+// before Close (the writer calls it itself, Closing); it fails if capture
+// fails (the WAL then holds commits the log lacks: do not close the
+// database, or accept that the next attach starts a new generation).
 func (c *Capturer) Flush() error {
+	c.mu.Lock()
+	seq := c.pubSeq
+	c.mu.Unlock()
+	if err := c.waitFor(seq, false); err != nil {
+		// Not settled: the next attach will not take an empty or restarted
+		// WAL for a continuation of a log that lacks those commits.
+		return err
+	}
 	if err := c.Err(); err != nil {
 		return err
 	}
@@ -447,12 +851,21 @@ func (c *Capturer) Flush() error {
 	return c.log.settle(last)
 }
 
-// Close seals the open segment and releases the files; call it after
-// sqlexec.DB.Close (closing our
-// descriptor of the database file earlier would drop SQLite's POSIX lock
-// on it).
+// Close stops the capture goroutine, seals the open segment and releases
+// the files; call it after sqlexec.DB.Close (closing our descriptor of the
+// database file earlier would drop SQLite's POSIX lock on it).
 func (c *Capturer) Close() error {
-	c.syncWG.Wait()
+	c.stopOnce.Do(func() {
+		c.mu.Lock()
+		looping := c.looping
+		c.running = false // no goroutine starts after this
+		c.cond.Broadcast()
+		c.mu.Unlock()
+		close(c.stop)
+		if looping {
+			<-c.loopDone
+		}
+	})
 	// Seal what is open: the shipper (Retire) can then send it.
 	_, err := c.log.seal()
 	if cerr := c.log.close(); err == nil {
@@ -472,8 +885,9 @@ func (c *Capturer) Close() error {
 // commit into the staging area, without stopping the writer: it holds
 // ckptMu so no checkpoint changes the database file while it reads, and the
 // WAL frames it overlays cannot be overwritten (a WAL restart needs a full
-// checkpoint first). Returns false if there is nothing new since the last
-// snapshot.
+// checkpoint first). The database file holds nothing newer than the last
+// captured commit: the writer checkpoints only after capture caught up.
+// Returns false if there is nothing new since the last snapshot.
 func (c *Capturer) Snapshot() (bool, error) {
 	c.ckptMu.Lock()
 	defer c.ckptMu.Unlock()
@@ -538,19 +952,4 @@ func (c *Capturer) SealForShipping() error {
 		c.log.markUnshipped(u)
 	}
 	return c.log.close()
-}
-
-// syncInBackground starts one fsync of the staging file, unless one runs.
-func (c *Capturer) syncInBackground() {
-	if !c.syncing.CompareAndSwap(false, true) {
-		return
-	}
-	c.syncWG.Add(1)
-	go func() {
-		defer c.syncWG.Done()
-		defer c.syncing.Store(false)
-		if err := c.log.syncBehind(); err != nil {
-			c.captureErr.Store(&err)
-		}
-	}()
 }

@@ -10,15 +10,21 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 )
 
 // DirStore is a Store in a local directory, the default archive of `shoal
 // dev`. It must be outside the host's data dir (it stands in for
 // off-host storage: wiping the data dir must not wipe the archive). Put
 // writes a temporary file, fsyncs it, renames it into place and fsyncs the
-// directory, so an object is complete or absent after a crash.
+// directory, so an object is complete or absent after a crash. When the
+// object comes from a file on the same filesystem (the shipper's sealed
+// segments and snapshots, which are never written again), Put fsyncs that
+// file and hard-links it instead of copying it: the archive then costs no
+// second write of every byte on the same disk.
 type DirStore struct {
-	root string
+	root    string
+	linkSeq atomic.Int64 // makes putLink's temporary names unique
 }
 
 var _ Store = (*DirStore)(nil)
@@ -41,6 +47,13 @@ func (s *DirStore) Put(ctx context.Context, key string, r io.Reader, size int64)
 	dir := filepath.Dir(p)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("history: put %s: %w", key, err)
+	}
+	if f, ok := r.(*os.File); ok {
+		if err := s.putLink(f, size, p, dir); err == nil {
+			return nil
+		}
+		// Another filesystem (or no links): copy from the descriptor,
+		// which nothing has read yet.
 	}
 	tmp, err := os.CreateTemp(dir, ".put-*")
 	if err != nil {
@@ -67,6 +80,31 @@ func (s *DirStore) Put(ctx context.Context, key string, r io.Reader, size int64)
 		return fmt.Errorf("history: put %s: %w", key, err)
 	}
 	return nil
+}
+
+// putLink puts f at p as a hard link: fsync f, link it under a temporary
+// name, check it is the file of size bytes that f is, rename it into place,
+// fsync the directory.
+func (s *DirStore) putLink(f *os.File, size int64, p, dir string) error {
+	fi, err := f.Stat()
+	if err != nil || fi.Size() != size || !fi.Mode().IsRegular() {
+		return errors.New("history: not a linkable file")
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, fmt.Sprintf(".put-%d-%d", os.Getpid(), s.linkSeq.Add(1)))
+	if err := os.Link(f.Name(), tmp); err != nil {
+		return err
+	}
+	defer os.Remove(tmp) // no-op after the rename
+	if li, err := os.Stat(tmp); err != nil || !os.SameFile(fi, li) {
+		return errors.New("history: the linked file is not the one opened")
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		return err
+	}
+	return syncDir(dir)
 }
 
 func (s *DirStore) Get(ctx context.Context, key string) (io.ReadCloser, error) {

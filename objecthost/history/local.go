@@ -21,10 +21,10 @@ import (
 //	<root>/<db>/<gen>/<txid>-<t>.snap          snapshot waiting to be shipped
 //	<root>/<db>/<gen>/tip                      last known state (JSON)
 //
-// The writer goroutine appends (one write(2) per transaction, no fsync:
-// like the WAL under synchronous=NORMAL, a record survives a process crash
-// and may be lost with the OS); the shipper seals and removes. mu guards
-// the open file between them.
+// The capture goroutine appends (one write(2) per batch of transactions,
+// no fsync: like the WAL under synchronous=NORMAL, a record survives a
+// process crash and may be lost with the OS); the shipper seals and
+// removes. mu guards the open file between them.
 type localLog struct {
 	dir string // <root>/<db>
 
@@ -34,7 +34,7 @@ type localLog struct {
 	openFirst recordHeader // first record in open.seg
 	openLast  recordHeader
 	openBytes int64
-	buf       []byte
+	wbFrom    int64 // open.seg's bytes before it were handed to writeback
 	// unshippedUs is the commit time of the oldest record not yet in the
 	// store (0: none); set by append, cleared by idle.
 	unshippedUs int64
@@ -184,7 +184,7 @@ func (l *localLog) recoverGen(g string, seal bool) (tip, bool, error) {
 				return tip{}, false, err
 			}
 		} else {
-			l.open, l.openFirst, l.openLast, l.openBytes = f, first, last, valid
+			l.open, l.openFirst, l.openLast, l.openBytes, l.wbFrom = f, first, last, valid, valid
 		}
 	}
 	return st, found, nil
@@ -243,63 +243,61 @@ func localSnapName(s snapName) string {
 	return hex16(s.Txid) + "-" + hex16(uint64(s.TimeUs)) + ".snap"
 }
 
-// append writes one record to open.seg (writer goroutine).
-func (l *localLog) append(h recordHeader, pages map[uint32][]byte) (_ recordHeader, _ int64, became bool, err error) {
+// writebackChunk: the staging file is handed to writeback (startWriteback)
+// once this much was appended since the last time: the fsync before a WAL
+// restart then has at most a MiB left to write. Handing over every batch
+// (~200 KiB under load) cost more CPU (smaller I/Os); per MiB costs about
+// what no writeback at all does (BenchmarkStagingWriteback,
+// docs/bench/history.md).
+const writebackChunk = 1 << 20
+
+// appendBatch writes encoded records (one or more, first to last, in
+// txid order) to open.seg with one write(2) (capture goroutine). became
+// reports that the log had nothing unshipped before.
+func (l *localLog) appendBatch(rec []byte, first, last recordHeader) (became bool, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.gen == "" {
-		return h, 0, false, errors.New("history: no generation")
+		return false, errors.New("history: no generation")
 	}
 	if l.open == nil {
 		f, err := os.OpenFile(filepath.Join(l.genDir(l.gen), "open.seg"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
 		if err != nil {
-			return h, 0, false, err
+			return false, err
 		}
-		l.open, l.openBytes = f, 0
-	}
-	var rec []byte
-	rec, h = encodeRecord(l.buf[:0], h, pages)
-	if cap(rec) <= 1<<20 {
-		l.buf = rec
+		l.open, l.openBytes, l.wbFrom = f, 0, 0
 	}
 	if _, err := l.open.Write(rec); err != nil {
 		// A short write leaves a torn tail that recovery cuts off; cut it
 		// now so the next append starts clean.
 		_ = l.open.Truncate(l.openBytes)
-		return h, 0, false, err
+		return false, err
 	}
 	if l.openBytes == 0 {
-		l.openFirst = h
+		l.openFirst = first
 	}
 	if l.unshippedUs == 0 {
-		l.unshippedUs = h.TimeUs
+		l.unshippedUs = first.TimeUs
 		became = true
 	}
-	l.openLast = h
+	l.openLast = last
 	l.openBytes += int64(len(rec))
-	return h, int64(len(rec)), became, nil
+	if l.openBytes-l.wbFrom >= writebackChunk {
+		startWriteback(l.open, l.wbFrom, l.openBytes-l.wbFrom)
+		l.wbFrom = l.openBytes
+	}
+	return became, nil
 }
 
 // sync fsyncs open.seg: done before a checkpoint may drop the frames its
 // records came from.
+//
+// Called by the capture goroutine, which is also the only appender, so
+// what it covers cannot grow meanwhile; mu is not held across the fsync
+// (the shipper's seal and status calls go on). A seal closing the file
+// meanwhile fsyncs it itself: the error of a Sync on a closed file is then
+// moot.
 func (l *localLog) sync() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.open == nil {
-		return nil
-	}
-	if err := l.open.Sync(); err != nil {
-		return err
-	}
-	l.raiseSynced(l.openLast.Txid)
-	return nil
-}
-
-// syncBehind fsyncs open.seg without holding mu across the fsync, so the
-// writer keeps appending meanwhile; it covers the records appended before
-// it started. (A seal closing the file meanwhile fsyncs it itself: the
-// error of a Sync on a closed file is then moot.)
-func (l *localLog) syncBehind() error {
 	l.mu.Lock()
 	f, last := l.open, l.openLast.Txid
 	l.mu.Unlock()
@@ -400,6 +398,7 @@ func (l *localLog) settle(last recordHeader) error {
 		if err := l.open.Sync(); err != nil {
 			return err
 		}
+		l.raiseSynced(l.openLast.Txid)
 	}
 	if err := writeTip(l.genDir(l.gen), tip{Gen: l.gen, Last: last, Settled: true}); err != nil {
 		return err

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"sort"
+	"slices"
 )
 
 // A record is one committed transaction, the unit of the change log:
@@ -60,11 +60,12 @@ type page struct {
 // encodeRecord appends the record of tx to dst and returns it with the
 // header (CRC filled in).
 func encodeRecord(dst []byte, h recordHeader, pages map[uint32][]byte) ([]byte, recordHeader) {
-	nos := make([]uint32, 0, len(pages))
+	var small [16]uint32
+	nos := small[:0]
 	for no := range pages {
 		nos = append(nos, no)
 	}
-	sort.Slice(nos, func(i, j int) bool { return nos[i] < nos[j] })
+	slices.Sort(nos)
 	h.NPages = uint32(len(nos))
 	start := len(dst)
 	var hb [recordHeaderSize]byte

@@ -21,7 +21,11 @@ type ShipperOptions struct {
 	// AlarmLag: the alarm is raised while the oldest unshipped commit is
 	// older than this (default 10 s: the store is down or too slow).
 	AlarmLag time.Duration
-	// Concurrency is the number of databases shipped in parallel (default 4).
+	// Concurrency is the number of databases shipped in parallel (default
+	// 32). A shipment mostly waits for the store (an HTTP round trip, or
+	// fsyncs), and every busy database seals a segment every MaxLag/2:
+	// with 4, 100 busy databases on one host fell seconds behind
+	// (BenchmarkShippingLag, docs/bench/history.md).
 	Concurrency int
 	// PutTimeout bounds one Put (default 30 s).
 	PutTimeout time.Duration
@@ -78,7 +82,7 @@ func NewShipper(store Store, opts ShipperOptions) *Shipper {
 		opts.AlarmLag = 10 * time.Second
 	}
 	if opts.Concurrency <= 0 {
-		opts.Concurrency = 4
+		opts.Concurrency = 32
 	}
 	if opts.PutTimeout <= 0 {
 		opts.PutTimeout = 30 * time.Second

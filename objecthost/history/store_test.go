@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -44,6 +46,54 @@ func TestStoreContract(t *testing.T) {
 			assert.Equal(t, []string{"db1/g/seg/1.seg"}, keys)
 		})
 	}
+}
+
+// TestDirStorePutFromFile: a Put from a file on the same filesystem links
+// it (no second copy on the disk); the object stays intact when the local
+// name is removed, a re-put of the same key works, and a file that cannot
+// be linked (its name is gone) is copied.
+func TestDirStorePutFromFile(t *testing.T) {
+	root := t.TempDir()
+	s, err := NewDirStore(filepath.Join(root, "archive"))
+	require.NoError(t, err)
+	ctx := context.Background()
+	local := filepath.Join(root, "staging.seg")
+	require.NoError(t, os.WriteFile(local, []byte("sealed segment"), 0o644))
+	putFile := func(key string, size int64) {
+		f, err := os.Open(local)
+		require.NoError(t, err)
+		defer f.Close()
+		require.NoError(t, s.Put(ctx, key, f, size))
+	}
+	putFile("db/g/seg/1.seg", 14)
+	putFile("db/g/seg/1.seg", 14) // re-ship
+	li, err := os.Stat(local)
+	require.NoError(t, err)
+	ai, err := os.Stat(s.path("db/g/seg/1.seg"))
+	require.NoError(t, err)
+	assert.True(t, os.SameFile(li, ai), "linked, not copied")
+	require.NoError(t, os.Remove(local)) // the shipper removes the local file
+	r, err := s.Get(ctx, "db/g/seg/1.seg")
+	require.NoError(t, err)
+	b, err := io.ReadAll(r)
+	r.Close()
+	require.NoError(t, err)
+	assert.Equal(t, "sealed segment", string(b))
+
+	// A file whose name is gone cannot be linked: copied from the
+	// descriptor.
+	require.NoError(t, os.WriteFile(local, []byte("0123456789"), 0o644))
+	f, err := os.Open(local)
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, os.Remove(local))
+	require.NoError(t, s.Put(ctx, "db/g/seg/2.seg", f, 10))
+	b, err = os.ReadFile(s.path("db/g/seg/2.seg"))
+	require.NoError(t, err)
+	assert.Equal(t, "0123456789", string(b))
+	keys, err := s.List(ctx, "db/")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"db/g/seg/1.seg", "db/g/seg/2.seg"}, keys, "no temporary names left")
 }
 
 func TestBookmarks(t *testing.T) {

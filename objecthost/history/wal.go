@@ -1,6 +1,7 @@
 package history
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -80,12 +81,21 @@ func readWALHeader(f *os.File) (h walHeader, ok bool, err error) {
 }
 
 // walTx is one committed transaction found in the WAL: the last version of
-// each page it wrote, and the database size in pages after it.
+// each page it wrote, and the database size in pages after it. The page
+// slices point into scanWAL's read buffer: they are valid only during the
+// callback.
 type walTx struct {
 	pages  map[uint32][]byte
 	dbSize uint32
 	end    walPos // position after its commit frame
+	// borrowed are the pages read in the current chunk: before the buffer
+	// is reused for the next chunk, a transaction that goes on copies them.
+	borrowed []uint32
 }
+
+// maxChunkFrames bounds one read of the WAL (and so the read buffer a
+// capturer keeps): 64 frames, 256 KiB with 4 KiB pages.
+const maxChunkFrames = 64
 
 // scanWAL reads the committed transactions after from (which must be a
 // position in the WAL with header h) and calls fn for each, in order. It
@@ -93,15 +103,16 @@ type walTx struct {
 // where SQLite's own recovery would stop; frames of an uncommitted tail are
 // never returned. *bufp is a read buffer reused between calls (may be nil).
 //
-// limit ≥ 0 is SQLite's mxFrame as its WAL hook reported it after the
-// last commit: frames after it are never read (they are a rolled-back
-// transaction's, or junk a killed process left half-written, which may
-// even carry valid salts and a commit flag). Only with a limit may verify
-// be false: every frame up to mxFrame was committed by this process or
-// passed SQLite's own recovery, so the salts decide and the running
-// checksum is taken from the frame headers. Without a limit (attach,
-// after a crash) every checksum is verified, as SQLite's recovery does,
-// and the scan stops at the first frame that fails.
+// limit ≥ 0 is SQLite's mxFrame as its WAL hook reported it after a
+// commit: frames after it are never read (they are a rolled-back
+// transaction's, a transaction being written right now, or junk a killed
+// process left half-written, which may even carry valid salts and a commit
+// flag). Only with a limit may verify be false: every frame up to mxFrame
+// was committed by this process or passed SQLite's own recovery, so the
+// salts decide and the running checksum is taken from the frame headers.
+// Without a limit (attach, after a crash, nothing writing) every checksum
+// is verified, as SQLite's recovery does, and the scan stops at the first
+// frame that fails.
 func scanWAL(f *os.File, h walHeader, from walPos, verify bool, limit int, bufp *[]byte, fn func(*walTx) error) (walPos, error) {
 	ps := h.pageSize
 	frameSize := walFrameHeaderSize + ps
@@ -109,8 +120,8 @@ func scanWAL(f *os.File, h walHeader, from walPos, verify bool, limit int, bufp 
 	tx := &walTx{pages: make(map[uint32][]byte)}
 	s0, s1 := pos.Ck0, pos.Ck1
 	frame := pos.Frames
-	// Read a few frames first (a point write adds 2–4), then more while
-	// the transaction goes on.
+	// Without a limit, read a few frames first (a point write adds 2–4),
+	// then more while the transaction goes on.
 	chunkFrames := 4
 	var local []byte
 	if bufp == nil {
@@ -127,8 +138,14 @@ func scanWAL(f *os.File, h walHeader, from walPos, verify bool, limit int, bufp 
 			if left <= 0 {
 				return pos, nil
 			}
-			chunkFrames = min(left, 64)
+			chunkFrames = min(left, maxChunkFrames)
 		}
+		// The buffer is about to be overwritten: the transaction that goes
+		// on keeps its own copies of the pages it read from it.
+		for _, no := range tx.borrowed {
+			tx.pages[no] = bytes.Clone(tx.pages[no])
+		}
+		tx.borrowed = tx.borrowed[:0]
 		if cap(buf) < chunkFrames*frameSize {
 			buf = make([]byte, chunkFrames*frameSize)
 		}
@@ -140,7 +157,7 @@ func scanWAL(f *os.File, h walHeader, from walPos, verify bool, limit int, bufp 
 		}
 		got := n / frameSize
 		for i := 0; i < got; i++ {
-			fb := buf[i*frameSize : (i+1)*frameSize]
+			fb := buf[i*frameSize : (i+1)*frameSize : (i+1)*frameSize]
 			if binary.BigEndian.Uint32(fb[8:]) != h.salt1 || binary.BigEndian.Uint32(fb[12:]) != h.salt2 {
 				return pos, nil
 			}
@@ -155,9 +172,8 @@ func scanWAL(f *os.File, h walHeader, from walPos, verify bool, limit int, bufp 
 			s0, s1 = c0, c1
 			frame++
 			pgno := binary.BigEndian.Uint32(fb[0:])
-			page := make([]byte, ps)
-			copy(page, fb[walFrameHeaderSize:])
-			tx.pages[pgno] = page
+			tx.pages[pgno] = fb[walFrameHeaderSize:]
+			tx.borrowed = append(tx.borrowed, pgno)
 			if commit := binary.BigEndian.Uint32(fb[4:]); commit != 0 {
 				tx.dbSize = commit
 				tx.end = walPos{Salt1: h.salt1, Salt2: h.salt2, Frames: frame, Ck0: s0, Ck1: s1}
@@ -172,13 +188,15 @@ func scanWAL(f *os.File, h walHeader, from walPos, verify bool, limit int, bufp 
 					return pos, err
 				}
 				pos = tx.end
-				tx = &walTx{pages: make(map[uint32][]byte)}
+				clear(tx.pages)
+				tx.borrowed = tx.borrowed[:0]
+				tx.dbSize = 0
 			}
 		}
 		if got < chunkFrames {
 			return pos, nil
 		}
-		if chunkFrames < 64 {
+		if limit < 0 && chunkFrames < maxChunkFrames {
 			chunkFrames *= 4
 		}
 	}

@@ -73,7 +73,11 @@ type HookConn struct {
 // WALFrames is the number of frames in the WAL after the last commit, as
 // SQLite reported it to its WAL hook (its mxFrame: every frame up to it is
 // committed, anything after it is not), or -1 before the first commit
-// since the hook was attached.
+// since the hook was attached. After a Checkpoint that backfilled the whole
+// WAL it is 0 until a commit writes frames again: SQLite may restart the
+// WAL at the next write, and the old count would name frames of the new
+// WAL that are not committed yet (a commit that writes no frames does not
+// call the WAL hook).
 func (w HookConn) WALFrames() int {
 	if w.frames == nil {
 		return -1
@@ -94,6 +98,9 @@ func (w HookConn) Checkpoint() (walFrames, backfilled int, err error) {
 	defer C.free(unsafe.Pointer(main))
 	if rc := C.sqlite3_wal_checkpoint_v2(w.c.db, main, 0 /* PASSIVE */, &nlog, &nckpt); rc != rcOK {
 		return 0, 0, w.c.errorFor(rc, -1)
+	}
+	if nlog == nckpt && w.frames != nil {
+		*w.frames = 0 // see WALFrames
 	}
 	return int(nlog), int(nckpt), nil
 }

@@ -1,0 +1,9 @@
+//go:build !linux
+
+package history
+
+import "os"
+
+// startWriteback is a no-op where sync_file_range does not exist: the
+// fsync before a WAL restart writes everything.
+func startWriteback(f *os.File, off, n int64) {}
