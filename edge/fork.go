@@ -3,7 +3,6 @@ package edge
 import (
 	"context"
 	"net/http"
-	"net/url"
 	"time"
 
 	v4 "github.com/shoaldb/shoal/internal/v4"
@@ -119,16 +118,12 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request, _ principal)
 	if body.Bookmark != nil {
 		bookmark = *body.Bookmark
 	} else {
-		q := url.Values{}
+		ts := ""
 		if body.Timestamp != nil {
-			q.Set("timestamp", *body.Timestamp)
+			ts = *body.Timestamp
 		}
-		if err := s.timeTravelRetention(r, acct, q); err != nil {
-			s.writeErr(w, r, err)
-			return
-		}
-		var out bookmarkJSON
-		if err := s.hostCall(r.Context(), acct, id, http.MethodGet, "/time_travel/bookmark?"+q.Encode(), nil, &out); err != nil {
+		out, err := s.bookmarkAt(r, acct, id, ts)
+		if err != nil {
 			s.writeErr(w, r, err)
 			return
 		}

@@ -44,20 +44,28 @@ func (s *Server) handleTimeTravelBookmark(w http.ResponseWriter, r *http.Request
 		s.writeErr(w, r, err)
 		return
 	}
-	q := url.Values{}
-	if ts := r.URL.Query().Get("timestamp"); ts != "" {
-		q.Set("timestamp", ts)
-	}
-	if err := s.timeTravelRetention(r, acct, q); err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	var out bookmarkJSON
-	if err := s.hostCall(r.Context(), acct, id, http.MethodGet, "/time_travel/bookmark?"+q.Encode(), nil, &out); err != nil {
+	out, err := s.bookmarkAt(r, acct, id, r.URL.Query().Get("timestamp"))
+	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
 	v4.WriteResult(w, out)
+}
+
+// bookmarkAt asks the database's host for its bookmark now, or at
+// timestamp (within the account tier's retention); the host archives what
+// the bookmark names.
+func (s *Server) bookmarkAt(r *http.Request, acct, id, timestamp string) (bookmarkJSON, error) {
+	q := url.Values{}
+	if timestamp != "" {
+		q.Set("timestamp", timestamp)
+	}
+	var out bookmarkJSON
+	if err := s.timeTravelRetention(r, acct, q); err != nil {
+		return out, err
+	}
+	err := s.hostCall(r.Context(), acct, id, http.MethodGet, "/time_travel/bookmark?"+q.Encode(), nil, &out)
+	return out, err
 }
 
 func (s *Server) handleTimeTravelRestore(w http.ResponseWriter, r *http.Request, _ principal) {

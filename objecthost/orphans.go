@@ -125,26 +125,11 @@ func (h *Host) Status() HostStatus {
 // apply like any heartbeat answer; confirmed unknowns that were never
 // confirmed active are returned as orphans; the others are held (alarm).
 func (h *Host) confirmUnknown(ctx context.Context, suspects []*object, rep *HeartbeatReport, apply func(fsm.HeartbeatState, *object)) []*object {
-	uuids := make([]string, 0, len(suspects))
-	byUUID := make(map[string][]*object, len(suspects))
-	for _, o := range suspects {
-		u := o.meta.Load().DatabaseUUID
-		if byUUID[u] == nil {
-			uuids = append(uuids, u)
-		}
-		byUUID[u] = append(byUUID[u], o)
-	}
-	rep.Confirmations += len(uuids)
-	cctx, cancel := context.WithTimeout(ctx, h.cfg.CatalogTimeout)
-	ans, err := h.cfg.Catalog.ConfirmHeartbeat(cctx, uuids)
-	cancel()
-	if err != nil {
-		h.m.catalogCalls.WithLabelValues("confirm_unknown", "error").Inc()
-		h.log.Warn("confirming databases unknown to a stale catalog read failed; none deleted, asking again next beat",
-			"databases", len(uuids), "err", err)
+	ans, byUUID, ok := h.confirmLinearizably(ctx, suspects, rep, "confirm_unknown",
+		"confirming databases unknown to a stale catalog read failed; none deleted, asking again next beat")
+	if !ok {
 		return nil
 	}
-	h.m.catalogCalls.WithLabelValues("confirm_unknown", "ok").Inc()
 	var orphans, lost []*object
 	seen := make(map[*object]bool, len(suspects))
 	for _, st := range ans.Databases {
@@ -176,6 +161,33 @@ func (h *Host) confirmUnknown(ctx context.Context, suspects []*object, rep *Hear
 		}
 	}
 	return orphans
+}
+
+// confirmLinearizably re-asks the catalog, linearizably (ConfirmHeartbeat),
+// about objs' databases; it answers the catalog's answer and objs by UUID,
+// or ok=false after logging failMsg (a failed confirmation changes
+// nothing). call names the catalog call in the metrics.
+func (h *Host) confirmLinearizably(ctx context.Context, objs []*object, rep *HeartbeatReport, call, failMsg string) (fsm.HeartbeatAnswer, map[string][]*object, bool) {
+	uuids := make([]string, 0, len(objs))
+	byUUID := make(map[string][]*object, len(objs))
+	for _, o := range objs {
+		u := o.meta.Load().DatabaseUUID
+		if byUUID[u] == nil {
+			uuids = append(uuids, u)
+		}
+		byUUID[u] = append(byUUID[u], o)
+	}
+	rep.Confirmations += len(uuids)
+	cctx, cancel := context.WithTimeout(ctx, h.cfg.CatalogTimeout)
+	ans, err := h.cfg.Catalog.ConfirmHeartbeat(cctx, uuids)
+	cancel()
+	if err != nil {
+		h.m.catalogCalls.WithLabelValues(call, "error").Inc()
+		h.log.Warn(failMsg, "databases", len(uuids), "err", err)
+		return ans, nil, false
+	}
+	h.m.catalogCalls.WithLabelValues(call, "ok").Inc()
+	return ans, byUUID, true
 }
 
 // killOrphans deletes the pass's confirmed orphans, unless they are a mass:

@@ -51,26 +51,11 @@ func (h *Host) noteHostState(state string) {
 // answer named another object, and retires, kills or holds their objects
 // (see above).
 func (h *Host) resolveMismatched(ctx context.Context, objs []*object, now time.Time, rep *HeartbeatReport) {
-	uuids := make([]string, 0, len(objs))
-	byUUID := make(map[string][]*object, len(objs))
-	for _, o := range objs {
-		u := o.meta.Load().DatabaseUUID
-		if byUUID[u] == nil {
-			uuids = append(uuids, u)
-		}
-		byUUID[u] = append(byUUID[u], o)
-	}
-	rep.Confirmations += len(uuids)
-	cctx, cancel := context.WithTimeout(ctx, h.cfg.CatalogTimeout)
-	ans, err := h.cfg.Catalog.ConfirmHeartbeat(cctx, uuids)
-	cancel()
-	if err != nil {
-		h.m.catalogCalls.WithLabelValues("confirm_object", "error").Inc()
-		h.log.Warn("confirming databases the catalog names another object for failed; nothing changed, asking again next beat",
-			"databases", len(uuids), "err", err)
+	ans, byUUID, ok := h.confirmLinearizably(ctx, objs, rep, "confirm_object",
+		"confirming databases the catalog names another object for failed; nothing changed, asking again next beat")
+	if !ok {
 		return
 	}
-	h.m.catalogCalls.WithLabelValues("confirm_object", "ok").Inc()
 	var superseded, leftovers, older []*object
 	var deleted []*object
 	seen := make(map[*object]bool, len(objs))
