@@ -180,11 +180,16 @@ func (s *Shipper) Run(ctx context.Context) {
 				st.mu.Unlock()
 				continue // backing off
 			}
+			// Never wait for a free slot: with every slot stuck in a Put
+			// (a store that hangs rather than refuses) the loop must go
+			// on ticking, or the lag below stops moving and the alarm
+			// never rises (TestStoreHangsLagAlarm). The database stays
+			// dirty and is tried again at the next tick.
 			select {
 			case sem <- struct{}{}:
-			case <-ctx.Done():
+			default:
 				st.mu.Unlock()
-				return
+				continue
 			}
 			wg.Add(1)
 			go func(c *Capturer, st *shipState) {

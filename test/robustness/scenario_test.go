@@ -5,18 +5,21 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/shoaldb/shoal/objecthost/history"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 	"github.com/shoaldb/shoal/test/harness"
@@ -28,12 +31,17 @@ import (
 	"github.com/shoaldb/shoal/test/robustness/validate"
 )
 
-// shoalBin is built once per test binary (the link takes seconds here).
-var shoalBin topology.Binary
+// shoalBin and s3Bin (the object store node, cmd/s3node) are built once per
+// test binary (the link takes seconds here).
+var (
+	shoalBin topology.Binary
+	s3Bin    = topology.Binary{Pkg: topology.S3NodePkg}
+)
 
 func TestMain(m *testing.M) {
 	code := m.Run()
 	shoalBin.Close()
+	s3Bin.Close()
 	os.Exit(code)
 }
 
@@ -58,6 +66,12 @@ const (
 	// made (leaving an orphan for the heartbeats to kill; more per pass
 	// than the hosts' mass-orphan floor of 10 would be held, not killed).
 	edgeFailpoints = "create:after-catalog-write=30%,create:after-init=10%"
+	// archiveAlarmLag is the hosts' archive alarm_lag: short, so an
+	// object-store outage of a few seconds raises the lag alarm.
+	archiveAlarmLag = 2 * time.Second
+	// archiveSettle bounds the waits for the hosts' archive lag to recover
+	// after an outage, and for their backlog to drain after the load.
+	archiveSettle = 60 * time.Second
 )
 
 // schedule sizes a run: the short one `make test` runs, or the long one
@@ -81,9 +95,14 @@ func scheduleOf(t *testing.T) schedule {
 		seed, err = strconv.ParseUint(s, 10, 64)
 		require.NoError(t, err, "SHOAL_ROBUSTNESS_SEED")
 	}
-	load := traffic.Config{Seed: seed, Creators: 2, DeleteEvery: 5, RowWriters: 2, Getters: 1, RegClients: 2, Pace: 50 * time.Millisecond}
+	// Time travel on every register: a bookmark every ~2 s, a restore every
+	// ~6 s (within the hosts' 10 per 10 minutes per database, 3 of them
+	// left to the fault steps; the long schedule spreads its 7 over its run).
+	load := traffic.Config{Seed: seed, Creators: 2, DeleteEvery: 5, RowWriters: 2, Getters: 1, RegClients: 2, Pace: 50 * time.Millisecond,
+		TimeTravel: true, BookmarkEvery: 2 * time.Second, RestoreEvery: 6 * time.Second}
 	if os.Getenv("SHOAL_FAULT") == "long" {
 		load.Creators, load.RowWriters, load.Getters = 4, 4, 2
+		load.RestoreEvery = 80 * time.Second
 		return schedule{name: "long", long: true, fault: 8 * time.Second, warmup: 5 * time.Second, gap: 5 * time.Second, load: load}
 	}
 	return schedule{name: "short", fault: 4 * time.Second, warmup: 3 * time.Second, gap: 2 * time.Second, load: load}
@@ -100,13 +119,16 @@ func newCluster(t *testing.T) *topology.Cluster {
 	}
 	bin, err := shoalBin.Path()
 	require.NoError(t, err)
+	s3, err := s3Bin.Path()
+	require.NoError(t, err)
 	netw, err := topology.NewNet()
 	require.NoError(t, err, "network namespaces")
 	t.Cleanup(func() { assert.NoError(t, netw.Close(), "removing the namespaces") })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := topology.Start(ctx, netw, topology.Options{Bin: bin, Dir: t.TempDir(), Heartbeat: heartbeat, Grace: grace,
-		HostDisk: hostDisk, EdgeEnv: []string{"SHOAL_FAILPOINTS=" + edgeFailpoints}, Pipeline: true})
+		HostDisk: hostDisk, EdgeEnv: []string{"SHOAL_FAILPOINTS=" + edgeFailpoints}, Pipeline: true,
+		Archive: true, S3Bin: s3, ArchiveAlarmLag: archiveAlarmLag.String()})
 	t.Cleanup(func() { assert.NoError(t, c.Stop(), "stopping the cluster") }) // before netw.Close
 	require.NoError(t, err, "starting the cluster")
 	return c
@@ -121,11 +143,17 @@ type env struct {
 	sched schedule
 	hist  *traffic.History
 	rep   *report.Report
+	cl    *traffic.Client
+	load  *traffic.Load
+	r     *rand.Rand // the steps' own random choices, from the seed
 
-	mu        sync.Mutex
-	account   string
-	integrity []validate.Integrity // files checked while their host was down
-	cutOffs   []validate.Window    // when the catalog was cut off
+	mu           sync.Mutex
+	account      string
+	integrity    []validate.Integrity   // files checked while their host was down
+	cutOffs      []validate.Window      // when the catalog was cut off
+	storeDowns   []validate.Window      // when the object store was down
+	storeOutages []validate.StoreOutage // what the hosts' archive status showed then
+	outage       *validate.StoreOutage  // the outage in progress (sampled by its failpoint)
 }
 
 // scenario runs steps under the schedule's load on a fresh cluster, then
@@ -135,7 +163,8 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	c := newCluster(t)
 	ctx := context.Background()
 	e := &env{t: t, ctx: ctx, c: c, sched: sched, hist: traffic.NewHistory(),
-		rep: &report.Report{Scenario: name, Seed: sched.load.Seed, Schedule: sched.name}}
+		rep: &report.Report{Scenario: name, Seed: sched.load.Seed, Schedule: sched.name},
+		r:   rand.New(rand.NewPCG(sched.load.Seed, 0x57e9))}
 	catalog, err := c.CatalogClient()
 	require.NoError(t, err)
 	t.Cleanup(catalog.Close)
@@ -144,9 +173,11 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	e.account = cl.Account()
 	sched.load.Registers, err = traffic.SetupRegisters(ctx, cl, 4)
 	require.NoError(t, err, "register databases")
+	e.sched.load.Registers = sched.load.Registers
 
 	t.Logf("seed %d (SHOAL_ROBUSTNESS_SEED reruns it), schedule %s, network %s.0/24", sched.load.Seed, sched.name, c.Net.Subnet())
 	load := traffic.NewLoad(cl, sched.load)
+	e.cl, e.load = cl, load
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	var loadDone sync.WaitGroup
 	loadDone.Add(1)
@@ -164,7 +195,9 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	final := observe(t, cl, e.hist, load)
 	billed, producers := e.usage()
 	held := e.heldOrphans()
+	drained := e.archiveDrained()
 	objects, rows, finalChecks := e.hostState(catalog, cl.Account())
+	archived := e.archiveChecks(objects)
 	usage := validate.UsageExact(e.hist.Ops(), cl.Sent(), billed, producers, e.crashWindows(objects))
 	ops := e.hist.Ops()
 	rep := e.rep
@@ -180,6 +213,17 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 		usage)
 	if len(e.cutOffs) > 0 {
 		rep.Results = append(rep.Results, validate.QueriesAvailableDuring(ops, e.cutOffs))
+	}
+	rep.Results = append(rep.Results, drained, validate.ArchiveConsistent(archived), validate.RestoresAnswered(ops))
+	if len(e.storeDowns) > 0 {
+		dbHost := map[string]string{}
+		for _, o := range objects {
+			if o.Live() {
+				dbHost[o.DatabaseUUID] = o.Host
+			}
+		}
+		rep.Results = append(rep.Results, validate.QueriesAvailable("the object store is down", ops, e.storeDowns),
+			validate.ArchiveLagAlarm(ops, e.storeOutages, dbHost))
 	}
 	// Writes of unknown outcome stay open to the end of the history, and a
 	// long schedule with host kills leaves hundreds: give porcupine longer
@@ -225,6 +269,9 @@ func (e *env) run(f failpoint.Failpoint) {
 		e.mu.Lock()
 		e.cutOffs = append(e.cutOffs, validate.Window{Name: f.String(), From: inj.Start, To: inj.Healed})
 		e.mu.Unlock()
+	}
+	if f.Kind == failpoint.ObjectStoreDown {
+		e.storeRecovered(validate.Window{Name: f.String(), From: inj.Start, To: inj.Healed})
 	}
 	// Every member serves again (a restarted process has started, a
 	// healed partition has a leader) before the next fault.
@@ -346,6 +393,211 @@ func (e *env) stopFollower() failpoint.Failpoint {
 func (e *env) throttleFollower() failpoint.Failpoint {
 	f := e.followers()[0]
 	return failpoint.NewThrottle(f.Name, f.Node(), "256kbit", e.sched.fault)
+}
+
+// objectStoreDown takes the object store away in the way mode names
+// (failpoint.StoreKilled, StoreStopped, StoreCut), sampling every host's
+// archive status (GET /v1/history/status) while it is down; run then waits
+// for the lag to recover (storeRecovered).
+func (e *env) objectStoreDown(mode string) failpoint.Failpoint {
+	s := e.c.ObjectStore
+	out := &validate.StoreOutage{AlarmLag: archiveAlarmLag, Hosts: map[string]*validate.HostLag{}}
+	for _, h := range e.c.Hosts {
+		out.Hosts[h.Name] = &validate.HostLag{}
+	}
+	e.mu.Lock()
+	e.outage = out
+	e.mu.Unlock()
+	f := failpoint.NewObjectStoreDown(s.Name, mode, s, s.Node(), e.sched.fault)
+	return f.WithDuring(func(ctx context.Context) {
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			e.sampleArchiveStatus(out)
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	})
+}
+
+// sampleArchiveStatus reads every host's archive status once into out and
+// reports whether every host is back under the alarm threshold.
+func (e *env) sampleArchiveStatus(out *validate.StoreOutage) bool {
+	all := true
+	for _, h := range e.c.Hosts {
+		l := out.Hosts[h.Name]
+		st, err := e.c.HistoryStatus(e.ctx, h)
+		if err != nil {
+			l.Err = err.Error()
+			all = false
+			continue
+		}
+		l.Samples++
+		l.MaxLag = max(l.MaxLag, st.LagSeconds)
+		l.Alarm = l.Alarm || st.Alarm
+		if st.Alarm || st.LagSeconds >= out.AlarmLag.Seconds() {
+			all = false
+		}
+	}
+	return all
+}
+
+// storeRecovered records an object-store outage that has just healed and
+// waits (up to archiveSettle) until every host's archive lag is back under
+// the alarm threshold: the backlog shipped.
+func (e *env) storeRecovered(w validate.Window) {
+	e.mu.Lock()
+	out := e.outage
+	e.outage = nil
+	e.storeDowns = append(e.storeDowns, w)
+	e.mu.Unlock()
+	if out == nil {
+		return
+	}
+	out.Window = w
+	deadline := time.Now().Add(archiveSettle)
+	for {
+		if e.sampleArchiveStatus(out) {
+			for _, l := range out.Hosts {
+				l.Recovered = true
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	e.mu.Lock()
+	e.storeOutages = append(e.storeOutages, *out)
+	e.mu.Unlock()
+}
+
+// restoreDuringHostKill restores a register database through the edge and
+// kills its host with -9 while the restore runs: at a random instant of it
+// or, with stopStore, while the restore waits on the object store (paused
+// with SIGSTOP, so the kill lands before the restore's checkpoint). The
+// database must come back either fully restored or untouched (the register
+// model sees the restore as of unknown outcome), its file intact (checked
+// while the host is down and at the end). The host restarts after half the
+// fault's duration.
+func (e *env) restoreDuringHostKill(stopStore bool) failpoint.Failpoint {
+	regs := e.sched.load.Registers
+	db := regs[e.r.IntN(len(regs))]
+	delay := time.Duration(e.r.IntN(60)) * time.Millisecond
+	catalog, err := e.c.CatalogClient()
+	require.NoError(e.t, err)
+	defer catalog.Close()
+	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+	d, err := catalog.Database(ctx, db, raftmeta.LinearizableRead())
+	cancel()
+	require.NoError(e.t, err, "register %s in the catalog", db)
+	var h *topology.Member
+	for _, m := range e.c.Hosts {
+		if m.Name == d.HostID {
+			h = m
+		}
+	}
+	require.NotNil(e.t, h, "host %s of register %s", d.HostID, db)
+	param := fmt.Sprintf("during a restore of %.8s, %s in", db, delay)
+	if stopStore {
+		param = fmt.Sprintf("during a restore of %.8s waiting on the stopped object store", db)
+	}
+	const client = 900 // the history's client ID of these restores
+	inject := func() error {
+		bm, ok := e.load.PickBookmark(e.r, db)
+		if !ok {
+			op := e.cl.Bookmark(e.ctx, client, 0, db)
+			bm = op.Bookmark
+		}
+		if bm == "" || !e.cl.ReserveRestore(db, 0) {
+			e.t.Logf("restore during kill of %s: no bookmark or no restore budget left; plain kill", h.Name)
+			bm = ""
+		}
+		if stopStore {
+			if err := e.c.ObjectStore.Signal(syscall.SIGSTOP); err != nil {
+				return err
+			}
+			defer func() { _ = e.c.ObjectStore.Signal(syscall.SIGCONT) }()
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if bm != "" {
+				if op := e.cl.Restore(e.ctx, client, 0, db, bm); op.Outcome == traffic.OK {
+					e.load.AddBookmarks(db, op.Prev, op.After)
+				}
+			}
+		}()
+		if stopStore {
+			time.Sleep(500 * time.Millisecond)
+		} else {
+			time.Sleep(delay)
+		}
+		err := h.Kill()
+		if err == nil {
+			checks := e.checkHostFiles(h, fmt.Sprintf("after kill -9 of %s during a restore at %s", h.Name, e.hist.Now().Round(time.Millisecond)))
+			e.mu.Lock()
+			e.integrity = append(e.integrity, checks...)
+			e.mu.Unlock()
+		}
+		<-done
+		return err
+	}
+	f := failpoint.Custom(failpoint.KillRestart, h.Name, param, e.sched.fault/2, inject, h.Start)
+	return f
+}
+
+// archiveDrained waits (up to archiveSettle) until no host has anything
+// left to ship — lag 0, no backlog — once the load has stopped: every
+// commit is then in the archive, and the final kill -9 cannot leave an
+// unshipped tail (which the default durability allows: it would ship at
+// the host's next start) between the files and the archive check.
+func (e *env) archiveDrained() validate.Result {
+	r := validate.Result{Check: "every host's archive backlog shipped after the load stopped (lag 0, no backlog)"}
+	deadline := time.Now().Add(archiveSettle)
+	for {
+		var behind []string
+		for _, h := range e.c.Hosts {
+			st, err := e.c.HistoryStatus(e.ctx, h)
+			switch {
+			case err != nil:
+				behind = append(behind, fmt.Sprintf("%s: %v", h.Name, err))
+			case st.LagSeconds > 0 || st.Backlog > 0:
+				behind = append(behind, fmt.Sprintf("%s: lag %.1fs, %d databases behind, last error %q", h.Name, st.LagSeconds, st.Backlog, st.LastError))
+			}
+		}
+		if len(behind) == 0 || time.Now().After(deadline) {
+			r.Checked = len(e.c.Hosts)
+			r.Violations = behind
+			return r
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// archiveChecks verifies the archive of every live object against the
+// file its (killed) host left, from the object store (still up).
+func (e *env) archiveChecks(objs []validate.Object) []validate.ArchiveCheck {
+	st, err := e.c.ArchiveStore()
+	require.NoError(e.t, err)
+	a := history.NewArchive(st)
+	var live []validate.Object
+	for _, o := range objs {
+		if o.Live() {
+			live = append(live, o)
+		}
+	}
+	out := make([]validate.ArchiveCheck, len(live))
+	harness.Concurrently(len(live), 4, func(i int) {
+		ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+		defer cancel()
+		out[i] = validate.CheckArchive(ctx, a, live[i])
+	})
+	return out
 }
 
 func (e *env) integrityChecks() []validate.Integrity {
@@ -554,9 +806,11 @@ func (e *env) hostState(catalog *raftmeta.Client, account string) ([]validate.Ob
 }
 
 // TestFaultLeaderIsolationAndHostKill: under traffic (creates, deletes,
-// gets at both levels, row inserts, register writes and reads), the catalog
-// leader is cut off the network and healed, then an object host is killed
-// with -9 and restarted (long: each of four rounds also SIGSTOPs, then
+// gets at both levels, row inserts, register writes, reads, bookmarks and
+// restores), the catalog leader is cut off the network and healed, an
+// object host is killed with -9 and restarted, the object store is killed
+// -9 and restarted on its data, and a register's host is killed -9 during
+// a time-travel restore (long: each of four rounds also SIGSTOPs, then
 // throttles a follower).
 func TestFaultLeaderIsolationAndHostKill(t *testing.T) {
 	sched := scheduleOf(t)
@@ -568,6 +822,8 @@ func TestFaultLeaderIsolationAndHostKill(t *testing.T) {
 		for round := range rounds {
 			e.run(e.isolateLeader())
 			e.run(e.killHost(e.c.Hosts[round%len(e.c.Hosts)]))
+			e.run(e.objectStoreDown(failpoint.StoreKilled))
+			e.run(e.restoreDuringHostKill(false))
 			if sched.long {
 				e.run(e.stopFollower())
 				e.run(e.throttleFollower())
@@ -581,8 +837,10 @@ func TestFaultLeaderIsolationAndHostKill(t *testing.T) {
 // host's disk full, the seed design's injections (the central catalog cut
 // off — every query to an existing database must still succeed —, a
 // routing-miss storm, create answers lost after the checkpoint), ClickHouse
-// paused, the pipeline node (broker, ClickHouse, consumers) killed -9, and the
-// stale-read issue's permanent schedule: every catalog node killed and
+// paused, the pipeline node (broker, ClickHouse, consumers) killed -9, the
+// object store paused (SIGSTOP) and then cut off the network, a register's
+// host killed -9 while its restore waits on the paused object store, and
+// the stale-read issue's permanent schedule: every catalog node killed and
 // restarted in turn under load.
 func TestFaultPartitionsDiskAndSeedInjections(t *testing.T) {
 	sched := scheduleOf(t)
@@ -595,6 +853,9 @@ func TestFaultPartitionsDiskAndSeedInjections(t *testing.T) {
 		e.run(e.lostCreate())
 		e.run(e.stopClickHouse())
 		e.run(e.killMember(e.c.Pipeline))
+		e.run(e.objectStoreDown(failpoint.StoreStopped))
+		e.run(e.objectStoreDown(failpoint.StoreCut))
+		e.run(e.restoreDuringHostKill(true))
 		for _, m := range e.c.Catalog {
 			e.run(e.killMember(m))
 		}
@@ -610,7 +871,7 @@ func assertTrafficChecked(t *testing.T, ops []traffic.Op) {
 			n[op.Kind]++
 		}
 	}
-	for _, k := range []traffic.Kind{traffic.Create, traffic.Delete, traffic.Insert, traffic.RegWrite, traffic.RegRead, traffic.LinGet, traffic.EdgeGet} {
+	for _, k := range []traffic.Kind{traffic.Create, traffic.Delete, traffic.Insert, traffic.RegWrite, traffic.RegRead, traffic.LinGet, traffic.EdgeGet, traffic.Bookmark, traffic.Restore} {
 		assert.Positive(t, n[k], "no %s was acknowledged: the checks would be vacuous", k)
 	}
 }

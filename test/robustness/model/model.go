@@ -6,45 +6,169 @@ package model
 
 import (
 	"fmt"
+	"sort"
+	"strconv"
+	"strings"
 
 	"github.com/anishathalye/porcupine"
 )
 
+// RegisterOp is what an operation does to a database's register.
+type RegisterOp int
+
+const (
+	// RegWrite sets the register to Value.
+	RegWrite RegisterOp = iota
+	// RegRead returns the register (RegisterOutput.Value).
+	RegRead
+	// RegBookmark takes the database's current time-travel bookmark
+	// (RegisterOutput.Bookmark): a name for the register's value now.
+	RegBookmark
+	// RegRestore restores the database to the bookmark Bookmark (time
+	// travel): the register becomes the value it had when that bookmark
+	// was taken. Its answer names two more points (RegisterOutput.Prev,
+	// the state just before the restore, and After, the state it made).
+	RegRestore
+)
+
 // RegisterInput is one operation on a database's register (table reg, row
-// k = 0): a write of Value, or a read.
+// k = 0). Bookmarks are numbered by the caller (validate.RegisterOperations):
+// the same bookmark string, the same number, from 1.
 type RegisterInput struct {
-	DB    string
-	Write bool
-	Value int64
+	DB       string
+	Op       RegisterOp
+	Value    int64 // RegWrite: the value written
+	Bookmark int   // RegRestore: the bookmark restored to
 }
 
-// RegisterOutput is what a read returned (ignored for writes).
-type RegisterOutput struct{ Value int64 }
+// RegisterOutput is what an operation returned: a read's value, a
+// bookmark's number, a restore's previous and new bookmarks (0: unknown,
+// for a restore whose answer was lost).
+type RegisterOutput struct {
+	Value    int64
+	Bookmark int
+	Prev     int
+	After    int
+}
+
+// RegisterState is one database's register and, for every bookmark taken
+// so far, the value the register had at that point (encoded canonically so
+// states compare with ==: sorted "id=value;" pairs).
+type RegisterState struct {
+	Value     int64
+	Bookmarks string
+}
+
+// at returns the value recorded for bookmark id.
+func (s RegisterState) at(id int) (int64, bool) {
+	for _, p := range strings.Split(s.Bookmarks, ";") {
+		k, v, ok := strings.Cut(p, "=")
+		if ok && k == strconv.Itoa(id) {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n, true
+		}
+	}
+	return 0, false
+}
+
+// with records that bookmark id names value. A bookmark names one point
+// of the database's history, hence one value: naming another is illegal.
+func (s RegisterState) with(id int, value int64) (RegisterState, bool) {
+	if id == 0 {
+		return s, true
+	}
+	if v, ok := s.at(id); ok {
+		return s, v == value
+	}
+	type pair struct {
+		id int
+		v  int64
+	}
+	var ps []pair
+	for _, p := range strings.Split(s.Bookmarks, ";") {
+		if k, v, ok := strings.Cut(p, "="); ok {
+			i, _ := strconv.Atoi(k)
+			n, _ := strconv.ParseInt(v, 10, 64)
+			ps = append(ps, pair{i, n})
+		}
+	}
+	ps = append(ps, pair{id, value})
+	sort.Slice(ps, func(i, j int) bool { return ps[i].id < ps[j].id })
+	var b strings.Builder
+	for _, p := range ps {
+		fmt.Fprintf(&b, "%d=%d;", p.id, p.v)
+	}
+	s.Bookmarks = b.String()
+	return s, true
+}
 
 // Register is a single integer register per database, initially 0: a read
 // returns the last value written. Writes through the edge execute on the
 // database's one object host, so the register must be linearizable across
 // host kills and catalog faults alike.
+//
+// Time travel is part of it: a bookmark names the register's value at the
+// instant it was taken, and a restore to a bookmark sets the register to
+// that value — all of it or nothing: a restore whose answer was lost
+// (host killed mid-restore) may have happened or not, never half. A
+// restore's answer also names the point just before it (the previous
+// bookmark, which undoes it) and the point it made; restoring to either
+// must give that value back.
 var Register = porcupine.Model{
 	Partition: partitionBy(func(in any) string { return in.(RegisterInput).DB }),
-	Init:      func() any { return int64(0) },
+	Init:      func() any { return RegisterState{} },
 	Step: func(state, input, output any) (bool, any) {
-		in := input.(RegisterInput)
-		if in.Write {
-			return true, in.Value
+		st, in := state.(RegisterState), input.(RegisterInput)
+		out, _ := output.(RegisterOutput)
+		switch in.Op {
+		case RegWrite:
+			st.Value = in.Value
+			return true, st
+		case RegRead:
+			return out.Value == st.Value, st
+		case RegBookmark:
+			return okState(st.with(out.Bookmark, st.Value))
+		default: // RegRestore
+			v, ok := st.at(in.Bookmark)
+			if !ok {
+				return false, st // a bookmark not taken yet (or never)
+			}
+			st, ok = st.with(out.Prev, st.Value)
+			if !ok {
+				return false, st
+			}
+			st.Value = v
+			return okState(st.with(out.After, v))
 		}
-		return output.(RegisterOutput).Value == state.(int64), state
 	},
-	Equal: func(a, b any) bool { return a.(int64) == b.(int64) },
+	Equal: func(a, b any) bool { return a.(RegisterState) == b.(RegisterState) },
 	DescribeOperation: func(input, output any) string {
 		in := input.(RegisterInput)
-		if in.Write {
+		out, _ := output.(RegisterOutput)
+		switch in.Op {
+		case RegWrite:
 			return fmt.Sprintf("write(%d)", in.Value)
+		case RegRead:
+			return fmt.Sprintf("read() → %d", out.Value)
+		case RegBookmark:
+			return fmt.Sprintf("bookmark() → #%d", out.Bookmark)
+		default:
+			if out.After == 0 {
+				return fmt.Sprintf("restore(#%d) → ?", in.Bookmark)
+			}
+			return fmt.Sprintf("restore(#%d) → previous #%d, now #%d", in.Bookmark, out.Prev, out.After)
 		}
-		return fmt.Sprintf("read() → %d", output.(RegisterOutput).Value)
 	},
-	DescribeState: func(state any) string { return fmt.Sprint(state.(int64)) },
+	DescribeState: func(state any) string {
+		st := state.(RegisterState)
+		if st.Bookmarks == "" {
+			return fmt.Sprint(st.Value)
+		}
+		return fmt.Sprintf("%d (bookmarks %s)", st.Value, strings.ReplaceAll(strings.TrimSuffix(st.Bookmarks, ";"), ";", " "))
+	},
 }
+
+func okState(s RegisterState, ok bool) (bool, any) { return ok, s }
 
 // ExistenceOp is what an operation does to a database's existence.
 type ExistenceOp int

@@ -3,7 +3,8 @@
 // the robustness suite's checkers: creates and deletes through the edge,
 // gets at the edge's (stale-tolerant) level and at the catalog's
 // linearizable level, row inserts whose acknowledged values must survive,
-// and register writes and reads that porcupine checks.
+// and register writes, reads, time-travel bookmarks and restores that
+// porcupine checks.
 package traffic
 
 import (
@@ -23,6 +24,8 @@ const (
 	Insert    Kind = "insert"     // INSERT of the unique Value into the database's table t
 	RegWrite  Kind = "reg-write"  // UPDATE reg SET v = Value through the edge
 	RegRead   Kind = "reg-read"   // SELECT v FROM reg through the edge; Value is what it read
+	Bookmark  Kind = "bookmark"   // GET …/time_travel/bookmark of a register database; Bookmark is the answer
+	Restore   Kind = "restore"    // POST …/time_travel/restore?bookmark=Bookmark; Prev and After from the answer
 	ListCheck Kind = "list-check" // a final list (validation, not load)
 )
 
@@ -51,6 +54,12 @@ type Op struct {
 	Name    string        `json:"name,omitempty"`
 	Value   int64         `json:"value,omitempty"`
 	Found   bool          `json:"found,omitempty"` // lin-get / edge-get: the row was there
+	// Bookmark is a bookmark's answer, or the bookmark a restore asked
+	// for; Prev and After are a restore's previous_bookmark (undoes it)
+	// and bookmark (the point it made).
+	Bookmark string `json:"bookmark,omitempty"`
+	Prev     string `json:"prev,omitempty"`
+	After    string `json:"after,omitempty"`
 	Outcome Outcome       `json:"outcome"`
 	Answer  string        `json:"answer,omitempty"` // status/code or error, for the report
 	Call    time.Duration `json:"call"`
