@@ -47,23 +47,23 @@ const (
 // Op is one operation as the client saw it. Call and Return are offsets from
 // the History's start, on the test process's monotonic clock.
 type Op struct {
-	ID      int           `json:"id"`
-	Client  int           `json:"client"`
-	Kind    Kind          `json:"kind"`
-	DB      string        `json:"db,omitempty"`
-	Name    string        `json:"name,omitempty"`
-	Value   int64         `json:"value,omitempty"`
-	Found   bool          `json:"found,omitempty"` // lin-get / edge-get: the row was there
+	ID     int    `json:"id"`
+	Client int    `json:"client"`
+	Kind   Kind   `json:"kind"`
+	DB     string `json:"db,omitempty"`
+	Name   string `json:"name,omitempty"`
+	Value  int64  `json:"value,omitempty"`
+	Found  bool   `json:"found,omitempty"` // lin-get / edge-get: the row was there
 	// Bookmark is a bookmark's answer, or the bookmark a restore asked
 	// for; Prev and After are a restore's previous_bookmark (undoes it)
 	// and bookmark (the point it made).
-	Bookmark string `json:"bookmark,omitempty"`
-	Prev     string `json:"prev,omitempty"`
-	After    string `json:"after,omitempty"`
-	Outcome Outcome       `json:"outcome"`
-	Answer  string        `json:"answer,omitempty"` // status/code or error, for the report
-	Call    time.Duration `json:"call"`
-	Return  time.Duration `json:"return"`
+	Bookmark string        `json:"bookmark,omitempty"`
+	Prev     string        `json:"prev,omitempty"`
+	After    string        `json:"after,omitempty"`
+	Outcome  Outcome       `json:"outcome"`
+	Answer   string        `json:"answer,omitempty"` // status/code or error, for the report
+	Call     time.Duration `json:"call"`
+	Return   time.Duration `json:"return"`
 }
 
 // History is the record of every operation. Safe for concurrent use.

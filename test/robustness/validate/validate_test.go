@@ -84,8 +84,8 @@ func TestRegisterRestoreLinearizability(t *testing.T) {
 		ops  []traffic.Op
 		want bool
 	}{
-		"restore brings the bookmark's value back":  {with(restore("b1", "p", "n", ok, 60, 70), read(1, 80, 90)), true},
-		"restore acknowledged, value not restored":  {with(restore("b1", "p", "n", ok, 60, 70), read(2, 80, 90)), false},
+		"restore brings the bookmark's value back":   {with(restore("b1", "p", "n", ok, 60, 70), read(1, 80, 90)), true},
+		"restore acknowledged, value not restored":   {with(restore("b1", "p", "n", ok, 60, 70), read(2, 80, 90)), false},
 		"restore to the previous bookmark undoes":    {with(restore("b1", "p", "n", ok, 60, 70), read(1, 80, 90), restore("p", "q", "m", ok, 100, 110), read(2, 120, 130)), true},
 		"new bookmark names the restored value":      {with(restore("b1", "p", "n", ok, 60, 70), write(3, 80, 90), restore("n", "q", "m", ok, 100, 110), read(1, 120, 130)), true},
 		"restore of unknown outcome: done":           {with(restore("b1", "", "", unknown, 60, 70), read(1, 80, 90)), true},
