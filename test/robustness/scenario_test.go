@@ -197,7 +197,9 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	held := e.heldOrphans()
 	drained := e.archiveDrained()
 	objects, rows, finalChecks := e.hostState(catalog, cl.Account())
+	archiveStart := time.Now()
 	archived := e.archiveChecks(objects)
+	t.Logf("archive of %d objects verified and restored in %s", len(archived), time.Since(archiveStart).Round(time.Millisecond))
 	usage := validate.UsageExact(e.hist.Ops(), cl.Sent(), billed, producers, e.crashWindows(objects))
 	ops := e.hist.Ops()
 	rep := e.rep
@@ -764,6 +766,11 @@ func (e *env) hostState(catalog *raftmeta.Client, account string) ([]validate.Ob
 	var checks []validate.Integrity
 	for _, h := range e.c.Hosts {
 		require.NoError(e.t, h.Kill())
+		var fs syscall.Statfs_t
+		if syscall.Statfs(h.Dir, &fs) == nil {
+			total, free := int64(fs.Blocks)*fs.Bsize, int64(fs.Bavail)*fs.Bsize
+			e.t.Logf("%s's disk at the end: %d of %d MiB used", h.Name, (total-free)>>20, total>>20)
+		}
 		o, err := validate.HostObjects(h.Name, h.Dir)
 		require.NoError(e.t, err, "reading %s's index", h.Name)
 		objs = append(objs, o...)

@@ -14,9 +14,17 @@
 //
 // GET /healthz answers 200 once the bucket exists (the topology's health
 // check); every other request is S3.
+//
+// One change to s3bolt: a listing with a prefix and no delimiter (what
+// objecthost/history sends: one database's keys) seeks to the prefix
+// instead of scanning, and decoding, the whole bucket from its first key.
+// The bucket holds every host's history (tens of thousands of objects by
+// the end of a scenario), and that scan made each listing cost a read of
+// the whole store.
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -31,6 +39,8 @@ import (
 
 	"github.com/johannesboyne/gofakes3"
 	"github.com/johannesboyne/gofakes3/backend/s3bolt"
+	bolt "go.etcd.io/bbolt"
+	"gopkg.in/mgo.v2/bson"
 )
 
 func main() {
@@ -44,26 +54,15 @@ func main() {
 }
 
 func run(addr, dbPath, bucket string) error {
-	backend, err := s3bolt.NewFile(dbPath)
+	db, err := bolt.Open(dbPath, 0o600, nil)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", dbPath, err)
 	}
-	exists, err := backend.BucketExists(bucket)
+	defer db.Close()
+	mux, err := handler(db, bucket)
 	if err != nil {
 		return err
 	}
-	if !exists {
-		if err := backend.CreateBucket(bucket); err != nil {
-			return fmt.Errorf("create bucket %s: %w", bucket, err)
-		}
-	}
-	// Quiet: gofakes3 logs every request otherwise, and the suite keeps
-	// only the tail of each process's output.
-	faker := gofakes3.New(backend, gofakes3.WithLogger(gofakes3.DiscardLog()))
-	s3 := faker.Server()
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.Handle("/", s3)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
@@ -87,6 +86,79 @@ func run(addr, dbPath, bucket string) error {
 		return err
 	}
 	return nil
+}
+
+// handler serves S3 from db (bucket created if missing) and /healthz.
+func handler(db *bolt.DB, bucket string) (http.Handler, error) {
+	backend := &seekingBackend{Backend: s3bolt.New(db), db: db}
+	exists, err := backend.BucketExists(bucket)
+	if err != nil {
+		return nil, err
+	}
+	if !exists {
+		if err := backend.CreateBucket(bucket); err != nil {
+			return nil, fmt.Errorf("create bucket %s: %w", bucket, err)
+		}
+	}
+	// Quiet: gofakes3 logs every request otherwise, and the suite keeps
+	// only the tail of each process's output.
+	faker := gofakes3.New(backend, gofakes3.WithLogger(gofakes3.DiscardLog()))
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.Handle("/", faker.Server())
+	return mux, nil
+}
+
+// seekingBackend is s3bolt with prefix listings that seek (see the package
+// comment). Every other call, and listings with a delimiter, are s3bolt's.
+type seekingBackend struct {
+	*s3bolt.Backend
+	db *bolt.DB
+}
+
+// objectInfo is the part of s3bolt's stored object (bson, its schema.go
+// boltObject) a listing returns; the contents are skipped, not copied.
+type objectInfo struct {
+	LastModified time.Time
+	Size         int64
+	Hash         []byte
+}
+
+func (b *seekingBackend) ListBucket(name string, prefix *gofakes3.Prefix, page gofakes3.ListBucketPage) (*gofakes3.ObjectList, error) {
+	if prefix == nil || !prefix.HasPrefix || prefix.HasDelimiter {
+		return b.Backend.ListBucket(name, prefix, page)
+	}
+	objects := gofakes3.NewObjectList()
+	pfx := []byte(prefix.Prefix)
+	err := b.db.View(func(tx *bolt.Tx) error {
+		bk := tx.Bucket([]byte(name))
+		if bk == nil {
+			return gofakes3.BucketNotFound(name)
+		}
+		c := bk.Cursor()
+		k, v := c.Seek(pfx)
+		if page.HasMarker && page.Marker >= prefix.Prefix {
+			if k, v = c.Seek([]byte(page.Marker)); string(k) == page.Marker {
+				k, v = c.Next()
+			}
+		}
+		var n int64
+		for ; k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
+			if page.MaxKeys > 0 && n == page.MaxKeys {
+				objects.IsTruncated, objects.NextMarker = true, objects.Contents[len(objects.Contents)-1].Key
+				break
+			}
+			var o objectInfo
+			if err := bson.Unmarshal(v, &o); err != nil {
+				return fmt.Errorf("object %q: %w", k, err)
+			}
+			objects.Add(&gofakes3.Content{Key: string(k), ETag: gofakes3.FormatETag(o.Hash), Size: o.Size,
+				LastModified: gofakes3.NewContentTime(o.LastModified.UTC())})
+			n++
+		}
+		return nil
+	})
+	return objects, err
 }
 
 type discard struct{}
