@@ -59,7 +59,7 @@ const (
 	finalClient = 999
 	// hostDisk is each object host's tmpfs: small enough for the
 	// disk-full failpoint to fill at once.
-	hostDisk = "64m"
+	hostDisk = "128m"
 	// edgeFailpoints are armed by the lost-create failpoint (SIGUSR1): a
 	// third of creates lose their answer after the catalog write (the
 	// checkpoint), and one init call in ten fails after the object was

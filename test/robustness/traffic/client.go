@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -259,6 +260,13 @@ type answer struct {
 	err error
 }
 
+// notDone are the messages of the host's 503 answers (passed through by the
+// edge) that say the request was not carried out: objecthost.ErrRestoring
+// (a query while its database is restored) and a restore refused because
+// the archive store is down. Another wording falls back to Unknown: the
+// safe direction.
+var notDone = []string{"database is being restored, retry", "the archive store is unavailable, nothing was changed; retry"}
+
 func (a answer) outcome() Outcome {
 	switch {
 	case a.err != nil:
@@ -267,6 +275,8 @@ func (a answer) outcome() Outcome {
 		return OK
 	case a.status == http.StatusNotFound:
 		return NotFound
+	case a.status == http.StatusServiceUnavailable && len(a.Errors) == 1 && slices.Contains(notDone, a.Errors[0].Message):
+		return Failed
 	case a.status == http.StatusTooManyRequests || a.status >= 500:
 		return Unknown
 	default:

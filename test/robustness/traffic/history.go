@@ -39,6 +39,10 @@ const (
 	NotFound Outcome = "not-found"
 	// Refused: a definite refusal (4xx): it did not happen.
 	Refused Outcome = "refused"
+	// Failed: a retryable failure (503) whose answer says the request was
+	// not carried out (the database was being restored; the archive store
+	// was down before a restore changed anything): it did not happen.
+	Failed Outcome = "failed"
 	// Unknown: transport error, timeout or 5xx: it may or may not have
 	// happened, and a checker must allow both.
 	Unknown Outcome = "unknown"

@@ -150,9 +150,18 @@ func AckedRowsReadable(ops []traffic.Op, f Final) Result {
 // out; so are writes and restores refused outright. Bookmarks are numbered
 // from 1 in order of first appearance (model.RegisterInput).
 func RegisterOperations(ops []traffic.Op) []porcupine.Operation {
+	// Only bookmarks some restore goes back to constrain anything: the
+	// others are left out of the model (each bookmark held in the state
+	// multiplies the states porcupine must tell apart).
+	targets := map[string]bool{}
+	for _, op := range ops {
+		if op.Kind == traffic.Restore {
+			targets[op.Bookmark] = true
+		}
+	}
 	ids := map[string]int{}
 	id := func(b string) int {
-		if b == "" {
+		if b == "" || !targets[b] {
 			return 0
 		}
 		if _, ok := ids[b]; !ok {
@@ -170,7 +179,7 @@ func RegisterOperations(ops []traffic.Op) []porcupine.Operation {
 			in.Op, in.Value = model.RegWrite, op.Value
 		case op.Kind == traffic.RegRead && op.Outcome == traffic.OK:
 			in.Op, res.Value = model.RegRead, op.Value
-		case op.Kind == traffic.Bookmark && op.Outcome == traffic.OK:
+		case op.Kind == traffic.Bookmark && op.Outcome == traffic.OK && targets[op.Bookmark]:
 			in.Op, res.Bookmark = model.RegBookmark, id(op.Bookmark)
 		case op.Kind == traffic.Restore && op.Outcome == traffic.OK:
 			in.Op, in.Bookmark = model.RegRestore, id(op.Bookmark)
