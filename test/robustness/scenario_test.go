@@ -594,7 +594,7 @@ func (e *env) archiveChecks(objs []validate.Object) []validate.ArchiveCheck {
 		}
 	}
 	out := make([]validate.ArchiveCheck, len(live))
-	harness.Concurrently(len(live), 4, func(i int) {
+	harness.Concurrently(len(live), 8, func(i int) {
 		ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
 		defer cancel()
 		out[i] = validate.CheckArchive(ctx, a, live[i])

@@ -92,7 +92,7 @@ func TestRegisterRestoreLinearizability(t *testing.T) {
 		"restore of unknown outcome: not done":       {with(restore("b1", "", "", unknown, 60, 70), read(2, 80, 90)), true},
 		"restore of unknown outcome: half, flipping": {with(restore("b1", "", "", unknown, 60, 70), read(1, 80, 90), read(2, 100, 110)), false},
 		"restore to a value never at the bookmark":   {with(restore("b1", "p", "n", ok, 60, 70), read(0, 80, 90)), false},
-		"one bookmark, two values":                   {with(bookmark("b1", 60, 70)), false},
+		"one bookmark, two values":                   {with(bookmark("b1", 60, 70), restore("b1", "p", "n", ok, 80, 90)), false},
 		"restore to a bookmark not taken yet":        {[]traffic.Op{write(1, 0, 10), restore("b9", "p", "n", ok, 20, 30), bookmark("b9", 40, 50)}, false},
 	} {
 		res, _ := Linearizable("register", model.Register, RegisterOperations(tc.ops), 10*time.Second)
