@@ -195,8 +195,10 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	final := observe(t, cl, e.hist, load)
 	billed, producers := e.usage()
 	held := e.heldOrphans()
+	storage, sizes := e.storageTotals(catalog, cl.Account())
 	drained := e.archiveDrained()
 	objects, rows, finalChecks := e.hostState(catalog, cl.Account())
+	storage.Note += storageCoverage(objects, sizes)
 	archiveStart := time.Now()
 	archived := e.archiveChecks(objects)
 	t.Logf("archive of %d objects verified and restored in %s", len(archived), time.Since(archiveStart).Round(time.Millisecond))
@@ -216,7 +218,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	if len(e.cutOffs) > 0 {
 		rep.Results = append(rep.Results, validate.QueriesAvailableDuring(ops, e.cutOffs))
 	}
-	rep.Results = append(rep.Results, drained, validate.ArchiveConsistent(archived), validate.RestoresAnswered(ops))
+	rep.Results = append(rep.Results, storage, drained, validate.ArchiveConsistent(archived), validate.RestoresAnswered(ops))
 	if len(e.storeDowns) > 0 {
 		dbHost := map[string]string{}
 		for _, o := range objects {
@@ -551,6 +553,104 @@ func (e *env) restoreDuringHostKill(stopStore bool) failpoint.Failpoint {
 	}
 	f := failpoint.Custom(failpoint.KillRestart, h.Name, param, e.sched.fault/2, inject, h.Start)
 	return f
+}
+
+// storageTotals waits (up to storageSettle) until the catalog's storage
+// total of account — the drained change log the limits are enforced on —
+// equals the sum of the account's database sizes in the catalog, both read
+// at the linearizable level once the load has stopped: the storage
+// consumer and the 1-second drain lost and doubled nothing across the
+// faults. The hosts' own total (shoal_objecthost_bytes_on_disk, every
+// database they hold) is noted beside it, not compared: sizes are measured
+// at writes and include the WAL, so the two need not meet (README, "What
+// is not covered yet").
+func (e *env) storageTotals(catalog *raftmeta.Client, account string) (validate.Result, map[string]int64) {
+	const storageSettle = 30 * time.Second
+	r := validate.Result{Check: "catalog account storage total equals the sum of its databases' sizes (storage consumer and drain exact)", Checked: 1}
+	deadline := time.Now().Add(storageSettle)
+	var total, sum int64
+	var sizes map[string]int64
+	var err error
+	for {
+		total, sum, sizes, err = readStorage(e.ctx, catalog, account)
+		if err == nil && total == sum || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	switch {
+	case err != nil:
+		r.Violations = []string{fmt.Sprintf("reading the catalog's storage figures: %v", err)}
+	case total != sum:
+		r.Violations = []string{fmt.Sprintf("account total %d bytes, its %d databases' sizes sum to %d (after %s)", total, len(sizes), sum, storageSettle)}
+	}
+	var onHosts float64
+	for _, h := range e.c.Hosts {
+		onHosts += harness.ScrapeMetrics(e.t, "http://"+h.Addr+"/metrics")["shoal_objecthost_bytes_on_disk"]
+	}
+	r.Note = fmt.Sprintf("catalog total %d bytes over %d databases; the hosts' bytes_on_disk %.0f", total, len(sizes), onHosts)
+	return r, sizes
+}
+
+// storageCoverage notes how the catalog's database sizes compare with the
+// files the hosts left (file + WAL, what a host measures): live databases
+// with a file but no size in the catalog, and sizes that differ.
+func storageCoverage(objs []validate.Object, sizes map[string]int64) string {
+	missing, differ, checked := 0, 0, 0
+	var which []string
+	for _, o := range objs {
+		if !o.Live() {
+			continue
+		}
+		fi, err := os.Stat(o.Path)
+		if err != nil {
+			continue // never opened: no file, no size
+		}
+		checked++
+		onDisk := fi.Size()
+		if w, err := os.Stat(o.Path + "-wal"); err == nil {
+			onDisk += w.Size()
+		}
+		got, ok := sizes[o.DatabaseUUID]
+		switch {
+		case !ok:
+			missing++
+			if len(which) < 5 {
+				which = append(which, o.Host+"/"+o.DatabaseUUID)
+			}
+		case got != onDisk:
+			differ++
+		}
+	}
+	return fmt.Sprintf("; of %d live databases with a file, %d have no size in the catalog %v and %d a size other than file+WAL now", checked, missing, which, differ)
+}
+
+// readStorage is, at the linearizable level, account's drained storage
+// total, the sum of its databases' sizes, and each database's size.
+func readStorage(ctx context.Context, catalog *raftmeta.Client, account string) (total, sum int64, sizes map[string]int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	a, err := catalog.Account(ctx, account, raftmeta.LinearizableRead())
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	sizes = map[string]int64{}
+	for after := ""; ; {
+		page, err := catalog.DatabaseStoragePage(ctx, after, fsm.MaxStoragePage, raftmeta.LinearizableRead())
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		for _, d := range page.Databases {
+			if d.AccountID == account {
+				sum += d.SizeBytes
+				sizes[d.UUID] = d.SizeBytes
+			}
+		}
+		if after = page.Next; after == "" {
+			break
+		}
+	}
+	return a.StorageBytes, sum, sizes, nil
 }
 
 // archiveDrained waits (up to archiveSettle) until no host has anything
