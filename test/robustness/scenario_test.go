@@ -728,19 +728,41 @@ func (e *env) checkHostFiles(h *topology.Member, when string) []validate.Integri
 // 1 s aggregation window plus the records in flight to the broker.
 const crashLoss = 2 * time.Second
 
-// crashWindows lists, per database, the crashLoss before each kill -9 of
-// the host holding its live object.
+// stallTimeout is the host producer's StallTimeout (pipeline/DESIGN.md):
+// while the broker is away, records wait in the client's memory until
+// nothing has been acknowledged for this long, and only then go to the
+// on-disk spill.
+const stallTimeout = 5 * time.Second
+
+// crashWindows lists, per database, what each kill -9 of the host holding
+// its live object may have lost of its usage: the crashLoss before the
+// kill, or, when the pipeline node (the broker) was down or just back in
+// the stallTimeout before that, everything since the broker went away —
+// records the broker never acknowledged wait in the host's memory (the
+// spill takes them only after stallTimeout), and pipeline/DESIGN.md's
+// "Spill only on trouble" accepts that a crash loses them.
 func (e *env) crashWindows(objs []validate.Object) map[string][]validate.Window {
 	kills := map[string][]time.Duration{}
+	var broker []failpoint.Injection
 	for _, inj := range e.rep.Injections {
 		if inj.Failpoint.Kind == failpoint.KillRestart {
 			kills[inj.Failpoint.Target] = append(kills[inj.Failpoint.Target], inj.Start)
+		}
+		if e.c.Pipeline != nil && inj.Failpoint.Target == e.c.Pipeline.Name {
+			broker = append(broker, inj)
 		}
 	}
 	out := map[string][]validate.Window{}
 	for _, o := range objs {
 		for _, at := range kills[o.Host] {
-			out[o.DatabaseUUID] = append(out[o.DatabaseUUID], validate.Window{Name: "kill of " + o.Host, From: at - crashLoss, To: at})
+			w := validate.Window{Name: "kill of " + o.Host, From: at - crashLoss, To: at}
+			for _, b := range broker {
+				if b.Start < at && b.Healed+stallTimeout >= w.From {
+					w.From = min(w.From, b.Start)
+					w.Name += " after the broker's " + string(b.Failpoint.Kind)
+				}
+			}
+			out[o.DatabaseUUID] = append(out[o.DatabaseUUID], w)
 		}
 	}
 	return out
