@@ -606,11 +606,14 @@ func storageCoverage(objs []validate.Object, sizes map[string]int64) string {
 		if err != nil {
 			continue // never opened: no file, no size
 		}
-		checked++
 		onDisk := fi.Size()
 		if w, err := os.Stat(o.Path + "-wal"); err == nil {
 			onDisk += w.Size()
 		}
+		if onDisk == 0 {
+			continue // created but never written (e.g. its first write hit a full disk): no size to publish
+		}
+		checked++
 		got, ok := sizes[o.DatabaseUUID]
 		switch {
 		case !ok:
@@ -622,7 +625,7 @@ func storageCoverage(objs []validate.Object, sizes map[string]int64) string {
 			differ++
 		}
 	}
-	return fmt.Sprintf("; of %d live databases with a file, %d have no size in the catalog %v and %d a size other than file+WAL now", checked, missing, which, differ)
+	return fmt.Sprintf("; of %d live databases with a non-empty file, %d have no size in the catalog %v and %d a size other than file+WAL now", checked, missing, which, differ)
 }
 
 // readStorage is, at the linearizable level, account's drained storage
@@ -737,10 +740,12 @@ const stallTimeout = 5 * time.Second
 // crashWindows lists, per database, what each kill -9 of the host holding
 // its live object may have lost of its usage: the crashLoss before the
 // kill, or, when the pipeline node (the broker) was down or just back in
-// the stallTimeout before that, everything since the broker went away —
-// records the broker never acknowledged wait in the host's memory (the
-// spill takes them only after stallTimeout), and pipeline/DESIGN.md's
-// "Spill only on trouble" accepts that a crash loses them.
+// the stallTimeout before that, everything from the crashLoss before the
+// broker went away (the window then open and the records in flight, which
+// the broker never acknowledged) — records the broker never acknowledged
+// wait in the host's memory (the spill takes them only after
+// stallTimeout), and pipeline/DESIGN.md's "Spill only on trouble" accepts
+// that a crash loses them.
 func (e *env) crashWindows(objs []validate.Object) map[string][]validate.Window {
 	kills := map[string][]time.Duration{}
 	var broker []failpoint.Injection
@@ -758,7 +763,7 @@ func (e *env) crashWindows(objs []validate.Object) map[string][]validate.Window 
 			w := validate.Window{Name: "kill of " + o.Host, From: at - crashLoss, To: at}
 			for _, b := range broker {
 				if b.Start < at && b.Healed+stallTimeout >= w.From {
-					w.From = min(w.From, b.Start)
+					w.From = min(w.From, b.Start-crashLoss)
 					w.Name += " after the broker's " + string(b.Failpoint.Kind)
 				}
 			}
