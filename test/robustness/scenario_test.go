@@ -506,9 +506,10 @@ func (e *env) restoreDuringHostKill(stopStore bool) failpoint.Failpoint {
 		}
 	}
 	require.NotNil(e.t, h, "host %s of register %s", d.HostID, db)
-	param := fmt.Sprintf("during a restore of %.8s, %s in", db, delay)
+	short := db[max(0, len(db)-8):] // UUIDv7s of one run share their leading (time) digits
+	param := fmt.Sprintf("during a restore of …%s, %s in", short, delay)
 	if stopStore {
-		param = fmt.Sprintf("during a restore of %.8s waiting on the stopped object store", db)
+		param = fmt.Sprintf("during a restore of …%s waiting on the stopped object store", short)
 	}
 	const client = 900 // the history's client ID of these restores
 	inject := func() error {
