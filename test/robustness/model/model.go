@@ -39,6 +39,9 @@ type RegisterInput struct {
 	Op       RegisterOp
 	Value    int64 // RegWrite: the value written
 	Bookmark int   // RegRestore: the bookmark restored to
+	// Forget (RegRestore): no restore goes back to Bookmark after this
+	// one; the state drops it (fewer distinct states to explore).
+	Forget bool
 }
 
 // RegisterOutput is what an operation returned: a read's value, a
@@ -69,6 +72,19 @@ func (s RegisterState) at(id int) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// without drops bookmark id.
+func (s RegisterState) without(id int) RegisterState {
+	prefix := strconv.Itoa(id) + "="
+	var b strings.Builder
+	for _, p := range strings.Split(s.Bookmarks, ";") {
+		if p != "" && !strings.HasPrefix(p, prefix) {
+			b.WriteString(p + ";")
+		}
+	}
+	s.Bookmarks = b.String()
+	return s
 }
 
 // with records that bookmark id names value. A bookmark names one point
@@ -136,6 +152,9 @@ var Register = porcupine.Model{
 			st, ok = st.with(out.Prev, st.Value)
 			if !ok {
 				return false, st
+			}
+			if in.Forget {
+				st = st.without(in.Bookmark)
 			}
 			st.Value = v
 			return okState(st.with(out.After, v))

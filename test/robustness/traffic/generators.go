@@ -86,7 +86,13 @@ func (l *Load) AddBookmarks(db string, bms ...string) {
 	}
 }
 
-// PickBookmark is one of db's known bookmarks, chosen by r.
+// recentBookmarks is how many of a database's latest bookmarks a restore
+// chooses from: a bookmark stays in the register model's state from when
+// it is taken to its last restore, and a short span keeps the states
+// porcupine must tell apart few.
+const recentBookmarks = 4
+
+// PickBookmark is one of db's latest known bookmarks, chosen by r.
 func (l *Load) PickBookmark(r *rand.Rand, db string) (string, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -94,6 +100,7 @@ func (l *Load) PickBookmark(r *rand.Rand, db string) (string, bool) {
 	if len(bs) == 0 {
 		return "", false
 	}
+	bs = bs[max(0, len(bs)-recentBookmarks):]
 	return bs[r.IntN(len(bs))], true
 }
 

@@ -68,6 +68,10 @@ type Op struct {
 	Answer   string        `json:"answer,omitempty"` // status/code or error, for the report
 	Call     time.Duration `json:"call"`
 	Return   time.Duration `json:"return"`
+	// EffectBy, for an Unknown outcome, is the latest instant its effect
+	// can have happened (0: any time until the end). Set by the checkers'
+	// caller from what it knows, e.g. its host was killed and restarted.
+	EffectBy time.Duration `json:"effect_by,omitempty"`
 }
 
 // History is the record of every operation. Safe for concurrent use.

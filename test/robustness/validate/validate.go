@@ -7,6 +7,7 @@ package validate
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"sort"
 	"time"
 
@@ -152,16 +153,26 @@ func AckedRowsReadable(ops []traffic.Op, f Final) Result {
 func RegisterOperations(ops []traffic.Op) []porcupine.Operation {
 	// Only bookmarks some restore goes back to constrain anything: the
 	// others are left out of the model (each bookmark held in the state
-	// multiplies the states porcupine must tell apart).
-	targets := map[string]bool{}
-	for _, op := range ops {
+	// multiplies the states porcupine must tell apart). A bookmark is
+	// forgotten by the restore that is certainly the last to go back to
+	// it (every other one returned before it was called).
+	targets := map[string][]int{} // bookmark → indexes of the restores to it
+	for i, op := range ops {
 		if op.Kind == traffic.Restore {
-			targets[op.Bookmark] = true
+			targets[op.Bookmark] = append(targets[op.Bookmark], i)
 		}
+	}
+	lastUse := func(i int) bool {
+		for _, j := range targets[ops[i].Bookmark] {
+			if j != i && (ops[j].Outcome == traffic.Unknown || ops[j].Return >= ops[i].Call) {
+				return false
+			}
+		}
+		return true
 	}
 	ids := map[string]int{}
 	id := func(b string) int {
-		if b == "" || !targets[b] {
+		if b == "" || len(targets[b]) == 0 {
 			return 0
 		}
 		if _, ok := ids[b]; !ok {
@@ -170,7 +181,7 @@ func RegisterOperations(ops []traffic.Op) []porcupine.Operation {
 		return ids[b]
 	}
 	var out []porcupine.Operation
-	for _, op := range ops {
+	for i, op := range ops {
 		ret := int64(op.Return)
 		in := model.RegisterInput{DB: op.DB}
 		var res model.RegisterOutput
@@ -179,10 +190,10 @@ func RegisterOperations(ops []traffic.Op) []porcupine.Operation {
 			in.Op, in.Value = model.RegWrite, op.Value
 		case op.Kind == traffic.RegRead && op.Outcome == traffic.OK:
 			in.Op, res.Value = model.RegRead, op.Value
-		case op.Kind == traffic.Bookmark && op.Outcome == traffic.OK && targets[op.Bookmark]:
+		case op.Kind == traffic.Bookmark && op.Outcome == traffic.OK && len(targets[op.Bookmark]) > 0:
 			in.Op, res.Bookmark = model.RegBookmark, id(op.Bookmark)
 		case op.Kind == traffic.Restore && op.Outcome == traffic.OK:
-			in.Op, in.Bookmark = model.RegRestore, id(op.Bookmark)
+			in.Op, in.Bookmark, in.Forget = model.RegRestore, id(op.Bookmark), lastUse(i)
 			res.Prev, res.After = id(op.Prev), id(op.After)
 		case op.Kind == traffic.Restore && op.Outcome == traffic.Unknown:
 			in.Op, in.Bookmark = model.RegRestore, id(op.Bookmark)
@@ -191,10 +202,39 @@ func RegisterOperations(ops []traffic.Op) []porcupine.Operation {
 		}
 		if op.Outcome == traffic.Unknown {
 			ret = math.MaxInt64
+			if op.EffectBy > 0 {
+				ret = int64(max(op.EffectBy, op.Return))
+			}
 		}
 		out = append(out, porcupine.Operation{ClientId: op.Client, Call: int64(op.Call), Return: ret, Input: in, Output: res})
 	}
 	return out
+}
+
+// BoundByHostKills sets EffectBy on every write and restore of unknown
+// outcome whose database's host was killed -9 after the call and whose
+// answer came before that host was restarted: the request reached the
+// killed process or none, so it took effect before the restart or never.
+// (A request answered after the restart may have been forwarded to the new
+// process: left open.) dbHost maps a database to its host; kills lists
+// each host's kill windows, Start to Healed (restarted). It returns a
+// copy of ops, and how many it bounded.
+func BoundByHostKills(ops []traffic.Op, dbHost map[string]string, kills map[string][]Window) ([]traffic.Op, int) {
+	out := append([]traffic.Op(nil), ops...)
+	n := 0
+	for i, op := range out {
+		if op.Outcome != traffic.Unknown || (op.Kind != traffic.RegWrite && op.Kind != traffic.Restore) {
+			continue
+		}
+		for _, k := range kills[dbHost[op.DB]] {
+			if k.From >= op.Call && op.Return <= k.To {
+				out[i].EffectBy = k.To
+				n++
+				break
+			}
+		}
+	}
+	return out, n
 }
 
 // RestoresAnswered: no restore to a bookmark the API itself handed out was
@@ -252,6 +292,36 @@ func ExistenceOperations(ops []traffic.Op) []porcupine.Operation {
 // Linearizable checks ops against m. A check that times out is a failure
 // too: nothing is waved through.
 func Linearizable(name string, m porcupine.Model, ops []porcupine.Operation, timeout time.Duration) (Result, porcupine.LinearizationInfo) {
+	return LinearizableWithin(name, m, ops, timeout, 0)
+}
+
+// LinearizableWithin is Linearizable with a guard on the checker's memory:
+// porcupine can be stopped only by its timeout, and a history with many
+// operations of unknown outcome can make its search grow by gigabytes a
+// minute. Past maxHeap bytes of heap (0: no guard) the process panics with
+// the reason rather than take the machine's memory (these machines are
+// shared). Call it once the cluster is stopped: a panic runs no cleanup.
+func LinearizableWithin(name string, m porcupine.Model, ops []porcupine.Operation, timeout time.Duration, maxHeap uint64) (Result, porcupine.LinearizationInfo) {
+	if maxHeap > 0 {
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
+			for {
+				select {
+				case <-done:
+					return
+				case <-tick.C:
+				}
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				if ms.HeapInuse > maxHeap {
+					panic(fmt.Sprintf("robustness: the %s check (porcupine, %d operations) passed %d MiB of heap: stopped to protect the machine; the history is not judged", name, len(ops), maxHeap>>20))
+				}
+			}
+		}()
+	}
 	res, info := porcupine.CheckOperationsVerbose(m, ops, timeout)
 	r := Result{Check: name + " linearizable (porcupine)", Checked: len(ops)}
 	switch res {

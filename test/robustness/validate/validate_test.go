@@ -1,6 +1,7 @@
 package validate
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -152,4 +153,64 @@ func TestArchiveLagAlarm(t *testing.T) {
 	assert.True(t, ArchiveLagAlarm(ops, outage(HostLag{Alarm: true, Recovered: true}, HostLag{Recovered: true}), dbHost).OK())
 	assert.Len(t, ArchiveLagAlarm(ops, outage(HostLag{Recovered: true}, HostLag{Recovered: true}), dbHost).Violations, 1, "h1 wrote early in the outage: its alarm must rise")
 	assert.Len(t, ArchiveLagAlarm(ops, outage(HostLag{Alarm: true}, HostLag{Recovered: true}), dbHost).Violations, 1, "h1's lag never recovered")
+}
+
+// A write of unknown outcome whose host was killed before its answer came
+// took effect before the host restarted, or never: bounded there, a value
+// that appears only after the restart is a violation.
+func TestBoundByHostKills(t *testing.T) {
+	ok, unknown := traffic.OK, traffic.Unknown
+	kills := map[string][]Window{"h1": {{From: 200 * time.Millisecond, To: 300 * time.Millisecond}}}
+	dbHost := map[string]string{"a": "h1"}
+	lostThenSeen := []traffic.Op{
+		op(traffic.RegWrite, "a", 5, unknown, 100, 250),
+		op(traffic.RegRead, "a", 0, ok, 350, 360),
+		op(traffic.RegRead, "a", 5, ok, 400, 410),
+	}
+	res, _ := Linearizable("register", model.Register, RegisterOperations(lostThenSeen), 10*time.Second)
+	assert.True(t, res.OK(), "unbounded, the write may land late: %s", res)
+	bounded, n := BoundByHostKills(lostThenSeen, dbHost, kills)
+	assert.Equal(t, 1, n)
+	res, _ = Linearizable("register", model.Register, RegisterOperations(bounded), 10*time.Second)
+	assert.False(t, res.OK(), "its host died and restarted before the value appeared")
+
+	answeredLate := op(traffic.RegWrite, "a", 5, unknown, 100, 350) // answered after the restart: may have reached the new process
+	_, n = BoundByHostKills([]traffic.Op{answeredLate}, dbHost, kills)
+	assert.Zero(t, n)
+}
+
+// A bookmark is forgotten only by the restore certainly last to use it.
+func TestRestoreForgetsOnlyAfterTheLastUse(t *testing.T) {
+	ok := traffic.OK
+	w := func(v int64, c, r int) traffic.Op { return op(traffic.RegWrite, "a", v, ok, c, r) }
+	rd := func(v int64, c, r int) traffic.Op { return op(traffic.RegRead, "a", v, ok, c, r) }
+	bm := func(b string, c, r int) traffic.Op {
+		o := op(traffic.Bookmark, "a", 0, ok, c, r)
+		o.Bookmark = b
+		return o
+	}
+	rs := func(b string, c, r int) traffic.Op {
+		o := op(traffic.Restore, "a", 0, ok, c, r)
+		o.Bookmark, o.Prev, o.After = b, fmt.Sprintf("p%d", c), fmt.Sprintf("n%d", c)
+		return o
+	}
+	// Two restores to b1, the second concurrent with the first's answer:
+	// neither may forget b1 before the other used it.
+	h := []traffic.Op{w(1, 0, 10), bm("b1", 20, 30), w(2, 40, 50), rs("b1", 60, 80), w(3, 85, 90), rs("b1", 70, 100), rd(1, 110, 120)}
+	ops := RegisterOperations(h)
+	forgets := 0
+	for _, o := range ops {
+		if in := o.Input.(model.RegisterInput); in.Op == model.RegRestore && in.Forget {
+			forgets++
+		}
+	}
+	assert.Zero(t, forgets, "concurrent restores to one bookmark: neither is certainly last")
+	res, _ := Linearizable("register", model.Register, ops, 10*time.Second)
+	assert.True(t, res.OK(), "%s", res)
+	// Sequential: the second forgets it, and the history still checks.
+	h = []traffic.Op{w(1, 0, 10), bm("b1", 20, 30), w(2, 40, 50), rs("b1", 60, 70), rd(1, 75, 78), w(3, 80, 90), rs("b1", 100, 110), rd(1, 120, 130)}
+	ops = RegisterOperations(h)
+	res, _ = Linearizable("register", model.Register, ops, 10*time.Second)
+	assert.True(t, res.OK(), "%s", res)
+	assert.True(t, ops[len(ops)-2].Input.(model.RegisterInput).Forget)
 }
