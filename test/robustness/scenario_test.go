@@ -233,6 +233,15 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 		checkFor = 10 * time.Minute
 	}
 	assert.NoError(t, c.Stop(), "stopping the cluster before the porcupine checks")
+	// The history is kept on disk while porcupine runs (a guard's panic
+	// writes no report) and removed if the run passes.
+	dir := reportDir(name, sched)
+	if err := os.MkdirAll(dir, 0o755); err == nil {
+		rep.Ops = ops
+		if files, err := rep.Write(dir); err == nil {
+			t.Logf("history saved to %s while the linearizability checks run: %v", dir, files)
+		}
+	}
 	bounded, nBounded := validate.BoundByHostKills(ops, liveHosts(objects), e.hostKills())
 	regRes, regInfo := validate.LinearizableWithin("register writes and reads through the edge", model.Register, validate.RegisterOperations(bounded), checkFor, maxCheckHeap())
 	regRes.Note = fmt.Sprintf("%d writes and restores of unknown outcome bounded by their host's kill", nBounded)
@@ -248,13 +257,11 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 			rep.Logs[m.Name] = report.Tail(m.Output(), 64<<10)
 			t.Logf("--- %s output (tail):\n%s", m.Name, report.Tail(m.Output(), 3000))
 		}
-		dir := os.Getenv("SHOAL_ROBUSTNESS_REPORT_DIR")
-		if dir == "" {
-			dir = os.TempDir()
-		}
-		dir = filepath.Join(dir, fmt.Sprintf("shoal-robustness-%s-%s-%d", sanitize(name), sched.name, sched.load.Seed))
 		files, err := rep.Write(dir)
 		t.Logf("report written to %s: %v (err %v)", dir, files, err)
+	}
+	if !rep.Failed() && !t.Failed() {
+		_ = os.RemoveAll(dir)
 	}
 	recordResults(t, rep)
 	for _, res := range rep.Results {
@@ -1148,6 +1155,16 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 		settle(func() traffic.Op { return cl.RegRead(ctx, finalClient, i%cl.Edges(), db) })
 	}
 	return f
+}
+
+// reportDir is where a run's report goes: $SHOAL_ROBUSTNESS_REPORT_DIR
+// (default the temp dir)/shoal-robustness-<scenario>-<schedule>-<seed>.
+func reportDir(name string, sched schedule) string {
+	dir := os.Getenv("SHOAL_ROBUSTNESS_REPORT_DIR")
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	return filepath.Join(dir, fmt.Sprintf("shoal-robustness-%s-%s-%d", sanitize(name), sched.name, sched.load.Seed))
 }
 
 func sanitize(s string) string {
