@@ -6,6 +6,7 @@ package model
 
 import (
 	"fmt"
+	"hash/fnv"
 	"sort"
 	"strconv"
 	"strings"
@@ -42,6 +43,9 @@ type RegisterInput struct {
 	// Forget (RegRestore): no restore goes back to Bookmark after this
 	// one; the state drops it (fewer distinct states to explore).
 	Forget bool
+	// Maybe: the outcome is unknown (a write or restore whose answer was
+	// lost): it took effect between its call and return, or never.
+	Maybe bool
 }
 
 // RegisterOutput is what an operation returned: a read's value, a
@@ -130,50 +134,56 @@ func (s RegisterState) with(id int, value int64) (RegisterState, bool) {
 // restore's answer also names the point just before it (the previous
 // bookmark, which undoes it) and the point it made; restoring to either
 // must give that value back.
-var Register = porcupine.Model{
+//
+// An operation of unknown outcome (Input.Maybe) may have taken effect, at
+// one instant between its call and its return, or not at all: the model is
+// nondeterministic (porcupine's power-set construction keeps every state
+// it may be in), so such an operation need not stay open to the end of the
+// history to be allowed not to have happened — its caller can bound its
+// return where it certainly could no longer take effect.
+var Register = registerSteps.ToModel()
+
+var registerSteps = porcupine.NondeterministicModel{
 	Partition: partitionBy(func(in any) string { return in.(RegisterInput).DB }),
-	Init:      func() any { return RegisterState{} },
-	Step: func(state, input, output any) (bool, any) {
+	Init:      func() []any { return []any{RegisterState{}} },
+	Step: func(state, input, output any) []any {
 		st, in := state.(RegisterState), input.(RegisterInput)
 		out, _ := output.(RegisterOutput)
-		switch in.Op {
-		case RegWrite:
-			st.Value = in.Value
-			return true, st
-		case RegRead:
-			return out.Value == st.Value, st
-		case RegBookmark:
-			return okState(st.with(out.Bookmark, st.Value))
-		default: // RegRestore
-			v, ok := st.at(in.Bookmark)
-			if !ok {
-				return false, st // a bookmark not taken yet (or never)
-			}
-			st, ok = st.with(out.Prev, st.Value)
-			if !ok {
-				return false, st
-			}
-			if in.Forget {
-				st = st.without(in.Bookmark)
-			}
-			st.Value = v
-			return okState(st.with(out.After, v))
+		next, ok := registerStep(st, in, out)
+		switch {
+		case in.Maybe && ok:
+			return []any{st, next}
+		case in.Maybe:
+			return []any{st}
+		case ok:
+			return []any{next}
 		}
+		return nil
 	},
 	Equal: func(a, b any) bool { return a.(RegisterState) == b.(RegisterState) },
+	Hash: func(state any) uint64 {
+		st := state.(RegisterState)
+		h := fnv.New64a()
+		fmt.Fprintf(h, "%d|%s", st.Value, st.Bookmarks)
+		return h.Sum64()
+	},
 	DescribeOperation: func(input, output any) string {
 		in := input.(RegisterInput)
 		out, _ := output.(RegisterOutput)
+		maybe := ""
+		if in.Maybe {
+			maybe = " (outcome unknown)"
+		}
 		switch in.Op {
 		case RegWrite:
-			return fmt.Sprintf("write(%d)", in.Value)
+			return fmt.Sprintf("write(%d)%s", in.Value, maybe)
 		case RegRead:
 			return fmt.Sprintf("read() → %d", out.Value)
 		case RegBookmark:
 			return fmt.Sprintf("bookmark() → #%d", out.Bookmark)
 		default:
 			if out.After == 0 {
-				return fmt.Sprintf("restore(#%d) → ?", in.Bookmark)
+				return fmt.Sprintf("restore(#%d)%s", in.Bookmark, maybe)
 			}
 			return fmt.Sprintf("restore(#%d) → previous #%d, now #%d", in.Bookmark, out.Prev, out.After)
 		}
@@ -187,7 +197,32 @@ var Register = porcupine.Model{
 	},
 }
 
-func okState(s RegisterState, ok bool) (bool, any) { return ok, s }
+// registerStep is the register's sequential specification: the state after
+// in with output out, and whether that step is legal.
+func registerStep(st RegisterState, in RegisterInput, out RegisterOutput) (RegisterState, bool) {
+	switch in.Op {
+	case RegWrite:
+		st.Value = in.Value
+		return st, true
+	case RegRead:
+		return st, out.Value == st.Value
+	case RegBookmark:
+		return st.with(out.Bookmark, st.Value)
+	default: // RegRestore
+		v, ok := st.at(in.Bookmark)
+		if !ok {
+			return st, false // a bookmark not taken yet (or never)
+		}
+		if st, ok = st.with(out.Prev, st.Value); !ok {
+			return st, false
+		}
+		if in.Forget {
+			st = st.without(in.Bookmark)
+		}
+		st.Value = v
+		return st.with(out.After, v)
+	}
+}
 
 // ExistenceOp is what an operation does to a database's existence.
 type ExistenceOp int

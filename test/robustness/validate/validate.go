@@ -146,8 +146,9 @@ func AckedRowsReadable(ops []traffic.Op, f Final) Result {
 
 // RegisterOperations turns the register writes, reads, bookmarks and
 // restores into porcupine's form. A write or a restore of unknown outcome
-// may have taken effect at any time after its call: it stays open until
-// the end. Reads and bookmarks that failed observed nothing and are left
+// may have taken effect at any time after its call, or never
+// (RegisterInput.Maybe): it stays open until the end, or until its
+// EffectBy. Reads and bookmarks that failed observed nothing and are left
 // out; so are writes and restores refused outright. Bookmarks are numbered
 // from 1 in order of first appearance (model.RegisterInput).
 func RegisterOperations(ops []traffic.Op) []porcupine.Operation {
@@ -201,6 +202,9 @@ func RegisterOperations(ops []traffic.Op) []porcupine.Operation {
 			continue
 		}
 		if op.Outcome == traffic.Unknown {
+			// It may have happened, later than its answer even: until
+			// EffectBy when that is known, else until the end.
+			in.Maybe = true
 			ret = math.MaxInt64
 			if op.EffectBy > 0 {
 				ret = int64(max(op.EffectBy, op.Return))
@@ -212,13 +216,16 @@ func RegisterOperations(ops []traffic.Op) []porcupine.Operation {
 }
 
 // BoundByHostKills sets EffectBy on every write and restore of unknown
-// outcome whose database's host was killed -9 after the call and whose
-// answer came before that host was restarted: the request reached the
-// killed process or none, so it took effect before the restart or never.
-// (A request answered after the restart may have been forwarded to the new
-// process: left open.) dbHost maps a database to its host; kills lists
-// each host's kill windows, Start to Healed (restarted). It returns a
-// copy of ops, and how many it bounded.
+// outcome whose database's host was killed -9 (and not yet restarted) when
+// it was called or afterwards, and whose answer came before that host was
+// restarted: the request reached the killed process or none (the edge
+// answered it, so no copy of it was left to reach the new process), so it
+// took effect before the restart or never. That covers writes answered
+// 503 because their host was down: never sent, but the client cannot tell.
+// (A request answered after the restart may have reached the new process:
+// left open.) dbHost maps a database to its host; kills lists each host's
+// kill windows, Start to Healed (restarted), in order. It returns a copy
+// of ops, and how many it bounded.
 func BoundByHostKills(ops []traffic.Op, dbHost map[string]string, kills map[string][]Window) ([]traffic.Op, int) {
 	out := append([]traffic.Op(nil), ops...)
 	n := 0
@@ -227,11 +234,14 @@ func BoundByHostKills(ops []traffic.Op, dbHost map[string]string, kills map[stri
 			continue
 		}
 		for _, k := range kills[dbHost[op.DB]] {
-			if k.From >= op.Call && op.Return <= k.To {
+			if k.To < op.Call {
+				continue // restarted before the call
+			}
+			if op.Return <= k.To {
 				out[i].EffectBy = k.To
 				n++
-				break
 			}
+			break // the first kill not healed at the call decides
 		}
 	}
 	return out, n

@@ -177,6 +177,13 @@ func TestBoundByHostKills(t *testing.T) {
 	answeredLate := op(traffic.RegWrite, "a", 5, unknown, 100, 350) // answered after the restart: may have reached the new process
 	_, n = BoundByHostKills([]traffic.Op{answeredLate}, dbHost, kills)
 	assert.Zero(t, n)
+	whileDown := op(traffic.RegWrite, "a", 5, unknown, 220, 230) // called while its host was down
+	b, n := BoundByHostKills([]traffic.Op{whileDown}, dbHost, kills)
+	assert.Equal(t, 1, n)
+	assert.Equal(t, 300*time.Millisecond, b[0].EffectBy)
+	afterRestart := op(traffic.RegWrite, "a", 5, unknown, 310, 320)
+	_, n = BoundByHostKills([]traffic.Op{afterRestart}, dbHost, kills)
+	assert.Zero(t, n, "no kill after it")
 }
 
 // A bookmark is forgotten only by the restore certainly last to use it.
