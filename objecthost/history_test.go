@@ -1,6 +1,7 @@
 package objecthost
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -198,4 +199,71 @@ func TestExportAtBookmark(t *testing.T) {
 
 	status, env = call(t, c, srv, "POST", base+"/export", &d, map[string]any{"bookmark": "nope"})
 	assert.Equal(t, http.StatusBadRequest, status, "%+v", env)
+}
+
+// gatedStore holds every Put while closed (a slow or stalled archive
+// store), signalling each Put that starts waiting on entered.
+type gatedStore struct {
+	history.Store
+	open    chan struct{}
+	entered chan struct{}
+}
+
+func (s *gatedStore) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	select {
+	case s.entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-s.open:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.Store.Put(ctx, key, r, size)
+}
+
+// TestQueryDuringRestore: a query that arrives while its database is being
+// restored is refused as retryable (503, 7503, "being restored"), not
+// answered "internal error" (500, 7000, which tells a client nothing about
+// whether its write happened). Found by the robustness suite: register
+// writes racing the time-travel generator's restores.
+func TestQueryDuringRestore(t *testing.T) {
+	dir, err := history.NewDirStore(t.TempDir())
+	require.NoError(t, err)
+	// Closed from the start: nothing Puts before the restore does.
+	store := &gatedStore{Store: dir, open: make(chan struct{}), entered: make(chan struct{}, 1)}
+	th := newTestHost(t, func(c *Config) {
+		// Nothing ships on its own: the restore's own shipment is the Put
+		// the gate holds.
+		c.History = &HistoryConfig{Store: store, Shipper: history.ShipperOptions{MaxLag: time.Hour}}
+	})
+	srv := serve(t, th)
+	c := srv.Client()
+	d := newDB("acct")
+	th.mustInit(t, d)
+	base := "/v1/objects/" + d.obj
+	status, env := call(t, c, srv, "POST", base+"/query", &d, map[string]any{"sql": "CREATE TABLE t(v INTEGER)"})
+	require.Equal(t, http.StatusOK, status, "%+v", env)
+	status, env = call(t, c, srv, "GET", base+"/time_travel/bookmark", &d, nil)
+	require.Equal(t, http.StatusOK, status, "%+v", env)
+	var b BookmarkResult
+	require.NoError(t, json.Unmarshal(env.Result, &b))
+	status, env = call(t, c, srv, "POST", base+"/query", &d, map[string]any{"sql": "INSERT INTO t VALUES (1)"})
+	require.Equal(t, http.StatusOK, status, "%+v", env)
+
+	restored := make(chan int, 1)
+	go func() {
+		status, _ := call(t, c, srv, "POST", base+"/time_travel/restore?bookmark="+url.QueryEscape(b.Bookmark), &d, nil)
+		restored <- status
+	}()
+	select {
+	case <-store.entered: // the restore waits on the store, its database closed
+	case <-time.After(10 * time.Second):
+		t.Fatal("the restore never reached the store")
+	}
+	status, env = call(t, c, srv, "POST", base+"/query", &d, map[string]any{"sql": "INSERT INTO t VALUES (2)"})
+	assert.Equal(t, http.StatusServiceUnavailable, status, "%+v", env)
+	assert.Equal(t, v4.CodeUnavailable, errCode(env), "%+v", env)
+	close(store.open)
+	assert.Equal(t, http.StatusOK, <-restored)
 }

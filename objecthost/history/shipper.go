@@ -155,6 +155,12 @@ func (s *Shipper) Run(ctx context.Context) {
 	sem := make(chan struct{}, s.opts.Concurrency)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	// The lag is measured on its own ticker: the dispatch below waits for a
+	// free slot, as long as a Put hangs (a store that is stopped or cut off
+	// rather than refusing: up to PutTimeout), and the lag and its alarm
+	// must keep moving meanwhile (TestStoreHangsLagAlarm).
+	wg.Add(1)
+	go func() { defer wg.Done(); s.measureLag(ctx) }()
 	for {
 		select {
 		case <-ctx.Done():
@@ -171,12 +177,8 @@ func (s *Shipper) Run(ctx context.Context) {
 			states = append(states, s.dbs[c])
 		}
 		s.mu.Unlock()
-		var oldest int64
 		for i, c := range work {
 			st := states[i]
-			if u := c.log.oldestUnshipped(); u != 0 && (oldest == 0 || u < oldest) {
-				oldest = u
-			}
 			if st == nil || !st.mu.TryLock() {
 				continue // gone, or still shipping since the last tick
 			}
@@ -198,7 +200,33 @@ func (s *Shipper) Run(ctx context.Context) {
 				s.shipOne(ctx, c, st, false)
 			}(c, st)
 		}
-		s.setLag(now, oldest)
+	}
+}
+
+// measureLag updates the lag, its alarm and the backlog every MaxLag/4
+// from the oldest unshipped commit of every dirty database, until ctx ends.
+func (s *Shipper) measureLag(ctx context.Context) {
+	tick := time.NewTicker(s.opts.MaxLag / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		s.mu.Lock()
+		dirty := make([]*Capturer, 0, len(s.dirty))
+		for c := range s.dirty {
+			dirty = append(dirty, c)
+		}
+		s.mu.Unlock()
+		var oldest int64
+		for _, c := range dirty {
+			if u := c.log.oldestUnshipped(); u != 0 && (oldest == 0 || u < oldest) {
+				oldest = u
+			}
+		}
+		s.setLag(s.opts.Now(), oldest)
 	}
 }
 

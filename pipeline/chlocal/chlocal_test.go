@@ -95,13 +95,14 @@ func TestPortTakenExplicit(t *testing.T) {
 	require.NoError(t, err)
 	defer ln.Close()
 	port := ln.Addr().(*net.TCPAddr).Port
-	start := time.Now()
-	_, err = Start(context.Background(), Config{DataDir: t.TempDir(), TCPPort: port, HTTPPort: port + 1, StartTimeout: 20 * time.Second})
+	// The start timeout is an hour: only noticing the server's exit can end
+	// Start (a regression hangs here until go test's -timeout). No clock is
+	// read: a real process, so synctest cannot run this.
+	_, err = Start(context.Background(), Config{DataDir: t.TempDir(), TCPPort: port, HTTPPort: port + 1, StartTimeout: time.Hour})
 	require.Error(t, err)
-	assert.True(t, errors.Is(err, ErrExited), "%v", err)
+	assert.True(t, errors.Is(err, ErrExited), "exit noticed before the start timeout: %v", err)
 	assert.Contains(t, err.Error(), "Address already in use")
 	assert.NotContains(t, err.Error(), "\n", "one line for shoal dev")
-	assert.Less(t, time.Since(start), 20*time.Second, "exit noticed before the start timeout")
 }
 
 func TestSecondServerOnSameDirRefused(t *testing.T) {

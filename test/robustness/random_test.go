@@ -39,6 +39,11 @@ func randomFault(e *env, r *rand.Rand) failpoint.Failpoint {
 	if e.c.Pipeline != nil { // broker, ClickHouse and consumers down at once
 		choices = append(choices, func() failpoint.Failpoint { return e.killMember(e.c.Pipeline) }, e.stopClickHouse)
 	}
+	if e.c.ObjectStore != nil {
+		mode := []string{failpoint.StoreKilled, failpoint.StoreStopped, failpoint.StoreCut}[r.IntN(3)]
+		choices = append(choices, func() failpoint.Failpoint { return e.objectStoreDown(mode) },
+			func() failpoint.Failpoint { return e.restoreDuringHostKill(r.IntN(2) == 0) })
+	}
 	return choices[r.IntN(len(choices))]()
 }
 

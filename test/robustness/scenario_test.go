@@ -5,18 +5,21 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/shoaldb/shoal/objecthost/history"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 	"github.com/shoaldb/shoal/test/harness"
@@ -28,12 +31,17 @@ import (
 	"github.com/shoaldb/shoal/test/robustness/validate"
 )
 
-// shoalBin is built once per test binary (the link takes seconds here).
-var shoalBin topology.Binary
+// shoalBin and s3Bin (the object store node, cmd/s3node) are built once per
+// test binary (the link takes seconds here).
+var (
+	shoalBin topology.Binary
+	s3Bin    = topology.Binary{Pkg: topology.S3NodePkg}
+)
 
 func TestMain(m *testing.M) {
 	code := m.Run()
 	shoalBin.Close()
+	s3Bin.Close()
 	os.Exit(code)
 }
 
@@ -51,13 +59,19 @@ const (
 	finalClient = 999
 	// hostDisk is each object host's tmpfs: small enough for the
 	// disk-full failpoint to fill at once.
-	hostDisk = "64m"
+	hostDisk = "256m"
 	// edgeFailpoints are armed by the lost-create failpoint (SIGUSR1): a
 	// third of creates lose their answer after the catalog write (the
 	// checkpoint), and one init call in ten fails after the object was
 	// made (leaving an orphan for the heartbeats to kill; more per pass
 	// than the hosts' mass-orphan floor of 10 would be held, not killed).
 	edgeFailpoints = "create:after-catalog-write=30%,create:after-init=10%"
+	// archiveAlarmLag is the hosts' archive alarm_lag: short, so an
+	// object-store outage of a few seconds raises the lag alarm.
+	archiveAlarmLag = 2 * time.Second
+	// archiveSettle bounds the waits for the hosts' archive lag to recover
+	// after an outage, and for their backlog to drain after the load.
+	archiveSettle = 60 * time.Second
 )
 
 // schedule sizes a run: the short one `make test` runs, or the long one
@@ -81,9 +95,14 @@ func scheduleOf(t *testing.T) schedule {
 		seed, err = strconv.ParseUint(s, 10, 64)
 		require.NoError(t, err, "SHOAL_ROBUSTNESS_SEED")
 	}
-	load := traffic.Config{Seed: seed, Creators: 2, DeleteEvery: 5, RowWriters: 2, Getters: 1, RegClients: 2, Pace: 50 * time.Millisecond}
+	// Time travel on every register: a bookmark every ~2 s, a restore every
+	// ~6 s (within the hosts' 10 per 10 minutes per database, 3 of them
+	// left to the fault steps; the long schedule spreads its 7 over its run).
+	load := traffic.Config{Seed: seed, Creators: 2, DeleteEvery: 5, RowWriters: 2, Getters: 1, RegClients: 2, Pace: 50 * time.Millisecond,
+		TimeTravel: true, BookmarkEvery: 2 * time.Second, RestoreEvery: 6 * time.Second}
 	if os.Getenv("SHOAL_FAULT") == "long" {
 		load.Creators, load.RowWriters, load.Getters = 4, 4, 2
+		load.RestoreEvery = 80 * time.Second
 		return schedule{name: "long", long: true, fault: 8 * time.Second, warmup: 5 * time.Second, gap: 5 * time.Second, load: load}
 	}
 	return schedule{name: "short", fault: 4 * time.Second, warmup: 3 * time.Second, gap: 2 * time.Second, load: load}
@@ -100,13 +119,16 @@ func newCluster(t *testing.T) *topology.Cluster {
 	}
 	bin, err := shoalBin.Path()
 	require.NoError(t, err)
+	s3, err := s3Bin.Path()
+	require.NoError(t, err)
 	netw, err := topology.NewNet()
 	require.NoError(t, err, "network namespaces")
 	t.Cleanup(func() { assert.NoError(t, netw.Close(), "removing the namespaces") })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := topology.Start(ctx, netw, topology.Options{Bin: bin, Dir: t.TempDir(), Heartbeat: heartbeat, Grace: grace,
-		HostDisk: hostDisk, EdgeEnv: []string{"SHOAL_FAILPOINTS=" + edgeFailpoints}, Pipeline: true})
+		HostDisk: hostDisk, EdgeEnv: []string{"SHOAL_FAILPOINTS=" + edgeFailpoints}, Pipeline: true,
+		Archive: true, S3Bin: s3, ArchiveAlarmLag: archiveAlarmLag.String()})
 	t.Cleanup(func() { assert.NoError(t, c.Stop(), "stopping the cluster") }) // before netw.Close
 	require.NoError(t, err, "starting the cluster")
 	return c
@@ -121,11 +143,17 @@ type env struct {
 	sched schedule
 	hist  *traffic.History
 	rep   *report.Report
+	cl    *traffic.Client
+	load  *traffic.Load
+	r     *rand.Rand // the steps' own random choices, from the seed
 
-	mu        sync.Mutex
-	account   string
-	integrity []validate.Integrity // files checked while their host was down
-	cutOffs   []validate.Window    // when the catalog was cut off
+	mu           sync.Mutex
+	account      string
+	integrity    []validate.Integrity   // files checked while their host was down
+	cutOffs      []validate.Window      // when the catalog was cut off
+	storeDowns   []validate.Window      // when the object store was down
+	storeOutages []validate.StoreOutage // what the hosts' archive status showed then
+	outage       *validate.StoreOutage  // the outage in progress (sampled by its failpoint)
 }
 
 // scenario runs steps under the schedule's load on a fresh cluster, then
@@ -135,7 +163,8 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	c := newCluster(t)
 	ctx := context.Background()
 	e := &env{t: t, ctx: ctx, c: c, sched: sched, hist: traffic.NewHistory(),
-		rep: &report.Report{Scenario: name, Seed: sched.load.Seed, Schedule: sched.name}}
+		rep: &report.Report{Scenario: name, Seed: sched.load.Seed, Schedule: sched.name},
+		r:   rand.New(rand.NewPCG(sched.load.Seed, 0x57e9))}
 	catalog, err := c.CatalogClient()
 	require.NoError(t, err)
 	t.Cleanup(catalog.Close)
@@ -144,9 +173,11 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	e.account = cl.Account()
 	sched.load.Registers, err = traffic.SetupRegisters(ctx, cl, 4)
 	require.NoError(t, err, "register databases")
+	e.sched.load.Registers = sched.load.Registers
 
 	t.Logf("seed %d (SHOAL_ROBUSTNESS_SEED reruns it), schedule %s, network %s.0/24", sched.load.Seed, sched.name, c.Net.Subnet())
 	load := traffic.NewLoad(cl, sched.load)
+	e.cl, e.load = cl, load
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	var loadDone sync.WaitGroup
 	loadDone.Add(1)
@@ -164,7 +195,13 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	final := observe(t, cl, e.hist, load)
 	billed, producers := e.usage()
 	held := e.heldOrphans()
+	storage, sizes := e.storageTotals(catalog, cl.Account())
+	drained := e.archiveDrained()
 	objects, rows, finalChecks := e.hostState(catalog, cl.Account())
+	storage.Note += storageCoverage(objects, sizes)
+	archiveStart := time.Now()
+	archived := e.archiveChecks(objects)
+	t.Logf("archive of %d objects verified and restored in %s", len(archived), time.Since(archiveStart).Round(time.Millisecond))
 	usage := validate.UsageExact(e.hist.Ops(), cl.Sent(), billed, producers, e.crashWindows(objects))
 	ops := e.hist.Ops()
 	rep := e.rep
@@ -181,15 +218,34 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	if len(e.cutOffs) > 0 {
 		rep.Results = append(rep.Results, validate.QueriesAvailableDuring(ops, e.cutOffs))
 	}
-	// Writes of unknown outcome stay open to the end of the history, and a
-	// long schedule with host kills leaves hundreds: give porcupine longer
-	// there (a check that does not finish is still a failure).
+	rep.Results = append(rep.Results, storage, drained, validate.ArchiveConsistent(archived), validate.RestoresAnswered(ops))
+	if len(e.storeDowns) > 0 {
+		rep.Results = append(rep.Results, validate.QueriesAvailable("the object store is down", ops, e.storeDowns),
+			validate.ArchiveLagAlarm(ops, e.storeOutages, liveHosts(objects)))
+	}
+	// Writes of unknown outcome stay open to the end of the history (but
+	// for those bounded by their host's kill), and a long schedule leaves
+	// many: give porcupine longer there (a check that does not finish is
+	// still a failure), and guard its memory. The cluster is stopped
+	// first: a guard's panic runs no cleanup.
 	checkFor := time.Minute
 	if sched.long {
 		checkFor = 10 * time.Minute
 	}
-	regRes, regInfo := validate.Linearizable("register writes and reads through the edge", model.Register, validate.RegisterOperations(ops), checkFor)
-	exRes, exInfo := validate.Linearizable("database existence (create, delete, linearizable get)", model.Existence, validate.ExistenceOperations(ops), checkFor)
+	assert.NoError(t, c.Stop(), "stopping the cluster before the porcupine checks")
+	// The history is kept on disk while porcupine runs (a guard's panic
+	// writes no report) and removed if the run passes.
+	dir := reportDir(name, sched)
+	if err := os.MkdirAll(dir, 0o755); err == nil {
+		rep.Ops = ops
+		if files, err := rep.Write(dir); err == nil {
+			t.Logf("history saved to %s while the linearizability checks run: %v", dir, files)
+		}
+	}
+	bounded, nBounded := validate.BoundByHostKills(ops, liveHosts(objects), e.hostKills())
+	regRes, regInfo := validate.LinearizableWithin("register writes and reads through the edge", model.Register, validate.RegisterOperations(bounded), checkFor, maxCheckHeap())
+	regRes.Note = fmt.Sprintf("%d writes and restores of unknown outcome bounded by their host's kill", nBounded)
+	exRes, exInfo := validate.LinearizableWithin("database existence (create, delete, linearizable get)", model.Existence, validate.ExistenceOperations(ops), checkFor, maxCheckHeap())
 	rep.Results = append(rep.Results, regRes, exRes)
 	rep.Visuals = []report.Visualization{{Name: "register", Model: model.Register, Info: regInfo}, {Name: "existence", Model: model.Existence, Info: exInfo}}
 
@@ -201,13 +257,11 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 			rep.Logs[m.Name] = report.Tail(m.Output(), 64<<10)
 			t.Logf("--- %s output (tail):\n%s", m.Name, report.Tail(m.Output(), 3000))
 		}
-		dir := os.Getenv("SHOAL_ROBUSTNESS_REPORT_DIR")
-		if dir == "" {
-			dir = os.TempDir()
-		}
-		dir = filepath.Join(dir, fmt.Sprintf("shoal-robustness-%s-%s-%d", sanitize(name), sched.name, sched.load.Seed))
 		files, err := rep.Write(dir)
 		t.Logf("report written to %s: %v (err %v)", dir, files, err)
+	}
+	if !rep.Failed() && !t.Failed() {
+		_ = os.RemoveAll(dir)
 	}
 	recordResults(t, rep)
 	for _, res := range rep.Results {
@@ -225,6 +279,9 @@ func (e *env) run(f failpoint.Failpoint) {
 		e.mu.Lock()
 		e.cutOffs = append(e.cutOffs, validate.Window{Name: f.String(), From: inj.Start, To: inj.Healed})
 		e.mu.Unlock()
+	}
+	if f.Kind == failpoint.ObjectStoreDown {
+		e.storeRecovered(validate.Window{Name: f.String(), From: inj.Start, To: inj.Healed})
 	}
 	// Every member serves again (a restarted process has started, a
 	// healed partition has a leader) before the next fault.
@@ -348,6 +405,313 @@ func (e *env) throttleFollower() failpoint.Failpoint {
 	return failpoint.NewThrottle(f.Name, f.Node(), "256kbit", e.sched.fault)
 }
 
+// objectStoreDown takes the object store away in the way mode names
+// (failpoint.StoreKilled, StoreStopped, StoreCut), sampling every host's
+// archive status (GET /v1/history/status) while it is down; run then waits
+// for the lag to recover (storeRecovered).
+func (e *env) objectStoreDown(mode string) failpoint.Failpoint {
+	s := e.c.ObjectStore
+	out := &validate.StoreOutage{AlarmLag: archiveAlarmLag, Hosts: map[string]*validate.HostLag{}}
+	for _, h := range e.c.Hosts {
+		out.Hosts[h.Name] = &validate.HostLag{}
+	}
+	e.mu.Lock()
+	e.outage = out
+	e.mu.Unlock()
+	f := failpoint.NewObjectStoreDown(s.Name, mode, s, s.Node(), e.sched.fault)
+	return f.WithDuring(func(ctx context.Context) {
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			e.sampleArchiveStatus(out)
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	})
+}
+
+// sampleArchiveStatus reads every host's archive status once into out and
+// reports whether every host is back under the alarm threshold.
+func (e *env) sampleArchiveStatus(out *validate.StoreOutage) bool {
+	all := true
+	for _, h := range e.c.Hosts {
+		l := out.Hosts[h.Name]
+		st, err := e.c.HistoryStatus(e.ctx, h)
+		if err != nil {
+			l.Err = err.Error()
+			all = false
+			continue
+		}
+		l.Samples++
+		l.MaxLag = max(l.MaxLag, st.LagSeconds)
+		l.Alarm = l.Alarm || st.Alarm
+		if st.Alarm || st.LagSeconds >= out.AlarmLag.Seconds() {
+			all = false
+		}
+	}
+	return all
+}
+
+// storeRecovered records an object-store outage that has just healed and
+// waits (up to archiveSettle) until every host's archive lag is back under
+// the alarm threshold: the backlog shipped.
+func (e *env) storeRecovered(w validate.Window) {
+	e.mu.Lock()
+	out := e.outage
+	e.outage = nil
+	e.storeDowns = append(e.storeDowns, w)
+	e.mu.Unlock()
+	if out == nil {
+		return
+	}
+	out.Window = w
+	deadline := time.Now().Add(archiveSettle)
+	for {
+		if e.sampleArchiveStatus(out) {
+			for _, l := range out.Hosts {
+				l.Recovered = true
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	e.mu.Lock()
+	e.storeOutages = append(e.storeOutages, *out)
+	e.mu.Unlock()
+}
+
+// restoreDuringHostKill restores a register database through the edge and
+// kills its host with -9 while the restore runs: at a random instant of it
+// or, with stopStore, while the restore waits on the object store (paused
+// with SIGSTOP, so the kill lands before the restore's checkpoint). The
+// database must come back either fully restored or untouched (the register
+// model sees the restore as of unknown outcome), its file intact (checked
+// while the host is down and at the end). The host restarts after half the
+// fault's duration.
+func (e *env) restoreDuringHostKill(stopStore bool) failpoint.Failpoint {
+	regs := e.sched.load.Registers
+	db := regs[e.r.IntN(len(regs))]
+	delay := time.Duration(e.r.IntN(60)) * time.Millisecond
+	catalog, err := e.c.CatalogClient()
+	require.NoError(e.t, err)
+	defer catalog.Close()
+	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+	d, err := catalog.Database(ctx, db, raftmeta.LinearizableRead())
+	cancel()
+	require.NoError(e.t, err, "register %s in the catalog", db)
+	var h *topology.Member
+	for _, m := range e.c.Hosts {
+		if m.Name == d.HostID {
+			h = m
+		}
+	}
+	require.NotNil(e.t, h, "host %s of register %s", d.HostID, db)
+	short := db[max(0, len(db)-8):] // UUIDv7s of one run share their leading (time) digits
+	param := fmt.Sprintf("during a restore of …%s, %s in", short, delay)
+	if stopStore {
+		param = fmt.Sprintf("during a restore of …%s waiting on the stopped object store", short)
+	}
+	const client = 900 // the history's client ID of these restores
+	inject := func() error {
+		bm, ok := e.load.PickBookmark(e.r, db)
+		if !ok {
+			op := e.cl.Bookmark(e.ctx, client, 0, db)
+			bm = op.Bookmark
+		}
+		if bm == "" || !e.cl.ReserveRestore(db, 0) {
+			e.t.Logf("restore during kill of %s: no bookmark or no restore budget left; plain kill", h.Name)
+			bm = ""
+		}
+		if stopStore {
+			if err := e.c.ObjectStore.Signal(syscall.SIGSTOP); err != nil {
+				return err
+			}
+			defer func() { _ = e.c.ObjectStore.Signal(syscall.SIGCONT) }()
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if bm != "" {
+				if op := e.cl.Restore(e.ctx, client, 0, db, bm); op.Outcome == traffic.OK {
+					e.load.AddBookmarks(db, op.Prev, op.After)
+				}
+			}
+		}()
+		if stopStore {
+			time.Sleep(500 * time.Millisecond)
+		} else {
+			time.Sleep(delay)
+		}
+		err := h.Kill()
+		if err == nil {
+			checks := e.checkHostFiles(h, fmt.Sprintf("after kill -9 of %s during a restore at %s", h.Name, e.hist.Now().Round(time.Millisecond)))
+			e.mu.Lock()
+			e.integrity = append(e.integrity, checks...)
+			e.mu.Unlock()
+		}
+		<-done
+		return err
+	}
+	f := failpoint.Custom(failpoint.KillRestart, h.Name, param, e.sched.fault/2, inject, h.Start)
+	return f
+}
+
+// storageTotals waits (up to storageSettle) until the catalog's storage
+// total of account — the drained change log the limits are enforced on —
+// equals the sum of the account's database sizes in the catalog, both read
+// at the linearizable level once the load has stopped: the storage
+// consumer and the 1-second drain lost and doubled nothing across the
+// faults. The hosts' own total (shoal_objecthost_bytes_on_disk, every
+// database they hold) is noted beside it, not compared: sizes are measured
+// at writes and include the WAL, so the two need not meet (README, "What
+// is not covered yet").
+func (e *env) storageTotals(catalog *raftmeta.Client, account string) (validate.Result, map[string]int64) {
+	const storageSettle = 30 * time.Second
+	r := validate.Result{Check: "catalog account storage total equals the sum of its databases' sizes (storage consumer and drain exact)", Checked: 1}
+	deadline := time.Now().Add(storageSettle)
+	var total, sum int64
+	var sizes map[string]int64
+	var err error
+	for {
+		total, sum, sizes, err = readStorage(e.ctx, catalog, account)
+		if err == nil && total == sum || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	switch {
+	case err != nil:
+		r.Violations = []string{fmt.Sprintf("reading the catalog's storage figures: %v", err)}
+	case total != sum:
+		r.Violations = []string{fmt.Sprintf("account total %d bytes, its %d databases' sizes sum to %d (after %s)", total, len(sizes), sum, storageSettle)}
+	}
+	var onHosts float64
+	for _, h := range e.c.Hosts {
+		onHosts += harness.ScrapeMetrics(e.t, "http://"+h.Addr+"/metrics")["shoal_objecthost_bytes_on_disk"]
+	}
+	r.Note = fmt.Sprintf("catalog total %d bytes over %d databases; the hosts' bytes_on_disk %.0f", total, len(sizes), onHosts)
+	return r, sizes
+}
+
+// storageCoverage notes how the catalog's database sizes compare with the
+// files the hosts left (file + WAL, what a host measures): live databases
+// with a file but no size in the catalog, and sizes that differ.
+func storageCoverage(objs []validate.Object, sizes map[string]int64) string {
+	missing, differ, checked := 0, 0, 0
+	var which []string
+	for _, o := range objs {
+		if !o.Live() {
+			continue
+		}
+		fi, err := os.Stat(o.Path)
+		if err != nil {
+			continue // never opened: no file, no size
+		}
+		onDisk := fi.Size()
+		if w, err := os.Stat(o.Path + "-wal"); err == nil {
+			onDisk += w.Size()
+		}
+		if onDisk == 0 {
+			continue // created but never written (e.g. its first write hit a full disk): no size to publish
+		}
+		checked++
+		got, ok := sizes[o.DatabaseUUID]
+		switch {
+		case !ok:
+			missing++
+			if len(which) < 5 {
+				which = append(which, o.Host+"/"+o.DatabaseUUID)
+			}
+		case got != onDisk:
+			differ++
+		}
+	}
+	return fmt.Sprintf("; of %d live databases with a non-empty file, %d have no size in the catalog %v and %d a size other than file+WAL now", checked, missing, which, differ)
+}
+
+// readStorage is, at the linearizable level, account's drained storage
+// total, the sum of its databases' sizes, and each database's size.
+func readStorage(ctx context.Context, catalog *raftmeta.Client, account string) (total, sum int64, sizes map[string]int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	a, err := catalog.Account(ctx, account, raftmeta.LinearizableRead())
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	sizes = map[string]int64{}
+	for after := ""; ; {
+		page, err := catalog.DatabaseStoragePage(ctx, after, fsm.MaxStoragePage, raftmeta.LinearizableRead())
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		for _, d := range page.Databases {
+			if d.AccountID == account {
+				sum += d.SizeBytes
+				sizes[d.UUID] = d.SizeBytes
+			}
+		}
+		if after = page.Next; after == "" {
+			break
+		}
+	}
+	return a.StorageBytes, sum, sizes, nil
+}
+
+// archiveDrained waits (up to archiveSettle) until no host has anything
+// left to ship — lag 0, no backlog — once the load has stopped: every
+// commit is then in the archive, and the final kill -9 cannot leave an
+// unshipped tail (which the default durability allows: it would ship at
+// the host's next start) between the files and the archive check.
+func (e *env) archiveDrained() validate.Result {
+	r := validate.Result{Check: "every host's archive backlog shipped after the load stopped (lag 0, no backlog)"}
+	deadline := time.Now().Add(archiveSettle)
+	for {
+		var behind []string
+		for _, h := range e.c.Hosts {
+			st, err := e.c.HistoryStatus(e.ctx, h)
+			switch {
+			case err != nil:
+				behind = append(behind, fmt.Sprintf("%s: %v", h.Name, err))
+			case st.LagSeconds > 0 || st.Backlog > 0:
+				behind = append(behind, fmt.Sprintf("%s: lag %.1fs, %d databases behind, last error %q", h.Name, st.LagSeconds, st.Backlog, st.LastError))
+			}
+		}
+		if len(behind) == 0 || time.Now().After(deadline) {
+			r.Checked = len(e.c.Hosts)
+			r.Violations = behind
+			return r
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// archiveChecks verifies the archive of every live object against the
+// file its (killed) host left, from the object store (still up).
+func (e *env) archiveChecks(objs []validate.Object) []validate.ArchiveCheck {
+	st, err := e.c.ArchiveStore()
+	require.NoError(e.t, err)
+	a := history.NewArchive(st)
+	var live []validate.Object
+	for _, o := range objs {
+		if o.Live() {
+			live = append(live, o)
+		}
+	}
+	out := make([]validate.ArchiveCheck, len(live))
+	harness.Concurrently(len(live), 8, func(i int) {
+		ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+		defer cancel()
+		out[i] = validate.CheckArchive(ctx, a, live[i])
+	})
+	return out
+}
+
 func (e *env) integrityChecks() []validate.Integrity {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -370,23 +734,84 @@ func (e *env) checkHostFiles(h *topology.Member, when string) []validate.Integri
 	return out
 }
 
+// maxCheckHeap bounds the porcupine checks' heap: $SHOAL_ROBUSTNESS_MAX_HEAP_GB
+// GiB, default 6 (the machines are shared).
+func maxCheckHeap() uint64 {
+	gb := uint64(6)
+	if v, err := strconv.ParseUint(os.Getenv("SHOAL_ROBUSTNESS_MAX_HEAP_GB"), 10, 64); err == nil && v > 0 {
+		gb = v
+	}
+	return gb << 30
+}
+
+// liveHosts maps each database to the host of its live object.
+func liveHosts(objs []validate.Object) map[string]string {
+	out := map[string]string{}
+	for _, o := range objs {
+		if o.Live() {
+			out[o.DatabaseUUID] = o.Host
+		}
+	}
+	return out
+}
+
+// hostKills lists, per object host, its kill -9 windows: from the kill to
+// the restart.
+func (e *env) hostKills() map[string][]validate.Window {
+	hosts := map[string]bool{}
+	for _, h := range e.c.Hosts {
+		hosts[h.Name] = true
+	}
+	out := map[string][]validate.Window{}
+	for _, inj := range e.rep.Injections {
+		if inj.Failpoint.Kind == failpoint.KillRestart && hosts[inj.Failpoint.Target] && inj.Err == nil {
+			out[inj.Failpoint.Target] = append(out[inj.Failpoint.Target], validate.Window{From: inj.Start, To: inj.Healed})
+		}
+	}
+	return out
+}
+
 // crashLoss bounds what a host killed -9 may lose of its usage: the open
 // 1 s aggregation window plus the records in flight to the broker.
 const crashLoss = 2 * time.Second
 
-// crashWindows lists, per database, the crashLoss before each kill -9 of
-// the host holding its live object.
+// stallTimeout is the host producer's StallTimeout (pipeline/DESIGN.md):
+// while the broker is away, records wait in the client's memory until
+// nothing has been acknowledged for this long, and only then go to the
+// on-disk spill.
+const stallTimeout = 5 * time.Second
+
+// crashWindows lists, per database, what each kill -9 of the host holding
+// its live object may have lost of its usage: the crashLoss before the
+// kill, or, when the pipeline node (the broker) was down or just back in
+// the stallTimeout before that, everything from the crashLoss before the
+// broker went away (the window then open and the records in flight, which
+// the broker never acknowledged) — records the broker never acknowledged
+// wait in the host's memory (the spill takes them only after
+// stallTimeout), and pipeline/DESIGN.md's "Spill only on trouble" accepts
+// that a crash loses them.
 func (e *env) crashWindows(objs []validate.Object) map[string][]validate.Window {
 	kills := map[string][]time.Duration{}
+	var broker []failpoint.Injection
 	for _, inj := range e.rep.Injections {
 		if inj.Failpoint.Kind == failpoint.KillRestart {
 			kills[inj.Failpoint.Target] = append(kills[inj.Failpoint.Target], inj.Start)
+		}
+		if e.c.Pipeline != nil && inj.Failpoint.Target == e.c.Pipeline.Name {
+			broker = append(broker, inj)
 		}
 	}
 	out := map[string][]validate.Window{}
 	for _, o := range objs {
 		for _, at := range kills[o.Host] {
-			out[o.DatabaseUUID] = append(out[o.DatabaseUUID], validate.Window{Name: "kill of " + o.Host, From: at - crashLoss, To: at})
+			w := validate.Window{Name: "kill of " + o.Host, From: at - crashLoss, To: at}
+			for _, b := range broker {
+				if b.Start < at && b.Healed+stallTimeout >= w.From {
+					w.From = min(w.From, b.Start-crashLoss)
+					w.Name += " after the broker's " + string(b.Failpoint.Kind)
+				}
+			}
+			out[o.DatabaseUUID] = append(out[o.DatabaseUUID], w)
 		}
 	}
 	return out
@@ -512,6 +937,11 @@ func (e *env) hostState(catalog *raftmeta.Client, account string) ([]validate.Ob
 	var checks []validate.Integrity
 	for _, h := range e.c.Hosts {
 		require.NoError(e.t, h.Kill())
+		var fs syscall.Statfs_t
+		if syscall.Statfs(h.Dir, &fs) == nil {
+			total, free := int64(fs.Blocks)*fs.Bsize, int64(fs.Bavail)*fs.Bsize
+			e.t.Logf("%s's disk at the end: %d of %d MiB used", h.Name, (total-free)>>20, total>>20)
+		}
 		o, err := validate.HostObjects(h.Name, h.Dir)
 		require.NoError(e.t, err, "reading %s's index", h.Name)
 		objs = append(objs, o...)
@@ -554,9 +984,11 @@ func (e *env) hostState(catalog *raftmeta.Client, account string) ([]validate.Ob
 }
 
 // TestFaultLeaderIsolationAndHostKill: under traffic (creates, deletes,
-// gets at both levels, row inserts, register writes and reads), the catalog
-// leader is cut off the network and healed, then an object host is killed
-// with -9 and restarted (long: each of four rounds also SIGSTOPs, then
+// gets at both levels, row inserts, register writes, reads, bookmarks and
+// restores), the catalog leader is cut off the network and healed, an
+// object host is killed with -9 and restarted, the object store is killed
+// -9 and restarted on its data, and a register's host is killed -9 during
+// a time-travel restore (long: each of four rounds also SIGSTOPs, then
 // throttles a follower).
 func TestFaultLeaderIsolationAndHostKill(t *testing.T) {
 	sched := scheduleOf(t)
@@ -568,6 +1000,8 @@ func TestFaultLeaderIsolationAndHostKill(t *testing.T) {
 		for round := range rounds {
 			e.run(e.isolateLeader())
 			e.run(e.killHost(e.c.Hosts[round%len(e.c.Hosts)]))
+			e.run(e.objectStoreDown(failpoint.StoreKilled))
+			e.run(e.restoreDuringHostKill(false))
 			if sched.long {
 				e.run(e.stopFollower())
 				e.run(e.throttleFollower())
@@ -581,8 +1015,10 @@ func TestFaultLeaderIsolationAndHostKill(t *testing.T) {
 // host's disk full, the seed design's injections (the central catalog cut
 // off — every query to an existing database must still succeed —, a
 // routing-miss storm, create answers lost after the checkpoint), ClickHouse
-// paused, the pipeline node (broker, ClickHouse, consumers) killed -9, and the
-// stale-read issue's permanent schedule: every catalog node killed and
+// paused, the pipeline node (broker, ClickHouse, consumers) killed -9, the
+// object store paused (SIGSTOP) and then cut off the network, a register's
+// host killed -9 while its restore waits on the paused object store, and
+// the stale-read issue's permanent schedule: every catalog node killed and
 // restarted in turn under load.
 func TestFaultPartitionsDiskAndSeedInjections(t *testing.T) {
 	sched := scheduleOf(t)
@@ -595,6 +1031,9 @@ func TestFaultPartitionsDiskAndSeedInjections(t *testing.T) {
 		e.run(e.lostCreate())
 		e.run(e.stopClickHouse())
 		e.run(e.killMember(e.c.Pipeline))
+		e.run(e.objectStoreDown(failpoint.StoreStopped))
+		e.run(e.objectStoreDown(failpoint.StoreCut))
+		e.run(e.restoreDuringHostKill(true))
 		for _, m := range e.c.Catalog {
 			e.run(e.killMember(m))
 		}
@@ -610,7 +1049,7 @@ func assertTrafficChecked(t *testing.T, ops []traffic.Op) {
 			n[op.Kind]++
 		}
 	}
-	for _, k := range []traffic.Kind{traffic.Create, traffic.Delete, traffic.Insert, traffic.RegWrite, traffic.RegRead, traffic.LinGet, traffic.EdgeGet} {
+	for _, k := range []traffic.Kind{traffic.Create, traffic.Delete, traffic.Insert, traffic.RegWrite, traffic.RegRead, traffic.LinGet, traffic.EdgeGet, traffic.Bookmark, traffic.Restore} {
 		assert.Positive(t, n[k], "no %s was acknowledged: the checks would be vacuous", k)
 	}
 }
@@ -716,6 +1155,16 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 		settle(func() traffic.Op { return cl.RegRead(ctx, finalClient, i%cl.Edges(), db) })
 	}
 	return f
+}
+
+// reportDir is where a run's report goes: $SHOAL_ROBUSTNESS_REPORT_DIR
+// (default the temp dir)/shoal-robustness-<scenario>-<schedule>-<seed>.
+func reportDir(name string, sched schedule) string {
+	dir := os.Getenv("SHOAL_ROBUSTNESS_REPORT_DIR")
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	return filepath.Join(dir, fmt.Sprintf("shoal-robustness-%s-%s-%d", sanitize(name), sched.name, sched.load.Seed))
 }
 
 func sanitize(s string) string {

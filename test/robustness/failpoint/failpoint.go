@@ -3,7 +3,8 @@
 // and restart, SIGSTOP and SIGCONT, a node's bridge port taken down, packet
 // filters splitting the network, a link delayed or throttled, a host's disk
 // filled, the edges' route caches purged over and over, create answers lost
-// after the checkpoint — for a set time, then heals, and reports when it
+// after the checkpoint, the object store (the hosts' history archive) down —
+// for a set time, then heals, and reports when it
 // started and ended on the history's clock so the report can lay faults and
 // operations on one timeline.
 package failpoint
@@ -20,8 +21,8 @@ import (
 type Kind string
 
 // The failpoints this package implements. Still missing (see
-// test/robustness/README.md): packet loss, broker / ClickHouse / object
-// store down, a stopped usage consumer.
+// test/robustness/README.md): packet loss and netem delay where the kernel
+// lacks netem, a stopped usage consumer alone.
 const (
 	KillRestart   Kind = "kill-restart"    // kill -9, down for Duration, start with the same arguments
 	StopCont      Kind = "stop-cont"       // SIGSTOP for Duration, then SIGCONT
@@ -34,11 +35,22 @@ const (
 	DiskFull      Kind = "disk-full"       // an object host's (tmpfs) disk filled to the last byte
 	RoutePurge    Kind = "route-purge"     // every edge's route cache purged again and again: a routing-miss storm
 	LostCreate    Kind = "lost-create"     // edges drop create answers after the catalog write (and fail some after init)
+	// ObjectStoreDown: the S3-protocol store the hosts archive into is
+	// gone for Duration — killed -9 (restarted on its data), stopped
+	// (requests hang) or cut off (silence); Param says which.
+	ObjectStoreDown Kind = "object-store-down"
+)
+
+// Ways the object store goes down (ObjectStoreDown's Param).
+const (
+	StoreKilled  = "kill -9"
+	StoreStopped = "SIGSTOP"
+	StoreCut     = "link down"
 )
 
 // Kinds is every failpoint kind, in the order the README lists them.
 func Kinds() []Kind {
-	return []Kind{KillRestart, StopCont, PartitionNode, SplitBrain, OneWay, CatalogCutOff, FollowerLag, Throttle, DiskFull, RoutePurge, LostCreate}
+	return []Kind{KillRestart, StopCont, PartitionNode, SplitBrain, OneWay, CatalogCutOff, FollowerLag, Throttle, DiskFull, RoutePurge, LostCreate, ObjectStoreDown}
 }
 
 // Process is what KillRestart and StopCont need of a process
@@ -127,6 +139,25 @@ func NewFollowerLag(name string, l Link, delay string, d time.Duration) Failpoin
 func NewThrottle(name string, l Link, rate string, d time.Duration) Failpoint {
 	return Failpoint{Kind: Throttle, Target: name, Duration: d, Param: rate,
 		inject: func() error { return l.Throttle(rate) }, heal: l.Unshape}
+}
+
+// NewObjectStoreDown: the object store (process p on link l) is down for d
+// in the way mode names: StoreKilled (kill -9, then started again on the
+// same data: a store that crashed and recovered), StoreStopped (SIGSTOP:
+// requests hang until SIGCONT) or StoreCut (its link down: nothing in or
+// out, connections go silent).
+func NewObjectStoreDown(name, mode string, p Process, l Link, d time.Duration) Failpoint {
+	f := Failpoint{Kind: ObjectStoreDown, Target: name, Duration: d, Param: mode}
+	switch mode {
+	case StoreKilled:
+		f.inject, f.heal, f.noHealOnFailedInject = p.Kill, p.Start, true
+	case StoreStopped:
+		f.inject = func() error { return p.Signal(syscall.SIGSTOP) }
+		f.heal = func() error { return p.Signal(syscall.SIGCONT) }
+	case StoreCut:
+		f.inject, f.heal = l.Isolate, l.Rejoin
+	}
+	return f
 }
 
 func (f Failpoint) String() string {

@@ -2,6 +2,7 @@ package topology
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -168,3 +169,38 @@ func (p *PidProc) Kill() error {
 
 // Start is not offered.
 func (p *PidProc) Start() error { return errors.New("PidProc: start not supported") }
+
+// HistoryStatus is an object host's GET /v1/history/status: its shipper's
+// view of the archive (objecthost/history/DESIGN.md, "Metrics and status").
+type HistoryStatus struct {
+	LagSeconds float64 `json:"lag_seconds"`       // age of the oldest commit not yet in the store
+	Alarm      bool    `json:"alarm"`             // lag past the archive block's alarm_lag
+	Backlog    int     `json:"backlog_databases"` // databases with unshipped records
+	LastError  string  `json:"last_error"`
+}
+
+// HistoryStatus reads host's shipper status.
+func (c *Cluster) HistoryStatus(ctx context.Context, host *Member) (HistoryStatus, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+host.Addr+"/v1/history/status", nil)
+	if err != nil {
+		return HistoryStatus{}, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return HistoryStatus{}, err
+	}
+	defer resp.Body.Close()
+	var env struct {
+		Result  HistoryStatus `json:"result"`
+		Success bool          `json:"success"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
+		return HistoryStatus{}, fmt.Errorf("%s history status: %w", host.Name, err)
+	}
+	if resp.StatusCode != http.StatusOK || !env.Success {
+		return HistoryStatus{}, fmt.Errorf("%s history status: %s", host.Name, resp.Status)
+	}
+	return env.Result, nil
+}

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shoaldb/shoal/objecthost/history"
 	"github.com/shoaldb/shoal/raftmeta"
 )
 
@@ -26,6 +27,7 @@ const (
 	hostPort        = 4003
 	edgePort        = 8787
 	pipelinePort    = 4005
+	s3Port          = 4006
 	kafkaPort       = 9092
 	// ClickHousePort is the managed clickhouse-server's native port on
 	// the pipeline node's own loopback (reach it with ClickHouseQuery).
@@ -54,7 +56,24 @@ type Options struct {
 	// reconciler; hosts produce usage, storage and routes to it and edges
 	// read the route feed from it.
 	Pipeline bool
+	// Archive adds the object store: node s3 runs S3Bin (cmd/s3node, an
+	// S3-protocol server over HTTP keeping its objects in a bbolt file),
+	// and every object host captures each commit into it through
+	// cluster.hcl's archive block (S3, path style, durability default),
+	// read with --config.
+	Archive bool
+	S3Bin   string
+	// ArchiveAlarmLag is the archive block's alarm_lag (default "2s": an
+	// object-store outage of a few seconds raises the hosts' lag alarm).
+	ArchiveAlarmLag string
 }
+
+// ArchiveBucket and ArchivePrefix are where the object hosts ship their
+// history in the s3 node's store.
+const (
+	ArchiveBucket = "archive"
+	ArchivePrefix = "shoal/"
+)
 
 // Member is one process of the cluster and the address it serves on.
 type Member struct {
@@ -81,8 +100,12 @@ type Cluster struct {
 	Edges   []*Member
 	// Pipeline is the background plane's node (Options.Pipeline), or nil.
 	Pipeline *Member
-	Admin    string
-	mounts   []string // tmpfs data directories, unmounted by Stop
+	// ObjectStore is the s3 node (Options.Archive), or nil.
+	ObjectStore *Member
+	// Config is the cluster.hcl the object hosts read (Options.Archive).
+	Config string
+	Admin  string
+	mounts []string // tmpfs data directories, unmounted by Stop
 }
 
 // Start creates the nodes on net and starts every member, waiting until each
@@ -92,20 +115,23 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 	o = o.withDefaults()
 	c := &Cluster{Net: net, Admin: o.Admin}
 	var env []string
-	add := func(list *[]*Member, name string, port int, args func(addr string) []string) error {
-		nd, err := net.AddNode(name)
-		if err != nil {
-			return err
-		}
+	addOn := func(list *[]*Member, nd *Node, port int, bin string, args func(addr string) []string) error {
 		addr := fmt.Sprintf("%s:%d", nd.IP, port)
-		p, err := StartProcEnv(nd, name, env, o.Bin, args(addr)...)
+		p, err := StartProcEnv(nd, nd.Name, env, bin, args(addr)...)
 		if p != nil {
-			*list = append(*list, &Member{Proc: p, Addr: addr, Dir: filepath.Join(o.Dir, name)})
+			*list = append(*list, &Member{Proc: p, Addr: addr, Dir: filepath.Join(o.Dir, nd.Name)})
 		}
 		if err != nil {
 			return err
 		}
 		return waitHealthy(ctx, (*list)[len(*list)-1], 60*time.Second)
+	}
+	add := func(list *[]*Member, name string, port int, args func(addr string) []string) error {
+		nd, err := net.AddNode(name)
+		if err != nil {
+			return err
+		}
+		return addOn(list, nd, port, o.Bin, args)
 	}
 	for i := range o.Voters {
 		id := fmt.Sprintf("n%d", i+1)
@@ -141,8 +167,43 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 			return c, err
 		}
 	}
+	var hostNodes []*Node
 	for i := range o.Hosts {
-		id := fmt.Sprintf("h%d", i+1)
+		nd, err := net.AddNode(fmt.Sprintf("h%d", i+1))
+		if err != nil {
+			return c, err
+		}
+		hostNodes = append(hostNodes, nd)
+	}
+	var hostConfig []string
+	if o.Archive {
+		var ss []*Member
+		if o.S3Bin == "" {
+			return c, errors.New("Options.Archive needs S3Bin (cmd/s3node)")
+		}
+		if err := os.MkdirAll(filepath.Join(o.Dir, "s3"), 0o755); err != nil {
+			return c, err
+		}
+		nd, err := net.AddNode("s3")
+		if err != nil {
+			return c, err
+		}
+		err = addOn(&ss, nd, s3Port, o.S3Bin, func(addr string) []string {
+			return []string{"--addr", addr, "--db", filepath.Join(o.Dir, "s3", "s3.bolt"), "--bucket", ArchiveBucket}
+		})
+		if len(ss) > 0 {
+			c.ObjectStore = ss[0]
+		}
+		if err != nil {
+			return c, err
+		}
+		if c.Config, err = c.writeConfig(o, hostNodes, kafka); err != nil {
+			return c, err
+		}
+		hostConfig = []string{"--config", c.Config}
+	}
+	for _, nd := range hostNodes {
+		id := nd.Name
 		if o.HostDisk != "" {
 			dir := filepath.Join(o.Dir, id)
 			if err := mountTmpfs(dir, o.HostDisk); err != nil {
@@ -150,10 +211,17 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 			}
 			c.mounts = append(c.mounts, dir)
 		}
-		err := add(&c.Hosts, id, hostPort, func(addr string) []string {
-			return append([]string{"objecthost", "serve", "--id", id, "--dir", filepath.Join(o.Dir, id),
+		err := addOn(&c.Hosts, nd, hostPort, o.Bin, func(addr string) []string {
+			a := append([]string{"objecthost", "serve", "--id", id, "--dir", filepath.Join(o.Dir, id),
 				"--http-addr", addr, "--region", "weur", "--catalog", catalog, "--log-level", "warn",
 				"--heartbeat-interval", o.Heartbeat.String(), "--creation-grace", o.Grace.String()}, kafka...)
+			if len(hostConfig) > 0 {
+				a = append(append(a, hostConfig...), "--node", id)
+				if len(kafka) == 0 {
+					a = append(a, "--kafka-brokers=") // the file's kafka block is not this topology's
+				}
+			}
+			return a
 		})
 		if err != nil {
 			return c, err
@@ -207,7 +275,68 @@ func (o Options) withDefaults() Options {
 	if o.Admin == "" {
 		o.Admin = "robustness-admin-token"
 	}
+	if o.ArchiveAlarmLag == "" {
+		o.ArchiveAlarmLag = "2s"
+	}
 	return o
+}
+
+// archiveSecret is the s3 node's secret key (gofakes3 checks no signature;
+// the hosts sign with it all the same, as against a real store).
+const archiveSecret = "robustness-archive-secret"
+
+// writeConfig writes the cluster.hcl the object hosts read: the catalog,
+// the pipeline node and the hosts as started here, the embedded broker,
+// and the archive block naming the s3 node. (Edges take flags only; every
+// flag a host is given explicitly wins over the file.)
+func (c *Cluster) writeConfig(o Options, hosts []*Node, kafka []string) (string, error) {
+	secret := filepath.Join(o.Dir, "s3", "secret")
+	if err := os.WriteFile(secret, []byte(archiveSecret+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	b.WriteString("# Written by test/robustness/topology for one run. Object hosts read it\n")
+	b.WriteString("# (--config FILE --node hN) for its archive block; their flags win.\n")
+	b.WriteString("region = \"weur\"\n\n")
+	for _, m := range c.Catalog {
+		raft := strings.TrimSuffix(m.Addr, fmt.Sprint(catalogHTTPPort)) + fmt.Sprint(raftPort)
+		fmt.Fprintf(&b, "node %q {\n  roles = [\"raftmeta\"]\n  raft_addr = %q\n  catalog_addr = %q\n}\n", m.Name, raft, m.Addr)
+	}
+	if c.Pipeline != nil {
+		fmt.Fprintf(&b, "node %q {\n  roles = [\"pipeline\"]\n  pipeline_addr = %q\n}\n", c.Pipeline.Name, c.Pipeline.Addr)
+	}
+	for _, nd := range hosts {
+		fmt.Fprintf(&b, "node %q {\n  roles = [\"objecthost\"]\n  objecthost_addr = \"%s:%d\"\n}\n", nd.Name, nd.IP, hostPort)
+	}
+	if len(kafka) == 2 {
+		fmt.Fprintf(&b, "\nkafka {\n  embedded = true\n  brokers = [%q]\n}\n", kafka[1])
+	}
+	fmt.Fprintf(&b, `
+archive {
+  endpoint        = %q
+  bucket          = %q
+  prefix          = %q
+  region          = "us-east-1"
+  access_key      = "robustness"
+  secret_key_file = %q
+  tls             = false
+  path_style      = true
+  durability      = "default"
+  alarm_lag       = %q
+}
+`, c.ObjectStore.Addr, ArchiveBucket, ArchivePrefix, secret, o.ArchiveAlarmLag)
+	path := filepath.Join(o.Dir, "cluster.hcl")
+	return path, os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// ArchiveStore is a client of the s3 node's archive (the bucket and prefix
+// the hosts ship to), for the test's own reads: Verify and Restore.
+func (c *Cluster) ArchiveStore() (*history.S3Store, error) {
+	if c.ObjectStore == nil {
+		return nil, errors.New("no object store in this topology")
+	}
+	return history.NewS3Store(history.S3Config{Endpoint: c.ObjectStore.Addr, Bucket: ArchiveBucket, Prefix: ArchivePrefix,
+		Region: "us-east-1", AccessKey: "robustness", SecretKey: archiveSecret, PathStyle: true, MaxRetries: 3})
 }
 
 // catalogList is the --catalog flag of hosts and edges: n2, n3, …, n1.
@@ -243,11 +372,15 @@ func (c *Cluster) EdgeURLs() []string {
 	return out
 }
 
-// Members is every member, catalog first, then the pipeline node.
+// Members is every member, catalog first, then the pipeline node and the
+// object store.
 func (c *Cluster) Members() []*Member {
 	ms := append([]*Member(nil), c.Catalog...)
 	if c.Pipeline != nil {
 		ms = append(ms, c.Pipeline)
+	}
+	if c.ObjectStore != nil {
+		ms = append(ms, c.ObjectStore)
 	}
 	return append(append(ms, c.Hosts...), c.Edges...)
 }

@@ -128,22 +128,36 @@ func (l *Log) String() string {
 	return string(l.buf)
 }
 
-// Binary builds the shoal binary once and hands out its path. The zero
-// value is ready; Close removes the build.
+// Binary builds a command of this module once and hands out its path: the
+// shoal binary (the zero value), or a test-only command such as the object
+// store node (Pkg). Close removes the build.
 type Binary struct {
+	// Pkg is the package to build (default github.com/shoaldb/shoal/cmd/shoal).
+	Pkg string
+
 	once sync.Once
 	dir  string
 	path string
 	err  error
 }
 
-// Path returns a freshly built shoal binary, or the prebuilt one
-// $SHOAL_TEST_BIN names (e.g. a baseline build, to show that a check fails
-// on the code it is meant to catch). The build uses the process's
-// environment, i.e. build.env's tags and CGO flags, so the cache is reused.
+// ShoalPkg is the package a zero Binary builds.
+const ShoalPkg = "github.com/shoaldb/shoal/cmd/shoal"
+
+// S3NodePkg is the suite's object store node (cmd/s3node).
+const S3NodePkg = "github.com/shoaldb/shoal/test/robustness/cmd/s3node"
+
+// Path returns a freshly built binary. For shoal, $SHOAL_TEST_BIN may name a
+// prebuilt one instead (e.g. a baseline build, to show that a check fails on
+// the code it is meant to catch). The build uses the process's environment,
+// i.e. build.env's tags and CGO flags, so the cache is reused.
 func (b *Binary) Path() (string, error) {
 	b.once.Do(func() {
-		if prebuilt := os.Getenv("SHOAL_TEST_BIN"); prebuilt != "" {
+		pkg := b.Pkg
+		if pkg == "" {
+			pkg = ShoalPkg
+		}
+		if prebuilt := os.Getenv("SHOAL_TEST_BIN"); prebuilt != "" && pkg == ShoalPkg {
 			if b.path, b.err = filepath.Abs(prebuilt); b.err == nil {
 				_, b.err = os.Stat(b.path)
 			}
@@ -152,10 +166,10 @@ func (b *Binary) Path() (string, error) {
 		if b.dir, b.err = os.MkdirTemp("", "shoal-robustness-bin-"); b.err != nil {
 			return
 		}
-		b.path = filepath.Join(b.dir, "shoal")
-		out, err := exec.Command("go", "build", "-o", b.path, "github.com/shoaldb/shoal/cmd/shoal").CombinedOutput()
+		b.path = filepath.Join(b.dir, filepath.Base(pkg))
+		out, err := exec.Command("go", "build", "-o", b.path, pkg).CombinedOutput()
 		if err != nil {
-			b.err = fmt.Errorf("go build: %w: %s", err, out)
+			b.err = fmt.Errorf("go build %s: %w: %s", pkg, err, out)
 		}
 	})
 	return b.path, b.err

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -28,6 +30,9 @@ type Client struct {
 
 	sentMu sync.Mutex
 	sent   map[string]int // per database, every /query request sent (recorded or not)
+
+	restoreMu sync.Mutex
+	restores  map[string][]time.Time // per database, restores sent (ReserveRestore)
 }
 
 // requestTimeout bounds one call: longer than the edge's own budgets (a
@@ -255,6 +260,13 @@ type answer struct {
 	err error
 }
 
+// notDone are the messages of the host's 503 answers (passed through by the
+// edge) that say the request was not carried out: objecthost.ErrRestoring
+// (a query while its database is restored) and a restore refused because
+// the archive store is down. Another wording falls back to Unknown: the
+// safe direction.
+var notDone = []string{"database is being restored, retry", "the archive store is unavailable, nothing was changed; retry"}
+
 func (a answer) outcome() Outcome {
 	switch {
 	case a.err != nil:
@@ -263,6 +275,8 @@ func (a answer) outcome() Outcome {
 		return OK
 	case a.status == http.StatusNotFound:
 		return NotFound
+	case a.status == http.StatusServiceUnavailable && len(a.Errors) == 1 && slices.Contains(notDone, a.Errors[0].Message):
+		return Failed
 	case a.status == http.StatusTooManyRequests || a.status >= 500:
 		return Unknown
 	default:
@@ -353,6 +367,75 @@ func retry(ctx context.Context, within time.Duration, fn func() error) error {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// Restore budget: the hosts allow 10 restores per 10 minutes per database
+// (D1's limit, objecthost.HistoryConfig.MaxRestores); the generators stay
+// under it, counting every attempt and a margin on the window, so no
+// restore is ever refused for its rate.
+const (
+	restoreLimit  = 10
+	restoreWindow = 10*time.Minute + 10*time.Second
+)
+
+// ReserveRestore takes one of db's restore slots if more than keep are
+// left, or reports that there are not (then send none). The generators
+// keep a few for the fault steps' restores.
+func (c *Client) ReserveRestore(db string, keep int) bool {
+	c.restoreMu.Lock()
+	defer c.restoreMu.Unlock()
+	if c.restores == nil {
+		c.restores = map[string][]time.Time{}
+	}
+	now := time.Now()
+	recent := c.restores[db][:0]
+	for _, t := range c.restores[db] {
+		if now.Sub(t) < restoreWindow {
+			recent = append(recent, t)
+		}
+	}
+	if len(recent) >= restoreLimit-keep {
+		c.restores[db] = recent
+		return false
+	}
+	c.restores[db] = append(recent, now)
+	return true
+}
+
+// Bookmark takes db's current time-travel bookmark through edge.
+func (c *Client) Bookmark(ctx context.Context, client, edge int, db string) Op {
+	call := c.h.Now()
+	a := c.do(ctx, edge, http.MethodGet, "/"+db+"/time_travel/bookmark", nil)
+	op := Op{Client: client, Kind: Bookmark, DB: db, Call: call, Return: c.h.Now(), Outcome: a.outcome(), Answer: a.text()}
+	if op.Outcome == OK {
+		var res struct {
+			Bookmark string `json:"bookmark"`
+		}
+		if json.Unmarshal(a.Result, &res) != nil || res.Bookmark == "" {
+			op.Outcome, op.Answer = Unknown, "200 without a bookmark: "+a.text()
+		}
+		op.Bookmark = res.Bookmark
+	}
+	return c.h.Add(op)
+}
+
+// Restore restores db to bookmark through edge (reserve a slot first:
+// ReserveRestore).
+func (c *Client) Restore(ctx context.Context, client, edge int, db, bookmark string) Op {
+	call := c.h.Now()
+	a := c.do(ctx, edge, http.MethodPost, "/"+db+"/time_travel/restore?bookmark="+url.QueryEscape(bookmark), nil)
+	op := Op{Client: client, Kind: Restore, DB: db, Bookmark: bookmark, Call: call, Return: c.h.Now(), Outcome: a.outcome(), Answer: a.text()}
+	if op.Outcome == OK {
+		var res struct {
+			Bookmark         string `json:"bookmark"`
+			PreviousBookmark string `json:"previous_bookmark"`
+		}
+		if json.Unmarshal(a.Result, &res) != nil || res.Bookmark == "" || res.PreviousBookmark == "" {
+			op.Outcome, op.Answer = Unknown, "200 without bookmarks: "+a.text()
+		}
+		op.Prev, op.After = res.PreviousBookmark, res.Bookmark
+	}
+	return c.h.Add(op)
 }
 
 // Probe runs SELECT 1 on db through edge (validation: not recorded): a

@@ -20,6 +20,14 @@ type Config struct {
 	Registers   []string      // register databases (SetupRegisters)
 	RegClients  int           // clients per register, each mixing writes and reads
 	Pace        time.Duration // pause between a client's operations
+	// TimeTravel adds one client per register that takes the database's
+	// bookmark about every BookmarkEvery and restores it to one of the
+	// bookmarks it knows (taken, or named by an earlier restore's answer)
+	// about every RestoreEvery, within the hosts' restore limit
+	// (Client.ReserveRestore). Needs hosts with history.
+	TimeTravel    bool
+	BookmarkEvery time.Duration
+	RestoreEvery  time.Duration
 }
 
 // Load runs the generators of a Config until its context ends.
@@ -29,8 +37,9 @@ type Load struct {
 
 	value atomic.Int64 // unique values for inserts and register writes
 
-	mu   sync.Mutex
-	live []string // acknowledged, table created, never deleted
+	mu        sync.Mutex
+	live      []string            // acknowledged, table created, never deleted
+	bookmarks map[string][]string // per register, bookmarks the API gave
 }
 
 // NewLoad prepares cfg's generators on c.
@@ -54,7 +63,74 @@ func (l *Load) Run(ctx context.Context) {
 	for _, db := range l.cfg.Registers {
 		spawn(l.cfg.RegClients, func(ctx context.Context, client int, r *rand.Rand) { l.register(ctx, client, r, db) })
 	}
+	if l.cfg.TimeTravel {
+		for _, db := range l.cfg.Registers {
+			spawn(1, func(ctx context.Context, client int, r *rand.Rand) { l.timeTraveller(ctx, client, r, db) })
+		}
+	}
 	wg.Wait()
+}
+
+// AddBookmarks remembers bookmarks of register db the API gave (a
+// bookmark's answer, a restore's previous and new bookmarks).
+func (l *Load) AddBookmarks(db string, bms ...string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.bookmarks == nil {
+		l.bookmarks = map[string][]string{}
+	}
+	for _, b := range bms {
+		if b != "" {
+			l.bookmarks[db] = append(l.bookmarks[db], b)
+		}
+	}
+}
+
+// recentBookmarks is how many of a database's latest bookmarks a restore
+// chooses from: a bookmark stays in the register model's state from when
+// it is taken to its last restore, and a short span keeps the states
+// porcupine must tell apart few.
+const recentBookmarks = 4
+
+// PickBookmark is one of db's latest known bookmarks, chosen by r.
+func (l *Load) PickBookmark(r *rand.Rand, db string) (string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	bs := l.bookmarks[db]
+	if len(bs) == 0 {
+		return "", false
+	}
+	bs = bs[max(0, len(bs)-recentBookmarks):]
+	return bs[r.IntN(len(bs))], true
+}
+
+// restoreKeep is how many of each database's restore slots the generator
+// leaves to the fault steps (restores during a host kill).
+const restoreKeep = 3
+
+// timeTraveller takes bookmarks of register db and now and then restores
+// it to one of them (Config.TimeTravel).
+func (l *Load) timeTraveller(ctx context.Context, client int, r *rand.Rand, db string) {
+	jitter := func(d time.Duration) time.Duration { return d/2 + time.Duration(r.Int64N(int64(d)+1)) }
+	nextRestore := time.Now().Add(jitter(l.cfg.RestoreEvery))
+	for ctx.Err() == nil {
+		l.pause(ctx, jitter(l.cfg.BookmarkEvery))
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Now().After(nextRestore) {
+			nextRestore = time.Now().Add(jitter(l.cfg.RestoreEvery))
+			if bm, ok := l.PickBookmark(r, db); ok && l.c.ReserveRestore(db, restoreKeep) {
+				if op := l.c.Restore(ctx, client, l.edge(r), db, bm); op.Outcome == OK {
+					l.AddBookmarks(db, op.Prev, op.After)
+				}
+				continue
+			}
+		}
+		if op := l.c.Bookmark(ctx, client, l.edge(r), db); op.Outcome == OK {
+			l.AddBookmarks(db, op.Bookmark)
+		}
+	}
 }
 
 // Live is the databases the load created and never deleted, their table made.

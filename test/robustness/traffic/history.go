@@ -3,7 +3,8 @@
 // the robustness suite's checkers: creates and deletes through the edge,
 // gets at the edge's (stale-tolerant) level and at the catalog's
 // linearizable level, row inserts whose acknowledged values must survive,
-// and register writes and reads that porcupine checks.
+// and register writes, reads, time-travel bookmarks and restores that
+// porcupine checks.
 package traffic
 
 import (
@@ -23,6 +24,8 @@ const (
 	Insert    Kind = "insert"     // INSERT of the unique Value into the database's table t
 	RegWrite  Kind = "reg-write"  // UPDATE reg SET v = Value through the edge
 	RegRead   Kind = "reg-read"   // SELECT v FROM reg through the edge; Value is what it read
+	Bookmark  Kind = "bookmark"   // GET …/time_travel/bookmark of a register database; Bookmark is the answer
+	Restore   Kind = "restore"    // POST …/time_travel/restore?bookmark=Bookmark; Prev and After from the answer
 	ListCheck Kind = "list-check" // a final list (validation, not load)
 )
 
@@ -36,6 +39,10 @@ const (
 	NotFound Outcome = "not-found"
 	// Refused: a definite refusal (4xx): it did not happen.
 	Refused Outcome = "refused"
+	// Failed: a retryable failure (503) whose answer says the request was
+	// not carried out (the database was being restored; the archive store
+	// was down before a restore changed anything): it did not happen.
+	Failed Outcome = "failed"
 	// Unknown: transport error, timeout or 5xx: it may or may not have
 	// happened, and a checker must allow both.
 	Unknown Outcome = "unknown"
@@ -44,17 +51,27 @@ const (
 // Op is one operation as the client saw it. Call and Return are offsets from
 // the History's start, on the test process's monotonic clock.
 type Op struct {
-	ID      int           `json:"id"`
-	Client  int           `json:"client"`
-	Kind    Kind          `json:"kind"`
-	DB      string        `json:"db,omitempty"`
-	Name    string        `json:"name,omitempty"`
-	Value   int64         `json:"value,omitempty"`
-	Found   bool          `json:"found,omitempty"` // lin-get / edge-get: the row was there
-	Outcome Outcome       `json:"outcome"`
-	Answer  string        `json:"answer,omitempty"` // status/code or error, for the report
-	Call    time.Duration `json:"call"`
-	Return  time.Duration `json:"return"`
+	ID     int    `json:"id"`
+	Client int    `json:"client"`
+	Kind   Kind   `json:"kind"`
+	DB     string `json:"db,omitempty"`
+	Name   string `json:"name,omitempty"`
+	Value  int64  `json:"value,omitempty"`
+	Found  bool   `json:"found,omitempty"` // lin-get / edge-get: the row was there
+	// Bookmark is a bookmark's answer, or the bookmark a restore asked
+	// for; Prev and After are a restore's previous_bookmark (undoes it)
+	// and bookmark (the point it made).
+	Bookmark string        `json:"bookmark,omitempty"`
+	Prev     string        `json:"prev,omitempty"`
+	After    string        `json:"after,omitempty"`
+	Outcome  Outcome       `json:"outcome"`
+	Answer   string        `json:"answer,omitempty"` // status/code or error, for the report
+	Call     time.Duration `json:"call"`
+	Return   time.Duration `json:"return"`
+	// EffectBy, for an Unknown outcome, is the latest instant its effect
+	// can have happened (0: any time until the end). Set by the checkers'
+	// caller from what it knows, e.g. its host was killed and restarted.
+	EffectBy time.Duration `json:"effect_by,omitempty"`
 }
 
 // History is the record of every operation. Safe for concurrent use.

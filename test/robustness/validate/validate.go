@@ -7,6 +7,7 @@ package validate
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"sort"
 	"time"
 
@@ -21,17 +22,22 @@ type Result struct {
 	Check      string
 	Checked    int      // how many items (databases, rows, operations) it checked
 	Violations []string // empty: passed
+	Note       string   // what the check excused or could not see, for the summary
 }
 
 // OK reports whether the check passed.
 func (r Result) OK() bool { return len(r.Violations) == 0 }
 
 func (r Result) String() string {
+	note := ""
+	if r.Note != "" {
+		note = "; " + r.Note
+	}
 	if r.OK() {
-		return fmt.Sprintf("%s: ok (%d checked)", r.Check, r.Checked)
+		return fmt.Sprintf("%s: ok (%d checked%s)", r.Check, r.Checked, note)
 	}
 	shown := r.Violations[:min(len(r.Violations), 10)]
-	s := fmt.Sprintf("%s: %d VIOLATIONS of %d checked", r.Check, len(r.Violations), r.Checked)
+	s := fmt.Sprintf("%s: %d VIOLATIONS of %d checked%s", r.Check, len(r.Violations), r.Checked, note)
 	for _, v := range shown {
 		s += "\n    " + v
 	}
@@ -138,27 +144,125 @@ func AckedRowsReadable(ops []traffic.Op, f Final) Result {
 	return r
 }
 
-// RegisterOperations turns the register writes and reads into porcupine's
-// form. A write of unknown outcome may have taken effect at any time after
-// its call: it stays open until the end. Reads that failed observed nothing
-// and are left out; so are writes refused outright.
+// RegisterOperations turns the register writes, reads, bookmarks and
+// restores into porcupine's form. A write or a restore of unknown outcome
+// may have taken effect at any time after its call, or never
+// (RegisterInput.Maybe): it stays open until the end, or until its
+// EffectBy. Reads and bookmarks that failed observed nothing and are left
+// out; so are writes and restores refused outright. Bookmarks are numbered
+// from 1 in order of first appearance (model.RegisterInput).
 func RegisterOperations(ops []traffic.Op) []porcupine.Operation {
+	// Only bookmarks some restore goes back to constrain anything: the
+	// others are left out of the model (each bookmark held in the state
+	// multiplies the states porcupine must tell apart). A bookmark is
+	// forgotten by the restore that is certainly the last to go back to
+	// it (every other one returned before it was called).
+	targets := map[string][]int{} // bookmark → indexes of the restores to it
+	for i, op := range ops {
+		if op.Kind == traffic.Restore {
+			targets[op.Bookmark] = append(targets[op.Bookmark], i)
+		}
+	}
+	lastUse := func(i int) bool {
+		for _, j := range targets[ops[i].Bookmark] {
+			if j != i && (ops[j].Outcome == traffic.Unknown || ops[j].Return >= ops[i].Call) {
+				return false
+			}
+		}
+		return true
+	}
+	ids := map[string]int{}
+	id := func(b string) int {
+		if b == "" || len(targets[b]) == 0 {
+			return 0
+		}
+		if _, ok := ids[b]; !ok {
+			ids[b] = len(ids) + 1
+		}
+		return ids[b]
+	}
 	var out []porcupine.Operation
-	for _, op := range ops {
+	for i, op := range ops {
 		ret := int64(op.Return)
+		in := model.RegisterInput{DB: op.DB}
+		var res model.RegisterOutput
 		switch {
-		case op.Kind == traffic.RegWrite && op.Outcome == traffic.OK:
-		case op.Kind == traffic.RegWrite && op.Outcome == traffic.Unknown:
-			ret = math.MaxInt64
+		case op.Kind == traffic.RegWrite && (op.Outcome == traffic.OK || op.Outcome == traffic.Unknown):
+			in.Op, in.Value = model.RegWrite, op.Value
 		case op.Kind == traffic.RegRead && op.Outcome == traffic.OK:
+			in.Op, res.Value = model.RegRead, op.Value
+		case op.Kind == traffic.Bookmark && op.Outcome == traffic.OK && len(targets[op.Bookmark]) > 0:
+			in.Op, res.Bookmark = model.RegBookmark, id(op.Bookmark)
+		case op.Kind == traffic.Restore && op.Outcome == traffic.OK:
+			in.Op, in.Bookmark, in.Forget = model.RegRestore, id(op.Bookmark), lastUse(i)
+			res.Prev, res.After = id(op.Prev), id(op.After)
+		case op.Kind == traffic.Restore && op.Outcome == traffic.Unknown:
+			in.Op, in.Bookmark = model.RegRestore, id(op.Bookmark)
 		default:
 			continue
 		}
-		out = append(out, porcupine.Operation{ClientId: op.Client, Call: int64(op.Call), Return: ret,
-			Input:  model.RegisterInput{DB: op.DB, Write: op.Kind == traffic.RegWrite, Value: op.Value},
-			Output: model.RegisterOutput{Value: op.Value}})
+		if op.Outcome == traffic.Unknown {
+			// It may have happened, later than its answer even: until
+			// EffectBy when that is known, else until the end.
+			in.Maybe = true
+			ret = math.MaxInt64
+			if op.EffectBy > 0 {
+				ret = int64(max(op.EffectBy, op.Return))
+			}
+		}
+		out = append(out, porcupine.Operation{ClientId: op.Client, Call: int64(op.Call), Return: ret, Input: in, Output: res})
 	}
 	return out
+}
+
+// BoundByHostKills sets EffectBy on every write and restore of unknown
+// outcome whose database's host was killed -9 (and not yet restarted) when
+// it was called or afterwards, and whose answer came before that host was
+// restarted: the request reached the killed process or none (the edge
+// answered it, so no copy of it was left to reach the new process), so it
+// took effect before the restart or never. That covers writes answered
+// 503 because their host was down: never sent, but the client cannot tell.
+// (A request answered after the restart may have reached the new process:
+// left open.) dbHost maps a database to its host; kills lists each host's
+// kill windows, Start to Healed (restarted), in order. It returns a copy
+// of ops, and how many it bounded.
+func BoundByHostKills(ops []traffic.Op, dbHost map[string]string, kills map[string][]Window) ([]traffic.Op, int) {
+	out := append([]traffic.Op(nil), ops...)
+	n := 0
+	for i, op := range out {
+		if op.Outcome != traffic.Unknown || (op.Kind != traffic.RegWrite && op.Kind != traffic.Restore) {
+			continue
+		}
+		for _, k := range kills[dbHost[op.DB]] {
+			if k.To < op.Call {
+				continue // restarted before the call
+			}
+			if op.Return <= k.To {
+				out[i].EffectBy = k.To
+				n++
+			}
+			break // the first kill not healed at the call decides
+		}
+	}
+	return out, n
+}
+
+// RestoresAnswered: no restore to a bookmark the API itself handed out was
+// refused (4xx: "invalid bookmark", "no restorable state at that point"
+// would mean the archive lost or never had that point). Restores of
+// unknown outcome (a fault, the store down: 5xx) are the model's business.
+func RestoresAnswered(ops []traffic.Op) Result {
+	r := Result{Check: "every time-travel restore to a bookmark the API gave was carried out or failed retryably"}
+	for _, op := range ops {
+		if op.Kind != traffic.Restore {
+			continue
+		}
+		r.Checked++
+		if op.Outcome == traffic.Refused || op.Outcome == traffic.NotFound {
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: restore to %s at %s refused: %s", op.DB, op.Bookmark, op.Call.Round(time.Millisecond), op.Answer))
+		}
+	}
+	return r
 }
 
 // ExistenceOperations turns acknowledged creates, deletes and linearizable
@@ -198,6 +302,36 @@ func ExistenceOperations(ops []traffic.Op) []porcupine.Operation {
 // Linearizable checks ops against m. A check that times out is a failure
 // too: nothing is waved through.
 func Linearizable(name string, m porcupine.Model, ops []porcupine.Operation, timeout time.Duration) (Result, porcupine.LinearizationInfo) {
+	return LinearizableWithin(name, m, ops, timeout, 0)
+}
+
+// LinearizableWithin is Linearizable with a guard on the checker's memory:
+// porcupine can be stopped only by its timeout, and a history with many
+// operations of unknown outcome can make its search grow by gigabytes a
+// minute. Past maxHeap bytes of heap (0: no guard) the process panics with
+// the reason rather than take the machine's memory (these machines are
+// shared). Call it once the cluster is stopped: a panic runs no cleanup.
+func LinearizableWithin(name string, m porcupine.Model, ops []porcupine.Operation, timeout time.Duration, maxHeap uint64) (Result, porcupine.LinearizationInfo) {
+	if maxHeap > 0 {
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
+			for {
+				select {
+				case <-done:
+					return
+				case <-tick.C:
+				}
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				if ms.HeapInuse > maxHeap {
+					panic(fmt.Sprintf("robustness: the %s check (porcupine, %d operations) passed %d MiB of heap: stopped to protect the machine; the history is not judged", name, len(ops), maxHeap>>20))
+				}
+			}
+		}()
+	}
 	res, info := porcupine.CheckOperationsVerbose(m, ops, timeout)
 	r := Result{Check: name + " linearizable (porcupine)", Checked: len(ops)}
 	switch res {
@@ -223,13 +357,30 @@ type Window struct {
 // seed design's promise that no query needs the catalog. A database counts
 // as existing if its create was acknowledged before the window opened.
 func QueriesAvailableDuring(ops []traffic.Op, windows []Window) Result {
-	r := Result{Check: "100% of queries to existing databases succeed while the catalog is cut off"}
+	return QueriesAvailable("the catalog is cut off", ops, windows)
+}
+
+// QueriesAvailable: every query (insert, register write and read) to an
+// existing database called inside one of windows succeeded (what names the
+// fault, e.g. "the object store is down"). A database counts as existing
+// if its create was acknowledged before the window opened. A query that
+// failed while a time-travel restore of its database was in flight is not
+// counted: a restore holds its database's queries (503, retry) by design,
+// until it is done or fails — with the store down, until the store answers
+// or the request gives up.
+func QueriesAvailable(what string, ops []traffic.Op, windows []Window) Result {
+	r := Result{Check: "100% of queries to existing databases succeed while " + what}
 	createdAt := map[string]time.Duration{}
+	restoring := map[string][]Window{}
 	for _, op := range ops {
 		if op.Kind == traffic.Create && op.Outcome == traffic.OK {
 			createdAt[op.DB] = op.Return
 		}
+		if op.Kind == traffic.Restore {
+			restoring[op.DB] = append(restoring[op.DB], Window{From: op.Call, To: op.Return})
+		}
 	}
+	excused := 0
 	for _, w := range windows {
 		for _, op := range ops {
 			if op.Call < w.From || op.Call > w.To {
@@ -243,13 +394,30 @@ func QueriesAvailableDuring(ops []traffic.Op, windows []Window) Result {
 			if at, ok := createdAt[op.DB]; (ok && at > w.From) || w.Exceptions[op.DB] {
 				continue
 			}
+			if op.Outcome != traffic.OK && overlaps(op, restoring[op.DB]) {
+				excused++
+				continue
+			}
 			r.Checked++
 			if op.Outcome != traffic.OK {
 				r.Violations = append(r.Violations, fmt.Sprintf("%s at %s on %s (%s): %s %s", op.Kind, op.Call.Round(time.Millisecond), op.DB, w.Name, op.Outcome, op.Answer))
 			}
 		}
 	}
+	if excused > 0 {
+		r.Note = fmt.Sprintf("%d queries failed during a restore of their database, not counted", excused)
+	}
 	return r
+}
+
+// overlaps reports whether op ran (call to return) inside any of ws.
+func overlaps(op traffic.Op, ws []Window) bool {
+	for _, w := range ws {
+		if op.Call <= w.To && op.Return >= w.From {
+			return true
+		}
+	}
+	return false
 }
 
 // ListedQueryable: every database the final list shows answers a query (no

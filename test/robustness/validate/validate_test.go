@@ -1,6 +1,7 @@
 package validate
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -61,6 +62,48 @@ func TestRegisterLinearizability(t *testing.T) {
 	}
 }
 
+// Time travel in the register model: a restore sets the register to its
+// value when the bookmark was taken, entirely or (answer lost) perhaps not
+// at all, never to anything else.
+func TestRegisterRestoreLinearizability(t *testing.T) {
+	ok, unknown := traffic.OK, traffic.Unknown
+	read := func(v int64, call, ret int) traffic.Op { return op(traffic.RegRead, "a", v, ok, call, ret) }
+	write := func(v int64, call, ret int) traffic.Op { return op(traffic.RegWrite, "a", v, ok, call, ret) }
+	bookmark := func(b string, call, ret int) traffic.Op {
+		o := op(traffic.Bookmark, "a", 0, ok, call, ret)
+		o.Bookmark = b
+		return o
+	}
+	restore := func(to, prev, after string, out traffic.Outcome, call, ret int) traffic.Op {
+		o := op(traffic.Restore, "a", 0, out, call, ret)
+		o.Bookmark, o.Prev, o.After = to, prev, after
+		return o
+	}
+	base := []traffic.Op{write(1, 0, 10), bookmark("b1", 20, 30), write(2, 40, 50)}
+	with := func(ops ...traffic.Op) []traffic.Op { return append(append([]traffic.Op(nil), base...), ops...) }
+	for name, tc := range map[string]struct {
+		ops  []traffic.Op
+		want bool
+	}{
+		"restore brings the bookmark's value back":   {with(restore("b1", "p", "n", ok, 60, 70), read(1, 80, 90)), true},
+		"restore acknowledged, value not restored":   {with(restore("b1", "p", "n", ok, 60, 70), read(2, 80, 90)), false},
+		"restore to the previous bookmark undoes":    {with(restore("b1", "p", "n", ok, 60, 70), read(1, 80, 90), restore("p", "q", "m", ok, 100, 110), read(2, 120, 130)), true},
+		"new bookmark names the restored value":      {with(restore("b1", "p", "n", ok, 60, 70), write(3, 80, 90), restore("n", "q", "m", ok, 100, 110), read(1, 120, 130)), true},
+		"restore of unknown outcome: done":           {with(restore("b1", "", "", unknown, 60, 70), read(1, 80, 90)), true},
+		"restore of unknown outcome: not done":       {with(restore("b1", "", "", unknown, 60, 70), read(2, 80, 90)), true},
+		"restore of unknown outcome: half, flipping": {with(restore("b1", "", "", unknown, 60, 70), read(1, 80, 90), read(2, 100, 110)), false},
+		"restore to a value never at the bookmark":   {with(restore("b1", "p", "n", ok, 60, 70), read(0, 80, 90)), false},
+		"one bookmark, two values":                   {with(bookmark("b1", 60, 70), restore("b1", "p", "n", ok, 80, 90)), false},
+		"restore to a bookmark not taken yet":        {[]traffic.Op{write(1, 0, 10), restore("b9", "p", "n", ok, 20, 30), bookmark("b9", 40, 50)}, false},
+	} {
+		res, _ := Linearizable("register", model.Register, RegisterOperations(tc.ops), 10*time.Second)
+		assert.Equal(t, tc.want, res.OK(), "%s: %s", name, res)
+	}
+	refused := with(restore("b1", "", "", traffic.Refused, 60, 70))
+	assert.Len(t, RestoresAnswered(refused).Violations, 1, "a restore to a bookmark the API gave, refused")
+	assert.True(t, RestoresAnswered(with(restore("b1", "", "", unknown, 60, 70))).OK(), "a restore that failed retryably")
+}
+
 func TestExistenceLinearizability(t *testing.T) {
 	ok := traffic.OK
 	get := func(found bool, call, ret int) traffic.Op {
@@ -82,4 +125,99 @@ func TestExistenceLinearizability(t *testing.T) {
 		res, _ := Linearizable("existence", model.Existence, ExistenceOperations(tc.ops), 10*time.Second)
 		assert.Equal(t, tc.want, res.OK(), "%s: %s", name, res)
 	}
+}
+
+func TestQueriesAvailableDuringAStoreOutage(t *testing.T) {
+	ok, unknown := traffic.OK, traffic.Unknown
+	w := []Window{{Name: "store down", From: 100 * time.Millisecond, To: 200 * time.Millisecond}}
+	created := op(traffic.Create, "a", 0, ok, 0, 10)
+	restore := op(traffic.Restore, "a", 0, unknown, 140, 180)
+	failed := op(traffic.RegWrite, "a", 1, unknown, 120, 130)
+	assert.Len(t, QueriesAvailable("the store is down", []traffic.Op{created, failed}, w).Violations, 1, "a query failed during the outage")
+	duringRestore := op(traffic.RegWrite, "a", 1, unknown, 150, 160)
+	res := QueriesAvailable("the store is down", []traffic.Op{created, restore, duringRestore, op(traffic.RegRead, "a", 0, ok, 150, 160)}, w)
+	assert.True(t, res.OK(), "a query that failed while its database was being restored: %s", res)
+	assert.Equal(t, 1, res.Checked, "the query that succeeded is still counted")
+}
+
+func TestArchiveLagAlarm(t *testing.T) {
+	ok := traffic.OK
+	w := Window{Name: "store down", From: time.Second, To: 5 * time.Second}
+	early := op(traffic.Insert, "a", 1, ok, 1100, 1200) // on h1, ≥ AlarmLag before the heal
+	late := op(traffic.Insert, "b", 2, ok, 4800, 4900)  // on h2, too late to raise it
+	dbHost := map[string]string{"a": "h1", "b": "h2"}
+	outage := func(h1, h2 HostLag) []StoreOutage {
+		return []StoreOutage{{Window: w, AlarmLag: 2 * time.Second, Hosts: map[string]*HostLag{"h1": &h1, "h2": &h2}}}
+	}
+	ops := []traffic.Op{early, late}
+	assert.True(t, ArchiveLagAlarm(ops, outage(HostLag{Alarm: true, Recovered: true}, HostLag{Recovered: true}), dbHost).OK())
+	assert.Len(t, ArchiveLagAlarm(ops, outage(HostLag{Recovered: true}, HostLag{Recovered: true}), dbHost).Violations, 1, "h1 wrote early in the outage: its alarm must rise")
+	assert.Len(t, ArchiveLagAlarm(ops, outage(HostLag{Alarm: true}, HostLag{Recovered: true}), dbHost).Violations, 1, "h1's lag never recovered")
+}
+
+// A write of unknown outcome whose host was killed before its answer came
+// took effect before the host restarted, or never: bounded there, a value
+// that appears only after the restart is a violation.
+func TestBoundByHostKills(t *testing.T) {
+	ok, unknown := traffic.OK, traffic.Unknown
+	kills := map[string][]Window{"h1": {{From: 200 * time.Millisecond, To: 300 * time.Millisecond}}}
+	dbHost := map[string]string{"a": "h1"}
+	lostThenSeen := []traffic.Op{
+		op(traffic.RegWrite, "a", 5, unknown, 100, 250),
+		op(traffic.RegRead, "a", 0, ok, 350, 360),
+		op(traffic.RegRead, "a", 5, ok, 400, 410),
+	}
+	res, _ := Linearizable("register", model.Register, RegisterOperations(lostThenSeen), 10*time.Second)
+	assert.True(t, res.OK(), "unbounded, the write may land late: %s", res)
+	bounded, n := BoundByHostKills(lostThenSeen, dbHost, kills)
+	assert.Equal(t, 1, n)
+	res, _ = Linearizable("register", model.Register, RegisterOperations(bounded), 10*time.Second)
+	assert.False(t, res.OK(), "its host died and restarted before the value appeared")
+
+	answeredLate := op(traffic.RegWrite, "a", 5, unknown, 100, 350) // answered after the restart: may have reached the new process
+	_, n = BoundByHostKills([]traffic.Op{answeredLate}, dbHost, kills)
+	assert.Zero(t, n)
+	whileDown := op(traffic.RegWrite, "a", 5, unknown, 220, 230) // called while its host was down
+	b, n := BoundByHostKills([]traffic.Op{whileDown}, dbHost, kills)
+	assert.Equal(t, 1, n)
+	assert.Equal(t, 300*time.Millisecond, b[0].EffectBy)
+	afterRestart := op(traffic.RegWrite, "a", 5, unknown, 310, 320)
+	_, n = BoundByHostKills([]traffic.Op{afterRestart}, dbHost, kills)
+	assert.Zero(t, n, "no kill after it")
+}
+
+// A bookmark is forgotten only by the restore certainly last to use it.
+func TestRestoreForgetsOnlyAfterTheLastUse(t *testing.T) {
+	ok := traffic.OK
+	w := func(v int64, c, r int) traffic.Op { return op(traffic.RegWrite, "a", v, ok, c, r) }
+	rd := func(v int64, c, r int) traffic.Op { return op(traffic.RegRead, "a", v, ok, c, r) }
+	bm := func(b string, c, r int) traffic.Op {
+		o := op(traffic.Bookmark, "a", 0, ok, c, r)
+		o.Bookmark = b
+		return o
+	}
+	rs := func(b string, c, r int) traffic.Op {
+		o := op(traffic.Restore, "a", 0, ok, c, r)
+		o.Bookmark, o.Prev, o.After = b, fmt.Sprintf("p%d", c), fmt.Sprintf("n%d", c)
+		return o
+	}
+	// Two restores to b1, the second concurrent with the first's answer:
+	// neither may forget b1 before the other used it.
+	h := []traffic.Op{w(1, 0, 10), bm("b1", 20, 30), w(2, 40, 50), rs("b1", 60, 80), w(3, 85, 90), rs("b1", 70, 100), rd(1, 110, 120)}
+	ops := RegisterOperations(h)
+	forgets := 0
+	for _, o := range ops {
+		if in := o.Input.(model.RegisterInput); in.Op == model.RegRestore && in.Forget {
+			forgets++
+		}
+	}
+	assert.Zero(t, forgets, "concurrent restores to one bookmark: neither is certainly last")
+	res, _ := Linearizable("register", model.Register, ops, 10*time.Second)
+	assert.True(t, res.OK(), "%s", res)
+	// Sequential: the second forgets it, and the history still checks.
+	h = []traffic.Op{w(1, 0, 10), bm("b1", 20, 30), w(2, 40, 50), rs("b1", 60, 70), rd(1, 75, 78), w(3, 80, 90), rs("b1", 100, 110), rd(1, 120, 130)}
+	ops = RegisterOperations(h)
+	res, _ = Linearizable("register", model.Register, ops, 10*time.Second)
+	assert.True(t, res.OK(), "%s", res)
+	assert.True(t, ops[len(ops)-2].Input.(model.RegisterInput).Forget)
 }

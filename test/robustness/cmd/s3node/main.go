@@ -1,0 +1,166 @@
+// Command s3node is the robustness suite's object store: an S3-protocol
+// server over plain HTTP (gofakes3, path-style buckets) whose objects live
+// in a bbolt file (gofakes3's s3bolt backend). bbolt fsyncs every commit
+// before the PUT is answered, so a kill -9 keeps every object the store
+// acknowledged — the durability point objecthost/history relies on ("S3's
+// 200 is the durability point").
+//
+// It is test-only: the topology builds it (topology.Binary) and runs it in
+// its own network namespace as node "s3"; production points cluster.hcl's
+// archive block at a real S3-compatible store. There is no S3 server in
+// Debian, hence this.
+//
+//	s3node --addr 10.213.7.4:4006 --db DIR/s3.bolt --bucket archive
+//
+// GET /healthz answers 200 once the bucket exists (the topology's health
+// check); every other request is S3.
+//
+// One change to s3bolt: a listing with a prefix and no delimiter (what
+// objecthost/history sends: one database's keys) seeks to the prefix
+// instead of scanning, and decoding, the whole bucket from its first key.
+// The bucket holds every host's history (tens of thousands of objects by
+// the end of a scenario), and that scan made each listing cost a read of
+// the whole store.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/johannesboyne/gofakes3"
+	"github.com/johannesboyne/gofakes3/backend/s3bolt"
+	bolt "go.etcd.io/bbolt"
+	"gopkg.in/mgo.v2/bson"
+)
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:4006", "listen address (host:port)")
+	dbPath := flag.String("db", "s3.bolt", "bbolt file holding the objects (kept across restarts)")
+	bucket := flag.String("bucket", "archive", "bucket created at start if missing")
+	flag.Parse()
+	if err := run(*addr, *dbPath, *bucket); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(addr, dbPath, bucket string) error {
+	db, err := bolt.Open(dbPath, 0o600, nil)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", dbPath, err)
+	}
+	defer db.Close()
+	mux, err := handler(db, bucket)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+		// gofakes3 writes some error headers twice; net/http logs each one.
+		ErrorLog: log.New(discard{}, "", 0)}
+	fmt.Printf("s3node: http %s, bucket %s, objects in %s\n", ln.Addr(), bucket, dbPath)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// handler serves S3 from db (bucket created if missing) and /healthz.
+func handler(db *bolt.DB, bucket string) (http.Handler, error) {
+	backend := &seekingBackend{Backend: s3bolt.New(db), db: db}
+	exists, err := backend.BucketExists(bucket)
+	if err != nil {
+		return nil, err
+	}
+	if !exists {
+		if err := backend.CreateBucket(bucket); err != nil {
+			return nil, fmt.Errorf("create bucket %s: %w", bucket, err)
+		}
+	}
+	// Quiet: gofakes3 logs every request otherwise, and the suite keeps
+	// only the tail of each process's output.
+	faker := gofakes3.New(backend, gofakes3.WithLogger(gofakes3.DiscardLog()))
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.Handle("/", faker.Server())
+	return mux, nil
+}
+
+// seekingBackend is s3bolt with prefix listings that seek (see the package
+// comment). Every other call, and listings with a delimiter, are s3bolt's.
+type seekingBackend struct {
+	*s3bolt.Backend
+	db *bolt.DB
+}
+
+// objectInfo is the part of s3bolt's stored object (bson, its schema.go
+// boltObject) a listing returns; the contents are skipped, not copied.
+type objectInfo struct {
+	LastModified time.Time
+	Size         int64
+	Hash         []byte
+}
+
+func (b *seekingBackend) ListBucket(name string, prefix *gofakes3.Prefix, page gofakes3.ListBucketPage) (*gofakes3.ObjectList, error) {
+	if prefix == nil || !prefix.HasPrefix || prefix.HasDelimiter {
+		return b.Backend.ListBucket(name, prefix, page)
+	}
+	objects := gofakes3.NewObjectList()
+	pfx := []byte(prefix.Prefix)
+	err := b.db.View(func(tx *bolt.Tx) error {
+		bk := tx.Bucket([]byte(name))
+		if bk == nil {
+			return gofakes3.BucketNotFound(name)
+		}
+		c := bk.Cursor()
+		k, v := c.Seek(pfx)
+		if page.HasMarker && page.Marker >= prefix.Prefix {
+			if k, v = c.Seek([]byte(page.Marker)); string(k) == page.Marker {
+				k, v = c.Next()
+			}
+		}
+		var n int64
+		for ; k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
+			if page.MaxKeys > 0 && n == page.MaxKeys {
+				objects.IsTruncated, objects.NextMarker = true, objects.Contents[len(objects.Contents)-1].Key
+				break
+			}
+			var o objectInfo
+			if err := bson.Unmarshal(v, &o); err != nil {
+				return fmt.Errorf("object %q: %w", k, err)
+			}
+			objects.Add(&gofakes3.Content{Key: string(k), ETag: gofakes3.FormatETag(o.Hash), Size: o.Size,
+				LastModified: gofakes3.NewContentTime(o.LastModified.UTC())})
+			n++
+		}
+		return nil
+	})
+	return objects, err
+}
+
+type discard struct{}
+
+func (discard) Write(b []byte) (int, error) { return len(b), nil }
