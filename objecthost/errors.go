@@ -62,8 +62,6 @@ func statusOf(err error) (int, int, string) {
 		return http.StatusTooManyRequests, v4.CodeRateLimited, err.Error()
 	case errors.Is(err, ErrClosed), errors.Is(err, sqlexec.ErrClosed):
 		return http.StatusServiceUnavailable, v4.CodeUnavailable, "object host unavailable, retry"
-	case errors.Is(err, ErrRestoring): // a query while its database is restored (TestQueryDuringRestore)
-		return http.StatusServiceUnavailable, v4.CodeUnavailable, ErrRestoring.Error()
 	default:
 		return http.StatusInternalServerError, v4.CodeInternal, "internal error"
 	}

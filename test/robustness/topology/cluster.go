@@ -136,7 +136,7 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 	for i := range o.Voters {
 		id := fmt.Sprintf("n%d", i+1)
 		err := add(&c.Catalog, id, catalogHTTPPort, func(addr string) []string {
-			a := []string{"raftmeta", "serve", "--id", id, "--dir", filepath.Join(o.Dir, id),
+			a := []string{"raftmeta", "serve", "--insecure", "--id", id, "--dir", filepath.Join(o.Dir, id),
 				"--raft-addr", strings.TrimSuffix(addr, fmt.Sprint(catalogHTTPPort)) + fmt.Sprint(raftPort),
 				"--http-addr", addr, "--log-level", "warn"}
 			if i == 0 {
@@ -155,7 +155,7 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 		err := add(&ps, "p1", pipelinePort, func(addr string) []string {
 			ip := strings.TrimSuffix(addr, fmt.Sprintf(":%d", pipelinePort))
 			kafka = []string{"--kafka-brokers", fmt.Sprintf("%s:%d", ip, kafkaPort)}
-			return []string{"pipeline", "serve", "--http-addr", addr, "--dir", filepath.Join(o.Dir, "p1"),
+			return []string{"pipeline", "serve", "--insecure", "--http-addr", addr, "--dir", filepath.Join(o.Dir, "p1"),
 				"--catalog", catalog, kafka[0], kafka[1], "--embedded-broker",
 				"--managed-clickhouse", "--managed-clickhouse-addr", fmt.Sprintf("127.0.0.1:%d", ClickHousePort),
 				"--reconcile-interval", "2s", "--log-level", "warn"}
@@ -212,7 +212,7 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 			c.mounts = append(c.mounts, dir)
 		}
 		err := addOn(&c.Hosts, nd, hostPort, o.Bin, func(addr string) []string {
-			a := append([]string{"objecthost", "serve", "--id", id, "--dir", filepath.Join(o.Dir, id),
+			a := append([]string{"objecthost", "serve", "--insecure", "--id", id, "--dir", filepath.Join(o.Dir, id),
 				"--http-addr", addr, "--region", "weur", "--catalog", catalog, "--log-level", "warn",
 				"--heartbeat-interval", o.Heartbeat.String(), "--creation-grace", o.Grace.String()}, kafka...)
 			if len(hostConfig) > 0 {
@@ -233,7 +233,7 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 		err := add(&c.Edges, id, edgePort, func(addr string) []string {
 			// Rate limits far above what the generators send: they are
 			// not what the suite is about.
-			return append([]string{"edge", "serve", "--http-addr", addr, "--dir", filepath.Join(o.Dir, id),
+			return append([]string{"edge", "serve", "--insecure", "--http-addr", addr, "--dir", filepath.Join(o.Dir, id),
 				"--region", "weur", "--catalog", catalog, "--admin-token", o.Admin, "--log-level", "warn",
 				"--account-rate", "100000", "--database-rate", "100000"}, kafka...)
 		})
