@@ -96,6 +96,57 @@ func BenchmarkInsert(b *testing.B) {
 	}
 }
 
+// BenchmarkPointSelect: point SELECTs by primary key with history off vs
+// on (capture attached, shipper running), 1 and 8 readers, on a 1,000-row
+// table: the read side of issue 13's "≤ 10 % cost" figure.
+//
+//	go test -run '^$' -bench 'BenchmarkPointSelect' -benchtime 20000x ./objecthost/history/
+func BenchmarkPointSelect(b *testing.B) {
+	for _, par := range []int{1, 8} {
+		for _, mode := range []string{"off", "on"} {
+			b.Run(fmt.Sprintf("readers=%d/history=%s", par, mode), func(b *testing.B) {
+				var db *sqlexec.DB
+				if mode == "on" {
+					ds, err := NewDirStore(b.TempDir())
+					require.NoError(b, err)
+					db = newEnvMode(b, ds, CaptureOptions{}, ShipperOptions{}, false).db
+				} else {
+					var err error
+					db, err = sqlexec.Open(filepath.Join(b.TempDir(), "x.db"), sqlexec.Options{ReadConns: 2})
+					require.NoError(b, err)
+					b.Cleanup(func() { db.Close() })
+				}
+				_, err := execOn(db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t SELECT value, 'row ' || value FROM json_each((SELECT json_group_array(x) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 1000) SELECT x FROM c)))")
+				require.NoError(b, err)
+				lat := make([]time.Duration, b.N)
+				cpu0 := cpuTime()
+				b.ResetTimer()
+				var wg sync.WaitGroup
+				per := (b.N + par - 1) / par
+				for w := 0; w < par; w++ {
+					wg.Add(1)
+					go func(w int) {
+						defer wg.Done()
+						for i := w * per; i < min(b.N, (w+1)*per); i++ {
+							t0 := time.Now()
+							if _, err := execOn(db, "SELECT v FROM t WHERE id = ?", i%1000+1); err != nil {
+								b.Error(err)
+								return
+							}
+							lat[i] = time.Since(t0)
+						}
+					}(w)
+				}
+				wg.Wait()
+				b.StopTimer()
+				b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+				sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+			})
+		}
+	}
+}
+
 // BenchmarkWriteAmplification: bytes put into the store (segments and
 // snapshots) per byte of SQL-visible change (the inserted values), for one
 // small row per commit and for 100 rows per commit.

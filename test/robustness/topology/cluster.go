@@ -297,7 +297,8 @@ func (c *Cluster) writeConfig(o Options, hosts []*Node, kafka []string) (string,
 	var b strings.Builder
 	b.WriteString("# Written by test/robustness/topology for one run. Object hosts read it\n")
 	b.WriteString("# (--config FILE --node hN) for its archive block; their flags win.\n")
-	b.WriteString("region = \"weur\"\n\n")
+	b.WriteString("region = \"weur\"\n")
+	b.WriteString("insecure = true # the suite's internal plane runs without TLS (internal/pki is tested elsewhere)\n\n")
 	for _, m := range c.Catalog {
 		raft := strings.TrimSuffix(m.Addr, fmt.Sprint(catalogHTTPPort)) + fmt.Sprint(raftPort)
 		fmt.Fprintf(&b, "node %q {\n  roles = [\"raftmeta\"]\n  raft_addr = %q\n  catalog_addr = %q\n}\n", m.Name, raft, m.Addr)
