@@ -204,23 +204,31 @@ func (c *Client) Rows(ctx context.Context, edge int, db string) ([]int64, Outcom
 	return vals, a.outcome(), a.text()
 }
 
-// List is every database the account's list shows through edge (not recorded).
+// List is every database the account's list shows through edge (not
+// recorded), page by page (the API serves at most 10,000 per page; a long
+// schedule creates more). Called once the load has stopped, so the pages
+// agree.
 func (c *Client) List(ctx context.Context, edge int) (map[string]bool, error) {
-	a := c.do(ctx, edge, http.MethodGet, "?per_page=10000", nil)
-	if a.outcome() != OK {
-		return nil, errors.New(a.text())
-	}
-	var items []struct {
-		UUID string `json:"uuid"`
-	}
-	if err := json.Unmarshal(a.Result, &items); err != nil {
-		return nil, fmt.Errorf("list: %w", err)
-	}
+	const perPage = 10000
 	out := map[string]bool{}
-	for _, it := range items {
-		out[it.UUID] = true
+	for page := 1; ; page++ {
+		a := c.do(ctx, edge, http.MethodGet, fmt.Sprintf("?per_page=%d&page=%d", perPage, page), nil)
+		if a.outcome() != OK {
+			return nil, errors.New(a.text())
+		}
+		var items []struct {
+			UUID string `json:"uuid"`
+		}
+		if err := json.Unmarshal(a.Result, &items); err != nil {
+			return nil, fmt.Errorf("list: %w", err)
+		}
+		for _, it := range items {
+			out[it.UUID] = true
+		}
+		if len(items) < perPage {
+			return out, nil
+		}
 	}
-	return out, nil
 }
 
 func (c *Client) column(ctx context.Context, edge int, db, sql string) ([]int64, answer) {
