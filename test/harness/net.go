@@ -77,13 +77,17 @@ func WaitReady(t testing.TB, addr string) {
 // pipeline's ClickHouse).
 func DevBasePort(t testing.TB) int { return FreePortBase(t, 0, 100, 200, 300, 310, 311) }
 
-// FreePortBase finds a base port p in [30000, 50000) with p+off free for
+// FreePortBase finds a base port p in [20000, 32000) with p+off free for
 // every offset (free when probed: another process may take one before the
-// caller binds it, as with FreeAddr).
+// caller binds it, as with FreeAddr). The range stays below Linux's
+// ephemeral ports (32768–60999 by default): a shoal dev binds its later
+// ports seconds after the probe, after opening many outgoing connections
+// of its own, any of which could otherwise be handed one of them (seen in
+// CI: "object host: bind: address already in use").
 func FreePortBase(t testing.TB, offsets ...int) int {
 	t.Helper()
 	for range 200 {
-		p := 30000 + rand.IntN(20000)
+		p := 20000 + rand.IntN(12000-400)
 		ok := true
 		for _, off := range offsets {
 			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+off))
