@@ -154,14 +154,14 @@ func (c *lostHostCluster) onHost(t *testing.T, host string) int {
 	return len(p.Databases)
 }
 
-// TestLostHostRecovery is the issue's lost-host check: a host holding
+// TestFaultLostHostRecovery is the issue's lost-host check: a host holding
 // 1,000 databases (300 in make test) (durability = "archived") is killed and its data
 // directory wiped; after `shoal cluster host lost`, every database answers
 // its queries from another host, through an edge whose routes still name
 // the lost host, with exactly the rows acknowledged before the kill
 // (nothing acknowledged is lost in archived mode), random() values
 // included.
-func TestLostHostRecovery(t *testing.T) {
+func TestFaultLostHostRecovery(t *testing.T) {
 	// 1,000 databases under make fault and make bench (the issue's figure);
 	// 300 in make test, whose budget the 1,000 archived-mode creates would
 	// take a minute of.
