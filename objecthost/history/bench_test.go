@@ -50,31 +50,15 @@ func BenchmarkInsert(b *testing.B) {
 				}
 				_, err := execOn(db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT, n INTEGER)")
 				require.NoError(b, err)
-				lat := make([]time.Duration, b.N)
 				var st0 CaptureStats
 				if c != nil {
 					st0 = c.Stats()
 				}
 				cpu0 := cpuTime()
-				b.ResetTimer()
-				var wg sync.WaitGroup
-				per := (b.N + par - 1) / par
-				for w := 0; w < par; w++ {
-					wg.Add(1)
-					go func(w int) {
-						defer wg.Done()
-						for i := w * per; i < min(b.N, (w+1)*per); i++ {
-							t0 := time.Now()
-							if _, err := execOn(db, "INSERT INTO t(v, n) VALUES (?, ?)", "some text of a row", i); err != nil {
-								b.Error(err)
-								return
-							}
-							lat[i] = time.Since(t0)
-						}
-					}(w)
-				}
-				wg.Wait()
-				b.StopTimer()
+				lat := runWorkers(b, par, func(i int) error {
+					_, err := execOn(db, "INSERT INTO t(v, n) VALUES (?, ?)", "some text of a row", i)
+					return err
+				})
 				// CPU time of the whole process (writer, capture, shipper,
 				// clients) per insert: steadier than wall time on a shared
 				// machine.
@@ -94,6 +78,32 @@ func BenchmarkInsert(b *testing.B) {
 			})
 		}
 	}
+}
+
+// runWorkers runs op for i in [0, b.N) on par goroutines, timed (the timer
+// reset at the start, stopped at the end), and returns each op's latency.
+func runWorkers(b *testing.B, par int, op func(i int) error) []time.Duration {
+	lat := make([]time.Duration, b.N)
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	per := (b.N + par - 1) / par
+	for w := 0; w < par; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := w * per; i < min(b.N, (w+1)*per); i++ {
+				t0 := time.Now()
+				if err := op(i); err != nil {
+					b.Error(err)
+					return
+				}
+				lat[i] = time.Since(t0)
+			}
+		}(w)
+	}
+	wg.Wait()
+	b.StopTimer()
+	return lat
 }
 
 // BenchmarkPointSelect: point SELECTs by primary key with history off vs
@@ -118,27 +128,11 @@ func BenchmarkPointSelect(b *testing.B) {
 				}
 				_, err := execOn(db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t SELECT value, 'row ' || value FROM json_each((SELECT json_group_array(x) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 1000) SELECT x FROM c)))")
 				require.NoError(b, err)
-				lat := make([]time.Duration, b.N)
 				cpu0 := cpuTime()
-				b.ResetTimer()
-				var wg sync.WaitGroup
-				per := (b.N + par - 1) / par
-				for w := 0; w < par; w++ {
-					wg.Add(1)
-					go func(w int) {
-						defer wg.Done()
-						for i := w * per; i < min(b.N, (w+1)*per); i++ {
-							t0 := time.Now()
-							if _, err := execOn(db, "SELECT v FROM t WHERE id = ?", i%1000+1); err != nil {
-								b.Error(err)
-								return
-							}
-							lat[i] = time.Since(t0)
-						}
-					}(w)
-				}
-				wg.Wait()
-				b.StopTimer()
+				lat := runWorkers(b, par, func(i int) error {
+					_, err := execOn(db, "SELECT v FROM t WHERE id = ?", i%1000+1)
+					return err
+				})
 				b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 				sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
