@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -197,8 +198,10 @@ func (s *Server) handleInsights(w http.ResponseWriter, r *http.Request, _ princi
 		}
 		v4.WriteResult(w, out)
 	case errors.Is(err, errNoInsightsSource):
+		noteReason(w, err)
 		v4.WriteRetryAfter(w, http.StatusServiceUnavailable, v4.CodeUnavailable, insightsNoSourceText, insightsRetryNoSource)
 	case errors.Is(err, errInsightsUnavailable):
+		noteReason(w, err)
 		v4.WriteRetryAfter(w, http.StatusServiceUnavailable, v4.CodeUnavailable, insightsUnavailableText, insightsRetryDown)
 	default:
 		s.writeErr(w, r, err)
@@ -240,10 +243,8 @@ func (s *Server) topShapes(ctx context.Context, acct, id string, iq insightsQuer
 	defer cancel()
 	shapes, err := s.o.Insights.TopShapes(sctx, acct, id, since, iq.order, iq.limit)
 	if err != nil {
-		if ctx.Err() == nil { // the client is still there: the store failed
-			s.log.Warn("insights source failed", "request_id", requestIDFrom(ctx), "database", id, "order", iq.order, "err", err)
-		}
-		return nil, errors.Join(errInsightsUnavailable, err)
+		// The request's access log line carries err (a 5xx's reason).
+		return nil, fmt.Errorf("%w: %w", errInsightsUnavailable, err)
 	}
 	if len(shapes) > iq.limit {
 		shapes = shapes[:iq.limit]

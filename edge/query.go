@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"github.com/gorilla/mux"
 
 	"github.com/shoaldb/shoal/internal/binding"
+	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -186,6 +188,10 @@ func (s *Server) forwardQuery(r *http.Request, rt Route, kind string, body []byt
 	return resp, nil
 }
 
+// maxErrorBody bounds how much of an object host's error answer the edge
+// reads to learn its code (a SQL error's message is SQLite's text, short).
+const maxErrorBody = 1 << 20
+
 // passThrough copies the host's v4 answer to the client untouched: results and
 // meta are produced by the host in D1's shape. Overload and internal errors
 // keep their status; Retry-After is kept when the host sets it.
@@ -197,6 +203,24 @@ func (s *Server) passThrough(w http.ResponseWriter, resp *http.Response) {
 	}
 	if ra := resp.Header.Get("Retry-After"); ra != "" {
 		w.Header().Set("Retry-After", ra)
+	}
+	if resp.StatusCode >= 400 {
+		// An error answer is small: read it to learn its D1 code for the
+		// access log and the request metrics, then pass it on as it is.
+		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		if err == nil {
+			var env struct {
+				Errors []struct {
+					Code int `json:"code"`
+				} `json:"errors"`
+			}
+			if json.Unmarshal(body, &env) == nil && len(env.Errors) > 0 {
+				v4.RecordCode(w, env.Errors[0].Code)
+			}
+		}
+		w.WriteHeader(resp.StatusCode)
+		_, _ = w.Write(body)
+		return
 	}
 	w.WriteHeader(resp.StatusCode)
 	buf := s.copyBufs.Get().(*[]byte)

@@ -487,8 +487,10 @@ func (s *Server) routes() *mux.Router {
 	methodNotAllowed := func(w http.ResponseWriter, _ *http.Request) {
 		v4.WriteError(w, http.StatusMethodNotAllowed, 7000, "Method not allowed for this URI")
 	}
-	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		s.requestID(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	// Unrouted requests are counted and logged like the others, under the
+	// endpoint "no_route" (a client on a wrong base URL shows up there).
+	r.NotFoundHandler = s.requestID(s.instrument(endpointNoRoute, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		func() {
 			// mux reports a method mismatch only when the mismatching
 			// route is the last one it tries (routes registered after it
 			// reset the error): ask again with the other methods before
@@ -498,8 +500,8 @@ func (s *Server) routes() *mux.Router {
 				return
 			}
 			v4.WriteError(w, http.StatusNotFound, 7000, "No route for that URI")
-		})).ServeHTTP(w, req)
-	})
+		}()
+	})))
 	r.MethodNotAllowedHandler = http.HandlerFunc(methodNotAllowed)
 	r.Handle("/healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		v4.WriteResult(w, map[string]string{"status": "ok"})
@@ -701,7 +703,12 @@ func (s *Server) checkRate(acct, db string) error {
 
 // writeErr maps any error to its D1-style answer. Messages never carry
 // internals.
+//
+// It records err on the request (noteReason) so that, when the answer is a
+// 5xx, the request's access log line carries it: the one place the reason
+// of a server error is logged.
 func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	noteReason(w, err)
 	var ve *validationError
 	var rl *rateLimited
 	var he *HostError
@@ -740,7 +747,6 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		v4.WriteRetryAfter(w, http.StatusServiceUnavailable, v4.CodeUnavailable, "Request timed out; please retry", time.Second)
 	default:
-		s.log.Warn("internal error", "request_id", requestIDFrom(r.Context()), "path", r.URL.Path, "err", err)
 		v4.WriteError(w, http.StatusInternalServerError, v4.CodeInternal, "Internal error")
 	}
 }

@@ -27,7 +27,7 @@ func newMetrics(pending func() float64) *metrics {
 		passes:          prometheus.NewCounter(prometheus.CounterOpts{Name: "shoal_limiter_passes_total", Help: "Limiter passes completed (as the active limiter)."}),
 		passErrors:      prometheus.NewCounter(prometheus.CounterOpts{Name: "shoal_limiter_pass_errors_total", Help: "Passes that failed (ClickHouse unreachable, …); retried at the next interval."}),
 		accountsOver:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "shoal_limiter_accounts_over", Help: "Free-tier accounts over a daily limit at the last pass."}),
-		lastPass:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "shoal_limiter_last_pass_unix", Help: "Unix time of the last completed pass."}),
+		lastPass:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "shoal_limiter_last_pass_timestamp_seconds", Help: "Unix time of the last completed pass."}),
 		active:          prometheus.NewGauge(prometheus.GaugeOpts{Name: "shoal_limiter_is_active", Help: "1 while this limiter is the one acting (owns partition 0 of accounts in its group)."}),
 		limitsPublished: prometheus.NewCounter(prometheus.CounterOpts{Name: "shoal_limiter_limits_published_total", Help: "Limited flags published on the limits topic."}),
 		clearsPublished: prometheus.NewCounter(prometheus.CounterOpts{Name: "shoal_limiter_clears_published_total", Help: "Clearing records published on the limits topic (tier changes)."}),

@@ -57,7 +57,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		catalogCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shoal_objecthost_catalog_calls_total", Help: "Catalog calls by method and outcome.",
 		}, []string{"method", "outcome"}),
-		bytesOnDisk: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shoal_objecthost_bytes_on_disk", Help: "Sum of the last known sizes of this host's database files."}),
+		bytesOnDisk: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shoal_objecthost_database_files_bytes", Help: "Sum of the last known sizes of this host's database files."}),
 		databases: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "shoal_objecthost_databases", Help: "Objects in the index by state.",
 		}, []string{"state"}),
@@ -65,7 +65,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "shoal_objecthost_lifecycle_total", Help: "Lifecycle operations (init, init_conflict, confirm, delete, swept).",
 		}, []string{"op"}),
 		indexCommits: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "shoal_objecthost_index_batch_ops", Help: "Operations per group-committed index transaction.",
+			Name: "shoal_objecthost_index_batch_operations", Help: "Operations per group-committed index transaction.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
 		}),
 		initLatency: prometheus.NewHistogram(prometheus.HistogramOpts{

@@ -112,7 +112,7 @@ func NewKafkaRoutes(cl *kgo.Client, o KafkaRoutesOptions) (*KafkaRoutes, error) 
 		cl: cl, topic: o.Topic, ids: o.IDs, timeout: o.Timeout, now: o.Now,
 		records: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shoal_objecthost_route_feed_records_total",
 			Help: "Route feed records produced, by kind (route, tombstone) and outcome (ok, error, timeout: PublishRoute gave up waiting)."}, []string{"kind", "outcome"}),
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "shoal_objecthost_route_feed_publish_seconds",
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "shoal_objecthost_route_feed_publish_duration_seconds",
 			Help: "Time PublishRoute waited for the broker.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 	}, nil
 }

@@ -260,7 +260,7 @@ func aggregatorCollectors(kind string, windows, events, dropped, late *atomic.Ui
 		counter("events_total", "Events published.", events),
 		counter("dropped_total", "Events the producer refused (counted there by reason too).", dropped),
 		counter("late_records_total", "Records after Close, discarded.", late),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shoal_pipeline_" + kind + "_last_window_end_seconds",
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shoal_pipeline_" + kind + "_last_window_end_timestamp_seconds",
 			Help: "End of the last closed window, Unix seconds (aggregate freshness)."},
 			func() float64 { return float64(lastFlush.Load()) / 1000 }),
 	}

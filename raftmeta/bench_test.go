@@ -195,7 +195,7 @@ func batchStats(t *testing.T, n *Node) (batches, entries float64) {
 	mfs, err := n.metrics.reg.Gather()
 	require.NoError(t, err)
 	for _, mf := range mfs {
-		if mf.GetName() == "shoal_raftmeta_fsm_batch_size" {
+		if mf.GetName() == "shoal_raftmeta_fsm_batch_entries" {
 			h := mf.GetMetric()[0].GetHistogram()
 			return float64(h.GetSampleCount()), h.GetSampleSum()
 		}

@@ -82,8 +82,11 @@ type Config struct {
 	Now func() time.Time
 	// Logger receives the node's own logs; default slog to stderr.
 	Logger *slog.Logger
-	// RaftLogOutput receives hashicorp/raft's logs (default stderr) at
-	// RaftLogLevel (default "warn").
+	// hashicorp/raft's logs (and its log store's) go through Logger, with
+	// component=raft and the node's id, at RaftLogLevel (default "warn";
+	// Logger's own level applies too): one format for the whole process.
+	// RaftLogOutput, when set, sends them to that writer in hclog's own
+	// text format instead (tests pass io.Discard).
 	RaftLogOutput io.Writer
 	RaftLogLevel  string
 }
@@ -148,9 +151,6 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
-	}
-	if cfg.RaftLogOutput == nil {
-		cfg.RaftLogOutput = os.Stderr
 	}
 	if cfg.RaftLogLevel == "" {
 		cfg.RaftLogLevel = "warn"

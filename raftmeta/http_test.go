@@ -125,7 +125,7 @@ func TestHTTPHealthReadyMetrics(t *testing.T) {
 	require.NoError(t, err)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	assert.Contains(t, string(b), "shoal_raftmeta_apply_seconds_bucket")
-	assert.Contains(t, string(b), "shoal_raftmeta_fsm_batch_size_bucket")
+	assert.Contains(t, string(b), "shoal_raftmeta_apply_duration_seconds_bucket")
+	assert.Contains(t, string(b), "shoal_raftmeta_fsm_batch_entries_bucket")
 	assert.Contains(t, string(b), "shoal_raftmeta_is_leader 1")
 }

@@ -1,6 +1,8 @@
 package raftmeta
 
 import (
+	"strings"
+
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -22,17 +24,17 @@ func newMetrics(n *Node) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		applyLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "shoal_raftmeta_apply_seconds",
+			Name:    "shoal_raftmeta_apply_duration_seconds",
 			Help:    "Latency of proposals applied through this node's Raft (leader side), commit and FSM apply included.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "shoal_raftmeta_fsm_batch_size",
+			Name:    "shoal_raftmeta_fsm_batch_entries",
 			Help:    "Log entries per FSM ApplyBatch call (group commit).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 		}),
 		snapshotDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "shoal_raftmeta_snapshot_seconds",
+			Name:    "shoal_raftmeta_snapshot_duration_seconds",
 			Help:    "Duration of FSM snapshot phases (capture, persist, restore).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}, []string{"phase"}),
@@ -54,9 +56,7 @@ func newMetrics(n *Node) *metrics {
 	}
 	m.reg.MustRegister(m.applyLatency, m.batchSize, m.snapshotDur, m.forwarded, m.reads, m.drains,
 		collectors.NewGoCollector(),
-		gauge("shoal_raftmeta_state", "Raft state: 0 follower, 1 candidate, 2 leader, 3 shutdown.", func() float64 {
-			return float64(n.raft.State())
-		}),
+		stateCollector{n: n},
 		gauge("shoal_raftmeta_is_leader", "1 when this node is the leader.", func() float64 {
 			if n.raft.State() == raft.Leader {
 				return 1
@@ -71,4 +71,28 @@ func newMetrics(n *Node) *metrics {
 		}),
 	)
 	return m
+}
+
+// raftStates are the values of shoal_raftmeta_state's state label, one
+// series each (1 for the node's current state, 0 for the others), as
+// Prometheus advises for enumerations: an alert reads
+// shoal_raftmeta_state{state="leader"} == 1 instead of a magic number.
+var raftStates = []raft.RaftState{raft.Follower, raft.Candidate, raft.Leader, raft.Shutdown}
+
+var stateDesc = prometheus.NewDesc("shoal_raftmeta_state",
+	"Raft state of this node: 1 for the current state, 0 for the others.", []string{"state"}, nil)
+
+type stateCollector struct{ n *Node }
+
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- stateDesc }
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	cur := c.n.raft.State()
+	for _, st := range raftStates {
+		v := 0.0
+		if st == cur {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, v, strings.ToLower(st.String()))
+	}
 }

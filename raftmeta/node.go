@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/shoaldb/shoal/internal/ids"
+	"github.com/shoaldb/shoal/internal/logging"
 	"github.com/shoaldb/shoal/internal/pki"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
@@ -97,9 +98,12 @@ func NewNode(c Config) (_ *Node, err error) {
 	closers = append(closers, func() { n.cat.Close() })
 	n.fsm = newInstrumentedFSM(n.cat, func() *metrics { return n.metrics })
 
-	hlog := hclog.New(&hclog.LoggerOptions{
-		Name: "raft." + cfg.ID, Output: cfg.RaftLogOutput, Level: hclog.LevelFromString(cfg.RaftLogLevel),
-	})
+	hlog := logging.HCLog(cfg.Logger.With("node", cfg.ID), "raft", hclog.LevelFromString(cfg.RaftLogLevel))
+	if cfg.RaftLogOutput != nil {
+		hlog = hclog.New(&hclog.LoggerOptions{
+			Name: "raft." + cfg.ID, Output: cfg.RaftLogOutput, Level: hclog.LevelFromString(cfg.RaftLogLevel),
+		})
+	}
 	kind, err := chooseLogStore(cfg.Dir, cfg.LogStore)
 	if err != nil {
 		return nil, err

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -49,6 +48,7 @@ func newDevCmd() *cobra.Command {
 		addr      string
 		basePort  int
 		quietRaft bool
+		logs      logFlags
 		archive   bool
 	)
 	cmd := &cobra.Command{
@@ -75,7 +75,7 @@ created and saved in DIR/dev.json. Stop with Ctrl-C (or SIGTERM).`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return runDev(ctx, cmd.OutOrStdout(), devOptions{dir: dir, nodes: nodes, addr: addr, basePort: basePort, quietRaft: quietRaft, archive: archive})
+			return runDev(ctx, cmd.OutOrStdout(), devOptions{dir: dir, nodes: nodes, addr: addr, basePort: basePort, quietRaft: quietRaft, archive: archive, logs: logs})
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", ".shoal", "data directory")
@@ -83,7 +83,8 @@ created and saved in DIR/dev.json. Stop with Ctrl-C (or SIGTERM).`,
 	cmd.Flags().IntVar(&nodes, "nodes", 1, "catalog voters in this process (1 or 3)")
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:8787", "address of the public D1-compatible API")
 	cmd.Flags().IntVar(&basePort, "base-port", 17000, "first of the internal loopback ports (raft base+i, catalog base+100+i, object host base+200, Kafka-protocol broker base+300)")
-	cmd.Flags().BoolVar(&quietRaft, "quiet", true, "only warnings from the Raft library")
+	cmd.Flags().BoolVar(&quietRaft, "quiet", true, "only warnings from the Raft library (--quiet=false: its info lines too, at --log-level info)")
+	logs.register(cmd.Flags(), "warn")
 	cmd.Flags().BoolVar(&archive, "archive", true, "capture every commit into DIR/archive (time travel, restores); --archive=false turns history off")
 	return cmd
 }
@@ -95,12 +96,16 @@ type devOptions struct {
 	addr      string
 	basePort  int
 	quietRaft bool
+	logs      logFlags // default level warn: the banner is the output; --log-level info adds the edge's access log
 }
 
 // runDev starts the catalog, the object host and the edge, prints how to use
 // them, and blocks until ctx ends; then it stops them in reverse order.
 func runDev(ctx context.Context, out io.Writer, o devOptions) error {
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	logger, err := o.logs.logger()
+	if err != nil {
+		return err
+	}
 	st, err := loadDevState(o.dir)
 	if err != nil {
 		return err
@@ -137,6 +142,9 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 			RaftAddr: fmt.Sprintf("127.0.0.1:%d", o.basePort+i),
 			HTTPAddr: fmt.Sprintf("127.0.0.1:%d", o.basePort+100+i),
 			Logger:   logger,
+		}
+		if !o.quietRaft {
+			cfg.RaftLogLevel = "info"
 		}
 		if cfg.TLS, err = tlsOf(id); err != nil {
 			return err

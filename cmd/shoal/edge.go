@@ -36,7 +36,8 @@ func newEdgeServeCmd() *cobra.Command {
 		httpAddr, dir, region, adminToken, bindingKey string
 		bindingPrevious                               []string
 		catalog                                       []string
-		configPath, nodeID, logLevel                  string
+		configPath, nodeID                            string
+		logs                                          logFlags
 		tokenTTL                                      time.Duration
 		acctRate, dbRate                              float64
 		fallbackCap                                   int64
@@ -105,7 +106,7 @@ secrets come from the file; flags given explicitly win.`,
 			if httpAddr == "" || dir == "" || len(catalog) == 0 {
 				return errors.New("--http-addr, --dir and --catalog are required (or --config with --node)")
 			}
-			logger, err := roleLogger(logLevel)
+			logger, err := logs.logger()
 			if err != nil {
 				return err
 			}
@@ -223,6 +224,6 @@ secrets come from the file; flags given explicitly win.`,
 	f.StringVar(&clickhouseDSN, "clickhouse-dsn", "", "ClickHouse DSN of the usage tables, for query insights (none: insights answer 503)")
 	f.StringVar(&configPath, "config", "", "cluster.hcl to read this node's settings from")
 	f.StringVar(&nodeID, "node", "", "node ID in --config")
-	f.StringVar(&logLevel, "log-level", "info", "log level (debug, info, warn, error)")
+	logs.register(f, "info")
 	return cmd
 }

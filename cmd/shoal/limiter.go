@@ -52,7 +52,8 @@ type limiterServeOpts struct {
 
 	webhookURL, webhookSecretFile string
 
-	configPath, nodeID, logLevel string
+	configPath, nodeID string
+	logs               logFlags
 }
 
 func newLimiterServeCmd() *cobra.Command {
@@ -110,7 +111,7 @@ accounts named by their address).
 	f.StringVar(&o.webhookSecretFile, "webhook-secret-file", "", "file holding the HMAC-SHA256 key of X-Shoal-Signature (default $SHOAL_WEBHOOK_SECRET)")
 	f.StringVar(&o.configPath, "config", "", "cluster.hcl (catalog, kafka, clickhouse, tier blocks)")
 	f.StringVar(&o.nodeID, "node", "", "this node's ID in --config (a node with the limiter role)")
-	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	o.logs.register(f, "info")
 	return cmd
 }
 
@@ -205,7 +206,7 @@ func runLimiterServe(cmd *cobra.Command, o *limiterServeOpts) error {
 		}
 		notify.Webhook = &limiter.WebhookConfig{URL: o.webhookURL, Secret: secret}
 	}
-	logger, err := roleLogger(o.logLevel)
+	logger, err := o.logs.logger()
 	if err != nil {
 		return err
 	}

@@ -37,7 +37,7 @@ func newObjecthostServeCmd() *cobra.Command {
 		bindingPrev []string
 		configPath  string
 		nodeID      string
-		logLevel    string
+		logs        logFlags
 		kafka       kafkaFlags
 		archiveDir  string
 		durability  string
@@ -98,7 +98,7 @@ given explicitly win.`,
 				cfg.Address = httpAddr
 			}
 			var err error
-			if cfg.Logger, err = roleLogger(logLevel); err != nil {
+			if cfg.Logger, err = logs.logger(); err != nil {
 				return err
 			}
 			if cfg.Bindings, err = bindingKeys(bindingKey, bindingPrev); err != nil {
@@ -199,6 +199,6 @@ given explicitly win.`,
 	kafka.register(f)
 	f.StringVar(&configPath, "config", "", "cluster.hcl")
 	f.StringVar(&nodeID, "node", "", "this node's ID in --config")
-	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	logs.register(f, "info")
 	return cmd
 }

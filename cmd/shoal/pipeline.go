@@ -50,7 +50,7 @@ type pipelineServeOpts struct {
 	reconInterval  time.Duration
 	configPath     string
 	nodeID         string
-	logLevel       string
+	logs           logFlags
 }
 
 func newPipelineServeCmd() *cobra.Command {
@@ -94,7 +94,7 @@ Object hosts publish to the same brokers (shoal objecthost serve
 	f.DurationVar(&o.snapInterval, "snapshot-interval", time.Hour, "storage snapshots (catalog sizes into ClickHouse storage_snapshots) every this long, aligned on UTC")
 	f.StringVar(&o.configPath, "config", "", "cluster.hcl")
 	f.StringVar(&o.nodeID, "node", "", "this node's ID in --config")
-	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	o.logs.register(f, "info")
 	return cmd
 }
 
@@ -140,7 +140,7 @@ func runPipelineServe(cmd *cobra.Command, o *pipelineServeOpts) error {
 	case o.managedCH && o.clickhouseDSN != "":
 		return errors.New("give --clickhouse-dsn or --managed-clickhouse, not both")
 	}
-	logger, err := roleLogger(o.logLevel)
+	logger, err := o.logs.logger()
 	if err != nil {
 		return err
 	}

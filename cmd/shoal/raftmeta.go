@@ -27,7 +27,7 @@ func newRaftmetaServeCmd() *cobra.Command {
 		join       []string
 		configPath string
 		nodeID     string
-		logLevel   string
+		logs       logFlags
 		tlsf       tlsFlags
 	)
 	cmd := &cobra.Command{
@@ -53,7 +53,7 @@ node joins the other catalog nodes of the file. Flags given explicitly win.`,
 				}
 			}
 			cfg.Join = join
-			logger, err := roleLogger(logLevel)
+			logger, err := logs.logger()
 			if err != nil {
 				return err
 			}
@@ -98,7 +98,7 @@ node joins the other catalog nodes of the file. Flags given explicitly win.`,
 	f.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", 8192, "log entries between snapshots")
 	f.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", 30*time.Second, "how often the snapshot threshold is checked")
 	f.StringVar(&cfg.RaftLogLevel, "raft-log-level", "warn", "hashicorp/raft log level")
-	f.StringVar(&logLevel, "log-level", "info", "node log level (debug, info, warn, error)")
+	logs.register(f, "info")
 	f.StringVar(&configPath, "config", "", "cluster.hcl to read this node's settings from")
 	f.StringVar(&nodeID, "node", "", "node ID in --config")
 	return cmd

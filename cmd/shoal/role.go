@@ -10,18 +10,34 @@ import (
 	"os"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/shoaldb/shoal/internal/binding"
+	"github.com/shoaldb/shoal/internal/logging"
 	"github.com/shoaldb/shoal/internal/pki"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 )
 
-// roleLogger is the serve commands' logger: text on stderr at --log-level.
-func roleLogger(level string) (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
+// logFlags are --log-format and --log-level, the same on every serve
+// command and `shoal dev`.
+type logFlags struct{ format, level string }
+
+func (l *logFlags) register(f *pflag.FlagSet, defaultLevel string) {
+	f.StringVar(&l.format, "log-format", logging.FormatText, "log format on stderr: text (key=value) or json (one object per line)")
+	f.StringVar(&l.level, "log-level", defaultLevel, "log level: debug, info, warn or error")
+}
+
+// logger is the role's logger on stderr. It also becomes slog's default,
+// which routes the standard library's log package (and the libraries that
+// log through it) into the same format, so no line of the process is in
+// another one.
+func (l *logFlags) logger() (*slog.Logger, error) {
+	lg, err := logging.New(os.Stderr, l.format, l.level)
+	if err != nil {
+		return nil, err
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
+	slog.SetDefault(lg)
+	return lg, nil
 }
 
 // bindingKeys is the keyring of --binding-key, or nil when it is empty

@@ -76,9 +76,34 @@ func WriteList(w http.ResponseWriter, result any, info ResultInfo) {
 	write(w, http.StatusOK, Envelope{Result: result, Success: true, Errors: []Error{}, Messages: []any{}, ResultInfo: &info})
 }
 
+// CodeRecorder is implemented by response writers that want to know the
+// D1 error code of the answer (the edge's access log and request metrics
+// label requests with it). WriteError tells them; a writer that wraps
+// another passes the call on (or exposes the inner writer with Unwrap).
+type CodeRecorder interface {
+	RecordCode(code int)
+}
+
+// RecordCode tells w's CodeRecorder, if any (looking through Unwrap), the
+// D1 error code of the answer being written.
+func RecordCode(w http.ResponseWriter, code int) {
+	for w != nil {
+		if r, ok := w.(CodeRecorder); ok {
+			r.RecordCode(code)
+			return
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return
+		}
+		w = u.Unwrap()
+	}
+}
+
 // WriteError writes a failed envelope. Messages must never carry internals
 // (paths, stack traces): callers pass user-facing text.
 func WriteError(w http.ResponseWriter, status int, code int, message string) {
+	RecordCode(w, code)
 	write(w, status, Envelope{Result: nil, Success: false, Errors: []Error{{Code: code, Message: message}}, Messages: []any{}})
 }
 

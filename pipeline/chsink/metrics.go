@@ -108,7 +108,7 @@ func (s *Sink) collectors() []prometheus.Collector {
 				}
 				return float64(s.cfg.Now().UnixMilli()-ms) / 1000
 			}),
-		gauge("shoal_pipeline_chsink_last_committed_window_end_seconds", "Window end (Unix seconds) of the newest committed event: aggregate freshness.",
+		gauge("shoal_pipeline_chsink_last_committed_window_end_timestamp_seconds", "Window end (Unix seconds) of the newest committed event: aggregate freshness.",
 			func() float64 { return float64(s.c.lastCommittedMs.Load()) / 1000 }),
 	}
 	for i, r := range skipReasons {

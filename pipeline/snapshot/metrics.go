@@ -45,7 +45,7 @@ func newMetrics() *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.05, 2, 14), // 50 ms … ~7 min
 		}),
 		pageDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "shoal_pipeline_snapshot_page_seconds",
+			Name:    "shoal_pipeline_snapshot_page_duration_seconds",
 			Help:    "Latency of successful catalog storage page reads.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
@@ -94,7 +94,7 @@ func (m *metrics) collectors() []prometheus.Collector {
 		counter("rows_total", "Rows written into storage_snapshots by completed inserts.", &m.rows),
 		counter("pages_total", "Catalog storage pages read.", &m.pages),
 		counter("missed_buckets_total", "Snapshot buckets no pass completed for.", &m.missed),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shoal_pipeline_snapshot_last_success_unix",
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shoal_pipeline_snapshot_last_success_timestamp_seconds",
 			Help: "snapshot_time (Unix seconds) of the newest completed bucket."},
 			func() float64 { return float64(m.lastSuccess.Load()) }),
 		m.passDuration, m.pageDuration,

@@ -47,12 +47,12 @@ func newCounters() *counters {
 	return &counters{
 		lag: map[int32]int64{},
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "shoal_storage_consumer_batch_stats",
+			Name:    "shoal_storage_consumer_batch_databases",
 			Help:    "Sizes per SetDatabaseStats write (after keeping the newest per database).",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 8), // 1 … 16384
 		}),
 		writeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "shoal_storage_consumer_write_seconds",
+			Name:    "shoal_storage_consumer_write_duration_seconds",
 			Help:    "Latency of acknowledged SetDatabaseStats writes (one attempt).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),

@@ -172,7 +172,7 @@ func TestEdgeBench(t *testing.T) {
 	// step) and the hosts' own init latency (index group commit included).
 	edgeM := harness.ScrapeMetrics(t, c.EdgeURL[0]+"/metrics")
 	for _, step := range []string{"account", "placement", "init", "catalog_write", "after"} {
-		k := `shoal_edge_create_step_seconds_%s{step="` + step + `"}`
+		k := `shoal_edge_create_step_duration_seconds_%s{step="` + step + `"}`
 		sum, cnt := edgeM[fmt.Sprintf(k, "sum")], edgeM[fmt.Sprintf(k, "count")]
 		if cnt > 0 {
 			t.Logf("  create step %-13s mean %8s (%v observations)", step, time.Duration(sum/cnt*float64(time.Second)), cnt)

@@ -567,7 +567,7 @@ func (e *env) restoreDuringHostKill(stopStore bool) failpoint.Failpoint {
 // equals the sum of the account's database sizes in the catalog, both read
 // at the linearizable level once the load has stopped: the storage
 // consumer and the 1-second drain lost and doubled nothing across the
-// faults. The hosts' own total (shoal_objecthost_bytes_on_disk, every
+// faults. The hosts' own total (shoal_objecthost_database_files_bytes, every
 // database they hold) is noted beside it, not compared: sizes are measured
 // at writes and include the WAL, so the two need not meet (README, "What
 // is not covered yet").
@@ -593,7 +593,7 @@ func (e *env) storageTotals(catalog *raftmeta.Client, account string) (validate.
 	}
 	var onHosts float64
 	for _, h := range e.c.Hosts {
-		onHosts += harness.ScrapeMetrics(e.t, "http://"+h.Addr+"/metrics")["shoal_objecthost_bytes_on_disk"]
+		onHosts += harness.ScrapeMetrics(e.t, "http://"+h.Addr+"/metrics")["shoal_objecthost_database_files_bytes"]
 	}
 	r.Note = fmt.Sprintf("catalog total %d bytes over %d databases; the hosts' bytes_on_disk %.0f", total, len(sizes), onHosts)
 	return r, sizes
