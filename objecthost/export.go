@@ -158,8 +158,7 @@ func (d *dumpAPI) handleExportDownload(w http.ResponseWriter, r *http.Request) {
 			v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, err.Error())
 			return
 		}
-		d.h.log.Warn("export failed", "object", id, "err", err)
-		writeErr(w, err)
+		writeErr(w, err) // a 5xx is logged once, with err, by apiHandler
 		return
 	}
 	d.h.log.Warn("export aborted", "object", id, "err", err)

@@ -329,21 +329,31 @@ func retentionParam(r *http.Request) time.Duration {
 // errHistory is a time-travel refusal with its D1-style code and status.
 type errHistory struct {
 	status, code int
-	msg          string
+	msg          string // what the client reads
+	cause        error  // why, for the host's log (never sent)
 }
 
-func (e *errHistory) Error() string { return e.msg }
+func (e *errHistory) Error() string {
+	if e.cause != nil {
+		return e.msg + ": " + e.cause.Error()
+	}
+	return e.msg
+}
+
+func (e *errHistory) Unwrap() error { return e.cause }
 
 func writeHistoryErr(w http.ResponseWriter, err error) {
 	var he *errHistory
 	switch {
 	case errors.As(err, &he):
+		noteReason(w, err)
 		v4.WriteError(w, he.status, he.code, he.msg)
 	case errors.Is(err, history.ErrBadBookmark):
 		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "invalid bookmark")
 	case errors.Is(err, history.ErrNoHistory):
 		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "no restorable state at that point (before the database's history or past its retention)")
 	case errors.Is(err, ErrRestoring):
+		noteReason(w, err)
 		v4.WriteError(w, http.StatusServiceUnavailable, v4.CodeUnavailable, ErrRestoring.Error())
 	default:
 		writeErr(w, err)
@@ -421,7 +431,7 @@ func (h *Host) Bookmark(ctx context.Context, objectID, timestamp string, retenti
 	}
 	// Commits up to t may still be local only: archive them first.
 	if err := hh.ship.Sync(ctx, c); err != nil {
-		return BookmarkResult{}, &errHistory{status: http.StatusServiceUnavailable, code: v4.CodeUnavailable, msg: "the archive store is unavailable, retry"}
+		return BookmarkResult{}, &errHistory{status: http.StatusServiceUnavailable, code: v4.CodeUnavailable, msg: "the archive store is unavailable, retry", cause: err}
 	}
 	p, err := hh.archive.Resolve(ctx, c.Key(), t)
 	if err != nil {
@@ -529,7 +539,7 @@ func (h *Host) Restore(ctx context.Context, objectID, bookmark, timestamp string
 		}
 	}
 	if err := hh.ship.Sync(ctx, c); err != nil {
-		return RestoreResult{}, &errHistory{status: http.StatusServiceUnavailable, code: v4.CodeUnavailable, msg: "the archive store is unavailable, nothing was changed; retry"}
+		return RestoreResult{}, &errHistory{status: http.StatusServiceUnavailable, code: v4.CodeUnavailable, msg: "the archive store is unavailable, nothing was changed; retry", cause: err}
 	}
 	previous := c.Current()
 	if previous.Gen == "" {
@@ -577,7 +587,7 @@ func (hh *hostHistory) waitArchived(ctx context.Context, key string, p history.P
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return &errHistory{status: http.StatusServiceUnavailable, code: v4.CodeUnavailable,
-				msg: "that bookmark is not in the archive yet (or the archive is unavailable); retry"}
+				msg: "that bookmark is not in the archive yet (or the archive is unavailable); retry", cause: err}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -54,6 +54,7 @@ func (h *Host) Handler() http.Handler {
 	}
 	r.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if h.closed.Load() {
+			noteReason(w, ErrClosed)
 			v4.WriteError(w, http.StatusServiceUnavailable, v4.CodeUnavailable, "closing")
 			return
 		}
@@ -68,6 +69,17 @@ func (h *Host) Handler() http.Handler {
 	})
 	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		v4.WriteError(w, http.StatusMethodNotAllowed, v4.CodeInvalidRequest, "method not allowed")
+	})
+	r.Use(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if rec := recorderOf(w); rec != nil {
+				if t, err := mux.CurrentRoute(req).GetPathTemplate(); err == nil {
+					rec.route = t
+				}
+				rec.object = mux.Vars(req)["id"]
+			}
+			next.ServeHTTP(w, req)
+		})
 	})
 	return &apiHandler{h: h, router: r}
 }
@@ -84,17 +96,34 @@ type apiHandler struct {
 }
 
 func (a *apiHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rec := &failRecorder{ResponseWriter: w, status: http.StatusOK}
+	a.serve(rec, r)
+	if rec.status >= 500 {
+		a.h.logFailure(r, rec)
+	}
+}
+
+func (a *apiHandler) serve(w *failRecorder, r *http.Request) {
 	if a.h.cfg.TLS != nil && !a.h.peerAllowed(w, r) {
 		return
 	}
 	if r.Method == http.MethodPost {
 		if id, raw, ok := queryRoute(r.URL.Path); ok {
+			w.route, w.object = queryTemplate, id
+			if raw {
+				w.route = rawTemplate
+			}
 			a.h.serveQuery(w, r, id, Identity{DatabaseUUID: r.Header.Get(HeaderDatabase), AccountID: r.Header.Get(HeaderAccount)}, raw)
 			return
 		}
 	}
 	a.router.ServeHTTP(w, r)
 }
+
+const (
+	queryTemplate = "/v1/objects/{id}/query"
+	rawTemplate   = "/v1/objects/{id}/raw"
+)
 
 // peerAllowed authorises a request by its TLS peer's roles (Config.TLS):
 // the objects and bound-query routes are for edges (and operators, whose
@@ -137,7 +166,11 @@ func queryRoute(path string) (id string, raw bool, ok bool) {
 	return id, raw, true
 }
 
+// writeErr answers err in the v4 envelope. The message is statusOf's
+// (never internals); err itself is recorded on the request (noteReason),
+// and the host logs it once if the answer is a 5xx (apiHandler).
 func writeErr(w http.ResponseWriter, err error) {
+	noteReason(w, err)
 	status, code, msg := statusOf(err)
 	if status == http.StatusTooManyRequests {
 		// Overload and admission refusals are worth a retry: say when.

@@ -1,14 +1,15 @@
 package raftmeta
 
 import (
-	"github.com/shoaldb/shoal/internal/pki"
-
 	"errors"
 	"io"
 	"log/slog"
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shoaldb/shoal/internal/pki"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -89,6 +90,10 @@ type Config struct {
 	// text format instead (tests pass io.Discard).
 	RaftLogOutput io.Writer
 	RaftLogLevel  string
+	// Collectors are registered on the node's Prometheus registry (served
+	// at /metrics) besides its own metrics: the binary adds the Go runtime,
+	// process and build_info collectors, as on every role.
+	Collectors []prometheus.Collector
 }
 
 const (

@@ -5,7 +5,6 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // metrics is one node's Prometheus registry (no global registry: several
@@ -55,7 +54,6 @@ func newMetrics(n *Node) *metrics {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
 	m.reg.MustRegister(m.applyLatency, m.batchSize, m.snapshotDur, m.forwarded, m.reads, m.drains,
-		collectors.NewGoCollector(),
 		stateCollector{n: n},
 		gauge("shoal_raftmeta_is_leader", "1 when this node is the leader.", func() float64 {
 			if n.raft.State() == raft.Leader {
@@ -70,6 +68,7 @@ func newMetrics(n *Node) *metrics {
 			return n.staleness().Seconds()
 		}),
 	)
+	m.reg.MustRegister(n.cfg.Collectors...)
 	return m
 }
 

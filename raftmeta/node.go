@@ -98,7 +98,7 @@ func NewNode(c Config) (_ *Node, err error) {
 	closers = append(closers, func() { n.cat.Close() })
 	n.fsm = newInstrumentedFSM(n.cat, func() *metrics { return n.metrics })
 
-	hlog := logging.HCLog(cfg.Logger.With("node", cfg.ID), "raft", hclog.LevelFromString(cfg.RaftLogLevel))
+	hlog := logging.HCLog(cfg.Logger, "raft", hclog.LevelFromString(cfg.RaftLogLevel))
 	if cfg.RaftLogOutput != nil {
 		hlog = hclog.New(&hclog.LoggerOptions{
 			Name: "raft." + cfg.ID, Output: cfg.RaftLogOutput, Level: hclog.LevelFromString(cfg.RaftLogLevel),

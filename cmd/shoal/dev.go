@@ -142,6 +142,8 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 			RaftAddr: fmt.Sprintf("127.0.0.1:%d", o.basePort+i),
 			HTTPAddr: fmt.Sprintf("127.0.0.1:%d", o.basePort+100+i),
 			Logger:   logger,
+			// Each catalog node's /metrics, like the catalog role's.
+			Collectors: runtimeCollectors(),
 		}
 		if !o.quietRaft {
 			cfg.RaftLogLevel = "info"
@@ -187,6 +189,8 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	// the host and the edge (deferred first, so it runs last).
 	const hostID = "dev-host-1"
 	hostReg, edgeReg := prometheus.NewRegistry(), prometheus.NewRegistry()
+	registerRuntime(hostReg)
+	registerRuntime(edgeReg)
 	pipe, err := startDevPipeline(ctx, o.dir, fmt.Sprintf("127.0.0.1:%d", o.basePort+300),
 		fmt.Sprintf("127.0.0.1:%d", o.basePort+310), hostID, clients["pipeline"], clients["limiter"], hostReg, edgeReg, logger)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -179,6 +180,7 @@ secrets come from the file; flags given explicitly win.`,
 				AccountRate:  edge.RateLimit{Rate: acctRate, Burst: int(2 * acctRate)},
 				DatabaseRate: edge.RateLimit{Rate: dbRate, Burst: int(2 * dbRate)},
 				FallbackCap:  fallbackCap, Tiers: tiers, Logger: logger,
+				Registry: edgeRegistry(),
 			})
 			if err != nil {
 				return err
@@ -226,4 +228,12 @@ secrets come from the file; flags given explicitly win.`,
 	f.StringVar(&nodeID, "node", "", "node ID in --config")
 	logs.register(f, "info")
 	return cmd
+}
+
+// edgeRegistry is the edge role's Prometheus registry, with the runtime
+// collectors every role has.
+func edgeRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	registerRuntime(reg)
+	return reg
 }

@@ -239,6 +239,7 @@ func runLimiterServe(cmd *cobra.Command, o *limiterServeOpts) error {
 		return err
 	}
 	reg := prometheus.NewRegistry()
+	registerRuntime(reg)
 	lim, err := limiter.Start(limiter.Config{Kafka: k, Store: store, Catalog: client, Free: free, FloorRead: o.floorRead, FloorWritten: o.floorWritten, Interval: o.interval,
 		Notify: notify, Group: o.group, Registerer: reg, Logger: logger})
 	if err != nil {

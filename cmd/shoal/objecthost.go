@@ -101,6 +101,8 @@ given explicitly win.`,
 			if cfg.Logger, err = logs.logger(); err != nil {
 				return err
 			}
+			cfg.Registry = prometheus.NewRegistry()
+			registerRuntime(cfg.Registry)
 			if cfg.Bindings, err = bindingKeys(bindingKey, bindingPrev); err != nil {
 				return err
 			}
@@ -121,7 +123,6 @@ given explicitly win.`,
 			// state (event-ID sequencer, spill) lives beside the databases.
 			var hp *plane.Host
 			if k.Enabled() {
-				cfg.Registry = prometheus.NewRegistry()
 				hp, err = plane.StartHost(plane.HostConfig{Kafka: k, Dir: filepath.Join(cfg.Dir, "pipeline"), HostID: cfg.ID,
 					Registerer: cfg.Registry, Logger: cfg.Logger})
 				if err != nil {

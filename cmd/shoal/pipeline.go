@@ -189,6 +189,7 @@ func runPipelineServe(cmd *cobra.Command, o *pipelineServeOpts) error {
 	}
 	defer client.Close()
 	reg := prometheus.NewRegistry()
+	registerRuntime(reg)
 	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	cons, err := plane.StartConsumers(tctx, plane.ConsumersConfig{Kafka: k, Catalog: client, ClickHouse: ch,
 		StorageConsumers: o.storageMembers, SnapshotInterval: o.snapInterval, ReconcileInterval: o.reconInterval, Registerer: reg, Logger: logger})

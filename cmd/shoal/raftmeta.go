@@ -58,6 +58,7 @@ node joins the other catalog nodes of the file. Flags given explicitly win.`,
 				return err
 			}
 			cfg.Logger = logger
+			cfg.Collectors = runtimeCollectors()
 			if cfg.TLS, err = tlsf.roleTLS(cl, cfg.ID, logger, "catalog node"); err != nil {
 				return err
 			}

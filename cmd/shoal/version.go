@@ -34,15 +34,42 @@ func buildVersion() string {
 //	v0.3.0-2-g8d64250-dirty (commit 8d64250…, 2026-12-02T03:09:00Z, modified)
 //	dev
 func formatVersion(ldVersion, ldCommit string, info *debug.BuildInfo) string {
-	var rev, when string
+	v, rev := versionAndCommit(ldVersion, ldCommit, info)
+	if rev == "" {
+		return v
+	}
+	var when string
+	modified := false
+	if info != nil {
+		for _, s := range info.Settings {
+			switch s.Key {
+			case "vcs.time":
+				when = s.Value
+			case "vcs.modified":
+				modified = s.Value == "true"
+			}
+		}
+	}
+	details := []string{"commit " + rev}
+	if when != "" {
+		details = append(details, when)
+	}
+	if modified {
+		details = append(details, "modified")
+	}
+	return v + " (" + strings.Join(details, ", ") + ")"
+}
+
+// versionAndCommit are formatVersion's version and commit (the commit is
+// empty when unknown); shoal_build_info carries them as labels.
+func versionAndCommit(ldVersion, ldCommit string, info *debug.BuildInfo) (string, string) {
+	var rev string
 	modified := false
 	if info != nil {
 		for _, s := range info.Settings {
 			switch s.Key {
 			case "vcs.revision":
 				rev = s.Value
-			case "vcs.time":
-				when = s.Value
 			case "vcs.modified":
 				modified = s.Value == "true"
 			}
@@ -65,16 +92,5 @@ func formatVersion(ldVersion, ldCommit string, info *debug.BuildInfo) string {
 	if v == "" {
 		v = "dev"
 	}
-	if rev == "" {
-		return v
-	}
-
-	details := []string{"commit " + rev}
-	if when != "" {
-		details = append(details, when)
-	}
-	if modified {
-		details = append(details, "modified")
-	}
-	return v + " (" + strings.Join(details, ", ") + ")"
+	return v, rev
 }
