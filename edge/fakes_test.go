@@ -510,6 +510,9 @@ func (h *fakeHost) serveObject(w http.ResponseWriter, r *http.Request, id, op st
 	}
 }
 
+// failingSQL is the statement the fake host answers with a SQL error.
+const failingSQL = "SELECT nope"
+
 func (h *fakeHost) answer(w http.ResponseWriter, kind string, body []byte) {
 	h.queries.Add(1)
 	var q QueryBody
@@ -523,6 +526,10 @@ func (h *fakeHost) answer(w http.ResponseWriter, kind string, body []byte) {
 	}
 	var out []map[string]any
 	for _, s := range sqls {
+		if s == failingSQL {
+			v4.WriteError(w, 400, 7500, "no such column: nope: SQLITE_ERROR")
+			return
+		}
 		meta := map[string]any{"duration": 0.25, "changes": 0, "last_row_id": 0, "changed_db": false, "size_after": 8192,
 			"rows_read": 1, "rows_written": 0, "served_by_region": "WEUR", "served_by_primary": true,
 			"timings": map[string]any{"sql_duration_ms": 0.25}}

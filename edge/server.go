@@ -100,7 +100,10 @@ type Options struct {
 	// "create:after-catalog-write" (the checkpoint passed, response lost).
 	Failpoint func(step string) error
 
-	Now    func() time.Time
+	Now func() time.Time
+	// Logger receives the edge's logs, one access line per request among
+	// them (at info; at error with the reason for a 5xx). Default: none,
+	// as the other components (the binary always passes its logger).
 	Logger *slog.Logger
 }
 
@@ -287,7 +290,7 @@ func setDefaults(o *Options) {
 		o.Now = time.Now
 	}
 	if o.Logger == nil {
-		o.Logger = slog.Default()
+		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	o.Limits.defaults()
 }

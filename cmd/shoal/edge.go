@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"os/signal"
@@ -204,7 +203,7 @@ secrets come from the file; flags given explicitly win.`,
 				if feed != nil {
 					note = "route feed and rate share from " + strings.Join(k.Brokers, ",")
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "edge: http %s, region %s, catalog %v, %s\n", a, region, catalog, note)
+				logs.announce(cmd.OutOrStdout(), logger, "edge: http %s, region %s, catalog %v, %s", a, region, catalog, note)
 			}, srv.Close)
 		},
 	}

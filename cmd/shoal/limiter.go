@@ -264,7 +264,7 @@ func runLimiterServe(cmd *cobra.Command, o *limiterServeOpts) error {
 		if len(ch) == 0 {
 			ch = append(ch, "none (flags only)")
 		}
-		fmt.Fprintf(out, "limiter: http %s, brokers %s, catalog %v, every %s, free tier %d read / %d written per day, notices: %s\n",
+		o.logs.announce(out, logger, "limiter: http %s, brokers %s, catalog %v, every %s, free tier %d read / %d written per day, notices: %s",
 			a, strings.Join(k.Brokers, ","), o.catalog, o.interval, free.RowsReadPerDay, free.RowsWrittenPerDay, strings.Join(ch, ", "))
 	}, func() error { lim.Close(); return nil })
 }

@@ -172,7 +172,7 @@ given explicitly win.`,
 			// In-flight queries finish before the files close.
 			return serveRole(ctx, httpAddr, srv, cfg.TLS, func(a net.Addr) {
 				st := h.Stats()
-				fmt.Fprintf(cmd.OutOrStdout(), "objecthost %s: http %s, %d active / %d deleted databases, %s\n", cfg.ID, a, st.Active, st.Deleted, planeNote)
+				logs.announce(cmd.OutOrStdout(), cfg.Logger, "objecthost %s: http %s, %d active / %d deleted databases, %s", cfg.ID, a, st.Active, st.Deleted, planeNote)
 			}, closeAll)
 		},
 	}

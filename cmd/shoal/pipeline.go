@@ -203,7 +203,7 @@ func runPipelineServe(cmd *cobra.Command, o *pipelineServeOpts) error {
 		if ch != nil {
 			what += ", ClickHouse sink and storage snapshots every " + o.snapInterval.String() + " (" + strings.Join(ch.Options.Addr, ",") + "/" + ch.Database + ")"
 		}
-		fmt.Fprintf(out, "pipeline: http %s, brokers %s, catalog %v: %s\n", a, strings.Join(k.Brokers, ","), o.catalog, what)
+		o.logs.announce(out, logger, "pipeline: http %s, brokers %s, catalog %v: %s", a, strings.Join(k.Brokers, ","), o.catalog, what)
 	}, func() error { cons.Close(); return nil })
 }
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -71,7 +70,7 @@ node joins the other catalog nodes of the file. Flags given explicitly win.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "raftmeta node %s: raft %s, http %s\n", n.ID(), n.RaftAddr(), n.HTTPAddr())
+			logs.announce(cmd.OutOrStdout(), logger, "raftmeta node %s: raft %s, http %s", n.ID(), n.RaftAddr(), n.HTTPAddr())
 			<-ctx.Done()
 			closed := make(chan error, 1)
 			go func() { closed <- n.Close() }()

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -25,6 +27,17 @@ type logFlags struct{ format, level string }
 func (l *logFlags) register(f *pflag.FlagSet, defaultLevel string) {
 	f.StringVar(&l.format, "log-format", logging.FormatText, "log format on stderr: text (key=value) or json (one object per line)")
 	f.StringVar(&l.level, "log-level", defaultLevel, "log level: debug, info, warn or error")
+}
+
+// announce prints a role's "serving" banner: on out (stdout) for people,
+// or, with --log-format json, as an info record of lg, so that a log
+// collector reading both streams sees only JSON.
+func (l *logFlags) announce(out io.Writer, lg *slog.Logger, format string, args ...any) {
+	if strings.EqualFold(l.format, logging.FormatJSON) {
+		lg.Info(fmt.Sprintf(format, args...))
+		return
+	}
+	fmt.Fprintf(out, format+"\n", args...)
 }
 
 // logger is the role's logger on stderr. It also becomes slog's default,

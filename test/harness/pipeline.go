@@ -45,6 +45,7 @@ type PipelineCluster struct {
 	Pipe             *Proc  // the pipeline role
 	EdgeURL, Admin   string // http://host:port of the edge; its admin token
 	CatAddr, PipeURL string // the catalog's HTTP host:port; http://host:port of the pipeline role
+	HostURL          string // http://host:port of the object host
 }
 
 // NewPipelineCluster starts the cluster for t, running bin (Binary.Path),
@@ -71,6 +72,7 @@ func NewPipelineCluster(t testing.TB, bin string) *PipelineCluster {
 	c.Pipe = StartProc(t, bin, "pipeline", "pipeline", "serve", "--insecure", "--http-addr", pipeAddr, "--dir", filepath.Join(c.Dir, "pipeline"),
 		"--catalog", c.CatAddr, "--kafka-brokers", c.BrokerAddr, "--clickhouse-dsn", "clickhouse://default:@"+c.CH.Addr()+"/shoal", "--snapshot-interval", "2s", "--reconcile-interval", "1s", "--log-level", "warn")
 	hostAddr := FreeAddr(t)
+	c.HostURL = "http://" + hostAddr
 	c.Host = StartProc(t, bin, "h1", "objecthost", "serve", "--insecure", "--id", "h1", "--dir", filepath.Join(c.Dir, "h1"),
 		"--http-addr", hostAddr, "--region", "weur", "--catalog", c.CatAddr, "--kafka-brokers", c.BrokerAddr, "--log-level", "warn")
 	edgeAddr := FreeAddr(t)
