@@ -336,8 +336,30 @@ func checkSQLText(sql string) error {
 // Binding is a minted binding token.
 type Binding struct {
 	Token        string `json:"token"`
+	TokenID      string `json:"token_id"` // what RevokeBinding takes
 	DatabaseUUID string `json:"database_uuid"`
 	ExpiresAt    string `json:"expires_at"`
+}
+
+// BindingRevocation is the edge's answer to a revocation.
+type BindingRevocation struct {
+	DatabaseUUID string `json:"database_uuid"`
+	TokenID      string `json:"token_id,omitempty"` // the one token revoked
+	All          bool   `json:"all"`                // every token minted so far
+}
+
+// RevokeBinding revokes one binding token of the database, by the token_id
+// its mint answered (DELETE …/binding/{token_id}); tokenID "" revokes
+// every token minted for it so far (DELETE …/binding). Either takes effect
+// on the database's object host before the call returns.
+func (c *Client) RevokeBinding(ctx context.Context, uuid, tokenID string, raw *json.RawMessage) (BindingRevocation, error) {
+	var r BindingRevocation
+	path := "binding"
+	if tokenID != "" {
+		path += "/" + url.PathEscape(tokenID)
+	}
+	_, err := c.do(ctx, http.MethodDelete, c.dbURL(uuid, path), nil, &r, raw)
+	return r, err
 }
 
 // CreateBinding mints a binding token (ttlSeconds 0 = the edge's default).

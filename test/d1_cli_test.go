@@ -203,6 +203,37 @@ func TestD1CLI(t *testing.T) {
 	r = ok(d1("", "binding", "create", "cli-db", "--json"))
 	require.Contains(t, r.stdout, `"token": "v2.`)
 
+	// binding revoke: one token by its token_id, then every token; a
+	// revoked token is refused by the bound query path at once.
+	bound := func(tok string) int {
+		a := harness.Call(t, "POST", dev.apiURL+"/client/v4/bound/query", "Binding "+tok, map[string]any{"sql": "SELECT 1"})
+		return a.Status
+	}
+	var minted [2]struct {
+		Token   string `json:"token"`
+		TokenID string `json:"token_id"`
+	}
+	for i := range minted {
+		r = ok(d1("", "binding", "create", "cli-db", "--json"))
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &minted[i]))
+		require.Len(t, minted[i].TokenID, 32)
+		require.Equal(t, http.StatusOK, bound(minted[i].Token))
+	}
+	r = ok(d1("", "binding", "revoke", "cli-db", minted[0].TokenID))
+	require.Equal(t, "Revoked binding token "+minted[0].TokenID+" of cli-db\n", r.stdout)
+	require.Equal(t, http.StatusUnauthorized, bound(minted[0].Token))
+	require.Equal(t, http.StatusOK, bound(minted[1].Token), "only the one token is revoked")
+	r = ok(d1("", "binding", "revoke", "cli-db", "--all", "--json"))
+	require.Contains(t, r.stdout, `"all": true`)
+	require.Equal(t, http.StatusUnauthorized, bound(minted[1].Token))
+	for _, args := range [][]string{{"cli-db"}, {"cli-db", minted[0].TokenID, "--all"}} {
+		r = d1("", append([]string{"binding", "revoke"}, args...)...)
+		require.Equal(t, 2, r.code, "usage error: %v: %s", args, r.stderr)
+	}
+	r = d1("", "binding", "revoke", "cli-db", "not-a-token-id")
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Contains(t, r.stderr, "[7400]")
+
 	// time-travel: the bookmark before a delete, a restore to it brings the
 	// rows back, the printed undo bookmark returns to the empty table.
 	r = ok(d1("", "time-travel", "info", "cli-db2"))

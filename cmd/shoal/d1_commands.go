@@ -359,10 +359,53 @@ func (e *d1Env) bindingCmd() *cobra.Command {
 		if e.jsonOut {
 			return e.printJSON(raw)
 		}
-		return e.table([]string{"database_uuid", "expires_at", "token"}, [][]string{{b.DatabaseUUID, b.ExpiresAt, b.Token}})
+		return e.table([]string{"database_uuid", "expires_at", "token_id", "token"}, [][]string{{b.DatabaseUUID, b.ExpiresAt, b.TokenID, b.Token}})
 	})
 	create.Flags().Int64Var(&ttl, "ttl", 0, "lifetime in seconds (default: the edge's, 1 h)")
 	create.Flags().BoolVar(&e.jsonOut, "json", false, "print the raw API result")
-	cmd.AddCommand(create)
+
+	var all bool
+	revoke := &cobra.Command{Use: "revoke DB [TOKEN_ID] [--all]", Short: "Revoke one binding token (by the token_id create printed), or --all of them",
+		Example: "  shoal d1 binding revoke my-db 0f3c…   # one token\n  shoal d1 binding revoke my-db --all    # every token minted so far"}
+	revoke.Args = func(cmd *cobra.Command, args []string) error {
+		var err error
+		switch {
+		case len(args) == 2 && !all, len(args) == 1 && all:
+			return nil
+		case len(args) == 2 && all:
+			err = usagef("%s: give a TOKEN_ID or --all, not both", cmd.CommandPath())
+		default:
+			err = usagef("%s expects DB and a TOKEN_ID, or DB --all (see '%s --help')", cmd.CommandPath(), cmd.CommandPath())
+		}
+		e.fail(err)
+		return err
+	}
+	revoke.RunE = e.run(func(ctx context.Context, c *d1client.Client, args []string) error {
+		id, err := c.Resolve(ctx, args[0])
+		if err != nil {
+			return err
+		}
+		tokenID := ""
+		if !all {
+			tokenID = args[1]
+		}
+		var raw json.RawMessage
+		r, err := c.RevokeBinding(ctx, id, tokenID, &raw)
+		if err != nil {
+			return err
+		}
+		if e.jsonOut {
+			return e.printJSON(raw)
+		}
+		if r.All {
+			fmt.Fprintf(e.stdout, "Revoked every binding token of %s minted so far\n", args[0])
+		} else {
+			fmt.Fprintf(e.stdout, "Revoked binding token %s of %s\n", r.TokenID, args[0])
+		}
+		return nil
+	})
+	revoke.Flags().BoolVar(&all, "all", false, "revoke every binding token of the database minted so far")
+	revoke.Flags().BoolVar(&e.jsonOut, "json", false, "print the raw API result")
+	cmd.AddCommand(create, revoke)
 	return cmd
 }

@@ -198,7 +198,13 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	}
 	defer pipe.Close()
 
-	// 3. The object host.
+	// 3. The object host. It verifies binding tokens with the edge's key:
+	// without it the host has no bound-query endpoint and every binding
+	// token the edge mints is refused.
+	keys, err := binding.KeyringFromSecrets(st.BindingKey)
+	if err != nil {
+		return err
+	}
 	hostAddr := fmt.Sprintf("127.0.0.1:%d", o.basePort+200)
 	hcfg := objecthost.Config{
 		ID:       hostID,
@@ -209,6 +215,7 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 		Logger:   logger,
 		Registry: hostReg,
 		TLS:      loaders["host"],
+		Bindings: keys,
 	}
 	if o.archive {
 		// The archive stands in for off-host storage: beside the object
@@ -230,10 +237,6 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	defer shutdownHTTP(hostSrv)
 
 	// 4. The edge, fed routes by the route feed.
-	keys, err := binding.KeyringFromSecrets(st.BindingKey)
-	if err != nil {
-		return err
-	}
 	srv, err := edge.New(edge.Options{
 		Catalog:        edge.RaftmetaCatalog{C: clients["edge"]},
 		HostTLS:        loaders["edge"],
