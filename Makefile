@@ -53,14 +53,14 @@ bench: deps ## figures for docs/benchmarks.md (minutes; not part of make test)
 	SHOAL_BENCH=1 go test -count=1 -timeout 60m -run 'Bench|Figure' -bench . -benchtime 3s ./...
 
 compat: deps ## the D1 differential suite (miniflare) and the wrangler/SDK runs (make test runs them too), then the Go SDK run (only here)
-	SHOAL_REQUIRE_NODE=1 go test -count=1 -v ./test/compat/ ./test/wrangler/
+	SHOAL_REQUIRE_NODE=1 go test -count=1 -timeout 20m -v ./test/compat/ ./test/wrangler/
 	$(MAKE) compat-go
 
 # The official Go SDK (cloudflare-go/v4 v4.6.0) against shoal dev. Its own
 # module (test/gosdk/go.mod) keeps the SDK out of Shoal's go.mod, and the
 # build tag keeps its build (minutes when cold) out of `make test`.
 compat-go: deps
-	cd test/gosdk && go vet -tags gosdk ./... && go test -tags gosdk -count=1 -v ./...
+	cd test/gosdk && go vet -tags gosdk ./... && go test -tags gosdk -count=1 -timeout 10m -v ./...
 
 fault: deps ## long fault schedules (make test runs their short versions)
 	SHOAL_FAULT=long SHOAL_FAULT_SCHEDULES=$${SHOAL_FAULT_SCHEDULES:-200} go test -count=1 -timeout 240m -run 'Fault' ./test/...
