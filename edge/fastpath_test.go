@@ -49,12 +49,12 @@ func TestQueryFastPathMatchesMux(t *testing.T) {
 	e.srv.ServeHTTP(m, httptest.NewRequest("GET", "/metrics", nil))
 	var got []string
 	for _, l := range strings.Split(m.Body.String(), "\n") {
-		if strings.HasPrefix(l, `shoal_edge_requests_total{endpoint="query"`) {
+		if strings.HasPrefix(l, `shoal_edge_requests_total{`) && strings.Contains(l, `endpoint="query"`) {
 			got = append(got, l)
 		}
 	}
-	require.ElementsMatch(t, []string{`shoal_edge_requests_total{endpoint="query",status="200"} 4`,
-		`shoal_edge_requests_total{endpoint="query",status="400"} 2`, `shoal_edge_requests_total{endpoint="query",status="403"} 2`}, got)
+	require.ElementsMatch(t, []string{`shoal_edge_requests_total{code="",endpoint="query",status="200"} 4`,
+		`shoal_edge_requests_total{code="7400",endpoint="query",status="400"} 2`, `shoal_edge_requests_total{code="7403",endpoint="query",status="403"} 2`}, got)
 }
 
 // TestMatchQueryPath pins what the hand matcher takes.
