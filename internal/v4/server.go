@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -89,6 +90,11 @@ func NewServer(h http.Handler, o ServerOptions) *Server {
 		ReadHeaderTimeout: o.ReadHeaderTimeout,
 		MaxHeaderBytes:    o.MaxHeaderBytes,
 		IdleTimeout:       o.IdleTimeout,
+		// net/http's own messages (failed TLS handshakes, malformed
+		// requests from scanners) go through the role's slog logger at
+		// debug: they are the peer's fault, one per connection, and at
+		// info they would flood an exposed listener's log.
+		ErrorLog: slog.NewLogLogger(slog.Default().Handler(), slog.LevelDebug),
 	}}
 }
 
