@@ -101,32 +101,46 @@ func newHostHistory(h *Host, cfg HistoryConfig) (*hostHistory, error) {
 		return nil, fmt.Errorf("history staging dir: %w", err)
 	}
 	// What an earlier run left unshipped: seal it now (no database is open
-	// yet) and let the shipper send it.
-	ents, err := os.ReadDir(cfg.StagingDir)
+	// yet) and let the shipper send it. Staging is per object
+	// (<staging>/<uuid>/<object>/): two objects of one database can be on
+	// this host (relocated away and back), each with its own log. A
+	// per-database area of the former layout moves into its object's when
+	// the host has only one object of that database; otherwise it is only
+	// shipped (the objects start new generations).
+	byUUID := map[string][]string{}
+	for id, o := range h.objects {
+		if m := o.meta.Load(); m != nil {
+			byUUID[m.DatabaseUUID] = append(byUUID[m.DatabaseUUID], id)
+		}
+	}
+	areas, err := history.StagingAreas(cfg.StagingDir)
 	if err != nil {
 		return nil, err
 	}
-	byUUID := map[string]string{}
-	for id, o := range h.objects {
-		if m := o.meta.Load(); m != nil {
-			byUUID[m.DatabaseUUID] = id
+	for _, a := range areas {
+		if a.Name == "" && len(byUUID[a.Key]) == 1 {
+			if _, err := history.MigrateStaging(cfg.StagingDir, a.Key, byUUID[a.Key][0]); err != nil {
+				h.log.Warn("history: staging not migrated to the per-object layout", "db", a.Key, "err", err)
+			}
 		}
 	}
-	for _, e := range ents {
-		if !e.IsDir() {
-			continue
+	if areas, err = history.StagingAreas(cfg.StagingDir); err != nil {
+		return nil, err
+	}
+	for _, a := range areas {
+		path := "" // a swept object: ship what is left, nothing to restore into
+		if _, ok := h.objects[a.Name]; ok && a.Name != "" {
+			path = h.path(a.Name)
+		} else if ids := byUUID[a.Key]; a.Name == "" && len(ids) == 1 {
+			path = h.path(ids[0])
 		}
-		path := "" // a swept database: ship what is left, nothing to restore into
-		if id, ok := byUUID[e.Name()]; ok {
-			path = h.path(id)
-		}
-		c, err := history.NewCapturer(e.Name(), path, history.CaptureOptions{StagingDir: cfg.StagingDir})
+		c, err := history.NewCapturer(a.Key, path, history.CaptureOptions{StagingDir: cfg.StagingDir, StagingName: a.Name})
 		if err != nil {
-			h.log.Warn("history: staging dir skipped", "dir", e.Name(), "err", err)
+			h.log.Warn("history: staging area skipped", "db", a.Key, "object", a.Name, "err", err)
 			continue
 		}
 		if err := c.SealForShipping(); err != nil {
-			h.log.Warn("history: staging dir not sealed", "dir", e.Name(), "err", err)
+			h.log.Warn("history: staging area not sealed", "db", a.Key, "object", a.Name, "err", err)
 			continue
 		}
 		hh.ship.Retire(c)
@@ -239,7 +253,7 @@ func (hh *hostHistory) open(h *Host, objectID, path string) (*liveDB, error) {
 	if restoring || m.Restoring != nil {
 		return nil, ErrRestoring
 	}
-	opts := history.CaptureOptions{StagingDir: hh.cfg.StagingDir, OnAppend: hh.ship.Notify, Now: h.now}
+	opts := history.CaptureOptions{StagingDir: hh.cfg.StagingDir, StagingName: objectID, OnAppend: hh.ship.Notify, Now: h.now}
 	if hh.cfg.Archived {
 		opts.WaitArchived = hh.ship.WaitArchived
 	}
@@ -520,7 +534,7 @@ func (h *Host) Restore(ctx context.Context, objectID, bookmark, timestamp string
 	<-h.handles.evict(objectID)
 	if c == nil {
 		// Not open: open it once so its staging is recovered and sealed.
-		c, err = history.NewCapturer(key, h.path(objectID), history.CaptureOptions{StagingDir: hh.cfg.StagingDir})
+		c, err = history.NewCapturer(key, h.path(objectID), history.CaptureOptions{StagingDir: hh.cfg.StagingDir, StagingName: objectID})
 		if err == nil {
 			err = c.SealForShipping()
 		}
@@ -542,7 +556,7 @@ func (h *Host) Restore(ctx context.Context, objectID, bookmark, timestamp string
 			return RestoreResult{}, err
 		}
 	}
-	restored, err := history.RestoreInPlace(ctx, hh.archive, key, h.path(objectID), target, history.CaptureOptions{StagingDir: hh.cfg.StagingDir, Now: h.now})
+	restored, err := history.RestoreInPlace(ctx, hh.archive, key, h.path(objectID), target, history.CaptureOptions{StagingDir: hh.cfg.StagingDir, StagingName: objectID, Now: h.now})
 	if err != nil {
 		return RestoreResult{}, err
 	}

@@ -13,13 +13,18 @@ import (
 	"sync/atomic"
 )
 
-// localLog is one database's staging area on the host's disk, the part of
-// the log not yet in the Store:
+// localLog is one object's staging area on the host's disk, the part of
+// its database's log not yet in the Store:
 //
-//	<root>/<db>/<gen>/open.seg                 records being appended
-//	<root>/<db>/<gen>/<first>-<last>-<t>.seg   sealed, waiting to be shipped
-//	<root>/<db>/<gen>/<txid>-<t>.snap          snapshot waiting to be shipped
-//	<root>/<db>/<gen>/tip                      last known state (JSON)
+//	<root>/<db>/<obj>/<gen>/open.seg                 records being appended
+//	<root>/<db>/<obj>/<gen>/<first>-<last>-<t>.seg   sealed, waiting to be shipped
+//	<root>/<db>/<obj>/<gen>/<txid>-<t>.snap          snapshot waiting to be shipped
+//	<root>/<db>/<obj>/<gen>/tip                      last known state (JSON)
+//
+// <obj> (CaptureOptions.StagingName, the object ID on an object host) keeps
+// apart two objects of one database on one host (a relocation away and
+// back). Without it the log is <root>/<db>/<gen>/… (the former layout): gen
+// directories are 16 hex digits, object IDs 32, so the two never mix.
 //
 // The capture goroutine appends (one write(2) per batch of transactions,
 // no fsync: like the WAL under synchronous=NORMAL, a record survives a
@@ -65,8 +70,14 @@ type tip struct {
 	Restore string `json:"restore,omitempty"`
 }
 
-func openLocalLog(root, db string) (*localLog, error) {
+func openLocalLog(root, db, obj string) (*localLog, error) {
 	dir := filepath.Join(root, db)
+	if obj != "" {
+		if !validKey(obj) {
+			return nil, fmt.Errorf("history: invalid staging name %q", obj)
+		}
+		dir = filepath.Join(dir, obj)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("history: staging dir: %w", err)
 	}
@@ -571,4 +582,81 @@ func (l *localLog) firstPendingUs(db string) int64 {
 		}
 	}
 	return oldest
+}
+
+// StagingArea names one staging area under a staging root: the database
+// key and the object's staging name ("" for the former per-database
+// layout, <root>/<key>/<gen>).
+type StagingArea struct {
+	Key, Name string
+}
+
+// StagingAreas lists the staging areas under root (a host's start: what an
+// earlier run may have left unshipped).
+func StagingAreas(root string) ([]StagingArea, error) {
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return nil, err
+	}
+	var out []StagingArea
+	for _, e := range ents {
+		if !e.IsDir() || !validKey(e.Name()) {
+			continue
+		}
+		subs, err := os.ReadDir(filepath.Join(root, e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		legacy := false
+		for _, s := range subs {
+			if !s.IsDir() {
+				continue
+			}
+			if _, ok := parseHex16(s.Name()); ok {
+				legacy = true
+			} else if validKey(s.Name()) {
+				out = append(out, StagingArea{Key: e.Name(), Name: s.Name()})
+			}
+		}
+		if legacy {
+			out = append(out, StagingArea{Key: e.Name()})
+		}
+	}
+	return out, nil
+}
+
+// MigrateStaging moves the generations of key's staging area in the former
+// layout (<root>/<key>/<gen>) into the per-object one
+// (<root>/<key>/<name>/<gen>), oldest first, so that the object's capturer
+// continues them (its history proves continuity instead of starting a new
+// generation). Call it at a host's start, before the database opens, and
+// only when name is the host's only object of key: with two, whose
+// generations they are cannot be told. Each move is one rename; a crash
+// between two leaves the rest for the next start. It returns how many
+// generations moved.
+func MigrateStaging(root, key, name string) (int, error) {
+	if !validKey(key) || !validKey(name) {
+		return 0, fmt.Errorf("history: invalid staging area %q/%q", key, name)
+	}
+	old := &localLog{dir: filepath.Join(root, key)}
+	gens, err := old.generations()
+	if err != nil || len(gens) == 0 {
+		return 0, err
+	}
+	dst := filepath.Join(root, key, name)
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return 0, err
+	}
+	for i, g := range gens {
+		if err := os.Rename(filepath.Join(old.dir, g), filepath.Join(dst, g)); err != nil {
+			return i, err
+		}
+		if err := syncDir(dst); err != nil {
+			return i + 1, err
+		}
+		if err := syncDir(old.dir); err != nil {
+			return i + 1, err
+		}
+	}
+	return len(gens), nil
 }
