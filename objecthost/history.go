@@ -45,6 +45,13 @@ type HistoryConfig struct {
 	// history older than Retention for every active database (default 1 h;
 	// negative disables).
 	SweepInterval time.Duration
+	// DeletedArchiveMassFloor and DeletedArchiveMassFraction: the brake of
+	// the sweep of deleted databases' archives (archivesweep.go). More
+	// archives due in one pass than max(floor, fraction × the databases
+	// this host knows) deletes none and raises "mass_archive_deletes".
+	// Defaults 50 and 0.01.
+	DeletedArchiveMassFloor    int
+	DeletedArchiveMassFraction float64
 }
 
 // hostHistory is the host's side of history: one shipper, the capturer of
@@ -86,6 +93,12 @@ func newHostHistory(h *Host, cfg HistoryConfig) (*hostHistory, error) {
 	}
 	if cfg.SweepInterval == 0 {
 		cfg.SweepInterval = time.Hour
+	}
+	if cfg.DeletedArchiveMassFloor <= 0 {
+		cfg.DeletedArchiveMassFloor = 50
+	}
+	if cfg.DeletedArchiveMassFraction <= 0 {
+		cfg.DeletedArchiveMassFraction = 0.01
 	}
 	if cfg.Shipper.Registerer == nil {
 		cfg.Shipper.Registerer = h.m.reg
@@ -200,6 +213,13 @@ func (hh *hostHistory) sweep(ctx context.Context, h *Host) {
 	}
 	if deleted > 0 {
 		h.log.Info("history: retention sweep", "databases", len(uuids), "objects_deleted", deleted)
+	}
+	rep, err := hh.sweepDeletedArchives(ctx, h)
+	if err != nil {
+		h.log.Warn("history: sweep of deleted databases' archives failed; retried next pass", "err", err)
+	}
+	if rep.Deleted > 0 || rep.Held > 0 || rep.Failures > 0 {
+		h.log.Info("history: deleted databases' archives", "deleted", rep.Deleted, "objects", rep.Objects, "held", rep.Held, "failures", rep.Failures, "not_due", rep.NotDue)
 	}
 }
 

@@ -660,3 +660,67 @@ func MigrateStaging(root, key, name string) (int, error) {
 	}
 	return len(gens), nil
 }
+
+// StagingPending reports whether a staging area holds records not yet in
+// the store (sealed files, or an open segment with records).
+func StagingPending(root string, a StagingArea) (bool, error) {
+	l, err := stagingLog(root, a)
+	if err != nil {
+		return false, err
+	}
+	files, err := l.pending(a.Key)
+	if err != nil || len(files) > 0 {
+		return len(files) > 0, err
+	}
+	gens, err := l.generations()
+	if err != nil {
+		return false, err
+	}
+	for _, g := range gens {
+		if fi, err := os.Stat(filepath.Join(l.genDir(g), "open.seg")); err == nil && fi.Size() > 0 {
+			return true, nil
+		} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return false, err
+		}
+	}
+	return false, nil
+}
+
+// RemoveStaging removes a staging area (its object is gone from this host
+// and StagingPending said nothing is left to ship), and the database's
+// directory once empty. Of the former layout's area only the generation
+// directories go: object areas may live beside them.
+func RemoveStaging(root string, a StagingArea) error {
+	l, err := stagingLog(root, a)
+	if err != nil {
+		return err
+	}
+	if a.Name != "" {
+		if err := os.RemoveAll(l.dir); err != nil {
+			return err
+		}
+	} else {
+		gens, err := l.generations()
+		if err != nil {
+			return err
+		}
+		for _, g := range gens {
+			if err := os.RemoveAll(l.genDir(g)); err != nil {
+				return err
+			}
+		}
+	}
+	_ = os.Remove(filepath.Join(root, a.Key)) // fails while another area is there
+	return syncDir(root)
+}
+
+func stagingLog(root string, a StagingArea) (*localLog, error) {
+	if !validKey(a.Key) || a.Name != "" && !validKey(a.Name) {
+		return nil, fmt.Errorf("history: invalid staging area %q/%q", a.Key, a.Name)
+	}
+	dir := filepath.Join(root, a.Key)
+	if a.Name != "" {
+		dir = filepath.Join(dir, a.Name)
+	}
+	return &localLog{dir: dir, settled: -1}, nil
+}
