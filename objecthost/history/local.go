@@ -33,9 +33,21 @@ import (
 type localLog struct {
 	dir string // <root>/<db>
 
+	// sealMu is held by a seal from start to end (seals, settle and
+	// generation starts are serialized; appends are not: see seal).
+	sealMu sync.Mutex
+	// tipMu orders tip writes: a seal writes its tip without mu, and must
+	// not overwrite a newer one (settle's).
+	tipMu   sync.Mutex
+	tipGen  string
+	tipTxid uint64
+
 	mu        sync.Mutex
 	gen       string
 	open      *os.File
+	// sealing is the file a seal renamed to sealing.seg and is fsyncing
+	// (nil otherwise): sync covers it too.
+	sealing *os.File
 	openFirst recordHeader // first record in open.seg
 	openLast  recordHeader
 	openBytes int64
@@ -171,8 +183,51 @@ func (l *localLog) recoverGen(g string, seal bool) (tip, bool, error) {
 			}
 		}
 	}
+	// A seal the crash interrupted (see seal): finish it. Its records
+	// precede open.seg's.
+	var sealed *recordHeader
+	sp := filepath.Join(dir, sealingName)
+	slast, sfirst, svalid, err := lastRecord(sp, true)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return tip{}, false, err
+	case svalid == 0:
+		if err := os.Remove(sp); err != nil {
+			return tip{}, false, err
+		}
+	default:
+		if err := os.Truncate(sp, svalid); err != nil {
+			return tip{}, false, err
+		}
+		f, err := os.OpenFile(sp, os.O_WRONLY, 0o644)
+		if err != nil {
+			return tip{}, false, err
+		}
+		err = f.Sync()
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = finishSeal(dir, sealingName, sfirst, slast)
+		}
+		if err != nil {
+			return tip{}, false, err
+		}
+		newer(slast)
+		sealed = &slast
+	}
 	op := filepath.Join(dir, "open.seg")
 	last, first, valid, err := lastRecord(op, true)
+	if err == nil && valid > 0 && sealed != nil && first.Txid != sealed.Txid+1 {
+		// sealing.seg lost its tail in an OS crash while open.seg's later
+		// records reached the disk: they cannot follow. Their frames are
+		// still in the WAL (a WAL restart needs sync, which fsyncs
+		// sealing.seg too, so none happened since), and attach captures
+		// them again after the last record kept (or, if SQLite lost them
+		// too, starts a new generation).
+		valid = 0
+	}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
@@ -226,6 +281,8 @@ func lastRecord(path string, tolerateTail bool) (last, first recordHeader, valid
 // file, fsynced, renamed) and the tip. The tip is the checkpoint: until it
 // is written the previous generation is still current.
 func (l *localLog) startGeneration(gen string, base snapHeader, write func(f *os.File) error, st tip) error {
+	l.sealMu.Lock()
+	defer l.sealMu.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.sealLocked(); err != nil {
@@ -239,7 +296,7 @@ func (l *localLog) startGeneration(gen string, base snapHeader, write func(f *os
 		return err
 	}
 	st.Gen = gen
-	if err := writeTip(dir, st); err != nil {
+	if err := l.writeTipOrdered(dir, st); err != nil {
 		return err
 	}
 	l.gen = gen
@@ -310,18 +367,22 @@ func (l *localLog) appendBatch(rec []byte, first, last recordHeader) (became boo
 // moot.
 func (l *localLog) sync() error {
 	l.mu.Lock()
-	f, last := l.open, l.openLast.Txid
+	f, sf, last := l.open, l.sealing, l.openLast.Txid
 	l.mu.Unlock()
-	if f == nil {
-		return nil
-	}
-	if err := f.Sync(); err != nil {
-		if errors.Is(err, os.ErrClosed) {
-			return nil
+	// A seal in progress holds the records before open.seg's in
+	// sealing.seg, not fsynced yet perhaps: they must be durable too. The
+	// seal closes it only after its own fsync, so ErrClosed means done.
+	for _, f := range []*os.File{sf, f} {
+		if f == nil {
+			continue
 		}
-		return err
+		if err := f.Sync(); err != nil && !errors.Is(err, os.ErrClosed) {
+			return err
+		}
 	}
-	l.raiseSynced(last)
+	if f != nil {
+		l.raiseSynced(last)
+	}
 	return nil
 }
 
@@ -336,13 +397,80 @@ func (l *localLog) raiseSynced(txid uint64) {
 
 // seal turns open.seg into an immutable, named segment (and the tip). It
 // returns false when there was nothing to seal.
+//
+// Only the renaming of open.seg to sealing.seg happens under mu: the
+// fsyncs (the file, the tip and its directory, the final rename's
+// directory) run without it, so the capture goroutine goes on appending
+// to a new open.seg meanwhile (holding mu across them stalled capture for
+// as long, and a checkpoint due meanwhile waited for capture). sync
+// fsyncs sealing.seg too; settle and generation starts wait for the seal
+// (sealMu). A crash leaves sealing.seg: recovery finishes the seal
+// (recoverGen).
 func (l *localLog) seal() (bool, error) {
+	l.sealMu.Lock()
+	defer l.sealMu.Unlock()
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	had := l.open != nil && l.openBytes > 0
-	return had, l.sealLocked()
+	if l.open == nil || l.openBytes == 0 {
+		err := l.sealLocked()
+		l.mu.Unlock()
+		return false, err
+	}
+	dir, gen := l.genDir(l.gen), l.gen
+	first, last := l.openFirst, l.openLast
+	settled := l.settled == int64(last.Txid)
+	if err := os.Rename(filepath.Join(dir, "open.seg"), filepath.Join(dir, sealingName)); err != nil {
+		l.mu.Unlock()
+		return false, err
+	}
+	f := l.open
+	l.sealing, l.open, l.openBytes = f, nil, 0
+	l.mu.Unlock()
+
+	err := f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	l.mu.Lock()
+	l.sealing = nil
+	l.mu.Unlock()
+	// The tip before the final name: once the segment is shipped and
+	// removed, the tip is what remembers the last record.
+	if err == nil {
+		err = l.writeTipOrdered(dir, tip{Gen: gen, Last: last, Settled: settled})
+	}
+	if err == nil {
+		err = finishSeal(dir, sealingName, first, last)
+	}
+	if err != nil {
+		// sealing.seg stays; the next attach's recovery seals it. Until
+		// then nothing more of this generation can be shipped.
+		return false, err
+	}
+	l.raiseSynced(last.Txid)
+	return true, nil
 }
 
+// sealingName is open.seg while a seal fsyncs it.
+const sealingName = "sealing.seg"
+
+// writeTipOrdered writes the tip unless a tip of the same generation with
+// a later record was written already (a seal's tip, written without mu,
+// after settle's).
+func (l *localLog) writeTipOrdered(dir string, st tip) error {
+	l.tipMu.Lock()
+	defer l.tipMu.Unlock()
+	if l.tipGen == st.Gen && l.tipTxid > st.Last.Txid {
+		return nil
+	}
+	if err := writeTip(dir, st); err != nil {
+		return err
+	}
+	l.tipGen, l.tipTxid = st.Gen, st.Last.Txid
+	return nil
+}
+
+// sealLocked seals synchronously, all under mu (a generation start, or
+// nothing to seal).
 func (l *localLog) sealLocked() error {
 	if l.open == nil {
 		return nil
@@ -355,7 +483,7 @@ func (l *localLog) sealLocked() error {
 	dir := l.genDir(l.gen)
 	// The tip first: once the segment is shipped and removed, it is what
 	// remembers the last record.
-	if err := writeTip(dir, tip{Gen: l.gen, Last: l.openLast, Settled: l.settled == int64(l.openLast.Txid)}); err != nil {
+	if err := l.writeTipOrdered(dir, tip{Gen: l.gen, Last: l.openLast, Settled: l.settled == int64(l.openLast.Txid)}); err != nil {
 		return err
 	}
 	err := sealFile(l.open, dir, l.openFirst, l.openLast)
@@ -377,8 +505,14 @@ func sealFile(f *os.File, dir string, first, last recordHeader) error {
 	if err != nil {
 		return err
 	}
+	return finishSeal(dir, "open.seg", first, last)
+}
+
+// finishSeal renames a complete, fsynced segment file to its segment name
+// and fsyncs the directory. Checkpoint: the rename.
+func finishSeal(dir, from string, first, last recordHeader) error {
 	name := filepath.Base(segKey("x", "x", segName{First: first.Txid, Last: last.Txid, LastTimeUs: last.TimeUs}))
-	if err := os.Rename(filepath.Join(dir, "open.seg"), filepath.Join(dir, name)); err != nil {
+	if err := os.Rename(filepath.Join(dir, from), filepath.Join(dir, name)); err != nil {
 		return err
 	}
 	return syncDir(dir)
@@ -398,6 +532,8 @@ func writeTip(dir string, st tip) error {
 
 // settle writes the tip with Settled set at the last record (see tip).
 func (l *localLog) settle(last recordHeader) error {
+	l.sealMu.Lock() // a seal in progress has fsynced its file when it ends
+	defer l.sealMu.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.settled == int64(last.Txid) && l.gen != "" {
@@ -411,7 +547,7 @@ func (l *localLog) settle(last recordHeader) error {
 		}
 		l.raiseSynced(l.openLast.Txid)
 	}
-	if err := writeTip(l.genDir(l.gen), tip{Gen: l.gen, Last: last, Settled: true}); err != nil {
+	if err := l.writeTipOrdered(l.genDir(l.gen), tip{Gen: l.gen, Last: last, Settled: true}); err != nil {
 		return err
 	}
 	l.settled = int64(last.Txid)
@@ -677,10 +813,12 @@ func StagingPending(root string, a StagingArea) (bool, error) {
 		return false, err
 	}
 	for _, g := range gens {
-		if fi, err := os.Stat(filepath.Join(l.genDir(g), "open.seg")); err == nil && fi.Size() > 0 {
-			return true, nil
-		} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return false, err
+		for _, name := range []string{"open.seg", sealingName} {
+			if fi, err := os.Stat(filepath.Join(l.genDir(g), name)); err == nil && fi.Size() > 0 {
+				return true, nil
+			} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return false, err
+			}
 		}
 	}
 	return false, nil

@@ -1,6 +1,7 @@
 package history
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -180,4 +181,58 @@ func listTree(t *testing.T, dir string) []string {
 		return nil
 	}))
 	return out
+}
+
+// TestSealInterruptedRecovered: a crash in the middle of a seal leaves
+// sealing.seg (open.seg renamed, its fsyncs not done) and a new open.seg
+// with the records after it. Recovery finishes the seal and keeps
+// appending to open.seg; if sealing.seg lost its tail (an OS crash) the
+// later records in open.seg cannot follow and are dropped (their frames
+// are still in the WAL for attach to capture again), never kept behind a
+// gap.
+func TestSealInterruptedRecovered(t *testing.T) {
+	recs := func(from, to uint64) []byte {
+		var b []byte
+		for id := from; id <= to; id++ {
+			b, _ = encodeRecord(b, recordHeader{PageSize: 512, DBSize: 1, Txid: id, TimeUs: int64(id)}, map[uint32][]byte{1: bytes.Repeat([]byte{byte(id)}, 512)})
+		}
+		return b
+	}
+	for _, torn := range []bool{false, true} {
+		root := t.TempDir()
+		gen := genID(1)
+		dir := filepath.Join(root, "db", "obj", gen)
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		sealing := recs(1, 3)
+		if torn {
+			sealing = sealing[:len(sealing)-10]
+		}
+		require.NoError(t, os.WriteFile(filepath.Join(dir, sealingName), sealing, 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "open.seg"), recs(4, 5), 0o644))
+		pending, err := StagingPending(root, StagingArea{Key: "db", Name: "obj"})
+		require.NoError(t, err)
+		assert.True(t, pending)
+
+		l, err := openLocalLog(root, "db", "obj")
+		require.NoError(t, err)
+		st, ok, err := l.recover()
+		require.NoError(t, err)
+		require.True(t, ok)
+		assert.NoFileExists(t, filepath.Join(dir, sealingName))
+		files, err := l.pending("db")
+		require.NoError(t, err)
+		require.Len(t, files, 1)
+		if torn {
+			assert.Equal(t, uint64(2), st.Last.Txid)
+			assert.Equal(t, filepath.Join(dir, hex16(1)+"-"+hex16(2)+"-"+hex16(2)+".seg"), files[0].path)
+			assert.NoFileExists(t, filepath.Join(dir, "open.seg"), "records after a gap are dropped")
+			assert.Nil(t, l.open)
+		} else {
+			assert.Equal(t, uint64(5), st.Last.Txid)
+			assert.Equal(t, filepath.Join(dir, hex16(1)+"-"+hex16(3)+"-"+hex16(3)+".seg"), files[0].path)
+			require.NotNil(t, l.open)
+			assert.Equal(t, uint64(4), l.openFirst.Txid)
+		}
+		require.NoError(t, l.close())
+	}
 }
