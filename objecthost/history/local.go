@@ -42,12 +42,12 @@ type localLog struct {
 	tipGen  string
 	tipTxid uint64
 
-	mu        sync.Mutex
-	gen       string
-	open      *os.File
+	mu   sync.Mutex
+	gen  string
+	open *os.File
 	// sealing is the file a seal renamed to sealing.seg and is fsyncing
 	// (nil otherwise): sync covers it too.
-	sealing *os.File
+	sealing   *os.File
 	openFirst recordHeader // first record in open.seg
 	openLast  recordHeader
 	openBytes int64
