@@ -5,6 +5,8 @@ import (
 	"io"
 	"log"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -201,4 +203,38 @@ func TestDeletedArchivesMassBrake(t *testing.T) {
 		require.NoError(t, err)
 		assert.Empty(t, keys)
 	}
+}
+
+// TestStagingFormerLayoutMigrated: a host started on the former
+// per-database staging layout (<staging>/<uuid>/<gen>/) moves each area
+// into its object's (<staging>/<uuid>/<object>/) and the database's
+// history continues in the same generation; what was unshipped ships.
+func TestStagingFormerLayoutMigrated(t *testing.T) {
+	ctx := context.Background()
+	store := s3Archive(t)
+	th := hbHost(t, func(c *Config) {
+		c.History = &HistoryConfig{Store: store, Shipper: history.ShipperOptions{MaxLag: 50 * time.Millisecond}, SweepInterval: -1}
+	})
+	d := newDB("a")
+	th.mustInit(t, d)
+	th.exec(t, d, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT, r INTEGER)")
+	th.exec(t, d, "INSERT INTO t(v) VALUES ('one')")
+	require.NoError(t, th.Host.Close())
+	staging := filepath.Join(th.dir, "history")
+	gens, err := os.ReadDir(filepath.Join(staging, d.uuid, d.obj))
+	require.NoError(t, err)
+	require.Len(t, gens, 1)
+	require.NoError(t, os.Rename(filepath.Join(staging, d.uuid, d.obj, gens[0].Name()), filepath.Join(staging, d.uuid, gens[0].Name())))
+	require.NoError(t, os.Remove(filepath.Join(staging, d.uuid, d.obj)))
+
+	th.open(t)
+	areas, err := history.StagingAreas(staging)
+	require.NoError(t, err)
+	assert.Equal(t, []history.StagingArea{{Key: d.uuid, Name: d.obj}}, areas)
+	th.exec(t, d, "INSERT INTO t(v) VALUES ('two')")
+	th.archivedUpTo(t, d)
+	vs, err := history.NewArchive(store).Verify(ctx, d.uuid)
+	require.NoError(t, err)
+	assert.Equal(t, 1, vs.Generations, "the migrated generation continued")
+	assert.Contains(t, th.rowsOf(t, d), "two")
 }

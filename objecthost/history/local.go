@@ -589,6 +589,9 @@ type pendingFile struct {
 // that follow them, by txid.
 func (l *localLog) pending(db string) ([]pendingFile, error) {
 	gens, err := l.generations()
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil // the area was removed (RemoveStaging): nothing left
+	}
 	if err != nil {
 		return nil, err
 	}
