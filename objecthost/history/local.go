@@ -46,8 +46,10 @@ type localLog struct {
 	gen  string
 	open *os.File
 	// sealing is the file a seal renamed to sealing.seg and is fsyncing
-	// (nil otherwise): sync covers it too.
+	// (nil otherwise): sync covers it too. stuck: a seal that failed
+	// half-way (see stuckSeal).
 	sealing   *os.File
+	stuck     *stuckSeal
 	openFirst recordHeader // first record in open.seg
 	openLast  recordHeader
 	openBytes int64
@@ -283,6 +285,9 @@ func lastRecord(path string, tolerateTail bool) (last, first recordHeader, valid
 func (l *localLog) startGeneration(gen string, base snapHeader, write func(f *os.File) error, st tip) error {
 	l.sealMu.Lock()
 	defer l.sealMu.Unlock()
+	if err := l.finishStuck(); err != nil {
+		return err
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.sealLocked(); err != nil {
@@ -367,8 +372,13 @@ func (l *localLog) appendBatch(rec []byte, first, last recordHeader) (became boo
 // moot.
 func (l *localLog) sync() error {
 	l.mu.Lock()
-	f, sf, last := l.open, l.sealing, l.openLast.Txid
+	f, sf, last, stuck := l.open, l.sealing, l.openLast.Txid, l.stuck
 	l.mu.Unlock()
+	if stuck != nil {
+		if err := fsyncPath(filepath.Join(stuck.dir, sealingName)); err != nil {
+			return err
+		}
+	}
 	// A seal in progress holds the records before open.seg's in
 	// sealing.seg, not fsynced yet perhaps: they must be durable too. The
 	// seal closes it only after its own fsync, so ErrClosed means done.
@@ -409,6 +419,9 @@ func (l *localLog) raiseSynced(txid uint64) {
 func (l *localLog) seal() (bool, error) {
 	l.sealMu.Lock()
 	defer l.sealMu.Unlock()
+	if err := l.finishStuck(); err != nil {
+		return false, err
+	}
 	l.mu.Lock()
 	if l.open == nil || l.openBytes == 0 {
 		err := l.sealLocked()
@@ -430,24 +443,78 @@ func (l *localLog) seal() (bool, error) {
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
+	st := &stuckSeal{dir: dir, tip: tip{Gen: gen, Last: last, Settled: settled}, first: first}
 	l.mu.Lock()
 	l.sealing = nil
-	l.mu.Unlock()
-	// The tip before the final name: once the segment is shipped and
-	// removed, the tip is what remembers the last record.
-	if err == nil {
-		err = l.writeTipOrdered(dir, tip{Gen: gen, Last: last, Settled: settled})
-	}
-	if err == nil {
-		err = finishSeal(dir, sealingName, first, last)
-	}
 	if err != nil {
-		// sealing.seg stays; the next attach's recovery seals it. Until
-		// then nothing more of this generation can be shipped.
+		l.stuck = st
+	}
+	l.mu.Unlock()
+	if err != nil {
 		return false, err
 	}
-	l.raiseSynced(last.Txid)
+	if err := l.completeSeal(st); err != nil {
+		l.mu.Lock()
+		l.stuck = st
+		l.mu.Unlock()
+		return false, err
+	}
 	return true, nil
+}
+
+// stuckSeal is a seal that failed after renaming open.seg to sealing.seg:
+// the next seal (or settle, or generation start) finishes it first, so a
+// later sealing.seg never replaces it; until then sync fsyncs it by name.
+type stuckSeal struct {
+	dir   string
+	tip   tip
+	first recordHeader
+}
+
+// completeSeal writes the tip (before the final name: once the segment is
+// shipped and removed, the tip is what remembers the last record), then
+// renames sealing.seg to its segment name.
+func (l *localLog) completeSeal(st *stuckSeal) error {
+	if err := l.writeTipOrdered(st.dir, st.tip); err != nil {
+		return err
+	}
+	if err := finishSeal(st.dir, sealingName, st.first, st.tip.Last); err != nil {
+		return err
+	}
+	l.raiseSynced(st.tip.Last.Txid)
+	return nil
+}
+
+// finishStuck completes a failed seal (sealMu held).
+func (l *localLog) finishStuck() error {
+	l.mu.Lock()
+	st := l.stuck
+	l.mu.Unlock()
+	if st == nil {
+		return nil
+	}
+	if err := fsyncPath(filepath.Join(st.dir, sealingName)); err != nil {
+		return err
+	}
+	if err := l.completeSeal(st); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.stuck = nil
+	l.mu.Unlock()
+	return nil
+}
+
+func fsyncPath(p string) error {
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // sealingName is open.seg while a seal fsyncs it.
@@ -534,6 +601,9 @@ func writeTip(dir string, st tip) error {
 func (l *localLog) settle(last recordHeader) error {
 	l.sealMu.Lock() // a seal in progress has fsynced its file when it ends
 	defer l.sealMu.Unlock()
+	if err := l.finishStuck(); err != nil {
+		return err
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.settled == int64(last.Txid) && l.gen != "" {
