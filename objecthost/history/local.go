@@ -440,6 +440,9 @@ func (l *localLog) seal() (bool, error) {
 	l.mu.Unlock()
 
 	err := f.Sync()
+	if err == nil && sealSyncErr != nil {
+		err = sealSyncErr()
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -516,6 +519,10 @@ func fsyncPath(p string) error {
 	}
 	return err
 }
+
+// sealSyncErr, tests only: when set, a seal's fsync of sealing.seg fails
+// with what it returns.
+var sealSyncErr func() error
 
 // sealingName is open.seg while a seal fsyncs it.
 const sealingName = "sealing.seg"

@@ -3,6 +3,7 @@ package history
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -235,4 +236,70 @@ func TestSealInterruptedRecovered(t *testing.T) {
 		}
 		require.NoError(t, l.close())
 	}
+}
+
+// TestSealFailureFinishedByNextSeal: a seal whose fsync fails leaves its
+// records in sealing.seg; capture goes on appending to a new open.seg;
+// the next seal first finishes the failed one, so the later sealing.seg
+// never replaces it: both segments are there, every record once.
+func TestSealFailureFinishedByNextSeal(t *testing.T) {
+	root := t.TempDir()
+	l, err := openLocalLog(root, "db", "obj")
+	require.NoError(t, err)
+	gen := genID(1)
+	require.NoError(t, l.startGeneration(gen, snapHeader{PageSize: 512, TimeUs: 1}, func(*os.File) error { return nil },
+		tip{Last: recordHeader{PageSize: 512, TimeUs: 1}, Settled: true}))
+	var prev recordHeader
+	appendTx := func(from, to uint64) {
+		var b []byte
+		var first recordHeader
+		for id := from; id <= to; id++ {
+			var h recordHeader
+			b, h = encodeRecord(b, recordHeader{PageSize: 512, DBSize: 1, PrevCRC: prev.CRC, Txid: id, TimeUs: int64(id) + 1}, map[uint32][]byte{1: bytes.Repeat([]byte{byte(id)}, 512)})
+			if id == from {
+				first = h
+			}
+			prev = h
+		}
+		_, err := l.appendBatch(b, first, prev)
+		require.NoError(t, err)
+	}
+	appendTx(1, 3)
+	sealSyncErr = func() error { return errors.New("injected fsync failure") }
+	_, err = l.seal()
+	sealSyncErr = nil
+	require.Error(t, err)
+	dir := filepath.Join(root, "db", "obj", gen)
+	assert.FileExists(t, filepath.Join(dir, sealingName))
+	appendTx(4, 5)
+	require.NoError(t, l.sync(), "sync fsyncs the stuck sealing.seg too")
+	sealed, err := l.seal()
+	require.NoError(t, err)
+	assert.True(t, sealed)
+	assert.NoFileExists(t, filepath.Join(dir, sealingName))
+	files, err := l.pending("db")
+	require.NoError(t, err)
+	var segs []string
+	var txids []uint64
+	for _, f := range files {
+		if f.isSnap {
+			continue
+		}
+		segs = append(segs, filepath.Base(f.path))
+		fh, err := os.Open(f.path)
+		require.NoError(t, err)
+		_, err = readRecords(fh, false, func(h recordHeader, _ []page) error { txids = append(txids, h.Txid); return nil })
+		fh.Close()
+		require.NoError(t, err)
+	}
+	assert.Equal(t, []string{hex16(1) + "-" + hex16(3) + "-" + hex16(4) + ".seg", hex16(4) + "-" + hex16(5) + "-" + hex16(6) + ".seg"}, segs)
+	assert.Equal(t, []uint64{1, 2, 3, 4, 5}, txids)
+	require.NoError(t, l.close())
+	// The tip names the last record.
+	l2, err := openLocalLog(root, "db", "obj")
+	require.NoError(t, err)
+	st, ok, err := l2.recover()
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, uint64(5), st.Last.Txid)
 }
