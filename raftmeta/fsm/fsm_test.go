@@ -202,7 +202,7 @@ func TestDeleteDatabase(t *testing.T) {
 	hb, err := f.Heartbeat(ctx, []string{uuidN(1), uuidN(2)})
 	require.NoError(t, err)
 	require.Len(t, hb.Databases, 2)
-	assert.Equal(t, HeartbeatState{UUID: uuidN(1), Known: true, State: StateDeleted, AccountID: "a1", RoutingGeneration: 2, ObjectID: "obj-" + uuidN(1)}, hb.Databases[0])
+	assert.Equal(t, HeartbeatState{UUID: uuidN(1), Known: true, State: StateDeleted, AccountID: "a1", RoutingGeneration: 2, ObjectID: "obj-" + uuidN(1), DeletedAt: db.DeletedAt}, hb.Databases[0])
 	assert.Equal(t, HeartbeatState{UUID: uuidN(2)}, hb.Databases[1])
 }
 
