@@ -45,6 +45,13 @@ type HistoryConfig struct {
 	// history older than Retention for every active database (default 1 h;
 	// negative disables).
 	SweepInterval time.Duration
+	// DeletedArchiveMassFloor and DeletedArchiveMassFraction: the brake of
+	// the sweep of deleted databases' archives (archivesweep.go). More
+	// archives due in one pass than max(floor, fraction × the databases
+	// this host knows) deletes none and raises "mass_archive_deletes".
+	// Defaults 50 and 0.01.
+	DeletedArchiveMassFloor    int
+	DeletedArchiveMassFraction float64
 }
 
 // hostHistory is the host's side of history: one shipper, the capturer of
@@ -87,6 +94,12 @@ func newHostHistory(h *Host, cfg HistoryConfig) (*hostHistory, error) {
 	if cfg.SweepInterval == 0 {
 		cfg.SweepInterval = time.Hour
 	}
+	if cfg.DeletedArchiveMassFloor <= 0 {
+		cfg.DeletedArchiveMassFloor = 50
+	}
+	if cfg.DeletedArchiveMassFraction <= 0 {
+		cfg.DeletedArchiveMassFraction = 0.01
+	}
 	if cfg.Shipper.Registerer == nil {
 		cfg.Shipper.Registerer = h.m.reg
 	}
@@ -101,32 +114,46 @@ func newHostHistory(h *Host, cfg HistoryConfig) (*hostHistory, error) {
 		return nil, fmt.Errorf("history staging dir: %w", err)
 	}
 	// What an earlier run left unshipped: seal it now (no database is open
-	// yet) and let the shipper send it.
-	ents, err := os.ReadDir(cfg.StagingDir)
+	// yet) and let the shipper send it. Staging is per object
+	// (<staging>/<uuid>/<object>/): two objects of one database can be on
+	// this host (relocated away and back), each with its own log. A
+	// per-database area of the former layout moves into its object's when
+	// the host has only one object of that database; otherwise it is only
+	// shipped (the objects start new generations).
+	byUUID := map[string][]string{}
+	for id, o := range h.objects {
+		if m := o.meta.Load(); m != nil {
+			byUUID[m.DatabaseUUID] = append(byUUID[m.DatabaseUUID], id)
+		}
+	}
+	areas, err := history.StagingAreas(cfg.StagingDir)
 	if err != nil {
 		return nil, err
 	}
-	byUUID := map[string]string{}
-	for id, o := range h.objects {
-		if m := o.meta.Load(); m != nil {
-			byUUID[m.DatabaseUUID] = id
+	for _, a := range areas {
+		if a.Name == "" && len(byUUID[a.Key]) == 1 {
+			if _, err := history.MigrateStaging(cfg.StagingDir, a.Key, byUUID[a.Key][0]); err != nil {
+				h.log.Warn("history: staging not migrated to the per-object layout", "db", a.Key, "err", err)
+			}
 		}
 	}
-	for _, e := range ents {
-		if !e.IsDir() {
-			continue
+	if areas, err = history.StagingAreas(cfg.StagingDir); err != nil {
+		return nil, err
+	}
+	for _, a := range areas {
+		path := "" // a swept object: ship what is left, nothing to restore into
+		if _, ok := h.objects[a.Name]; ok && a.Name != "" {
+			path = h.path(a.Name)
+		} else if ids := byUUID[a.Key]; a.Name == "" && len(ids) == 1 {
+			path = h.path(ids[0])
 		}
-		path := "" // a swept database: ship what is left, nothing to restore into
-		if id, ok := byUUID[e.Name()]; ok {
-			path = h.path(id)
-		}
-		c, err := history.NewCapturer(e.Name(), path, history.CaptureOptions{StagingDir: cfg.StagingDir})
+		c, err := history.NewCapturer(a.Key, path, history.CaptureOptions{StagingDir: cfg.StagingDir, StagingName: a.Name})
 		if err != nil {
-			h.log.Warn("history: staging dir skipped", "dir", e.Name(), "err", err)
+			h.log.Warn("history: staging area skipped", "db", a.Key, "object", a.Name, "err", err)
 			continue
 		}
 		if err := c.SealForShipping(); err != nil {
-			h.log.Warn("history: staging dir not sealed", "dir", e.Name(), "err", err)
+			h.log.Warn("history: staging area not sealed", "db", a.Key, "object", a.Name, "err", err)
 			continue
 		}
 		hh.ship.Retire(c)
@@ -187,6 +214,13 @@ func (hh *hostHistory) sweep(ctx context.Context, h *Host) {
 	if deleted > 0 {
 		h.log.Info("history: retention sweep", "databases", len(uuids), "objects_deleted", deleted)
 	}
+	rep, err := hh.sweepDeletedArchives(ctx, h)
+	if err != nil {
+		h.log.Warn("history: sweep of deleted databases' archives failed; retried next pass", "err", err)
+	}
+	if rep.Deleted > 0 || rep.Held > 0 || rep.Failures > 0 {
+		h.log.Info("history: deleted databases' archives", "deleted", rep.Deleted, "objects", rep.Objects, "held", rep.Held, "failures", rep.Failures, "not_due", rep.NotDue)
+	}
 }
 
 // close runs after every handle closed: one last shipment of what is
@@ -239,7 +273,7 @@ func (hh *hostHistory) open(h *Host, objectID, path string) (*liveDB, error) {
 	if restoring || m.Restoring != nil {
 		return nil, ErrRestoring
 	}
-	opts := history.CaptureOptions{StagingDir: hh.cfg.StagingDir, OnAppend: hh.ship.Notify, Now: h.now}
+	opts := history.CaptureOptions{StagingDir: hh.cfg.StagingDir, StagingName: objectID, OnAppend: hh.ship.Notify, Now: h.now}
 	if hh.cfg.Archived {
 		opts.WaitArchived = hh.ship.WaitArchived
 	}
@@ -530,7 +564,7 @@ func (h *Host) Restore(ctx context.Context, objectID, bookmark, timestamp string
 	<-h.handles.evict(objectID)
 	if c == nil {
 		// Not open: open it once so its staging is recovered and sealed.
-		c, err = history.NewCapturer(key, h.path(objectID), history.CaptureOptions{StagingDir: hh.cfg.StagingDir})
+		c, err = history.NewCapturer(key, h.path(objectID), history.CaptureOptions{StagingDir: hh.cfg.StagingDir, StagingName: objectID})
 		if err == nil {
 			err = c.SealForShipping()
 		}
@@ -552,7 +586,7 @@ func (h *Host) Restore(ctx context.Context, objectID, bookmark, timestamp string
 			return RestoreResult{}, err
 		}
 	}
-	restored, err := history.RestoreInPlace(ctx, hh.archive, key, h.path(objectID), target, history.CaptureOptions{StagingDir: hh.cfg.StagingDir, Now: h.now})
+	restored, err := history.RestoreInPlace(ctx, hh.archive, key, h.path(objectID), target, history.CaptureOptions{StagingDir: hh.cfg.StagingDir, StagingName: objectID, Now: h.now})
 	if err != nil {
 		return RestoreResult{}, err
 	}

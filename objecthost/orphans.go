@@ -44,6 +44,9 @@ type Alarm struct {
 	RaisedAt  time.Time `json:"raised_at"`
 	LastSeen  time.Time `json:"last_seen"`
 	TotalHeld int64     `json:"total_held"` // verdicts held since start
+	// hold: how long it stays visible after LastSeen, if longer than
+	// alarmHold (an alarm raised by an hourly pass stays until the next).
+	hold time.Duration
 }
 
 type alarmSet struct {
@@ -75,13 +78,38 @@ func (s *alarmSet) raise(kind string, now time.Time, objs []*object, msg string)
 	a.TotalHeld += int64(len(objs))
 }
 
+// raiseFor raises an alarm about databases named by UUID (n of them, a
+// sample given) that stays visible for hold after this pass (at least
+// alarmHold): raised by a pass that runs less often than status is read.
+func (s *alarmSet) raiseFor(kind string, now time.Time, n int, sample []string, hold time.Duration, msg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.alarms == nil {
+		s.alarms = map[string]*Alarm{}
+	}
+	a := s.alarms[kind]
+	if a == nil {
+		a = &Alarm{Kind: kind, RaisedAt: now}
+		s.alarms[kind] = a
+	}
+	a.Databases, a.Sample, a.Message, a.LastSeen, a.hold = n, sample[:min(5, len(sample))], msg, now, hold
+	a.TotalHeld += int64(n)
+}
+
+// clear drops an alarm (the condition that raised it is gone).
+func (s *alarmSet) clear(kind string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.alarms, kind)
+}
+
 // list returns the alarms seen within alarmHold of now, oldest first.
 func (s *alarmSet) list(now time.Time) []Alarm {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := []Alarm{}
 	for k, a := range s.alarms {
-		if now.Sub(a.LastSeen) > alarmHold {
+		if now.Sub(a.LastSeen) > max(alarmHold, a.hold) {
 			delete(s.alarms, k)
 			continue
 		}

@@ -173,7 +173,7 @@ func (h *Host) restoreInto(ctx context.Context, objectID, dstKey string, src Res
 		return "", false, fmt.Errorf("create shard dir: %w", err)
 	}
 	if _, err := history.RestoreInto(ctx, hh.archive, src.DatabaseUUID, p, dstKey, path,
-		history.CaptureOptions{StagingDir: hh.cfg.StagingDir, Now: h.now}); err != nil {
+		history.CaptureOptions{StagingDir: hh.cfg.StagingDir, StagingName: objectID, Now: h.now}); err != nil {
 		if errors.Is(err, history.ErrNoHistory) {
 			return "", false, fmt.Errorf("%w: database %s has no archived state at bookmark %s (not archived yet, or past retention)",
 				ErrInvalid, src.DatabaseUUID, history.MakeBookmark(src.DatabaseUUID, p))

@@ -64,6 +64,7 @@ func archiveHistory(a *config.Archive, dataDir string) (*objecthost.HistoryConfi
 		h = &objecthost.HistoryConfig{Store: st}
 	}
 	h.Archived = a.Durability == "archived"
+	h.DeletedArchiveMassFloor = a.DeletedArchiveMassFloor
 	// Validated by config.Load: positive durations or empty.
 	if a.MaxLag != "" {
 		h.Shipper.MaxLag, _ = time.ParseDuration(a.MaxLag)

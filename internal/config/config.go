@@ -174,6 +174,11 @@ type Archive struct {
 	Durability string `hcl:"durability,optional"`
 	MaxLag     string `hcl:"max_lag,optional"`   // default 1s
 	AlarmLag   string `hcl:"alarm_lag,optional"` // default 10s
+	// DeletedArchiveMassFloor: the sweep of deleted databases' archives
+	// deletes none in a pass where more than max(this, 1 % of the host's
+	// databases) are due, and raises "mass_archive_deletes" (default 50;
+	// raise it to let an expected mass through).
+	DeletedArchiveMassFloor int `hcl:"deleted_archive_mass_floor,optional"`
 }
 
 // Tier is one pricing tier's default limits (D1's figures by default).
@@ -438,6 +443,9 @@ func (c *Cluster) validate(body *hclsyntax.Body) error {
 		}
 		if a.Durability != "" && a.Durability != "default" && a.Durability != "archived" {
 			v.fail("archive", "", "durability", "default or archived, not %q", a.Durability)
+		}
+		if a.DeletedArchiveMassFloor < 0 {
+			v.fail("archive", "", "deleted_archive_mass_floor", "must not be negative (got %d)", a.DeletedArchiveMassFloor)
 		}
 		for _, f := range [][2]string{{"max_lag", a.MaxLag}, {"alarm_lag", a.AlarmLag}} {
 			if f[1] == "" {

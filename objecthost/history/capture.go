@@ -18,6 +18,15 @@ type CaptureOptions struct {
 	// StagingDir is the root of the local staging area (on the host's data
 	// disk; it survives restarts). Required.
 	StagingDir string
+	// StagingName names this capturer's own staging area,
+	// <StagingDir>/<key>/<StagingName> (the object host passes the object
+	// ID). Several objects of one database (key) can be on one host at
+	// once: a relocation away and back (A→B→A) puts the new object next to
+	// the superseded one, which may still hold unshipped files and must
+	// never be recovered into, sealed under, or removed with the new one.
+	// Empty: <StagingDir>/<key> (the layout before per-object staging;
+	// what a host migrates at start, see MigrateStaging).
+	StagingName string
 	// CheckpointFrames: the capturer checkpoints the WAL once it holds this
 	// many frames (default 1000, SQLite's own autocheckpoint).
 	CheckpointFrames int
@@ -188,7 +197,7 @@ func NewCapturer(key, dbPath string, opts CaptureOptions) (*Capturer, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	l, err := openLocalLog(opts.StagingDir, key)
+	l, err := openLocalLog(opts.StagingDir, key, opts.StagingName)
 	if err != nil {
 		return nil, err
 	}

@@ -51,7 +51,7 @@ func RestoreInto(ctx context.Context, a *Archive, srcKey string, p Position, dst
 		os.Remove(tmp)
 		return Position{}, err
 	}
-	l, err := openLocalLog(opts.StagingDir, dstKey)
+	l, err := openLocalLog(opts.StagingDir, dstKey, opts.StagingName)
 	if err != nil {
 		return Position{}, err
 	}

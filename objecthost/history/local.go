@@ -13,13 +13,18 @@ import (
 	"sync/atomic"
 )
 
-// localLog is one database's staging area on the host's disk, the part of
-// the log not yet in the Store:
+// localLog is one object's staging area on the host's disk, the part of
+// its database's log not yet in the Store:
 //
-//	<root>/<db>/<gen>/open.seg                 records being appended
-//	<root>/<db>/<gen>/<first>-<last>-<t>.seg   sealed, waiting to be shipped
-//	<root>/<db>/<gen>/<txid>-<t>.snap          snapshot waiting to be shipped
-//	<root>/<db>/<gen>/tip                      last known state (JSON)
+//	<root>/<db>/<obj>/<gen>/open.seg                 records being appended
+//	<root>/<db>/<obj>/<gen>/<first>-<last>-<t>.seg   sealed, waiting to be shipped
+//	<root>/<db>/<obj>/<gen>/<txid>-<t>.snap          snapshot waiting to be shipped
+//	<root>/<db>/<obj>/<gen>/tip                      last known state (JSON)
+//
+// <obj> (CaptureOptions.StagingName, the object ID on an object host) keeps
+// apart two objects of one database on one host (a relocation away and
+// back). Without it the log is <root>/<db>/<gen>/… (the former layout): gen
+// directories are 16 hex digits, object IDs 32, so the two never mix.
 //
 // The capture goroutine appends (one write(2) per batch of transactions,
 // no fsync: like the WAL under synchronous=NORMAL, a record survives a
@@ -28,9 +33,23 @@ import (
 type localLog struct {
 	dir string // <root>/<db>
 
-	mu        sync.Mutex
-	gen       string
-	open      *os.File
+	// sealMu is held by a seal from start to end (seals, settle and
+	// generation starts are serialized; appends are not: see seal).
+	sealMu sync.Mutex
+	// tipMu orders tip writes: a seal writes its tip without mu, and must
+	// not overwrite a newer one (settle's).
+	tipMu   sync.Mutex
+	tipGen  string
+	tipTxid uint64
+
+	mu   sync.Mutex
+	gen  string
+	open *os.File
+	// sealing is the file a seal renamed to sealing.seg and is fsyncing
+	// (nil otherwise): sync covers it too. stuck: a seal that failed
+	// half-way (see stuckSeal).
+	sealing   *os.File
+	stuck     *stuckSeal
 	openFirst recordHeader // first record in open.seg
 	openLast  recordHeader
 	openBytes int64
@@ -65,8 +84,14 @@ type tip struct {
 	Restore string `json:"restore,omitempty"`
 }
 
-func openLocalLog(root, db string) (*localLog, error) {
+func openLocalLog(root, db, obj string) (*localLog, error) {
 	dir := filepath.Join(root, db)
+	if obj != "" {
+		if !validKey(obj) {
+			return nil, fmt.Errorf("history: invalid staging name %q", obj)
+		}
+		dir = filepath.Join(dir, obj)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("history: staging dir: %w", err)
 	}
@@ -160,8 +185,51 @@ func (l *localLog) recoverGen(g string, seal bool) (tip, bool, error) {
 			}
 		}
 	}
+	// A seal the crash interrupted (see seal): finish it. Its records
+	// precede open.seg's.
+	var sealed *recordHeader
+	sp := filepath.Join(dir, sealingName)
+	slast, sfirst, svalid, err := lastRecord(sp, true)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return tip{}, false, err
+	case svalid == 0:
+		if err := os.Remove(sp); err != nil {
+			return tip{}, false, err
+		}
+	default:
+		if err := os.Truncate(sp, svalid); err != nil {
+			return tip{}, false, err
+		}
+		f, err := os.OpenFile(sp, os.O_WRONLY, 0o644)
+		if err != nil {
+			return tip{}, false, err
+		}
+		err = f.Sync()
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = finishSeal(dir, sealingName, sfirst, slast)
+		}
+		if err != nil {
+			return tip{}, false, err
+		}
+		newer(slast)
+		sealed = &slast
+	}
 	op := filepath.Join(dir, "open.seg")
 	last, first, valid, err := lastRecord(op, true)
+	if err == nil && valid > 0 && sealed != nil && first.Txid != sealed.Txid+1 {
+		// sealing.seg lost its tail in an OS crash while open.seg's later
+		// records reached the disk: they cannot follow. Their frames are
+		// still in the WAL (a WAL restart needs sync, which fsyncs
+		// sealing.seg too, so none happened since), and attach captures
+		// them again after the last record kept (or, if SQLite lost them
+		// too, starts a new generation).
+		valid = 0
+	}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
@@ -215,6 +283,11 @@ func lastRecord(path string, tolerateTail bool) (last, first recordHeader, valid
 // file, fsynced, renamed) and the tip. The tip is the checkpoint: until it
 // is written the previous generation is still current.
 func (l *localLog) startGeneration(gen string, base snapHeader, write func(f *os.File) error, st tip) error {
+	l.sealMu.Lock()
+	defer l.sealMu.Unlock()
+	if err := l.finishStuck(); err != nil {
+		return err
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.sealLocked(); err != nil {
@@ -228,7 +301,7 @@ func (l *localLog) startGeneration(gen string, base snapHeader, write func(f *os
 		return err
 	}
 	st.Gen = gen
-	if err := writeTip(dir, st); err != nil {
+	if err := l.writeTipOrdered(dir, st); err != nil {
 		return err
 	}
 	l.gen = gen
@@ -299,18 +372,27 @@ func (l *localLog) appendBatch(rec []byte, first, last recordHeader) (became boo
 // moot.
 func (l *localLog) sync() error {
 	l.mu.Lock()
-	f, last := l.open, l.openLast.Txid
+	f, sf, last, stuck := l.open, l.sealing, l.openLast.Txid, l.stuck
 	l.mu.Unlock()
-	if f == nil {
-		return nil
-	}
-	if err := f.Sync(); err != nil {
-		if errors.Is(err, os.ErrClosed) {
-			return nil
+	if stuck != nil {
+		if err := fsyncPath(filepath.Join(stuck.dir, sealingName)); err != nil {
+			return err
 		}
-		return err
 	}
-	l.raiseSynced(last)
+	// A seal in progress holds the records before open.seg's in
+	// sealing.seg, not fsynced yet perhaps: they must be durable too. The
+	// seal closes it only after its own fsync, so ErrClosed means done.
+	for _, f := range []*os.File{sf, f} {
+		if f == nil {
+			continue
+		}
+		if err := f.Sync(); err != nil && !errors.Is(err, os.ErrClosed) {
+			return err
+		}
+	}
+	if f != nil {
+		l.raiseSynced(last)
+	}
 	return nil
 }
 
@@ -325,13 +407,144 @@ func (l *localLog) raiseSynced(txid uint64) {
 
 // seal turns open.seg into an immutable, named segment (and the tip). It
 // returns false when there was nothing to seal.
+//
+// Only the renaming of open.seg to sealing.seg happens under mu: the
+// fsyncs (the file, the tip and its directory, the final rename's
+// directory) run without it, so the capture goroutine goes on appending
+// to a new open.seg meanwhile (holding mu across them stalled capture for
+// as long, and a checkpoint due meanwhile waited for capture). sync
+// fsyncs sealing.seg too; settle and generation starts wait for the seal
+// (sealMu). A crash leaves sealing.seg: recovery finishes the seal
+// (recoverGen).
 func (l *localLog) seal() (bool, error) {
+	l.sealMu.Lock()
+	defer l.sealMu.Unlock()
+	if err := l.finishStuck(); err != nil {
+		return false, err
+	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	had := l.open != nil && l.openBytes > 0
-	return had, l.sealLocked()
+	if l.open == nil || l.openBytes == 0 {
+		err := l.sealLocked()
+		l.mu.Unlock()
+		return false, err
+	}
+	dir, gen := l.genDir(l.gen), l.gen
+	first, last := l.openFirst, l.openLast
+	settled := l.settled == int64(last.Txid)
+	if err := os.Rename(filepath.Join(dir, "open.seg"), filepath.Join(dir, sealingName)); err != nil {
+		l.mu.Unlock()
+		return false, err
+	}
+	f := l.open
+	l.sealing, l.open, l.openBytes = f, nil, 0
+	l.mu.Unlock()
+
+	err := f.Sync()
+	if err == nil && sealSyncErr != nil {
+		err = sealSyncErr()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	st := &stuckSeal{dir: dir, tip: tip{Gen: gen, Last: last, Settled: settled}, first: first}
+	l.mu.Lock()
+	l.sealing = nil
+	if err != nil {
+		l.stuck = st
+	}
+	l.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	if err := l.completeSeal(st); err != nil {
+		l.mu.Lock()
+		l.stuck = st
+		l.mu.Unlock()
+		return false, err
+	}
+	return true, nil
 }
 
+// stuckSeal is a seal that failed after renaming open.seg to sealing.seg:
+// the next seal (or settle, or generation start) finishes it first, so a
+// later sealing.seg never replaces it; until then sync fsyncs it by name.
+type stuckSeal struct {
+	dir   string
+	tip   tip
+	first recordHeader
+}
+
+// completeSeal writes the tip (before the final name: once the segment is
+// shipped and removed, the tip is what remembers the last record), then
+// renames sealing.seg to its segment name.
+func (l *localLog) completeSeal(st *stuckSeal) error {
+	if err := l.writeTipOrdered(st.dir, st.tip); err != nil {
+		return err
+	}
+	if err := finishSeal(st.dir, sealingName, st.first, st.tip.Last); err != nil {
+		return err
+	}
+	l.raiseSynced(st.tip.Last.Txid)
+	return nil
+}
+
+// finishStuck completes a failed seal (sealMu held).
+func (l *localLog) finishStuck() error {
+	l.mu.Lock()
+	st := l.stuck
+	l.mu.Unlock()
+	if st == nil {
+		return nil
+	}
+	if err := fsyncPath(filepath.Join(st.dir, sealingName)); err != nil {
+		return err
+	}
+	if err := l.completeSeal(st); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.stuck = nil
+	l.mu.Unlock()
+	return nil
+}
+
+func fsyncPath(p string) error {
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// sealSyncErr, tests only: when set, a seal's fsync of sealing.seg fails
+// with what it returns.
+var sealSyncErr func() error
+
+// sealingName is open.seg while a seal fsyncs it.
+const sealingName = "sealing.seg"
+
+// writeTipOrdered writes the tip unless a tip of the same generation with
+// a later record was written already (a seal's tip, written without mu,
+// after settle's).
+func (l *localLog) writeTipOrdered(dir string, st tip) error {
+	l.tipMu.Lock()
+	defer l.tipMu.Unlock()
+	if l.tipGen == st.Gen && l.tipTxid > st.Last.Txid {
+		return nil
+	}
+	if err := writeTip(dir, st); err != nil {
+		return err
+	}
+	l.tipGen, l.tipTxid = st.Gen, st.Last.Txid
+	return nil
+}
+
+// sealLocked seals synchronously, all under mu (a generation start, or
+// nothing to seal).
 func (l *localLog) sealLocked() error {
 	if l.open == nil {
 		return nil
@@ -344,7 +557,7 @@ func (l *localLog) sealLocked() error {
 	dir := l.genDir(l.gen)
 	// The tip first: once the segment is shipped and removed, it is what
 	// remembers the last record.
-	if err := writeTip(dir, tip{Gen: l.gen, Last: l.openLast, Settled: l.settled == int64(l.openLast.Txid)}); err != nil {
+	if err := l.writeTipOrdered(dir, tip{Gen: l.gen, Last: l.openLast, Settled: l.settled == int64(l.openLast.Txid)}); err != nil {
 		return err
 	}
 	err := sealFile(l.open, dir, l.openFirst, l.openLast)
@@ -366,8 +579,14 @@ func sealFile(f *os.File, dir string, first, last recordHeader) error {
 	if err != nil {
 		return err
 	}
+	return finishSeal(dir, "open.seg", first, last)
+}
+
+// finishSeal renames a complete, fsynced segment file to its segment name
+// and fsyncs the directory. Checkpoint: the rename.
+func finishSeal(dir, from string, first, last recordHeader) error {
 	name := filepath.Base(segKey("x", "x", segName{First: first.Txid, Last: last.Txid, LastTimeUs: last.TimeUs}))
-	if err := os.Rename(filepath.Join(dir, "open.seg"), filepath.Join(dir, name)); err != nil {
+	if err := os.Rename(filepath.Join(dir, from), filepath.Join(dir, name)); err != nil {
 		return err
 	}
 	return syncDir(dir)
@@ -387,6 +606,11 @@ func writeTip(dir string, st tip) error {
 
 // settle writes the tip with Settled set at the last record (see tip).
 func (l *localLog) settle(last recordHeader) error {
+	l.sealMu.Lock() // a seal in progress has fsynced its file when it ends
+	defer l.sealMu.Unlock()
+	if err := l.finishStuck(); err != nil {
+		return err
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.settled == int64(last.Txid) && l.gen != "" {
@@ -400,7 +624,7 @@ func (l *localLog) settle(last recordHeader) error {
 		}
 		l.raiseSynced(l.openLast.Txid)
 	}
-	if err := writeTip(l.genDir(l.gen), tip{Gen: l.gen, Last: last, Settled: true}); err != nil {
+	if err := l.writeTipOrdered(l.genDir(l.gen), tip{Gen: l.gen, Last: last, Settled: true}); err != nil {
 		return err
 	}
 	l.settled = int64(last.Txid)
@@ -442,6 +666,9 @@ type pendingFile struct {
 // that follow them, by txid.
 func (l *localLog) pending(db string) ([]pendingFile, error) {
 	gens, err := l.generations()
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil // the area was removed (RemoveStaging): nothing left
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -571,4 +798,147 @@ func (l *localLog) firstPendingUs(db string) int64 {
 		}
 	}
 	return oldest
+}
+
+// StagingArea names one staging area under a staging root: the database
+// key and the object's staging name ("" for the former per-database
+// layout, <root>/<key>/<gen>).
+type StagingArea struct {
+	Key, Name string
+}
+
+// StagingAreas lists the staging areas under root (a host's start: what an
+// earlier run may have left unshipped).
+func StagingAreas(root string) ([]StagingArea, error) {
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return nil, err
+	}
+	var out []StagingArea
+	for _, e := range ents {
+		if !e.IsDir() || !validKey(e.Name()) {
+			continue
+		}
+		subs, err := os.ReadDir(filepath.Join(root, e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		legacy := false
+		for _, s := range subs {
+			if !s.IsDir() {
+				continue
+			}
+			if _, ok := parseHex16(s.Name()); ok {
+				legacy = true
+			} else if validKey(s.Name()) {
+				out = append(out, StagingArea{Key: e.Name(), Name: s.Name()})
+			}
+		}
+		if legacy {
+			out = append(out, StagingArea{Key: e.Name()})
+		}
+	}
+	return out, nil
+}
+
+// MigrateStaging moves the generations of key's staging area in the former
+// layout (<root>/<key>/<gen>) into the per-object one
+// (<root>/<key>/<name>/<gen>), oldest first, so that the object's capturer
+// continues them (its history proves continuity instead of starting a new
+// generation). Call it at a host's start, before the database opens, and
+// only when name is the host's only object of key: with two, whose
+// generations they are cannot be told. Each move is one rename; a crash
+// between two leaves the rest for the next start. It returns how many
+// generations moved.
+func MigrateStaging(root, key, name string) (int, error) {
+	if !validKey(key) || !validKey(name) {
+		return 0, fmt.Errorf("history: invalid staging area %q/%q", key, name)
+	}
+	old := &localLog{dir: filepath.Join(root, key)}
+	gens, err := old.generations()
+	if err != nil || len(gens) == 0 {
+		return 0, err
+	}
+	dst := filepath.Join(root, key, name)
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return 0, err
+	}
+	for i, g := range gens {
+		if err := os.Rename(filepath.Join(old.dir, g), filepath.Join(dst, g)); err != nil {
+			return i, err
+		}
+		if err := syncDir(dst); err != nil {
+			return i + 1, err
+		}
+		if err := syncDir(old.dir); err != nil {
+			return i + 1, err
+		}
+	}
+	return len(gens), nil
+}
+
+// StagingPending reports whether a staging area holds records not yet in
+// the store (sealed files, or an open segment with records).
+func StagingPending(root string, a StagingArea) (bool, error) {
+	l, err := stagingLog(root, a)
+	if err != nil {
+		return false, err
+	}
+	files, err := l.pending(a.Key)
+	if err != nil || len(files) > 0 {
+		return len(files) > 0, err
+	}
+	gens, err := l.generations()
+	if err != nil {
+		return false, err
+	}
+	for _, g := range gens {
+		for _, name := range []string{"open.seg", sealingName} {
+			if fi, err := os.Stat(filepath.Join(l.genDir(g), name)); err == nil && fi.Size() > 0 {
+				return true, nil
+			} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return false, err
+			}
+		}
+	}
+	return false, nil
+}
+
+// RemoveStaging removes a staging area (its object is gone from this host
+// and StagingPending said nothing is left to ship), and the database's
+// directory once empty. Of the former layout's area only the generation
+// directories go: object areas may live beside them.
+func RemoveStaging(root string, a StagingArea) error {
+	l, err := stagingLog(root, a)
+	if err != nil {
+		return err
+	}
+	if a.Name != "" {
+		if err := os.RemoveAll(l.dir); err != nil {
+			return err
+		}
+	} else {
+		gens, err := l.generations()
+		if err != nil {
+			return err
+		}
+		for _, g := range gens {
+			if err := os.RemoveAll(l.genDir(g)); err != nil {
+				return err
+			}
+		}
+	}
+	_ = os.Remove(filepath.Join(root, a.Key)) // fails while another area is there
+	return syncDir(root)
+}
+
+func stagingLog(root string, a StagingArea) (*localLog, error) {
+	if !validKey(a.Key) || a.Name != "" && !validKey(a.Name) {
+		return nil, fmt.Errorf("history: invalid staging area %q/%q", a.Key, a.Name)
+	}
+	dir := filepath.Join(root, a.Key)
+	if a.Name != "" {
+		dir = filepath.Join(dir, a.Name)
+	}
+	return &localLog{dir: dir, settled: -1}, nil
 }

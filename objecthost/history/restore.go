@@ -273,7 +273,7 @@ func (a *Archive) build(ctx context.Context, db string, p Position, tmp string, 
 				}
 			}
 			st.Records++
-			st.BytesRead += recordSize(h.PageSize, h.NPages)
+			st.BytesRead += recordSize(h)
 			dbSize, timeUs, chain, next = h.DBSize, h.TimeUs, h.CRC, h.Txid+1
 			if h.Txid == p.Txid {
 				return errStop

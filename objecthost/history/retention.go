@@ -2,6 +2,7 @@ package history
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -87,4 +88,28 @@ func (a *Archive) Sweep(ctx context.Context, db string, cutoff time.Time) (Sweep
 		}
 	}
 	return st, nil
+}
+
+// DeleteAll deletes every archived object of database db (snapshots and
+// segments of every generation): its archive once the database was
+// deleted and its time-travel retention passed. The caller decides that
+// from the catalog; nothing here checks. Oldest first, like Sweep; a crash
+// midway leaves a suffix that the next call deletes. It returns how many
+// objects it deleted.
+func (a *Archive) DeleteAll(ctx context.Context, db string) (int, error) {
+	if !validKey(db) {
+		return 0, fmt.Errorf("history: invalid database key %q", db)
+	}
+	keys, err := a.store.List(ctx, db+"/")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, k := range keys {
+		if err := a.store.Delete(ctx, k); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }

@@ -86,7 +86,7 @@ func TestRestoreInPlaceFinishesAfterCrash(t *testing.T) {
 	tmp := e.path + ".restore-tmp"
 	var st RestoreStats
 	require.NoError(t, e.archive.build(ctx, e.key, pos1, tmp, &st))
-	l, err := openLocalLog(e.copts.StagingDir, e.key)
+	l, err := openLocalLog(e.copts.StagingDir, e.key, e.copts.StagingName)
 	require.NoError(t, err)
 	_, _, err = l.recover()
 	require.NoError(t, err)

@@ -148,6 +148,10 @@ type HeartbeatState struct {
 	// is the leftover of a relocation that never committed. Empty from a
 	// catalog older than the field: hosts then compare nothing.
 	ObjectID string `json:"object_id,omitempty"`
+	// DeletedAt is when a deleted database was deleted (Unix ns, the
+	// delete command's time; 0 otherwise): an object host sweeps the
+	// database's archive once its time-travel retention passed since.
+	DeletedAt int64 `json:"deleted_at,omitempty"`
 }
 
 // HeartbeatAnswer answers a heartbeat batch: one state per database and, once

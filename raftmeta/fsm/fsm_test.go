@@ -202,7 +202,7 @@ func TestDeleteDatabase(t *testing.T) {
 	hb, err := f.Heartbeat(ctx, []string{uuidN(1), uuidN(2)})
 	require.NoError(t, err)
 	require.Len(t, hb.Databases, 2)
-	assert.Equal(t, HeartbeatState{UUID: uuidN(1), Known: true, State: StateDeleted, AccountID: "a1", RoutingGeneration: 2, ObjectID: "obj-" + uuidN(1)}, hb.Databases[0])
+	assert.Equal(t, HeartbeatState{UUID: uuidN(1), Known: true, State: StateDeleted, AccountID: "a1", RoutingGeneration: 2, ObjectID: "obj-" + uuidN(1), DeletedAt: db.DeletedAt}, hb.Databases[0])
 	assert.Equal(t, HeartbeatState{UUID: uuidN(2)}, hb.Databases[1])
 }
 
@@ -240,6 +240,14 @@ func TestHeartbeatAccountsOncePerAccount(t *testing.T) {
 	assert.Equal(t, int64(2), hb.Accounts["a1"].ActiveDatabases)
 	assert.Equal(t, "a1", hb.Accounts["a1"].ID)
 	assert.Equal(t, int64(0), hb.Accounts["a2"].StorageBytes)
+	assert.Zero(t, hb.Databases[1].DeletedAt, "active")
+	// A deleted database answers its deletion time (archive sweeping).
+	del := decodeValue[Database](t, d.ok(CmdDeleteDatabase, DeleteDatabase{AccountID: "a1", UUID: uuidN(2)}))
+	hb, err = f.Heartbeat(ctx, []string{uuidN(2)})
+	require.NoError(t, err)
+	assert.Equal(t, StateDeleted, hb.Databases[0].State)
+	assert.NotZero(t, hb.Databases[0].DeletedAt)
+	assert.Equal(t, del.DeletedAt, hb.Databases[0].DeletedAt)
 	_, err = f.Heartbeat(ctx, make([]string, MaxHeartbeatBatch+1))
 	assert.ErrorIs(t, err, ErrInvalid)
 }

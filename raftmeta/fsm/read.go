@@ -210,7 +210,7 @@ func (f *FSM) Heartbeat(ctx context.Context, uuids []string) (HeartbeatAnswer, e
 			COALESCE(a.max_storage_bytes, 0), COALESCE(a.max_database_bytes, 0),
 			COALESCE(a.rows_read_per_day, 0), COALESCE(a.rows_written_per_day, 0),
 			COALESCE(a.heartbeat_interval_ms, 0), COALESCE(a.active_databases, 0),
-			COALESCE(s.storage_bytes, 0), COALESCE(a.created_at, 0)
+			COALESCE(s.storage_bytes, 0), COALESCE(a.created_at, 0), COALESCE(d.deleted_at, 0)
 			FROM json_each(?) j
 			LEFT JOIN databases d ON d.uuid = j.value
 			LEFT JOIN accounts a ON a.id = d.account_id
@@ -230,7 +230,7 @@ func (f *FSM) Heartbeat(ctx context.Context, uuids []string) (HeartbeatAnswer, e
 			if err := rows.Scan(&uuidText, &hs.Known, &hs.State, &hs.AccountID, &hs.RoutingGeneration, &hs.ObjectID, &hasAcct,
 				&a.Name, &a.Tier, &a.Limits.MaxDatabases, &a.Limits.MaxStorageBytes, &a.Limits.MaxDatabaseBytes,
 				&a.Limits.RowsReadPerDay, &a.Limits.RowsWrittenPerDay, &a.Limits.HeartbeatIntervalMs,
-				&a.ActiveDatabases, &a.StorageBytes, &a.CreatedAt); err != nil {
+				&a.ActiveDatabases, &a.StorageBytes, &a.CreatedAt, &hs.DeletedAt); err != nil {
 				return err
 			}
 			hs.UUID = uuidText.String

@@ -1,0 +1,204 @@
+package objecthost
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/shoaldb/shoal/objecthost/history"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// Archives of deleted databases. The retention sweeper (hostHistory.sweep)
+// trims the archive of every live database; once a database is deleted its
+// archive must go too, but only after its time-travel retention (7 days
+// free, 30 paid, as D1) has passed since the deletion, and never while the
+// database lives: a database relocated off a lost host keeps its UUID, so
+// the superseded object left on the old host (retired, marked deleted
+// here) shares the archive key with the live object elsewhere.
+//
+// What remembers the duty is the staging area (<staging>/<uuid>/<object>/,
+// history.StagingAreas): it outlives the object (Sweep removes deleted
+// objects after DeletedRetention, a day, much sooner than the retention),
+// and every host that ever held an object of the database has one. Each
+// pass (every SweepInterval, after the retention sweep):
+//
+//  1. areas of objects not live here (deleted, retired, swept) whose
+//     records are all shipped (history.StagingPending: shipping first, or
+//     a late Put would recreate part of an archive just deleted);
+//  2. their databases' state from the catalog on a linearizable read
+//     (ConfirmHeartbeat), never a follower's possibly stale answer;
+//  3. per database: unknown to the catalog: kept (a catalog restored from
+//     an older backup must not cost an archive); live (any state but
+//     deleted): the archive is never touched, only the areas here, which
+//     hold nothing unshipped, are removed; deleted less than its
+//     retention ago (catalog deleted_at + the account tier's retention):
+//     kept; deleted longer ago: due;
+//  4. the brake: more due databases than max(DeletedArchiveMassFloor,
+//     DeletedArchiveMassFraction × the databases this host knows) deletes
+//     none and raises the "mass_archive_deletes" alarm (a wrong catalog
+//     answer or a bug must not empty the archive in one pass; the alarm
+//     clears once a pass is under the limit, e.g. after an operator raised
+//     it);
+//  5. each due database: history.Archive.DeleteAll (the checkpoint: every
+//     object under <uuid>/ gone), then its staging areas here. A crash in
+//     between leaves the area, and the next pass deletes what is left.
+//
+// A host lost with its data dir loses its areas: archives of databases
+// deleted while their only object was on it are not swept by this (see
+// objecthost/history/DESIGN.md, "Archives of deleted databases").
+
+// DeletedArchiveReport is one pass of sweepDeletedArchives.
+type DeletedArchiveReport struct {
+	Areas    int // staging areas examined (objects not live here)
+	Pending  int // areas skipped: records not shipped yet
+	Asked    int // databases asked about
+	Unknown  int // unknown to the catalog: kept
+	Live     int // live databases: areas removed, archive kept
+	NotDue   int // deleted, retention not over: kept
+	Due      int // deleted, retention over
+	Held     int // due, but held by the mass brake
+	Deleted  int // archives deleted
+	Objects  int // archive objects deleted
+	Failures int // archives whose deletion failed (retried next pass)
+}
+
+// sweepDeletedArchives is one pass (see above).
+func (hh *hostHistory) sweepDeletedArchives(ctx context.Context, h *Host) (DeletedArchiveReport, error) {
+	var rep DeletedArchiveReport
+	if h.cfg.Catalog == nil {
+		return rep, nil
+	}
+	root := hh.cfg.StagingDir
+	// Areas first, objects after: an area listed existed before the
+	// objects are looked at, and its object (created before its first
+	// staging write, or with Restoring set before a restore into it) is
+	// then seen live.
+	areas, err := history.StagingAreas(root)
+	if err != nil {
+		return rep, err
+	}
+	live, liveUUID, known := hh.liveObjects(h)
+	byUUID := map[string][]history.StagingArea{}
+	var uuids []string
+	for _, a := range areas {
+		if a.Name != "" && live[a.Name] || a.Name == "" && liveUUID[a.Key] {
+			continue // a live object's area (the former layout: shared with it)
+		}
+		rep.Areas++
+		if pending, err := history.StagingPending(root, a); err != nil || pending {
+			rep.Pending++
+			continue
+		}
+		if byUUID[a.Key] == nil {
+			uuids = append(uuids, a.Key)
+		}
+		byUUID[a.Key] = append(byUUID[a.Key], a)
+	}
+	sort.Strings(uuids)
+	now := h.now()
+	var due []string
+	for start := 0; start < len(uuids); start += fsm.MaxHeartbeatBatch {
+		batch := uuids[start:min(len(uuids), start+fsm.MaxHeartbeatBatch)]
+		cctx, cancel := context.WithTimeout(ctx, h.cfg.CatalogTimeout)
+		ans, err := h.cfg.Catalog.ConfirmHeartbeat(cctx, batch)
+		cancel()
+		if err != nil {
+			h.m.catalogCalls.WithLabelValues("confirm_deleted_archives", "error").Inc()
+			return rep, fmt.Errorf("confirming deleted databases' archives: %w", err)
+		}
+		h.m.catalogCalls.WithLabelValues("confirm_deleted_archives", "ok").Inc()
+		rep.Asked += len(batch)
+		for _, st := range ans.Databases {
+			switch {
+			case !st.Known:
+				rep.Unknown++
+			case st.State != fsm.StateDeleted:
+				rep.Live++
+				hh.removeAreas(h, byUUID[st.UUID])
+			case st.DeletedAt == 0 || now.Sub(time.Unix(0, st.DeletedAt)) < hh.deletedRetention(ans.Accounts[st.AccountID]):
+				rep.NotDue++
+			default:
+				due = append(due, st.UUID)
+			}
+		}
+	}
+	rep.Due = len(due)
+	limit := max(hh.cfg.DeletedArchiveMassFloor, int(hh.cfg.DeletedArchiveMassFraction*float64(known+rep.Areas)))
+	if len(due) > limit {
+		rep.Held = len(due)
+		msg := fmt.Sprintf("%d deleted databases' archives are due for deletion in one pass (limit %d, %d databases known here); none deleted. if that is expected, raise deleted_archive_mass_floor in cluster.hcl's archive block", len(due), limit, known+rep.Areas)
+		h.alarms.raiseFor("mass_archive_deletes", now, len(due), due, 2*hh.cfg.SweepInterval, msg)
+		h.log.Error("mass of deleted databases' archives due; deleting none", "due", len(due), "limit", limit, "sample", due[:min(5, len(due))])
+		return rep, nil
+	}
+	h.alarms.clear("mass_archive_deletes")
+	for _, u := range due {
+		if ctx.Err() != nil {
+			return rep, ctx.Err()
+		}
+		n, err := hh.archive.DeleteAll(ctx, u)
+		rep.Objects += n
+		if err != nil {
+			rep.Failures++
+			h.log.Warn("deleting a deleted database's archive failed; retried next pass", "database", u, "objects_deleted", n, "err", err)
+			continue
+		}
+		rep.Deleted++
+		h.log.Info("archive of a deleted database deleted (retention over)", "database", u, "objects", n)
+		hh.removeAreas(h, byUUID[u])
+	}
+	return rep, nil
+}
+
+// liveObjects: the objects of this host that are not deleted, their
+// databases, and how many objects the host knows.
+func (hh *hostHistory) liveObjects(h *Host) (live, liveUUID map[string]bool, known int) {
+	live, liveUUID = map[string]bool{}, map[string]bool{}
+	h.mu.RLock()
+	known = len(h.objects)
+	for id, o := range h.objects {
+		if m := o.meta.Load(); m != nil && !m.deleted() {
+			live[id], liveUUID[m.DatabaseUUID] = true, true
+		}
+	}
+	h.mu.RUnlock()
+	hh.mu.Lock()
+	for id := range hh.caps {
+		live[id] = true
+	}
+	for id := range hh.restoring {
+		live[id] = true
+	}
+	hh.mu.Unlock()
+	return live, liveUUID, known
+}
+
+// removeAreas removes staging areas that hold nothing unshipped, checking
+// again that no object of theirs came alive meanwhile.
+func (hh *hostHistory) removeAreas(h *Host, areas []history.StagingArea) {
+	live, liveUUID, _ := hh.liveObjects(h)
+	for _, a := range areas {
+		if a.Name != "" && live[a.Name] || a.Name == "" && liveUUID[a.Key] {
+			continue
+		}
+		if pending, err := history.StagingPending(hh.cfg.StagingDir, a); err != nil || pending {
+			continue
+		}
+		if err := history.RemoveStaging(hh.cfg.StagingDir, a); err != nil {
+			h.log.Warn("removing a staging area failed", "database", a.Key, "object", a.Name, "err", err)
+		}
+	}
+}
+
+// deletedRetention is how long a deleted database's archive is kept: the
+// account tier's time-travel retention (D1: 7 days free, 30 paid), capped
+// by the host's Retention; an account the catalog did not return gets the
+// longest.
+func (hh *hostHistory) deletedRetention(a fsm.Account) time.Duration {
+	if a.Tier == fsm.TierFree {
+		return min(7*24*time.Hour, hh.cfg.Retention)
+	}
+	return hh.cfg.Retention
+}
