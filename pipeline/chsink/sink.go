@@ -62,6 +62,11 @@ type Config struct {
 	Logger     *slog.Logger
 	// Now is the time source of the age gauges (default time.Now).
 	Now func() time.Time
+	// Stalled, when set, is asked before every batch: while it returns
+	// true the sink polls, inserts and commits nothing (it stays in the
+	// group) — a sink that hangs while the brokers are up. Fault tests
+	// only (SHOAL_FAILPOINTS consumers:stall); nil in production.
+	Stalled func() bool
 
 	// afterInsert, when set (tests only), runs after a batch's insert
 	// and before its commit; returning true makes the loop stop there as
@@ -237,6 +242,13 @@ func (s *Sink) run() {
 		b.ids = newRecentIDs(s.cfg.DedupeWindow)
 	}
 	for s.runCtx.Err() == nil {
+		for s.cfg.Stalled != nil && s.cfg.Stalled() {
+			select {
+			case <-s.runCtx.Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
 		if !s.cycle(b) {
 			return
 		}

@@ -66,6 +66,10 @@ const (
 	// made (leaving an orphan for the heartbeats to kill; more per pass
 	// than the hosts' mass-orphan floor of 10 would be held, not killed).
 	edgeFailpoints = "create:after-catalog-write=30%,create:after-init=10%"
+	// pipelineFailpoints are armed by the consumer-stopped failpoint
+	// (SIGUSR1 to the pipeline node's process): the storage consumer and
+	// the ClickHouse sink stop polling, the broker keeps serving.
+	pipelineFailpoints = "consumers:stall=100%"
 	// archiveAlarmLag is the hosts' archive alarm_lag: short, so an
 	// object-store outage of a few seconds raises the lag alarm.
 	archiveAlarmLag = 2 * time.Second
@@ -128,7 +132,8 @@ func newCluster(t *testing.T) *topology.Cluster {
 	defer cancel()
 	c, err := topology.Start(ctx, netw, topology.Options{Bin: bin, Dir: t.TempDir(), Heartbeat: heartbeat, Grace: grace,
 		HostDisk: hostDisk, EdgeEnv: []string{"SHOAL_FAILPOINTS=" + edgeFailpoints}, Pipeline: true,
-		Archive: true, S3Bin: s3, ArchiveAlarmLag: archiveAlarmLag.String()})
+		PipelineEnv: []string{"SHOAL_FAILPOINTS=" + pipelineFailpoints},
+		Archive:     true, S3Bin: s3, ArchiveAlarmLag: archiveAlarmLag.String()})
 	t.Cleanup(func() { assert.NoError(t, c.Stop(), "stopping the cluster") }) // before netw.Close
 	require.NoError(t, err, "starting the cluster")
 	return c
@@ -280,7 +285,7 @@ func (e *env) run(f failpoint.Failpoint) {
 		e.cutOffs = append(e.cutOffs, validate.Window{Name: f.String(), From: inj.Start, To: inj.Healed})
 		e.mu.Unlock()
 	}
-	if f.Kind == failpoint.ObjectStoreDown {
+	if f.Kind == failpoint.ObjectStoreDown || f.Kind == failpoint.ObjectStoreFaulty {
 		e.storeRecovered(validate.Window{Name: f.String(), From: inj.Start, To: inj.Healed})
 	}
 	// Every member serves again (a restarted process has started, a
@@ -398,6 +403,76 @@ func (e *env) stopClickHouse() failpoint.Failpoint {
 func (e *env) stopFollower() failpoint.Failpoint {
 	f := e.followers()[0]
 	return failpoint.NewStopCont(f.Name, f, e.sched.fault)
+}
+
+// followerLag delays a follower's raft traffic by 100–400 ms each way: the
+// leader's appends and their acknowledgements pass through a delaying
+// relay in the follower's namespace (topology.Node.DelayPort; this kernel
+// has no netem). The follower falls behind without timing out (heartbeat
+// timeout 1 s) and the other follower keeps the quorum.
+func (e *env) followerLag() failpoint.Failpoint {
+	f := e.followers()[0]
+	delay := time.Duration(100+e.r.IntN(300)) * time.Millisecond
+	var relay *topology.Relay
+	return failpoint.Custom(failpoint.FollowerLag, f.Name, fmt.Sprintf("raft +%s each way, relay", delay), e.sched.fault,
+		func() (err error) { relay, err = f.Node().DelayPort(topology.RaftPort, delay); return err },
+		func() error {
+			if relay == nil {
+				return nil
+			}
+			b, n := relay.Relayed()
+			e.t.Logf("follower-lag relay of %s carried %d bytes over %d connections", f.Name, b, n)
+			return relay.Close()
+		})
+}
+
+// packetLoss drops pct% of m's packets both ways (iptables statistic).
+func (e *env) packetLoss(m *topology.Member, pct int) failpoint.Failpoint {
+	nd := m.Node()
+	return failpoint.Custom(failpoint.PacketLoss, m.Name, fmt.Sprintf("%d%%", pct), e.sched.fault,
+		func() error { return nd.Lose(pct) }, nd.Unlose)
+}
+
+// consumerStopped stalls the pipeline node's consumers (storage consumer
+// and ClickHouse sink) while its broker keeps taking the hosts' records:
+// usage and sizes wait in the broker and must arrive, exactly, after.
+func (e *env) consumerStopped() failpoint.Failpoint {
+	return failpoint.Custom(failpoint.ConsumerStopped, e.c.Pipeline.Name+" consumers", pipelineFailpoints, e.sched.fault,
+		e.c.ToggleConsumers, e.c.ToggleConsumers)
+}
+
+// objectStoreFaulty keeps the object store up but has it answer every
+// request 503 SlowDown (StoreErrors) or each one 3 s late (StoreSlow),
+// sampling the hosts' archive status as for an outage; run then checks the
+// same things as after one (queries unaffected, lag alarm, recovery).
+func (e *env) objectStoreFaulty(mode string) failpoint.Failpoint {
+	s := e.c.ObjectStore
+	out := &validate.StoreOutage{AlarmLag: archiveAlarmLag, Hosts: map[string]*validate.HostLag{}}
+	for _, h := range e.c.Hosts {
+		out.Hosts[h.Name] = &validate.HostLag{}
+	}
+	e.mu.Lock()
+	e.outage = out
+	e.mu.Unlock()
+	const slowBy = 3 * time.Second
+	param, set := mode, func() error { return e.c.StoreFault(e.ctx, "503", 0) }
+	if mode == failpoint.StoreSlow {
+		param, set = fmt.Sprintf("%s, %s a request", mode, slowBy), func() error { return e.c.StoreFault(e.ctx, "slow", slowBy) }
+	}
+	f := failpoint.Custom(failpoint.ObjectStoreFaulty, s.Name, param, e.sched.fault, set,
+		func() error { return e.c.StoreFault(e.ctx, "none", 0) })
+	return f.WithDuring(func(ctx context.Context) {
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			e.sampleArchiveStatus(out)
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	})
 }
 
 func (e *env) throttleFollower() failpoint.Failpoint {
@@ -1016,6 +1091,8 @@ func TestFaultLeaderIsolationAndHostKill(t *testing.T) {
 			if sched.long {
 				e.run(e.stopFollower())
 				e.run(e.throttleFollower())
+				e.run(e.followerLag())
+				e.run(e.packetLoss(e.c.Hosts[(round+1)%len(e.c.Hosts)], 20))
 			}
 		}
 	})
@@ -1044,6 +1121,11 @@ func TestFaultPartitionsDiskAndSeedInjections(t *testing.T) {
 		e.run(e.killMember(e.c.Pipeline))
 		e.run(e.objectStoreDown(failpoint.StoreStopped))
 		e.run(e.objectStoreDown(failpoint.StoreCut))
+		if sched.long {
+			e.run(e.consumerStopped())
+			e.run(e.objectStoreFaulty(failpoint.StoreErrors))
+			e.run(e.objectStoreFaulty(failpoint.StoreSlow))
+		}
 		e.run(e.restoreDuringHostKill(true))
 		for _, m := range e.c.Catalog {
 			e.run(e.killMember(m))

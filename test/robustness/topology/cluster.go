@@ -24,11 +24,14 @@ import (
 const (
 	catalogHTTPPort = 4001
 	raftPort        = 4002
-	hostPort        = 4003
-	edgePort        = 8787
-	pipelinePort    = 4005
-	s3Port          = 4006
-	kafkaPort       = 9092
+	// RaftPort is the catalog voters' raft port (the follower-lag relay
+	// sits in front of it).
+	RaftPort     = raftPort
+	hostPort     = 4003
+	edgePort     = 8787
+	pipelinePort = 4005
+	s3Port       = 4006
+	kafkaPort    = 9092
 	// ClickHousePort is the managed clickhouse-server's native port on
 	// the pipeline node's own loopback (reach it with ClickHouseQuery).
 	ClickHousePort = 9000
@@ -50,6 +53,9 @@ type Options struct {
 	HostDisk string
 	// EdgeEnv is added to the edges' environment (e.g. SHOAL_FAILPOINTS).
 	EdgeEnv []string
+	// PipelineEnv is added to the pipeline node's environment (e.g.
+	// SHOAL_FAILPOINTS=consumers:stall=100%, toggled by ToggleConsumers).
+	PipelineEnv []string
 	// Pipeline adds the background plane: node p1 runs `shoal pipeline
 	// serve` with the embedded Kafka-protocol broker, a managed
 	// clickhouse-server, the storage consumer, the ClickHouse sink and the
@@ -152,6 +158,7 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 	var kafka []string
 	if o.Pipeline {
 		var ps []*Member
+		env = o.PipelineEnv
 		err := add(&ps, "p1", pipelinePort, func(addr string) []string {
 			ip := strings.TrimSuffix(addr, fmt.Sprintf(":%d", pipelinePort))
 			kafka = []string{"--kafka-brokers", fmt.Sprintf("%s:%d", ip, kafkaPort)}
@@ -160,6 +167,7 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 				"--managed-clickhouse", "--managed-clickhouse-addr", fmt.Sprintf("127.0.0.1:%d", ClickHousePort),
 				"--reconcile-interval", "2s", "--log-level", "warn"}
 		})
+		env = nil
 		if len(ps) > 0 {
 			c.Pipeline = ps[0]
 		}
