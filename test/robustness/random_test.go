@@ -39,6 +39,7 @@ func randomFault(e *env, r *rand.Rand) failpoint.Failpoint {
 		{failpoint.OneWay, e.oneWay},
 		{failpoint.DiskFull, func() failpoint.Failpoint { return e.diskFull(host) }},
 		{failpoint.CatalogCutOff, e.cutOffCatalog},
+		{failpoint.CatalogCutOff, e.cutOffCatalogColdEdge},
 		{failpoint.RoutePurge, e.routePurge},
 		{failpoint.LostCreate, e.lostCreate},
 		{failpoint.StopCont, e.stopFollower},

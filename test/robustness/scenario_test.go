@@ -66,6 +66,8 @@ const (
 	// made (leaving an orphan for the heartbeats to kill; more per pass
 	// than the hosts' mass-orphan floor of 10 would be held, not killed).
 	edgeFailpoints = "create:after-catalog-write=30%,create:after-init=10%"
+	// bindingKey is the binding-token secret of the edges and the hosts.
+	bindingKey = "robustness-binding-key-0123456789abcdef"
 	// pipelineFailpoints are armed by the consumer-stopped failpoint
 	// (SIGUSR1 to the pipeline node's process): the storage consumer and
 	// the ClickHouse sink stop polling, the broker keeps serving.
@@ -132,8 +134,8 @@ func newCluster(t *testing.T) *topology.Cluster {
 	defer cancel()
 	c, err := topology.Start(ctx, netw, topology.Options{Bin: bin, Dir: t.TempDir(), Heartbeat: heartbeat, Grace: grace,
 		HostDisk: hostDisk, EdgeEnv: []string{"SHOAL_FAILPOINTS=" + edgeFailpoints}, Pipeline: true,
-		PipelineEnv: []string{"SHOAL_FAILPOINTS=" + pipelineFailpoints},
-		Archive:     true, S3Bin: s3, ArchiveAlarmLag: archiveAlarmLag.String()})
+		PipelineEnv: []string{"SHOAL_FAILPOINTS=" + pipelineFailpoints}, Edges: 2, BindingKey: bindingKey,
+		Archive: true, S3Bin: s3, ArchiveAlarmLag: archiveAlarmLag.String()})
 	t.Cleanup(func() { assert.NoError(t, c.Stop(), "stopping the cluster") }) // before netw.Close
 	require.NoError(t, err, "starting the cluster")
 	return c
@@ -157,6 +159,7 @@ type env struct {
 	integrity    []validate.Integrity   // files checked while their host was down
 	cutOffs      []validate.Window      // when the catalog was cut off
 	storeDowns   []validate.Window      // when the object store was down
+	coldCutOffs  []validate.Window      // catalog cut off, with an edge restarted cold meanwhile
 	storeOutages []validate.StoreOutage // what the hosts' archive status showed then
 	outage       *validate.StoreOutage  // the outage in progress (sampled by its failpoint)
 }
@@ -224,8 +227,21 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 		rep.Results = append(rep.Results, validate.QueriesAvailableDuring(ops, e.cutOffs))
 	}
 	rep.Results = append(rep.Results, storage, coverage, drained, validate.ArchiveConsistent(archived), validate.RestoresAnswered(ops))
+	if len(e.coldCutOffs) > 0 {
+		var bound []traffic.Op
+		for _, op := range ops {
+			if op.Kind == traffic.BoundRead {
+				bound = append(bound, op)
+			}
+		}
+		res := validate.QueriesAvailable("the catalog is cut off, through an edge restarted cold (binding tokens)", bound, e.coldCutOffs)
+		if res.Checked == 0 {
+			res.Violations = append(res.Violations, "no binding-token query was sent through the cold edge")
+		}
+		rep.Results = append(rep.Results, res)
+	}
 	if len(e.storeDowns) > 0 {
-		rep.Results = append(rep.Results, validate.QueriesAvailable("the object store is down", ops, e.storeDowns),
+		rep.Results = append(rep.Results, validate.QueriesAvailable("the object store is down or faulty", ops, e.storeDowns),
 			validate.ArchiveLagAlarm(ops, e.storeOutages, liveHosts(objects)))
 	}
 	// Writes of unknown outcome stay open to the end of the history (but
@@ -360,6 +376,65 @@ func (e *env) oneWay() failpoint.Failpoint {
 
 func (e *env) cutOffCatalog() failpoint.Failpoint {
 	return failpoint.Custom(failpoint.CatalogCutOff, "catalog", "", e.sched.fault, e.c.CutOffCatalog, e.c.RejoinCatalog)
+}
+
+// cutOffCatalogColdEdge cuts the catalog off and, meanwhile, restarts the
+// last edge cold (kill -9, its data directory emptied: no route cached, no
+// token validated): queries through it with binding tokens minted before
+// the cut must all succeed — the credential carries the route and the
+// edge checks its signature itself. Bearer-token queries cannot pass a
+// cold edge without the catalog (tokens live only there), so the load
+// keeps off that edge while it is cold.
+func (e *env) cutOffCatalogColdEdge() failpoint.Failpoint {
+	cold := len(e.c.Edges) - 1
+	edge := e.c.Edges[cold]
+	type bound struct{ db, token string }
+	var tokens []bound
+	dbs := e.load.Live()
+	e.r.Shuffle(len(dbs), func(i, j int) { dbs[i], dbs[j] = dbs[j], dbs[i] })
+	for _, db := range dbs[:min(20, len(dbs))] {
+		tok, err := e.cl.MintBinding(e.ctx, 0, db)
+		if err != nil {
+			e.t.Logf("binding token for %s not minted: %v", db, err)
+			continue
+		}
+		tokens = append(tokens, bound{db, tok})
+	}
+	var from time.Duration
+	f := failpoint.Custom(failpoint.CatalogCutOff, "catalog", fmt.Sprintf("%s restarted cold, %d binding tokens", edge.Name, len(tokens)), e.sched.fault,
+		func() error {
+			e.load.AvoidEdge(cold)
+			if err := e.c.CutOffCatalog(); err != nil {
+				return err
+			}
+			// Calls already on their way through the edge (warm until the
+			// kill) finish first.
+			time.Sleep(500 * time.Millisecond)
+			if err := e.c.ColdRestart(e.ctx, edge); err != nil {
+				return err
+			}
+			from = e.hist.Now()
+			return nil
+		},
+		func() error {
+			e.mu.Lock()
+			e.coldCutOffs = append(e.coldCutOffs, validate.Window{Name: "catalog cut off, " + edge.Name + " cold", From: from, To: e.hist.Now()})
+			e.mu.Unlock()
+			err := e.c.RejoinCatalog()
+			e.load.AvoidEdge(-1)
+			return err
+		})
+	const client = 901 // the history's client ID of the bound reads
+	return f.WithDuring(func(ctx context.Context) {
+		for i := 0; ctx.Err() == nil && len(tokens) > 0; i++ {
+			b := tokens[i%len(tokens)]
+			e.cl.BoundRead(e.ctx, client, cold, b.db, b.token) // not ctx: a read cut short at the heal is no failure
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	})
 }
 
 func (e *env) diskFull(h *topology.Member) failpoint.Failpoint {
@@ -1114,7 +1189,7 @@ func TestFaultPartitionsDiskAndSeedInjections(t *testing.T) {
 		e.run(e.splitBrain())
 		e.run(e.oneWay())
 		e.run(e.diskFull(e.c.Hosts[0]))
-		e.run(e.cutOffCatalog())
+		e.run(e.cutOffCatalogColdEdge())
 		e.run(e.routePurge())
 		e.run(e.lostCreate())
 		e.run(e.stopClickHouse())

@@ -130,6 +130,28 @@ func (c *Cluster) StoreFault(ctx context.Context, mode string, delay time.Durati
 	return nil
 }
 
+// ColdRestart kills m with -9, empties its data directory (for an edge: its
+// route cache and every token it validated) and starts it again: a fresh
+// member that knows nothing yet. It returns once m is healthy.
+func (c *Cluster) ColdRestart(ctx context.Context, m *Member) error {
+	if err := m.Kill(); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(m.Dir)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(m.Dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	if err := m.Start(); err != nil {
+		return err
+	}
+	return waitHealthy(ctx, m, 60*time.Second)
+}
+
 // ballast is the file FillDisk writes into a data directory.
 const ballast = "robustness-ballast"
 

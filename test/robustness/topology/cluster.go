@@ -53,6 +53,10 @@ type Options struct {
 	HostDisk string
 	// EdgeEnv is added to the edges' environment (e.g. SHOAL_FAILPOINTS).
 	EdgeEnv []string
+	// BindingKey, when set, is the binding-token secret the edges and the
+	// object hosts share (--binding-key): POST …/database/{id}/binding
+	// mints tokens that route and authenticate without the catalog.
+	BindingKey string
 	// PipelineEnv is added to the pipeline node's environment (e.g.
 	// SHOAL_FAILPOINTS=consumers:stall=100%, toggled by ToggleConsumers).
 	PipelineEnv []string
@@ -223,6 +227,9 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 			a := append([]string{"objecthost", "serve", "--insecure", "--id", id, "--dir", filepath.Join(o.Dir, id),
 				"--http-addr", addr, "--region", "weur", "--catalog", catalog, "--log-level", "warn",
 				"--heartbeat-interval", o.Heartbeat.String(), "--creation-grace", o.Grace.String()}, kafka...)
+			if o.BindingKey != "" {
+				a = append(a, "--binding-key", o.BindingKey)
+			}
 			if len(hostConfig) > 0 {
 				a = append(append(a, hostConfig...), "--node", id)
 				if len(kafka) == 0 {
@@ -241,9 +248,13 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 		err := add(&c.Edges, id, edgePort, func(addr string) []string {
 			// Rate limits far above what the generators send: they are
 			// not what the suite is about.
-			return append([]string{"edge", "serve", "--insecure", "--http-addr", addr, "--dir", filepath.Join(o.Dir, id),
+			a := append([]string{"edge", "serve", "--insecure", "--http-addr", addr, "--dir", filepath.Join(o.Dir, id),
 				"--region", "weur", "--catalog", catalog, "--admin-token", o.Admin, "--log-level", "warn",
 				"--account-rate", "100000", "--database-rate", "100000"}, kafka...)
+			if o.BindingKey != "" {
+				a = append(a, "--binding-key", o.BindingKey)
+			}
+			return a
 		})
 		if err != nil {
 			return c, err

@@ -168,59 +168,64 @@ func (r *Relay) pipe(dst, src net.Conn) {
 }
 
 // listenInNS opens a TCP listener inside the named network namespace: a
-// socket belongs to the namespace of the thread that created it, so one
-// locked thread enters the namespace, listens, and is then discarded (the
-// goroutine ends without unlocking: the runtime terminates the thread
-// instead of returning it, namespace and all, to the pool).
-func listenInNS(ns, addr string) (net.Listener, error) {
-	type result struct {
-		ln  net.Listener
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open("/run/netns/" + ns)
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("setns %s: %w", ns, err)}
-			return
-		}
-		ln, err := net.Listen("tcp", addr)
-		ch <- result{ln, err}
-	}()
-	r := <-ch
-	return r.ln, r.err
+// socket belongs to the namespace of the thread that created it.
+func listenInNS(ns, addr string) (ln net.Listener, err error) {
+	err = inNS(ns, func() error {
+		ln, err = net.Listen("tcp", addr)
+		return err
+	})
+	return ln, err
 }
 
 // dialInNS dials addr from inside the named network namespace (tests).
-func dialInNS(ns, addr string) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
+func dialInNS(ns, addr string) (c net.Conn, err error) {
+	err = inNS(ns, func() error {
+		c, err = net.DialTimeout("tcp", addr, 5*time.Second)
+		return err
+	})
+	return c, err
+}
+
+// inNS runs fn on a thread moved into the named network namespace, then
+// moves the thread back before releasing it. The thread must survive:
+// the suite's processes carry Pdeathsig, which the kernel fires when the
+// *thread* that started them ends, and Go ends a thread whose goroutine
+// exits while locked to it — any process this thread had started would be
+// killed. If the way back fails, the thread is left locked and ends with
+// the goroutine (the lesser harm: a namespace leaking into the runtime's
+// thread pool would misroute every later socket).
+func inNS(ns string, fn func() error) error {
+	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		f, err := os.Open("/run/netns/" + ns)
+		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
 		if err != nil {
-			ch <- result{err: err}
+			runtime.UnlockOSThread()
+			errc <- err
 			return
 		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("setns %s: %w", ns, err)}
+		defer self.Close()
+		target, err := os.Open("/run/netns/" + ns)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
 			return
 		}
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		ch <- result{c, err}
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("setns %s: %w", ns, err)
+			return
+		}
+		ferr := fn()
+		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("setns back from %s: %w", ns, err))
+			return // still locked: the thread ends with this goroutine
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
 	}()
-	r := <-ch
-	return r.c, r.err
+	return <-errc
 }
 
 // Lose drops each packet into and out of the node with probability pct

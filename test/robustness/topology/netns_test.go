@@ -212,8 +212,13 @@ func TestDelayPortRelaysNewConnectionsAndResetsOld(t *testing.T) {
 	got, err = echoOnce(c, "through the relay")
 	require.NoError(t, err)
 	assert.Equal(t, "through the relay", got)
-	bytes, conns := r.Relayed()
-	assert.EqualValues(t, 2*len("through the relay"), bytes, "the echo went both ways through the relay")
+	// The relay counts a chunk once its write returned, which can be just
+	// after the client read it.
+	var bytes, conns int64
+	require.Eventually(t, func() bool {
+		bytes, conns = r.Relayed()
+		return bytes == int64(2*len("through the relay"))
+	}, 10*time.Second, time.Millisecond, "the echo went both ways through the relay")
 	assert.EqualValues(t, 1, conns)
 
 	require.NoError(t, r.Close())

@@ -360,7 +360,7 @@ func QueriesAvailableDuring(ops []traffic.Op, windows []Window) Result {
 	return QueriesAvailable("the catalog is cut off", ops, windows)
 }
 
-// QueriesAvailable: every query (insert, register write and read) to an
+// QueriesAvailable: every query (insert, register write and read, bound read) to an
 // existing database called inside one of windows succeeded (what names the
 // fault, e.g. "the object store is down"). A database counts as existing
 // if its create was acknowledged before the window opened. A query that
@@ -387,7 +387,7 @@ func QueriesAvailable(what string, ops []traffic.Op, windows []Window) Result {
 				continue
 			}
 			switch op.Kind {
-			case traffic.Insert, traffic.RegWrite, traffic.RegRead:
+			case traffic.Insert, traffic.RegWrite, traffic.RegRead, traffic.BoundRead:
 			default:
 				continue
 			}
