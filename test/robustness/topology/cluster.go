@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -53,6 +54,11 @@ type Options struct {
 	HostDisk string
 	// EdgeEnv is added to the edges' environment (e.g. SHOAL_FAILPOINTS).
 	EdgeEnv []string
+	// ArchivedHosts names the object hosts that run with `durability =
+	// "archived"` (a write is acknowledged only once the archive store has
+	// it; Options.Archive): they read a second cluster file,
+	// cluster-archived.hcl, identical but for that line.
+	ArchivedHosts []string
 	// BindingKey, when set, is the binding-token secret the edges and the
 	// object hosts share (--binding-key): POST …/database/{id}/binding
 	// mints tokens that route and authenticate without the catalog.
@@ -112,10 +118,11 @@ type Cluster struct {
 	Pipeline *Member
 	// ObjectStore is the s3 node (Options.Archive), or nil.
 	ObjectStore *Member
-	// Config is the cluster.hcl the object hosts read (Options.Archive).
-	Config string
-	Admin  string
-	mounts []string // tmpfs data directories, unmounted by Stop
+	// Config is the cluster.hcl the object hosts read (Options.Archive);
+	// ArchivedConfig the one of Options.ArchivedHosts.
+	Config, ArchivedConfig string
+	Admin                  string
+	mounts                 []string // tmpfs data directories, unmounted by Stop
 }
 
 // Start creates the nodes on net and starts every member, waiting until each
@@ -209,10 +216,15 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 		if err != nil {
 			return c, err
 		}
-		if c.Config, err = c.writeConfig(o, hostNodes, kafka); err != nil {
+		if c.Config, err = c.writeConfig(o, hostNodes, kafka, "default"); err != nil {
 			return c, err
 		}
 		hostConfig = []string{"--config", c.Config}
+		if len(o.ArchivedHosts) > 0 {
+			if c.ArchivedConfig, err = c.writeConfig(o, hostNodes, kafka, "archived"); err != nil {
+				return c, err
+			}
+		}
 	}
 	for _, nd := range hostNodes {
 		id := nd.Name
@@ -231,7 +243,11 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 				a = append(a, "--binding-key", o.BindingKey)
 			}
 			if len(hostConfig) > 0 {
-				a = append(append(a, hostConfig...), "--node", id)
+				conf := hostConfig
+				if slices.Contains(o.ArchivedHosts, id) {
+					conf = []string{"--config", c.ArchivedConfig}
+				}
+				a = append(append(a, conf...), "--node", id)
 				if len(kafka) == 0 {
 					a = append(a, "--kafka-brokers=") // the file's kafka block is not this topology's
 				}
@@ -308,7 +324,7 @@ const archiveSecret = "robustness-archive-secret"
 // the pipeline node and the hosts as started here, the embedded broker,
 // and the archive block naming the s3 node. (Edges take flags only; every
 // flag a host is given explicitly wins over the file.)
-func (c *Cluster) writeConfig(o Options, hosts []*Node, kafka []string) (string, error) {
+func (c *Cluster) writeConfig(o Options, hosts []*Node, kafka []string, durability string) (string, error) {
 	secret := filepath.Join(o.Dir, "s3", "secret")
 	if err := os.WriteFile(secret, []byte(archiveSecret+"\n"), 0o600); err != nil {
 		return "", err
@@ -341,11 +357,14 @@ archive {
   secret_key_file = %q
   tls             = false
   path_style      = true
-  durability      = "default"
+  durability      = %q
   alarm_lag       = %q
 }
-`, c.ObjectStore.Addr, ArchiveBucket, ArchivePrefix, secret, o.ArchiveAlarmLag)
+`, c.ObjectStore.Addr, ArchiveBucket, ArchivePrefix, secret, durability, o.ArchiveAlarmLag)
 	path := filepath.Join(o.Dir, "cluster.hcl")
+	if durability != "default" {
+		path = filepath.Join(o.Dir, "cluster-"+durability+".hcl")
+	}
 	return path, os.WriteFile(path, []byte(b.String()), 0o644)
 }
 

@@ -433,3 +433,29 @@ func ListedQueryable(f Final) Result {
 	sort.Strings(r.Violations)
 	return r
 }
+
+// ArchivedWritesHeld: with durability = "archived" a write is acknowledged
+// only once the archive store has it, so no write to a database of an
+// archived host (onArchived) called after a window opened and answered
+// before it closed was acknowledged — the windows being those when the
+// store could take nothing (killed, stopped, cut off, answering 503;
+// not merely slow).
+func ArchivedWritesHeld(ops []traffic.Op, onArchived map[string]bool, windows []Window) Result {
+	r := Result{Check: "durability = archived: no write acknowledged while the object store could store nothing"}
+	held := 0
+	for _, w := range windows {
+		for _, op := range ops {
+			if (op.Kind != traffic.Insert && op.Kind != traffic.RegWrite) || !onArchived[op.DB] || op.Call <= w.From || op.Return >= w.To {
+				continue
+			}
+			r.Checked++
+			if op.Outcome == traffic.OK {
+				r.Violations = append(r.Violations, fmt.Sprintf("%s of %d on %s acknowledged at %s during %s", op.Kind, op.Value, op.DB, op.Return.Round(time.Millisecond), w.Name))
+			} else {
+				held++
+			}
+		}
+	}
+	r.Note = fmt.Sprintf("%d writes answered not acknowledged", held)
+	return r
+}
