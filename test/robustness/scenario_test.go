@@ -245,7 +245,10 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 		rep.Results = append(rep.Results, res)
 	}
 	if len(e.storeDowns) > 0 {
-		// Writes on the archived host wait for the store by design: they
+		// Queries on the archived host wait for the store by design: a
+		// write is not acknowledged until the store has it, and until
+		// then the database answers nothing (503), reads included — a
+		// read would show a write the archive may never get. Its writes
 		// are held to validate.ArchivedWritesHeld instead.
 		onArchived := map[string]bool{}
 		for _, o := range objects {
@@ -255,7 +258,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 		}
 		var defaultOps []traffic.Op
 		for _, op := range ops {
-			if !onArchived[op.DB] || (op.Kind != traffic.Insert && op.Kind != traffic.RegWrite) {
+			if !onArchived[op.DB] {
 				defaultOps = append(defaultOps, op)
 			}
 		}
@@ -265,7 +268,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 				refusing = append(refusing, w)
 			}
 		}
-		rep.Results = append(rep.Results, validate.QueriesAvailable("the object store is down or faulty (writes on the archived host aside)", defaultOps, e.storeDowns),
+		rep.Results = append(rep.Results, validate.QueriesAvailable("the object store is down or faulty (the archived host's databases aside)", defaultOps, e.storeDowns),
 			validate.ArchivedWritesHeld(ops, onArchived, refusing),
 			validate.ArchiveLagAlarm(ops, e.storeOutages, liveHosts(objects)))
 	}
