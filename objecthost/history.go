@@ -257,6 +257,9 @@ func (hh *hostHistory) open(h *Host, objectID, path string) (*liveDB, error) {
 		return nil, fmt.Errorf("history attach: %w", err)
 	}
 	hh.ship.Add(c)
+	if hh.cfg.Archived {
+		c.ArmArchived() // only now: the shipper knows c (see CaptureOptions.WaitArchived)
+	}
 	hh.mu.Lock()
 	hh.caps[objectID] = c
 	hh.mu.Unlock()

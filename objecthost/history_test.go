@@ -317,3 +317,26 @@ func TestArchivedUnconfirmedIs503(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond, "%+v", env)
 	assert.Contains(t, string(env.Result), `"n":1`, "the unconfirmed write was committed on the host")
 }
+
+// TestArchivedServesAfterRestart: an archived host serves its databases
+// after a restart (the robustness suite saw every database of an archived
+// host answer 7503 forever after one).
+func TestArchivedServesAfterRestart(t *testing.T) {
+	dir, err := history.NewDirStore(t.TempDir())
+	require.NoError(t, err)
+	th := newTestHost(t, func(c *Config) {
+		c.History = &HistoryConfig{Store: dir, Archived: true, Shipper: history.ShipperOptions{MaxLag: 100 * time.Millisecond, PutTimeout: time.Second}}
+	})
+	d := newDB("acct")
+	th.mustInit(t, d)
+	ctx := context.Background()
+	_, err = th.Query(ctx, d.obj, d.id(), q("CREATE TABLE t(v INTEGER)"))
+	require.NoError(t, err)
+	_, err = th.Query(ctx, d.obj, d.id(), q("INSERT INTO t VALUES (1)"))
+	require.NoError(t, err)
+	th.reopen(t)
+	_, err = th.Query(ctx, d.obj, d.id(), q("SELECT count(*) FROM t"))
+	require.NoError(t, err, "a read after the restart")
+	_, err = th.Query(ctx, d.obj, d.id(), q("INSERT INTO t VALUES (2)"))
+	require.NoError(t, err, "a write after the restart")
+}

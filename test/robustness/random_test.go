@@ -55,6 +55,9 @@ func randomFault(e *env, r *rand.Rand) failpoint.Failpoint {
 			choice{failpoint.KillRestart, func() failpoint.Failpoint { return e.killMember(e.c.Pipeline) }},
 			choice{failpoint.StopCont, e.stopClickHouse},
 			choice{failpoint.ConsumerStopped, e.consumerStopped})
+		if e.c.Limiter != nil {
+			choices = append(choices, choice{failpoint.KillRestart, func() failpoint.Failpoint { return e.killMember(e.c.Limiter) }})
+		}
 	}
 	if e.c.ObjectStore != nil {
 		mode := []string{failpoint.StoreKilled, failpoint.StoreStopped, failpoint.StoreCut}[r.IntN(3)]

@@ -138,8 +138,8 @@ func newCluster(t *testing.T) *topology.Cluster {
 	c, err := topology.Start(ctx, netw, topology.Options{Bin: bin, Dir: t.TempDir(), Heartbeat: heartbeat, Grace: grace,
 		HostDisk: hostDisk, EdgeEnv: []string{"SHOAL_FAILPOINTS=" + edgeFailpoints}, Pipeline: true,
 		PipelineEnv: []string{"SHOAL_FAILPOINTS=" + pipelineFailpoints}, Edges: 2, BindingKey: bindingKey,
-		ArchivedHosts: []string{archivedHost},
-		Archive:       true, S3Bin: s3, ArchiveAlarmLag: archiveAlarmLag.String()})
+		ArchivedHosts: []string{archivedHost}, Limiter: true,
+		Archive: true, S3Bin: s3, ArchiveAlarmLag: archiveAlarmLag.String()})
 	t.Cleanup(func() { assert.NoError(t, c.Stop(), "stopping the cluster") }) // before netw.Close
 	require.NoError(t, err, "starting the cluster")
 	return c

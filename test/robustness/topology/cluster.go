@@ -31,6 +31,7 @@ const (
 	hostPort     = 4003
 	edgePort     = 8787
 	pipelinePort = 4005
+	limiterPort  = 4007
 	s3Port       = 4006
 	kafkaPort    = 9092
 	// ClickHousePort is the managed clickhouse-server's native port on
@@ -54,6 +55,10 @@ type Options struct {
 	HostDisk string
 	// EdgeEnv is added to the edges' environment (e.g. SHOAL_FAILPOINTS).
 	EdgeEnv []string
+	// Limiter adds the limiter role (`shoal limiter serve`, member l1) in
+	// the pipeline node's namespace, where the managed ClickHouse it reads
+	// listens on loopback (needs Pipeline).
+	Limiter bool
 	// ArchivedHosts names the object hosts that run with `durability =
 	// "archived"` (a write is acknowledged only once the archive store has
 	// it; Options.Archive): they read a second cluster file,
@@ -118,6 +123,9 @@ type Cluster struct {
 	Pipeline *Member
 	// ObjectStore is the s3 node (Options.Archive), or nil.
 	ObjectStore *Member
+	// Limiter is the limiter role (Options.Limiter), or nil: a process of
+	// its own on the pipeline node's namespace.
+	Limiter *Member
 	// Config is the cluster.hcl the object hosts read (Options.Archive);
 	// ArchivedConfig the one of Options.ArchivedHosts.
 	Config, ArchivedConfig string
@@ -132,16 +140,19 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 	o = o.withDefaults()
 	c := &Cluster{Net: net, Admin: o.Admin}
 	var env []string
-	addOn := func(list *[]*Member, nd *Node, port int, bin string, args func(addr string) []string) error {
+	named := func(list *[]*Member, name string, nd *Node, port int, bin string, args func(addr string) []string) error {
 		addr := fmt.Sprintf("%s:%d", nd.IP, port)
-		p, err := StartProcEnv(nd, nd.Name, env, bin, args(addr)...)
+		p, err := StartProcEnv(nd, name, env, bin, args(addr)...)
 		if p != nil {
-			*list = append(*list, &Member{Proc: p, Addr: addr, Dir: filepath.Join(o.Dir, nd.Name)})
+			*list = append(*list, &Member{Proc: p, Addr: addr, Dir: filepath.Join(o.Dir, name)})
 		}
 		if err != nil {
 			return err
 		}
 		return waitHealthy(ctx, (*list)[len(*list)-1], 60*time.Second)
+	}
+	addOn := func(list *[]*Member, nd *Node, port int, bin string, args func(addr string) []string) error {
+		return named(list, nd.Name, nd, port, bin, args)
 	}
 	add := func(list *[]*Member, name string, port int, args func(addr string) []string) error {
 		nd, err := net.AddNode(name)
@@ -184,6 +195,19 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 		}
 		if err != nil {
 			return c, err
+		}
+		if o.Limiter {
+			var ls []*Member
+			err := named(&ls, "l1", c.Pipeline.Node(), limiterPort, o.Bin, func(addr string) []string {
+				return []string{"limiter", "serve", "--insecure", "--http-addr", addr, "--catalog", catalog, kafka[0], kafka[1],
+					"--clickhouse-dsn", fmt.Sprintf("clickhouse://127.0.0.1:%d/shoal", ClickHousePort), "--interval", "2s", "--log-level", "warn"}
+			})
+			if len(ls) > 0 {
+				c.Limiter = ls[0]
+			}
+			if err != nil {
+				return c, err
+			}
 		}
 	}
 	var hostNodes []*Node
@@ -420,6 +444,9 @@ func (c *Cluster) Members() []*Member {
 	}
 	if c.ObjectStore != nil {
 		ms = append(ms, c.ObjectStore)
+	}
+	if c.Limiter != nil {
+		ms = append(ms, c.Limiter)
 	}
 	return append(append(ms, c.Hosts...), c.Edges...)
 }
