@@ -825,6 +825,25 @@ func (c *Capturer) Current() Position {
 	return Position{Gen: c.cur.gen, Txid: c.cur.last.Txid, TimeUs: c.cur.last.TimeUs}
 }
 
+// Exact is Current for a point that must include every commit
+// acknowledged before the call — a bookmark handed to a client, a
+// restore's previous bookmark: while capture is failing it returns the
+// error instead of the last captured commit (a restore to that stale point
+// would silently drop acknowledged writes made before the bookmark was
+// asked for; the robustness suite found exactly that with a host's disk
+// full).
+func (c *Capturer) Exact() (Position, error) {
+	c.mu.Lock()
+	seq := c.pubSeq
+	c.mu.Unlock()
+	if err := c.waitFor(seq, false); err != nil {
+		return Position{}, err
+	}
+	c.curMu.Lock()
+	defer c.curMu.Unlock()
+	return Position{Gen: c.cur.gen, Txid: c.cur.last.Txid, TimeUs: c.cur.last.TimeUs}, nil
+}
+
 // Err is the last capture error, nil once a later capture succeeded.
 func (c *Capturer) Err() error {
 	if p := c.captureErr.Load(); p != nil {

@@ -321,7 +321,9 @@ type answer struct {
 // (a query while its database is restored) and a restore refused because
 // the archive store is down. Another wording falls back to Unknown: the
 // safe direction.
-var notDone = []string{"database is being restored, retry", "the archive store is unavailable, nothing was changed; retry"}
+var notDone = []string{"database is being restored, retry", "the archive store is unavailable, nothing was changed; retry",
+	"time travel is behind on this database (the host cannot write its history log yet); nothing was changed; retry",
+	"time travel is behind on this database (the host cannot write its history log yet); retry"}
 
 func (a answer) outcome() Outcome {
 	switch {
