@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -549,9 +550,55 @@ func (e *env) packetLoss(m *topology.Member, pct int) failpoint.Failpoint {
 // consumerStopped stalls the pipeline node's consumers (storage consumer
 // and ClickHouse sink) while its broker keeps taking the hosts' records:
 // usage and sizes wait in the broker and must arrive, exactly, after.
+//
+// The fault checks itself: from a second into the stall (a batch polled
+// just before it may still land) to the heal, neither consumer polls a
+// record — otherwise the fault was not in effect and its run proves
+// nothing.
 func (e *env) consumerStopped() failpoint.Failpoint {
-	return failpoint.Custom(failpoint.ConsumerStopped, e.c.Pipeline.Name+" consumers", pipelineFailpoints, e.sched.fault,
-		e.c.ToggleConsumers, e.c.ToggleConsumers)
+	metrics := "http://" + e.c.Pipeline.Addr + "/metrics"
+	counters := []string{"shoal_storage_consumer_consumed_total", "shoal_pipeline_chsink_consumed_total"}
+	var during []float64
+	f := failpoint.Custom(failpoint.ConsumerStopped, e.c.Pipeline.Name+" consumers", pipelineFailpoints, e.sched.fault,
+		e.c.ToggleConsumers,
+		func() error {
+			if during != nil {
+				at := scrapeCounters(metrics, counters)
+				e.t.Logf("consumer-stopped: %v consumed one second into the stall, %v at its end", during, at)
+				assert.Equal(e.t, during, at, "the consumers polled records while stopped: the consumer-stopped fault was not in effect")
+			}
+			return e.c.ToggleConsumers()
+		})
+	return f.WithDuring(func(ctx context.Context) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+			during = scrapeCounters(metrics, counters)
+		}
+	})
+}
+
+// scrapeCounters reads the named counters from a /metrics page (nil if it
+// cannot be read).
+func scrapeCounters(url string, names []string) []float64 {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil
+	}
+	out := make([]float64, len(names))
+	for _, line := range strings.Split(string(b), "\n") {
+		for i, n := range names {
+			if v, ok := strings.CutPrefix(line, n+" "); ok {
+				out[i], _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
+			}
+		}
+	}
+	return out
 }
 
 // objectStoreFaulty keeps the object store up but has it answer every
