@@ -279,7 +279,16 @@ func (c *Consumer) member(ctx context.Context, cl *kgo.Client) {
 		if stallWhile(ctx, c.cfg.Stalled) {
 			return
 		}
-		recs := c.poll(ctx, cl)
+		// With a stall hook, a poll waits at most 100 ms for its first
+		// record, so a stall takes effect within that even when the topic
+		// is quiet (a poll blocked before it would otherwise take records
+		// arriving during it).
+		pctx, cancel := ctx, context.CancelFunc(func() {})
+		if c.cfg.Stalled != nil {
+			pctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
+		}
+		recs := c.poll(pctx, cl)
+		cancel()
 		if len(recs) == 0 {
 			cl.AllowRebalance()
 			continue

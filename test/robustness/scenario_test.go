@@ -336,7 +336,12 @@ func (e *env) run(f failpoint.Failpoint) {
 	// Every member serves again (a restarted process has started, a
 	// healed partition has a leader) before the next fault.
 	for _, m := range e.c.Members() {
-		require.NoError(e.t, e.c.WaitHealthy(e.ctx, m, 60*time.Second), "%s after %s", m.Name, f)
+		if err := e.c.WaitHealthy(e.ctx, m, 60*time.Second); err != nil {
+			// The error quotes only the end of the output: a crash's
+			// reason is at the head of its goroutine dump.
+			e.t.Logf("--- %s output (tail):\n%s", m.Name, report.Tail(m.Output(), 64<<10))
+			require.NoError(e.t, err, "%s after %s", m.Name, f)
+		}
 	}
 	_, err := e.c.Leader(e.ctx)
 	require.NoError(e.t, err, "no catalog leader after %s", f)
@@ -578,8 +583,8 @@ func (e *env) consumerStopped() failpoint.Failpoint {
 	})
 }
 
-// scrapeCounters reads the named counters from a /metrics page (nil if it
-// cannot be read).
+// scrapeCounters reads the named counters from a /metrics page, each
+// summed over its label sets (nil if the page cannot be read).
 func scrapeCounters(url string, names []string) []float64 {
 	resp, err := http.Get(url)
 	if err != nil {
@@ -593,8 +598,10 @@ func scrapeCounters(url string, names []string) []float64 {
 	out := make([]float64, len(names))
 	for _, line := range strings.Split(string(b), "\n") {
 		for i, n := range names {
-			if v, ok := strings.CutPrefix(line, n+" "); ok {
-				out[i], _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if strings.HasPrefix(line, n+" ") || strings.HasPrefix(line, n+"{") {
+				f := strings.Fields(line)
+				v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+				out[i] += v
 			}
 		}
 	}
