@@ -186,9 +186,14 @@ func (f Failpoint) String() string {
 // Injection is one run of a failpoint on the history's clock.
 type Injection struct {
 	Failpoint Failpoint
-	Start     time.Duration // fault in effect from here
+	Start     time.Duration // injection begun here (the fault may take effect up to Effective)
 	Healed    time.Duration // healed (restarted, continued, rejoined) here
-	Err       error         // injecting or healing failed
+	// Effective is when the injection returned: the fault is surely in
+	// effect from here to HealStart (when healing began). Start–Healed
+	// bounds the fault from outside (what may have been affected),
+	// Effective–HealStart from inside (what was surely affected).
+	Effective, HealStart time.Duration
+	Err                  error // injecting or healing failed
 }
 
 // Run injects f, waits its Duration (or until ctx ends), heals it and
@@ -209,6 +214,7 @@ func (f Failpoint) Run(ctx context.Context, now func() time.Duration) Injection 
 		inj.Healed = now()
 		return inj
 	}
+	inj.Effective = now()
 	wait, cancel := context.WithTimeout(ctx, f.Duration)
 	done := make(chan struct{})
 	go func() {
@@ -220,6 +226,7 @@ func (f Failpoint) Run(ctx context.Context, now func() time.Duration) Injection 
 	}()
 	<-done
 	cancel()
+	inj.HealStart = now()
 	if err := f.heal(); err != nil {
 		inj.Err = fmt.Errorf("heal %s: %w", f, err)
 	}

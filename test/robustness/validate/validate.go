@@ -439,7 +439,9 @@ func ListedQueryable(f Final) Result {
 // archived host (onArchived) called after a window opened and answered
 // before it closed was acknowledged — the windows being those when the
 // store could take nothing (killed, stopped, cut off, answering 503;
-// not merely slow).
+// not merely slow), from the injection's return to the heal's start
+// (failpoint.Injection's Effective and HealStart: an `ip link` or a signal
+// takes effect only once its command ran).
 func ArchivedWritesHeld(ops []traffic.Op, onArchived map[string]bool, windows []Window) Result {
 	r := Result{Check: "durability = archived: no write acknowledged while the object store could store nothing"}
 	held := 0
