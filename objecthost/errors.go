@@ -80,6 +80,11 @@ func sqlStatus(code int) int {
 		return http.StatusTooManyRequests
 	case v4.CodeInternal:
 		return http.StatusInternalServerError
+	case v4.CodeUnavailable:
+		// e.g. durability = "archived" and the store did not confirm a
+		// write: it is committed here, not acknowledged. A 4xx would tell
+		// the client it was not carried out.
+		return http.StatusServiceUnavailable
 	default: // 7400, 7500, 7504, 7529
 		return http.StatusBadRequest
 	}

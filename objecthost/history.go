@@ -291,6 +291,9 @@ func (hh *hostHistory) open(h *Host, objectID, path string) (*liveDB, error) {
 		return nil, fmt.Errorf("history attach: %w", err)
 	}
 	hh.ship.Add(c)
+	if hh.cfg.Archived {
+		c.ArmArchived() // only now: the shipper knows c (see CaptureOptions.WaitArchived)
+	}
 	hh.mu.Lock()
 	hh.caps[objectID] = c
 	hh.mu.Unlock()
@@ -438,6 +441,16 @@ func (h *Host) current(objectID string) (*history.Capturer, func(), error) {
 	return hd.db.cap, func() { h.handles.release(hd) }, nil
 }
 
+// errCaptureBehind: the database's history capture is failing (e.g. its
+// staging log cannot be written: the host's disk is full), so no point that
+// holds every acknowledged write exists yet. Bookmarks and restores wait
+// for it rather than name a stale point.
+var errCaptureBehind = &errHistory{status: http.StatusServiceUnavailable, code: v4.CodeUnavailable,
+	msg: "time travel is behind on this database (the host cannot write its history log yet); retry"}
+
+// captureBehindRestoreMsg is errCaptureBehind's message for a restore.
+const captureBehindRestoreMsg = "time travel is behind on this database (the host cannot write its history log yet); nothing was changed; retry"
+
 // Bookmark is GET …/time_travel/bookmark: the current bookmark, or with a
 // timestamp the bookmark of the last commit at or before it.
 func (h *Host) Bookmark(ctx context.Context, objectID, timestamp string, retention time.Duration) (BookmarkResult, error) {
@@ -450,8 +463,16 @@ func (h *Host) Bookmark(ctx context.Context, objectID, timestamp string, retenti
 		return BookmarkResult{}, err
 	}
 	defer release()
+	// The current point must hold every write acknowledged before this
+	// call: while capture fails (e.g. the staging disk is full) there is
+	// no such point yet — retry, rather than a bookmark that restores to
+	// a state without them.
+	cur, err := c.Exact()
+	if err != nil {
+		return BookmarkResult{}, errCaptureBehind
+	}
 	if timestamp == "" {
-		return BookmarkResult{Bookmark: string(history.MakeBookmark(c.Key(), c.Current()))}, nil
+		return BookmarkResult{Bookmark: string(history.MakeBookmark(c.Key(), cur))}, nil
 	}
 	t, err := parseTimestamp(timestamp)
 	if err != nil {
@@ -460,8 +481,8 @@ func (h *Host) Bookmark(ctx context.Context, objectID, timestamp string, retenti
 	if err := hh.checkRetention(h, t, retention); err != nil {
 		return BookmarkResult{}, err
 	}
-	if !t.Before(c.Current().Time()) {
-		return BookmarkResult{Bookmark: string(history.MakeBookmark(c.Key(), c.Current()))}, nil
+	if !t.Before(cur.Time()) {
+		return BookmarkResult{Bookmark: string(history.MakeBookmark(c.Key(), cur))}, nil
 	}
 	// Commits up to t may still be local only: archive them first.
 	if err := hh.ship.Sync(ctx, c); err != nil {
@@ -575,7 +596,12 @@ func (h *Host) Restore(ctx context.Context, objectID, bookmark, timestamp string
 	if err := hh.ship.Sync(ctx, c); err != nil {
 		return RestoreResult{}, &errHistory{status: http.StatusServiceUnavailable, code: v4.CodeUnavailable, msg: "the archive store is unavailable, nothing was changed; retry", cause: err}
 	}
-	previous := c.Current()
+	// The undo point must hold every write acknowledged before the restore
+	// (see Bookmark): while capture fails, refuse before changing anything.
+	previous, err := c.Exact()
+	if err != nil {
+		return RestoreResult{}, &errHistory{status: http.StatusServiceUnavailable, code: v4.CodeUnavailable, msg: captureBehindRestoreMsg}
+	}
 	if previous.Gen == "" {
 		if previous, err = hh.archive.Latest(ctx, key); err != nil {
 			return RestoreResult{}, err

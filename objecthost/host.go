@@ -68,8 +68,13 @@ type Config struct {
 	DirtyRouteRetry        time.Duration
 	RouteRepublishInterval time.Duration
 	RouteRepublishRate     int
-	CatalogTimeout         time.Duration // per catalog call (default 10 s)
-	MaxBodyBytes           int64         // query body limit (default 10 MB)
+	// SizeRepublishRate paces the pass that, after every start, publishes
+	// the size of every live database once (sizerepublish.go: sizes a
+	// crash lost in memory are otherwise never sent again). Per second;
+	// default 1,000; negative disables the pass.
+	SizeRepublishRate int
+	CatalogTimeout    time.Duration // per catalog call (default 10 s)
+	MaxBodyBytes      int64         // query body limit (default 10 MB)
 
 	Catalog Catalog   // nil: no heartbeats, no registration (tests, dev)
 	Usage   UsageSink // nil: discarded
@@ -179,6 +184,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.RouteRepublishRate == 0 {
 		c.RouteRepublishRate = 1000
+	}
+	if c.SizeRepublishRate == 0 {
+		c.SizeRepublishRate = 1000
 	}
 }
 

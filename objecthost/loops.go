@@ -23,6 +23,7 @@ func (h *Host) startLoops(ctx context.Context) {
 		}
 	})
 	h.startRouteRepublish(ctx)
+	h.startSizeRepublish(ctx)
 	h.startStorageRefresh(ctx)
 	if h.cfg.Catalog == nil {
 		return

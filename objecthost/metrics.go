@@ -21,6 +21,9 @@ type metrics struct {
 	initLatency  prometheus.Histogram   // seconds
 	blocked      prometheus.Gauge       // accounts with BlockGrowth set
 
+	sizeRepublishPending prometheus.Gauge   // objects the restart pass has yet to visit
+	sizesRepublished     prometheus.Counter // sizes the restart pass recorded
+
 	// queryOutcome holds the queries counter of each outcome label,
 	// resolved once: WithLabelValues hashes the label and locks the vector
 	// on every call, which showed in the query path's profile.
@@ -73,6 +76,10 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}),
 		blocked: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shoal_objecthost_blocked_accounts", Help: "Accounts over their storage limit (writes that grow are blocked)."}),
+		sizeRepublishPending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shoal_objecthost_size_republish_pending",
+			Help: "Objects the size republication after start has yet to visit (0 once it is done)."}),
+		sizesRepublished: prometheus.NewCounter(prometheus.CounterOpts{Name: "shoal_objecthost_sizes_republished_total",
+			Help: "Database sizes published again by the pass after start (sizes a crash may have lost)."}),
 	}
 	// The label values outcome() returns.
 	outcomes := []string{"ok", "sql_error", "not_found", "deleted", "wrong_host", "overloaded", "limit", "error"}
@@ -81,6 +88,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		m.queryOutcome[o] = m.queries.WithLabelValues(o)
 	}
 	m.reg.MustRegister(m.queries, m.latency, m.openHandles, m.queueDepth, m.heartbeats, m.catalogCalls,
-		m.bytesOnDisk, m.databases, m.lifecycle, m.indexCommits, m.initLatency, m.blocked)
+		m.bytesOnDisk, m.databases, m.lifecycle, m.indexCommits, m.initLatency, m.blocked,
+		m.sizeRepublishPending, m.sizesRepublished)
 	return m
 }

@@ -14,8 +14,9 @@ import (
 )
 
 // failpointsEnv names the fault tests' hook into the edge's multi-step flows
-// (edge.Options.Failpoint): "step=P%[,step=P%…]", e.g.
-// "create:after-catalog-write=30%". The failpoints start disarmed; each
+// (edge.Options.Failpoint) and the pipeline role's consumers
+// (plane.ConsumersConfig.Stalled, step "consumers:stall"):
+// "step=P%[,step=P%…]", e.g. "create:after-catalog-write=30%". The failpoints start disarmed; each
 // SIGUSR1 the process receives arms or disarms them all, so the robustness
 // suite (test/robustness) turns a fault on and off in a running process.
 // Unset (production): no hook and no signal handler.

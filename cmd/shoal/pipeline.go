@@ -190,9 +190,20 @@ func runPipelineServe(cmd *cobra.Command, o *pipelineServeOpts) error {
 	defer client.Close()
 	reg := prometheus.NewRegistry()
 	registerRuntime(reg)
+	// The fault tests' stopped consumer (SHOAL_FAILPOINTS=consumers:stall=100%,
+	// armed and disarmed by SIGUSR1): unset in production, no hook.
+	fp, err := envFailpoints(ctx, logger)
+	if err != nil {
+		return err
+	}
+	var stalled func() bool
+	if fp != nil {
+		stalled = func() bool { return fp("consumers:stall") != nil }
+	}
 	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	cons, err := plane.StartConsumers(tctx, plane.ConsumersConfig{Kafka: k, Catalog: client, ClickHouse: ch,
-		StorageConsumers: o.storageMembers, SnapshotInterval: o.snapInterval, ReconcileInterval: o.reconInterval, Registerer: reg, Logger: logger})
+		StorageConsumers: o.storageMembers, SnapshotInterval: o.snapInterval, ReconcileInterval: o.reconInterval, Registerer: reg, Logger: logger,
+		Stalled: stalled})
 	cancel()
 	if err != nil {
 		return err

@@ -60,6 +60,10 @@ type ConsumersConfig struct {
 	ReconcileInterval time.Duration
 	Registerer        prometheus.Registerer
 	Logger            *slog.Logger
+	// Stalled, when set, stalls the storage consumer and the ClickHouse
+	// sink while it returns true (storage.Config.Stalled): the fault
+	// tests' stopped consumer with the brokers up. Nil in production.
+	Stalled func() bool
 }
 
 // Consumers are the consumer groups of one pipeline process: the storage
@@ -113,7 +117,7 @@ func StartConsumers(ctx context.Context, cfg ConsumersConfig) (_ *Consumers, err
 	// surviving member resumes within seconds. Heartbeats go every 3 s.
 	opts = append(opts, kgo.SessionTimeout(10*time.Second))
 	c.storage, err = storage.New(storage.Config{Brokers: cfg.Kafka.Brokers, ClientOptions: opts, Catalog: cfg.Catalog,
-		Consumers: cfg.StorageConsumers, Registerer: cfg.Registerer, Logger: cfg.Logger})
+		Consumers: cfg.StorageConsumers, Registerer: cfg.Registerer, Logger: cfg.Logger, Stalled: cfg.Stalled})
 	if err != nil {
 		return nil, fmt.Errorf("storage consumer: %w", err)
 	}
@@ -132,7 +136,7 @@ func StartConsumers(ctx context.Context, cfg ConsumersConfig) (_ *Consumers, err
 		}
 		scancel()
 		c.sink, err = chsink.Start(chsink.Config{Brokers: cfg.Kafka.Brokers, ClientOptions: opts, Store: c.store,
-			Registerer: cfg.Registerer, Logger: cfg.Logger})
+			Registerer: cfg.Registerer, Logger: cfg.Logger, Stalled: cfg.Stalled})
 		if err != nil {
 			return nil, fmt.Errorf("clickhouse sink: %w", err)
 		}

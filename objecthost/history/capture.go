@@ -39,7 +39,10 @@ type CaptureOptions struct {
 	// wait among the requests of a group. An error fails the requests with
 	// CodeUnavailable: their transaction is committed on the host and will
 	// be archived when the store is back, but it was not acknowledged as
-	// archived.
+	// archived. It is called only once the capturer is armed
+	// (ArmArchived), after Attach: the commit that closes Attach's own
+	// transaction comes before the shipper knows the capturer, and waiting
+	// there failed every database of an archived host after a restart.
 	WaitArchived func(c *Capturer) error
 	// OnAppend is called (capture goroutine, must not block) when records
 	// were appended to a log that had nothing unshipped: the Shipper uses it
@@ -101,6 +104,8 @@ type Capturer struct {
 	lastMx       int    // WALFrames at the last commit (0 after a full checkpoint, as SQLite's)
 	ckBase       int    // WALFrames at the last checkpoint
 	archivedTxid uint64 // WaitArchived confirmed up to here
+
+	armed atomic.Bool // ArmArchived was called: Committed waits for the archive
 
 	// Between the writer, the capture goroutine and waiters (mu).
 	mu       sync.Mutex
@@ -407,7 +412,7 @@ func (c *Capturer) Committed(w sqlexec.HookConn) error {
 		}
 	}
 	c.maybeCheckpoint(w, seq, mx)
-	if c.opts.WaitArchived != nil {
+	if c.opts.WaitArchived != nil && c.armed.Load() {
 		unavailable := &sqlexec.Error{Code: v4.CodeUnavailable, Statement: -1,
 			Message: "the write is committed on the host but the archive store did not confirm it (durability = archived); it will be archived when the store is back"}
 		if err := c.waitFor(seq, false); err != nil {
@@ -425,6 +430,12 @@ func (c *Capturer) Committed(w sqlexec.HookConn) error {
 	}
 	return nil
 }
+
+// ArmArchived makes Committed wait for the archive (CaptureOptions.
+// WaitArchived) from the next commit on. Call it after Attach, once the
+// shipper has the capturer (Shipper.Add): the first commit after it ships
+// whatever the recovered log still holds before it is acknowledged.
+func (c *Capturer) ArmArchived() { c.armed.Store(true) }
 
 // errCaptureStopped: the capture goroutine is not running (Close, or no
 // Attach).
@@ -821,6 +832,25 @@ func (c *Capturer) Current() Position {
 	c.curMu.Lock()
 	defer c.curMu.Unlock()
 	return Position{Gen: c.cur.gen, Txid: c.cur.last.Txid, TimeUs: c.cur.last.TimeUs}
+}
+
+// Exact is Current for a point that must include every commit
+// acknowledged before the call — a bookmark handed to a client, a
+// restore's previous bookmark: while capture is failing it returns the
+// error instead of the last captured commit (a restore to that stale point
+// would silently drop acknowledged writes made before the bookmark was
+// asked for; the robustness suite found exactly that with a host's disk
+// full).
+func (c *Capturer) Exact() (Position, error) {
+	c.mu.Lock()
+	seq := c.pubSeq
+	c.mu.Unlock()
+	if err := c.waitFor(seq, false); err != nil {
+		return Position{}, err
+	}
+	c.curMu.Lock()
+	defer c.curMu.Unlock()
+	return Position{Gen: c.cur.gen, Txid: c.cur.last.Txid, TimeUs: c.cur.last.TimeUs}, nil
 }
 
 // Err is the last capture error, nil once a later capture succeeded.

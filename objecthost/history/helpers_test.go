@@ -88,6 +88,9 @@ func (e *env) open() {
 	require.NoError(t, c.Attach(context.Background(), db))
 	e.db, e.cap = db, c
 	e.ship.Add(c)
+	if e.archived {
+		c.ArmArchived()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel, e.done = cancel, make(chan struct{})
 	go func() { defer close(e.done); e.ship.Run(ctx) }()

@@ -130,11 +130,18 @@ func TestCaptureFailureKeepsFramesInWAL(t *testing.T) {
 	}
 	assert.ErrorIs(t, e.cap.Err(), injected)
 	assert.Equal(t, before, e.cap.Current(), "nothing captured while appends fail")
+	// No exact point exists meanwhile: a bookmark of before would restore
+	// to a state without the 40 acknowledged inserts.
+	_, err = e.cap.Exact()
+	assert.ErrorIs(t, err, injected, "Exact names a point without acknowledged commits")
 	assert.Equal(t, ckpts, e.cap.Stats().FullCheckpoints, "no checkpoint while capture fails")
 	failing.Store(false)
 	e.exec("INSERT INTO t(v) VALUES (randomblob(200))")
 	cur := e.cap.Current()
 	assert.EqualValues(t, before.Txid+41, cur.Txid, "every commit captured after the failure cleared")
+	exact, err := e.cap.Exact()
+	require.NoError(t, err)
+	assert.Equal(t, cur, exact)
 	assert.NoError(t, e.cap.Err())
 	assert.EqualValues(t, 1, e.cap.Stats().Generations, "only the first one")
 	want := dumpDB(t, e.db)

@@ -62,6 +62,12 @@ type Config struct {
 	Logger     *slog.Logger
 	// Now is the time source of the age gauges (default time.Now).
 	Now func() time.Time
+	// Stalled, when set, is asked before every poll: while it returns
+	// true the sink polls, inserts and commits nothing, holding the batch
+	// in hand (it stays in the
+	// group) — a sink that hangs while the brokers are up. Fault tests
+	// only (SHOAL_FAILPOINTS consumers:stall); nil in production.
+	Stalled func() bool
 
 	// afterInsert, when set (tests only), runs after a batch's insert
 	// and before its commit; returning true makes the loop stop there as
@@ -284,9 +290,17 @@ func (s *Sink) cycle(b *batch) bool {
 	defer b.reset()
 	var flushAt time.Time
 	for len(b.events) < s.cfg.MaxBatch && s.runCtx.Err() == nil {
+		if !s.stallWhile() {
+			return false
+		}
 		pollCtx, cancel := s.runCtx, context.CancelFunc(func() {})
-		if !flushAt.IsZero() {
+		switch {
+		case !flushAt.IsZero():
 			pollCtx, cancel = context.WithDeadline(s.runCtx, flushAt)
+		case s.cfg.Stalled != nil:
+			// A stall must take effect within 100 ms even when the topic
+			// is quiet: the first record's wait is bounded.
+			pollCtx, cancel = context.WithTimeout(s.runCtx, 100*time.Millisecond)
 		}
 		fetches := s.cl.PollRecords(pollCtx, s.cfg.MaxBatch-len(b.events))
 		expired := pollCtx.Err() != nil
@@ -510,4 +524,17 @@ func (b *backoff) wait(ctx context.Context) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// stallWhile waits while Config.Stalled says so, holding the batch in hand
+// (nothing inserted or committed); false once the sink is stopping.
+func (s *Sink) stallWhile() bool {
+	for s.cfg.Stalled != nil && s.cfg.Stalled() {
+		select {
+		case <-s.runCtx.Done():
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return true
 }

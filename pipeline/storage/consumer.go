@@ -80,6 +80,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock for the applied-age metric (default time.Now).
 	Now func() time.Time
+	// Stalled, when set, is asked before every poll: while it returns
+	// true the members poll, write and commit nothing (they stay in the
+	// group, holding their partitions) — a consumer that hangs while the
+	// brokers are up. Fault tests only (SHOAL_FAILPOINTS
+	// consumers:stall); nil in production.
+	Stalled func() bool
 }
 
 func (c *Config) setDefaults() error {
@@ -270,7 +276,19 @@ func (c *Consumer) newClient() (*kgo.Client, error) {
 // member is one group member's loop: poll a batch, write it, commit it.
 func (c *Consumer) member(ctx context.Context, cl *kgo.Client) {
 	for ctx.Err() == nil {
-		recs := c.poll(ctx, cl)
+		if stallWhile(ctx, c.cfg.Stalled) {
+			return
+		}
+		// With a stall hook, a poll waits at most 100 ms for its first
+		// record, so a stall takes effect within that even when the topic
+		// is quiet (a poll blocked before it would otherwise take records
+		// arriving during it).
+		pctx, cancel := ctx, context.CancelFunc(func() {})
+		if c.cfg.Stalled != nil {
+			pctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
+		}
+		recs := c.poll(pctx, cl)
+		cancel()
 		if len(recs) == 0 {
 			cl.AllowRebalance()
 			continue
@@ -404,4 +422,17 @@ func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	case kgo.LogLevelWarn:
 		k.l.Warn("kafka: "+msg, keyvals...)
 	}
+}
+
+// stallWhile waits while stalled reports true (Config.Stalled); it reports
+// whether ctx ended meanwhile.
+func stallWhile(ctx context.Context, stalled func() bool) bool {
+	for stalled != nil && stalled() {
+		select {
+		case <-ctx.Done():
+			return true
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return ctx.Err() != nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -218,4 +219,35 @@ func TestCloseStopsRunWithoutCommitting(t *testing.T) {
 	stop() // the write loop is in its hour-long backoff
 	assert.Zero(t, committed(t, brokers, cfg.Group))
 	assert.Error(t, c.Run(context.Background()), "Run cannot be called again")
+}
+
+// TestStalledConsumesNothingUntilReleased: while Config.Stalled says so the
+// member polls nothing (the fault tests' stopped consumer); released, it
+// takes the backlog the broker kept.
+func TestStalledConsumesNothingUntilReleased(t *testing.T) {
+	brokers := startBroker(t, 2)
+	cat := newFakeCatalog()
+	var stalled atomic.Bool
+	var asked atomic.Int64
+	stalled.Store(true)
+	cfg := testConfig(brokers, cat)
+	cfg.Stalled = func() bool { asked.Add(1); return stalled.Load() }
+	c, _ := runConsumer(t, cfg)
+	p := newSizeProducer(t, brokers)
+	var sizes []event.Size
+	for i := 0; i < 100; i++ {
+		sizes = append(sizes, event.Size{DatabaseUUID: uuidN(i), SizeBytes: int64(i), Seq: 1})
+	}
+	p.produce(sizes...)
+	// Asked again after the records were produced: the member is held at
+	// the stall, not merely slow.
+	seen := asked.Load()
+	require.Eventually(t, func() bool { return asked.Load() > seen+3 }, 20*time.Second, 10*time.Millisecond)
+	assert.Zero(t, c.Stats().Consumed, "a stalled consumer polled")
+	assert.Zero(t, committed(t, brokers, cfg.Group))
+
+	stalled.Store(false)
+	require.Eventually(t, func() bool { return committed(t, brokers, cfg.Group) == 100 }, 20*time.Second, 20*time.Millisecond)
+	got, _, _ := cat.snapshot()
+	assert.Len(t, got, 100)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -66,6 +67,15 @@ const (
 	// made (leaving an orphan for the heartbeats to kill; more per pass
 	// than the hosts' mass-orphan floor of 10 would be held, not killed).
 	edgeFailpoints = "create:after-catalog-write=30%,create:after-init=10%"
+	// archivedHost runs with durability = "archived": its writes are
+	// acknowledged only once the object store has them.
+	archivedHost = "h2"
+	// bindingKey is the binding-token secret of the edges and the hosts.
+	bindingKey = "robustness-binding-key-0123456789abcdef"
+	// pipelineFailpoints are armed by the consumer-stopped failpoint
+	// (SIGUSR1 to the pipeline node's process): the storage consumer and
+	// the ClickHouse sink stop polling, the broker keeps serving.
+	pipelineFailpoints = "consumers:stall=100%"
 	// archiveAlarmLag is the hosts' archive alarm_lag: short, so an
 	// object-store outage of a few seconds raises the lag alarm.
 	archiveAlarmLag = 2 * time.Second
@@ -128,6 +138,8 @@ func newCluster(t *testing.T) *topology.Cluster {
 	defer cancel()
 	c, err := topology.Start(ctx, netw, topology.Options{Bin: bin, Dir: t.TempDir(), Heartbeat: heartbeat, Grace: grace,
 		HostDisk: hostDisk, EdgeEnv: []string{"SHOAL_FAILPOINTS=" + edgeFailpoints}, Pipeline: true,
+		PipelineEnv: []string{"SHOAL_FAILPOINTS=" + pipelineFailpoints}, Edges: 2, BindingKey: bindingKey,
+		ArchivedHosts: []string{archivedHost}, Limiter: true,
 		Archive: true, S3Bin: s3, ArchiveAlarmLag: archiveAlarmLag.String()})
 	t.Cleanup(func() { assert.NoError(t, c.Stop(), "stopping the cluster") }) // before netw.Close
 	require.NoError(t, err, "starting the cluster")
@@ -152,6 +164,8 @@ type env struct {
 	integrity    []validate.Integrity   // files checked while their host was down
 	cutOffs      []validate.Window      // when the catalog was cut off
 	storeDowns   []validate.Window      // when the object store was down
+	coldCutOffs  []validate.Window      // catalog cut off, with an edge restarted cold meanwhile
+	storeNone    []validate.Window      // the object store surely could store nothing (not merely slow)
 	storeOutages []validate.StoreOutage // what the hosts' archive status showed then
 	outage       *validate.StoreOutage  // the outage in progress (sampled by its failpoint)
 }
@@ -195,10 +209,10 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	final := observe(t, cl, e.hist, load)
 	billed, producers := e.usage()
 	held := e.heldOrphans()
-	storage, sizes := e.storageTotals(catalog, cl.Account())
+	storage, sizes := e.storageTotals(catalog, cl.Account(), final.Listed)
 	drained := e.archiveDrained()
 	objects, rows, finalChecks := e.hostState(catalog, cl.Account())
-	storage.Note += storageCoverage(objects, sizes)
+	coverage := storageCoverage(objects, sizes)
 	archiveStart := time.Now()
 	archived := e.archiveChecks(objects)
 	t.Logf("archive of %d objects verified and restored in %s", len(archived), time.Since(archiveStart).Round(time.Millisecond))
@@ -218,9 +232,40 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	if len(e.cutOffs) > 0 {
 		rep.Results = append(rep.Results, validate.QueriesAvailableDuring(ops, e.cutOffs))
 	}
-	rep.Results = append(rep.Results, storage, drained, validate.ArchiveConsistent(archived), validate.RestoresAnswered(ops))
+	rep.Results = append(rep.Results, storage, coverage, drained, validate.ArchiveConsistent(archived), validate.RestoresAnswered(ops))
+	if len(e.coldCutOffs) > 0 {
+		var bound []traffic.Op
+		for _, op := range ops {
+			if op.Kind == traffic.BoundRead {
+				bound = append(bound, op)
+			}
+		}
+		res := validate.QueriesAvailable("the catalog is cut off, through an edge restarted cold (binding tokens)", bound, e.coldCutOffs)
+		if res.Checked == 0 {
+			res.Violations = append(res.Violations, "no binding-token query was sent through the cold edge")
+		}
+		rep.Results = append(rep.Results, res)
+	}
 	if len(e.storeDowns) > 0 {
-		rep.Results = append(rep.Results, validate.QueriesAvailable("the object store is down", ops, e.storeDowns),
+		// Queries on the archived host wait for the store by design: a
+		// write is not acknowledged until the store has it, and until
+		// then the database answers nothing (503), reads included — a
+		// read would show a write the archive may never get. Its writes
+		// are held to validate.ArchivedWritesHeld instead.
+		onArchived := map[string]bool{}
+		for _, o := range objects {
+			if o.Host == archivedHost {
+				onArchived[o.DatabaseUUID] = true
+			}
+		}
+		var defaultOps []traffic.Op
+		for _, op := range ops {
+			if !onArchived[op.DB] {
+				defaultOps = append(defaultOps, op)
+			}
+		}
+		rep.Results = append(rep.Results, validate.QueriesAvailable("the object store is down or faulty (the archived host's databases aside)", defaultOps, e.storeDowns),
+			validate.ArchivedWritesHeld(ops, onArchived, e.storeNone),
 			validate.ArchiveLagAlarm(ops, e.storeOutages, liveHosts(objects)))
 	}
 	// Writes of unknown outcome stay open to the end of the history (but
@@ -280,13 +325,25 @@ func (e *env) run(f failpoint.Failpoint) {
 		e.cutOffs = append(e.cutOffs, validate.Window{Name: f.String(), From: inj.Start, To: inj.Healed})
 		e.mu.Unlock()
 	}
-	if f.Kind == failpoint.ObjectStoreDown {
+	if f.Kind == failpoint.ObjectStoreDown || f.Kind == failpoint.ObjectStoreFaulty {
 		e.storeRecovered(validate.Window{Name: f.String(), From: inj.Start, To: inj.Healed})
+		if f.Param != failpoint.StoreSlow && !strings.HasPrefix(f.Param, failpoint.StoreSlow) {
+			// Surely unable to store anything: from the injection's
+			// return (an `ip link` takes tens of ms) to the heal's start.
+			e.mu.Lock()
+			e.storeNone = append(e.storeNone, validate.Window{Name: f.String(), From: inj.Effective, To: inj.HealStart})
+			e.mu.Unlock()
+		}
 	}
 	// Every member serves again (a restarted process has started, a
 	// healed partition has a leader) before the next fault.
 	for _, m := range e.c.Members() {
-		require.NoError(e.t, e.c.WaitHealthy(e.ctx, m, 60*time.Second), "%s after %s", m.Name, f)
+		if err := e.c.WaitHealthy(e.ctx, m, 60*time.Second); err != nil {
+			// The error quotes only the end of the output: a crash's
+			// reason is at the head of its goroutine dump.
+			e.t.Logf("--- %s output (tail):\n%s", m.Name, report.Tail(m.Output(), 64<<10))
+			require.NoError(e.t, err, "%s after %s", m.Name, f)
+		}
 	}
 	_, err := e.c.Leader(e.ctx)
 	require.NoError(e.t, err, "no catalog leader after %s", f)
@@ -357,6 +414,75 @@ func (e *env) cutOffCatalog() failpoint.Failpoint {
 	return failpoint.Custom(failpoint.CatalogCutOff, "catalog", "", e.sched.fault, e.c.CutOffCatalog, e.c.RejoinCatalog)
 }
 
+// cutOffCatalogColdEdge cuts the catalog off and, meanwhile, restarts the
+// last edge cold (kill -9, its data directory emptied: no route cached, no
+// token validated): queries through it with binding tokens minted before
+// the cut must all succeed — the credential carries the route and the
+// edge checks its signature itself. Bearer-token queries cannot pass a
+// cold edge without the catalog (tokens live only there), so the load
+// keeps off that edge while it is cold.
+func (e *env) cutOffCatalogColdEdge() failpoint.Failpoint {
+	cold := len(e.c.Edges) - 1
+	edge := e.c.Edges[cold]
+	type bound struct{ db, token string }
+	var tokens []bound
+	dbs := e.load.Live()
+	e.r.Shuffle(len(dbs), func(i, j int) { dbs[i], dbs[j] = dbs[j], dbs[i] })
+	for _, db := range dbs[:min(20, len(dbs))] {
+		tok, err := e.cl.MintBinding(e.ctx, 0, db)
+		if err != nil {
+			e.t.Logf("binding token for %s not minted: %v", db, err)
+			continue
+		}
+		tokens = append(tokens, bound{db, tok})
+	}
+	var from time.Duration
+	f := failpoint.Custom(failpoint.CatalogCutOff, "catalog", fmt.Sprintf("%s restarted cold, %d binding tokens", edge.Name, len(tokens)), e.sched.fault,
+		func() error {
+			e.load.AvoidEdge(cold)
+			if err := e.c.CutOffCatalog(); err != nil {
+				return err
+			}
+			// Calls already on their way through the edge (warm until the
+			// kill) finish first.
+			time.Sleep(500 * time.Millisecond)
+			if err := e.c.ColdRestart(e.ctx, edge); err != nil {
+				return err
+			}
+			from = e.hist.Now()
+			return nil
+		},
+		func() error {
+			e.mu.Lock()
+			e.coldCutOffs = append(e.coldCutOffs, validate.Window{Name: "catalog cut off, " + edge.Name + " cold", From: from, To: e.hist.Now()})
+			e.mu.Unlock()
+			err := e.c.RejoinCatalog()
+			e.load.AvoidEdge(-1)
+			return err
+		})
+	return f.WithDuring(func(ctx context.Context) {
+		// Four readers (history clients 901–904): until the edge's
+		// fallback gives up on the unreachable catalog, each read waits
+		// out its catalog timeout (the parent token's revocation check).
+		var wg sync.WaitGroup
+		for c := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := c; ctx.Err() == nil && len(tokens) > 0; i += 4 {
+					b := tokens[i%len(tokens)]
+					e.cl.BoundRead(e.ctx, 901+c, cold, b.db, b.token) // not ctx: a read cut short at the heal is no failure
+					select {
+					case <-ctx.Done():
+					case <-time.After(50 * time.Millisecond):
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	})
+}
+
 func (e *env) diskFull(h *topology.Member) failpoint.Failpoint {
 	return failpoint.Custom(failpoint.DiskFull, h.Name, hostDisk+" tmpfs", e.sched.fault,
 		func() error { return topology.FillDisk(h.Dir) }, func() error { return topology.FreeDisk(h.Dir) })
@@ -398,6 +524,124 @@ func (e *env) stopClickHouse() failpoint.Failpoint {
 func (e *env) stopFollower() failpoint.Failpoint {
 	f := e.followers()[0]
 	return failpoint.NewStopCont(f.Name, f, e.sched.fault)
+}
+
+// followerLag delays a follower's raft traffic by 100–400 ms each way: the
+// leader's appends and their acknowledgements pass through a delaying
+// relay in the follower's namespace (topology.Node.DelayPort; this kernel
+// has no netem). The follower falls behind without timing out (heartbeat
+// timeout 1 s) and the other follower keeps the quorum.
+func (e *env) followerLag() failpoint.Failpoint {
+	f := e.followers()[0]
+	delay := time.Duration(100+e.r.IntN(300)) * time.Millisecond
+	var relay *topology.Relay
+	return failpoint.Custom(failpoint.FollowerLag, f.Name, fmt.Sprintf("raft +%s each way, relay", delay), e.sched.fault,
+		func() (err error) { relay, err = f.Node().DelayPort(topology.RaftPort, delay); return err },
+		func() error {
+			if relay == nil {
+				return nil
+			}
+			b, n := relay.Relayed()
+			e.t.Logf("follower-lag relay of %s carried %d bytes over %d connections", f.Name, b, n)
+			return relay.Close()
+		})
+}
+
+// packetLoss drops pct% of m's packets both ways (iptables statistic).
+func (e *env) packetLoss(m *topology.Member, pct int) failpoint.Failpoint {
+	nd := m.Node()
+	return failpoint.Custom(failpoint.PacketLoss, m.Name, fmt.Sprintf("%d%%", pct), e.sched.fault,
+		func() error { return nd.Lose(pct) }, nd.Unlose)
+}
+
+// consumerStopped stalls the pipeline node's consumers (storage consumer
+// and ClickHouse sink) while its broker keeps taking the hosts' records:
+// usage and sizes wait in the broker and must arrive, exactly, after.
+//
+// The fault checks itself: from a second into the stall (a batch polled
+// just before it may still land) to the heal, neither consumer polls a
+// record — otherwise the fault was not in effect and its run proves
+// nothing.
+func (e *env) consumerStopped() failpoint.Failpoint {
+	metrics := "http://" + e.c.Pipeline.Addr + "/metrics"
+	counters := []string{"shoal_storage_consumer_consumed_total", "shoal_pipeline_chsink_consumed_total"}
+	var during []float64
+	f := failpoint.Custom(failpoint.ConsumerStopped, e.c.Pipeline.Name+" consumers", pipelineFailpoints, e.sched.fault,
+		e.c.ToggleConsumers,
+		func() error {
+			if during != nil {
+				at := scrapeCounters(metrics, counters)
+				e.t.Logf("consumer-stopped: %v consumed one second into the stall, %v at its end", during, at)
+				assert.Equal(e.t, during, at, "the consumers polled records while stopped: the consumer-stopped fault was not in effect")
+			}
+			return e.c.ToggleConsumers()
+		})
+	return f.WithDuring(func(ctx context.Context) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+			during = scrapeCounters(metrics, counters)
+		}
+	})
+}
+
+// scrapeCounters reads the named counters from a /metrics page, each
+// summed over its label sets (nil if the page cannot be read).
+func scrapeCounters(url string, names []string) []float64 {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil
+	}
+	out := make([]float64, len(names))
+	for _, line := range strings.Split(string(b), "\n") {
+		for i, n := range names {
+			if strings.HasPrefix(line, n+" ") || strings.HasPrefix(line, n+"{") {
+				f := strings.Fields(line)
+				v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+				out[i] += v
+			}
+		}
+	}
+	return out
+}
+
+// objectStoreFaulty keeps the object store up but has it answer every
+// request 503 SlowDown (StoreErrors) or each one 3 s late (StoreSlow),
+// sampling the hosts' archive status as for an outage; run then checks the
+// same things as after one (queries unaffected, lag alarm, recovery).
+func (e *env) objectStoreFaulty(mode string) failpoint.Failpoint {
+	s := e.c.ObjectStore
+	out := &validate.StoreOutage{AlarmLag: archiveAlarmLag, Hosts: map[string]*validate.HostLag{}}
+	for _, h := range e.c.Hosts {
+		out.Hosts[h.Name] = &validate.HostLag{}
+	}
+	e.mu.Lock()
+	e.outage = out
+	e.mu.Unlock()
+	const slowBy = 3 * time.Second
+	param, set := mode, func() error { return e.c.StoreFault(e.ctx, "503", 0) }
+	if mode == failpoint.StoreSlow {
+		param, set = fmt.Sprintf("%s, %s a request", mode, slowBy), func() error { return e.c.StoreFault(e.ctx, "slow", slowBy) }
+	}
+	f := failpoint.Custom(failpoint.ObjectStoreFaulty, s.Name, param, e.sched.fault, set,
+		func() error { return e.c.StoreFault(e.ctx, "none", 0) })
+	return f.WithDuring(func(ctx context.Context) {
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			e.sampleArchiveStatus(out)
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	})
 }
 
 func (e *env) throttleFollower() failpoint.Failpoint {
@@ -565,13 +809,14 @@ func (e *env) restoreDuringHostKill(stopStore bool) failpoint.Failpoint {
 // storageTotals waits (up to storageSettle) until the catalog's storage
 // total of account — the drained change log the limits are enforced on —
 // equals the sum of the account's database sizes in the catalog, both read
-// at the linearizable level once the load has stopped: the storage
+// at the linearizable level once the load has stopped (the storage
 // consumer and the 1-second drain lost and doubled nothing across the
-// faults. The hosts' own total (shoal_objecthost_database_files_bytes, every
-// database they hold) is noted beside it, not compared: sizes are measured
-// at writes and include the WAL, so the two need not meet (README, "What
-// is not covered yet").
-func (e *env) storageTotals(catalog *raftmeta.Client, account string) (validate.Result, map[string]int64) {
+// faults), and every database the final list showed has a size there (the
+// final probe's query opened each one, and a size is published within a
+// window of it; storageCoverage then holds the sizes against the files).
+// The hosts' own total (shoal_objecthost_database_files_bytes, every database
+// they hold, deleted ones until swept) is noted beside it, not compared.
+func (e *env) storageTotals(catalog *raftmeta.Client, account string, listed map[string]bool) (validate.Result, map[string]int64) {
 	const storageSettle = 30 * time.Second
 	r := validate.Result{Check: "catalog account storage total equals the sum of its databases' sizes (storage consumer and drain exact)", Checked: 1}
 	deadline := time.Now().Add(storageSettle)
@@ -580,7 +825,14 @@ func (e *env) storageTotals(catalog *raftmeta.Client, account string) (validate.
 	var err error
 	for {
 		total, sum, sizes, err = readStorage(e.ctx, catalog, account)
-		if err == nil && total == sum || time.Now().After(deadline) {
+		covered := true
+		for db := range listed {
+			if _, ok := sizes[db]; !ok {
+				covered = false
+				break
+			}
+		}
+		if err == nil && total == sum && covered || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(500 * time.Millisecond)
@@ -595,16 +847,21 @@ func (e *env) storageTotals(catalog *raftmeta.Client, account string) (validate.
 	for _, h := range e.c.Hosts {
 		onHosts += harness.ScrapeMetrics(e.t, "http://"+h.Addr+"/metrics")["shoal_objecthost_database_files_bytes"]
 	}
-	r.Note = fmt.Sprintf("catalog total %d bytes over %d databases; the hosts' bytes_on_disk %.0f", total, len(sizes), onHosts)
+	r.Note = fmt.Sprintf("catalog total %d bytes over %d databases; the hosts' database_files_bytes %.0f", total, len(sizes), onHosts)
 	return r, sizes
 }
 
-// storageCoverage notes how the catalog's database sizes compare with the
-// files the hosts left (file + WAL, what a host measures): live databases
-// with a file but no size in the catalog, and sizes that differ.
-func storageCoverage(objs []validate.Object, sizes map[string]int64) string {
-	missing, differ, checked := 0, 0, 0
-	var which []string
+// storageCoverage checks the catalog's database sizes (read by
+// storageTotals once the load stopped) against the files the hosts left:
+// every live database with a non-empty file has a size in the catalog. A
+// size event a crash lost in a host's memory is published again by the
+// host's pass after its restart (objecthost/sizerepublish.go); before that
+// pass such databases kept no size until their next growth. Sizes that
+// differ from file + WAL now are noted, not failed: a host measures at a
+// write, and a later checkpoint moves pages between WAL and file.
+func storageCoverage(objs []validate.Object, sizes map[string]int64) validate.Result {
+	r := validate.Result{Check: "every live database with a non-empty file has a size in the catalog"}
+	differ := 0
 	for _, o := range objs {
 		if !o.Live() {
 			continue
@@ -620,19 +877,17 @@ func storageCoverage(objs []validate.Object, sizes map[string]int64) string {
 		if onDisk == 0 {
 			continue // created but never written (e.g. its first write hit a full disk): no size to publish
 		}
-		checked++
+		r.Checked++
 		got, ok := sizes[o.DatabaseUUID]
 		switch {
 		case !ok:
-			missing++
-			if len(which) < 5 {
-				which = append(which, o.Host+"/"+o.DatabaseUUID)
-			}
+			r.Violations = append(r.Violations, fmt.Sprintf("%s/%s: %d bytes on disk, no size in the catalog", o.Host, o.DatabaseUUID, onDisk))
 		case got != onDisk:
 			differ++
 		}
 	}
-	return fmt.Sprintf("; of %d live databases with a non-empty file, %d have no size in the catalog %v and %d a size other than file+WAL now", checked, missing, which, differ)
+	r.Note = fmt.Sprintf("%d with a size other than file+WAL now", differ)
+	return r
 }
 
 // readStorage is, at the linearizable level, account's drained storage
@@ -1005,6 +1260,8 @@ func TestFaultLeaderIsolationAndHostKill(t *testing.T) {
 			if sched.long {
 				e.run(e.stopFollower())
 				e.run(e.throttleFollower())
+				e.run(e.followerLag())
+				e.run(e.packetLoss(e.c.Hosts[(round+1)%len(e.c.Hosts)], 20))
 			}
 		}
 	})
@@ -1026,13 +1283,18 @@ func TestFaultPartitionsDiskAndSeedInjections(t *testing.T) {
 		e.run(e.splitBrain())
 		e.run(e.oneWay())
 		e.run(e.diskFull(e.c.Hosts[0]))
-		e.run(e.cutOffCatalog())
+		e.run(e.cutOffCatalogColdEdge())
 		e.run(e.routePurge())
 		e.run(e.lostCreate())
 		e.run(e.stopClickHouse())
 		e.run(e.killMember(e.c.Pipeline))
 		e.run(e.objectStoreDown(failpoint.StoreStopped))
 		e.run(e.objectStoreDown(failpoint.StoreCut))
+		if sched.long {
+			e.run(e.consumerStopped())
+			e.run(e.objectStoreFaulty(failpoint.StoreErrors))
+			e.run(e.objectStoreFaulty(failpoint.StoreSlow))
+		}
 		e.run(e.restoreDuringHostKill(true))
 		for _, m := range e.c.Catalog {
 			e.run(e.killMember(m))

@@ -20,9 +20,8 @@ import (
 // Kind enumerates the failpoints.
 type Kind string
 
-// The failpoints this package implements. Still missing (see
-// test/robustness/README.md): packet loss and netem delay where the kernel
-// lacks netem, a stopped usage consumer alone.
+// The failpoints this package implements (test/robustness/README.md,
+// "Failpoints", says how each acts).
 const (
 	KillRestart   Kind = "kill-restart"    // kill -9, down for Duration, start with the same arguments
 	StopCont      Kind = "stop-cont"       // SIGSTOP for Duration, then SIGCONT
@@ -30,15 +29,22 @@ const (
 	SplitBrain    Kind = "split-brain"     // packet filters split the nodes into groups (e.g. catalog 2/1)
 	OneWay        Kind = "one-way"         // one node stops receiving from another; the reverse still flows
 	CatalogCutOff Kind = "catalog-cut-off" // every catalog node's port down: the central catalog is gone
-	FollowerLag   Kind = "follower-lag"    // netem delay on the node's link, both ways, for Duration
+	FollowerLag   Kind = "follower-lag"    // a follower's raft traffic delayed (netem, or a delaying relay where netem is missing)
+	PacketLoss    Kind = "packet-loss"     // a share of the node's packets dropped, both ways (iptables statistic)
 	Throttle      Kind = "throttle"        // tbf bandwidth limit on the node's link, both ways, for Duration
 	DiskFull      Kind = "disk-full"       // an object host's (tmpfs) disk filled to the last byte
 	RoutePurge    Kind = "route-purge"     // every edge's route cache purged again and again: a routing-miss storm
 	LostCreate    Kind = "lost-create"     // edges drop create answers after the catalog write (and fail some after init)
+	// ConsumerStopped: the pipeline node's consumers (storage consumer and
+	// ClickHouse sink) stop polling while the broker keeps serving.
+	ConsumerStopped Kind = "consumer-stopped"
 	// ObjectStoreDown: the S3-protocol store the hosts archive into is
 	// gone for Duration — killed -9 (restarted on its data), stopped
 	// (requests hang) or cut off (silence); Param says which.
 	ObjectStoreDown Kind = "object-store-down"
+	// ObjectStoreFaulty: the store is up but answers every request 503
+	// SlowDown, or answers each one late; Param says which.
+	ObjectStoreFaulty Kind = "object-store-faulty"
 )
 
 // Ways the object store goes down (ObjectStoreDown's Param).
@@ -48,9 +54,16 @@ const (
 	StoreCut     = "link down"
 )
 
+// Ways the object store misbehaves while up (ObjectStoreFaulty's Param).
+const (
+	StoreErrors = "503 SlowDown"
+	StoreSlow   = "slow"
+)
+
 // Kinds is every failpoint kind, in the order the README lists them.
 func Kinds() []Kind {
-	return []Kind{KillRestart, StopCont, PartitionNode, SplitBrain, OneWay, CatalogCutOff, FollowerLag, Throttle, DiskFull, RoutePurge, LostCreate, ObjectStoreDown}
+	return []Kind{KillRestart, StopCont, PartitionNode, SplitBrain, OneWay, CatalogCutOff, FollowerLag, PacketLoss, Throttle, DiskFull, RoutePurge, LostCreate,
+		ConsumerStopped, ObjectStoreDown, ObjectStoreFaulty}
 }
 
 // Process is what KillRestart and StopCont need of a process
@@ -88,8 +101,10 @@ type Failpoint struct {
 }
 
 // Custom builds a failpoint from its actions (the kinds whose targets are
-// wider than one process or link: SplitBrain, CatalogCutOff, DiskFull,
-// RoutePurge, LostCreate, with the actions topology provides).
+// wider than one process or link, or need more than Link offers:
+// SplitBrain, CatalogCutOff, DiskFull, RoutePurge, LostCreate, PacketLoss,
+// FollowerLag by relay, ConsumerStopped, ObjectStoreFaulty, with the
+// actions topology provides).
 func Custom(kind Kind, target, param string, d time.Duration, inject, heal func() error) Failpoint {
 	return Failpoint{Kind: kind, Target: target, Param: param, Duration: d, inject: inject, heal: heal}
 }
@@ -171,9 +186,14 @@ func (f Failpoint) String() string {
 // Injection is one run of a failpoint on the history's clock.
 type Injection struct {
 	Failpoint Failpoint
-	Start     time.Duration // fault in effect from here
+	Start     time.Duration // injection begun here (the fault may take effect up to Effective)
 	Healed    time.Duration // healed (restarted, continued, rejoined) here
-	Err       error         // injecting or healing failed
+	// Effective is when the injection returned: the fault is surely in
+	// effect from here to HealStart (when healing began). Start–Healed
+	// bounds the fault from outside (what may have been affected),
+	// Effective–HealStart from inside (what was surely affected).
+	Effective, HealStart time.Duration
+	Err                  error // injecting or healing failed
 }
 
 // Run injects f, waits its Duration (or until ctx ends), heals it and
@@ -194,6 +214,7 @@ func (f Failpoint) Run(ctx context.Context, now func() time.Duration) Injection 
 		inj.Healed = now()
 		return inj
 	}
+	inj.Effective = now()
 	wait, cancel := context.WithTimeout(ctx, f.Duration)
 	done := make(chan struct{})
 	go func() {
@@ -205,6 +226,7 @@ func (f Failpoint) Run(ctx context.Context, now func() time.Duration) Injection 
 	}()
 	<-done
 	cancel()
+	inj.HealStart = now()
 	if err := f.heal(); err != nil {
 		inj.Err = fmt.Errorf("heal %s: %w", f, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -89,6 +90,66 @@ func (c *Cluster) ToggleEdgeFailpoints() error {
 		errs = append(errs, e.Signal(syscall.SIGUSR1))
 	}
 	return errors.Join(errs...)
+}
+
+// ToggleConsumers sends SIGUSR1 to the pipeline node's shoal process (not
+// its clickhouse-server child): the failpoints Options.PipelineEnv's
+// SHOAL_FAILPOINTS names (consumers:stall stops the storage consumer and
+// the ClickHouse sink; the broker keeps serving) flip between armed and
+// disarmed.
+func (c *Cluster) ToggleConsumers() error {
+	if c.Pipeline == nil {
+		return errors.New("no pipeline node")
+	}
+	return c.Pipeline.SignalLeader(syscall.SIGUSR1)
+}
+
+// StoreFault sets the object store's injected misbehaviour (cmd/s3node's
+// POST /admin/fault): "503", "slow" with delay, or "none".
+func (c *Cluster) StoreFault(ctx context.Context, mode string, delay time.Duration) error {
+	if c.ObjectStore == nil {
+		return errors.New("no object store")
+	}
+	u := "http://" + c.ObjectStore.Addr + "/admin/fault?mode=" + mode
+	if mode == "slow" {
+		u += "&delay=" + delay.String()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("s3node fault %s: %s: %s", mode, resp.Status, b)
+	}
+	return nil
+}
+
+// ColdRestart kills m with -9, empties its data directory (for an edge: its
+// route cache and every token it validated) and starts it again: a fresh
+// member that knows nothing yet. It returns once m is healthy.
+func (c *Cluster) ColdRestart(ctx context.Context, m *Member) error {
+	if err := m.Kill(); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(m.Dir)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(m.Dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	if err := m.Start(); err != nil {
+		return err
+	}
+	return waitHealthy(ctx, m, 60*time.Second)
 }
 
 // ballast is the file FillDisk writes into a data directory.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,11 +25,15 @@ import (
 const (
 	catalogHTTPPort = 4001
 	raftPort        = 4002
-	hostPort        = 4003
-	edgePort        = 8787
-	pipelinePort    = 4005
-	s3Port          = 4006
-	kafkaPort       = 9092
+	// RaftPort is the catalog voters' raft port (the follower-lag relay
+	// sits in front of it).
+	RaftPort     = raftPort
+	hostPort     = 4003
+	edgePort     = 8787
+	pipelinePort = 4005
+	limiterPort  = 4007
+	s3Port       = 4006
+	kafkaPort    = 9092
 	// ClickHousePort is the managed clickhouse-server's native port on
 	// the pipeline node's own loopback (reach it with ClickHouseQuery).
 	ClickHousePort = 9000
@@ -50,6 +55,22 @@ type Options struct {
 	HostDisk string
 	// EdgeEnv is added to the edges' environment (e.g. SHOAL_FAILPOINTS).
 	EdgeEnv []string
+	// Limiter adds the limiter role (`shoal limiter serve`, member l1) in
+	// the pipeline node's namespace, where the managed ClickHouse it reads
+	// listens on loopback (needs Pipeline).
+	Limiter bool
+	// ArchivedHosts names the object hosts that run with `durability =
+	// "archived"` (a write is acknowledged only once the archive store has
+	// it; Options.Archive): they read a second cluster file,
+	// cluster-archived.hcl, identical but for that line.
+	ArchivedHosts []string
+	// BindingKey, when set, is the binding-token secret the edges and the
+	// object hosts share (--binding-key): POST …/database/{id}/binding
+	// mints tokens that route and authenticate without the catalog.
+	BindingKey string
+	// PipelineEnv is added to the pipeline node's environment (e.g.
+	// SHOAL_FAILPOINTS=consumers:stall=100%, toggled by ToggleConsumers).
+	PipelineEnv []string
 	// Pipeline adds the background plane: node p1 runs `shoal pipeline
 	// serve` with the embedded Kafka-protocol broker, a managed
 	// clickhouse-server, the storage consumer, the ClickHouse sink and the
@@ -102,10 +123,14 @@ type Cluster struct {
 	Pipeline *Member
 	// ObjectStore is the s3 node (Options.Archive), or nil.
 	ObjectStore *Member
-	// Config is the cluster.hcl the object hosts read (Options.Archive).
-	Config string
-	Admin  string
-	mounts []string // tmpfs data directories, unmounted by Stop
+	// Limiter is the limiter role (Options.Limiter), or nil: a process of
+	// its own on the pipeline node's namespace.
+	Limiter *Member
+	// Config is the cluster.hcl the object hosts read (Options.Archive);
+	// ArchivedConfig the one of Options.ArchivedHosts.
+	Config, ArchivedConfig string
+	Admin                  string
+	mounts                 []string // tmpfs data directories, unmounted by Stop
 }
 
 // Start creates the nodes on net and starts every member, waiting until each
@@ -115,16 +140,19 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 	o = o.withDefaults()
 	c := &Cluster{Net: net, Admin: o.Admin}
 	var env []string
-	addOn := func(list *[]*Member, nd *Node, port int, bin string, args func(addr string) []string) error {
+	named := func(list *[]*Member, name string, nd *Node, port int, bin string, args func(addr string) []string) error {
 		addr := fmt.Sprintf("%s:%d", nd.IP, port)
-		p, err := StartProcEnv(nd, nd.Name, env, bin, args(addr)...)
+		p, err := StartProcEnv(nd, name, env, bin, args(addr)...)
 		if p != nil {
-			*list = append(*list, &Member{Proc: p, Addr: addr, Dir: filepath.Join(o.Dir, nd.Name)})
+			*list = append(*list, &Member{Proc: p, Addr: addr, Dir: filepath.Join(o.Dir, name)})
 		}
 		if err != nil {
 			return err
 		}
 		return waitHealthy(ctx, (*list)[len(*list)-1], 60*time.Second)
+	}
+	addOn := func(list *[]*Member, nd *Node, port int, bin string, args func(addr string) []string) error {
+		return named(list, nd.Name, nd, port, bin, args)
 	}
 	add := func(list *[]*Member, name string, port int, args func(addr string) []string) error {
 		nd, err := net.AddNode(name)
@@ -152,6 +180,7 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 	var kafka []string
 	if o.Pipeline {
 		var ps []*Member
+		env = o.PipelineEnv
 		err := add(&ps, "p1", pipelinePort, func(addr string) []string {
 			ip := strings.TrimSuffix(addr, fmt.Sprintf(":%d", pipelinePort))
 			kafka = []string{"--kafka-brokers", fmt.Sprintf("%s:%d", ip, kafkaPort)}
@@ -160,11 +189,25 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 				"--managed-clickhouse", "--managed-clickhouse-addr", fmt.Sprintf("127.0.0.1:%d", ClickHousePort),
 				"--reconcile-interval", "2s", "--log-level", "warn"}
 		})
+		env = nil
 		if len(ps) > 0 {
 			c.Pipeline = ps[0]
 		}
 		if err != nil {
 			return c, err
+		}
+		if o.Limiter {
+			var ls []*Member
+			err := named(&ls, "l1", c.Pipeline.Node(), limiterPort, o.Bin, func(addr string) []string {
+				return []string{"limiter", "serve", "--insecure", "--http-addr", addr, "--catalog", catalog, kafka[0], kafka[1],
+					"--clickhouse-dsn", fmt.Sprintf("clickhouse://127.0.0.1:%d/shoal", ClickHousePort), "--interval", "2s", "--log-level", "warn"}
+			})
+			if len(ls) > 0 {
+				c.Limiter = ls[0]
+			}
+			if err != nil {
+				return c, err
+			}
 		}
 	}
 	var hostNodes []*Node
@@ -197,10 +240,15 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 		if err != nil {
 			return c, err
 		}
-		if c.Config, err = c.writeConfig(o, hostNodes, kafka); err != nil {
+		if c.Config, err = c.writeConfig(o, hostNodes, kafka, "default"); err != nil {
 			return c, err
 		}
 		hostConfig = []string{"--config", c.Config}
+		if len(o.ArchivedHosts) > 0 {
+			if c.ArchivedConfig, err = c.writeConfig(o, hostNodes, kafka, "archived"); err != nil {
+				return c, err
+			}
+		}
 	}
 	for _, nd := range hostNodes {
 		id := nd.Name
@@ -215,8 +263,15 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 			a := append([]string{"objecthost", "serve", "--insecure", "--id", id, "--dir", filepath.Join(o.Dir, id),
 				"--http-addr", addr, "--region", "weur", "--catalog", catalog, "--log-level", "warn",
 				"--heartbeat-interval", o.Heartbeat.String(), "--creation-grace", o.Grace.String()}, kafka...)
+			if o.BindingKey != "" {
+				a = append(a, "--binding-key", o.BindingKey)
+			}
 			if len(hostConfig) > 0 {
-				a = append(append(a, hostConfig...), "--node", id)
+				conf := hostConfig
+				if slices.Contains(o.ArchivedHosts, id) {
+					conf = []string{"--config", c.ArchivedConfig}
+				}
+				a = append(append(a, conf...), "--node", id)
 				if len(kafka) == 0 {
 					a = append(a, "--kafka-brokers=") // the file's kafka block is not this topology's
 				}
@@ -233,9 +288,13 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 		err := add(&c.Edges, id, edgePort, func(addr string) []string {
 			// Rate limits far above what the generators send: they are
 			// not what the suite is about.
-			return append([]string{"edge", "serve", "--insecure", "--http-addr", addr, "--dir", filepath.Join(o.Dir, id),
+			a := append([]string{"edge", "serve", "--insecure", "--http-addr", addr, "--dir", filepath.Join(o.Dir, id),
 				"--region", "weur", "--catalog", catalog, "--admin-token", o.Admin, "--log-level", "warn",
 				"--account-rate", "100000", "--database-rate", "100000"}, kafka...)
+			if o.BindingKey != "" {
+				a = append(a, "--binding-key", o.BindingKey)
+			}
+			return a
 		})
 		if err != nil {
 			return c, err
@@ -289,7 +348,7 @@ const archiveSecret = "robustness-archive-secret"
 // the pipeline node and the hosts as started here, the embedded broker,
 // and the archive block naming the s3 node. (Edges take flags only; every
 // flag a host is given explicitly wins over the file.)
-func (c *Cluster) writeConfig(o Options, hosts []*Node, kafka []string) (string, error) {
+func (c *Cluster) writeConfig(o Options, hosts []*Node, kafka []string, durability string) (string, error) {
 	secret := filepath.Join(o.Dir, "s3", "secret")
 	if err := os.WriteFile(secret, []byte(archiveSecret+"\n"), 0o600); err != nil {
 		return "", err
@@ -322,11 +381,14 @@ archive {
   secret_key_file = %q
   tls             = false
   path_style      = true
-  durability      = "default"
+  durability      = %q
   alarm_lag       = %q
 }
-`, c.ObjectStore.Addr, ArchiveBucket, ArchivePrefix, secret, o.ArchiveAlarmLag)
+`, c.ObjectStore.Addr, ArchiveBucket, ArchivePrefix, secret, durability, o.ArchiveAlarmLag)
 	path := filepath.Join(o.Dir, "cluster.hcl")
+	if durability != "default" {
+		path = filepath.Join(o.Dir, "cluster-"+durability+".hcl")
+	}
 	return path, os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
@@ -382,6 +444,9 @@ func (c *Cluster) Members() []*Member {
 	}
 	if c.ObjectStore != nil {
 		ms = append(ms, c.ObjectStore)
+	}
+	if c.Limiter != nil {
+		ms = append(ms, c.Limiter)
 	}
 	return append(append(ms, c.Hosts...), c.Edges...)
 }

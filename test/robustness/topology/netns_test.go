@@ -2,6 +2,7 @@ package topology
 
 import (
 	"errors"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -152,4 +153,96 @@ func TestCleanStaleRemovesOnlyDeadRuns(t *testing.T) {
 	assert.True(t, errors.Is(err, os.ErrNotExist), "a dead run's namespace survived")
 	_, err = os.Stat("/run/netns/" + n.bridgeNS)
 	assert.NoError(t, err, "a live run's namespace was removed")
+}
+
+// echoIn serves an echo on nd's address and port, with its listening socket
+// in nd's namespace.
+func echoIn(t *testing.T, nd *Node, port int) string {
+	addr := nd.IP + ":" + strconv.Itoa(port)
+	ln, err := listenInNS(nd.NS, addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(c, c); _ = c.Close() }()
+		}
+	}()
+	return addr
+}
+
+func echoOnce(c net.Conn, msg string) (string, error) {
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte(msg)); err != nil {
+		return "", err
+	}
+	b := make([]byte, len(msg))
+	_, err := io.ReadFull(c, b)
+	return string(b), err
+}
+
+// DelayPort really puts the relay between another node and the port: a
+// connection open before it is reset, a new one is carried by the relay
+// (its byte count grows) and still works, and after Close new connections
+// go direct again.
+func TestDelayPortRelaysNewConnectionsAndResetsOld(t *testing.T) {
+	n := requireNet(t)
+	a, err := n.AddNode("ta")
+	require.NoError(t, err)
+	b, err := n.AddNode("tb")
+	require.NoError(t, err)
+	addr := echoIn(t, a, 9100)
+	old, err := dialInNS(b.NS, addr)
+	require.NoError(t, err)
+	defer old.Close()
+	got, err := echoOnce(old, "before")
+	require.NoError(t, err)
+	require.Equal(t, "before", got)
+
+	r, err := a.DelayPort(9100, 20*time.Millisecond)
+	require.NoError(t, err)
+	_, err = echoOnce(old, "old")
+	assert.Error(t, err, "a connection that predates the relay must be reset")
+
+	c, err := dialInNS(b.NS, addr)
+	require.NoError(t, err)
+	got, err = echoOnce(c, "through the relay")
+	require.NoError(t, err)
+	assert.Equal(t, "through the relay", got)
+	// The relay counts a chunk once its write returned, which can be just
+	// after the client read it.
+	var bytes, conns int64
+	require.Eventually(t, func() bool {
+		bytes, conns = r.Relayed()
+		return bytes == int64(2*len("through the relay"))
+	}, 10*time.Second, time.Millisecond, "the echo went both ways through the relay")
+	assert.EqualValues(t, 1, conns)
+
+	require.NoError(t, r.Close())
+	_, err = echoOnce(c, "x")
+	assert.Error(t, err, "Close drops the relayed connections")
+	d, err := dialInNS(b.NS, addr)
+	require.NoError(t, err)
+	defer d.Close()
+	got, err = echoOnce(d, "direct")
+	require.NoError(t, err)
+	assert.Equal(t, "direct", got)
+	after, _ := r.Relayed()
+	assert.Equal(t, bytes, after, "after Close nothing goes through the relay")
+}
+
+// Lose drops packets (at 100% nothing gets through) and Unlose restores the
+// link.
+func TestLoseDropsAndUnloseRestores(t *testing.T) {
+	n := requireNet(t)
+	a, err := n.AddNode("ta")
+	require.NoError(t, err)
+	addr := listenIn(t, a)
+	require.NoError(t, a.Lose(100))
+	assert.Error(t, dial(addr), "a node losing every packet still answers")
+	require.NoError(t, a.Unlose())
+	assert.NoError(t, dial(addr))
 }

@@ -71,6 +71,15 @@ func (p *Proc) Signal(sig syscall.Signal) error {
 	return syscall.Kill(-p.cmd.Process.Pid, sig)
 }
 
+// SignalLeader sends sig to the process alone, not its group (e.g. SIGUSR1
+// to a pipeline node, whose clickhouse-server child must not get it).
+func (p *Proc) SignalLeader(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Fprintf(p.log, "--- %s (process only) at %s ---\n", sig, time.Now().Format(time.StampMilli))
+	return syscall.Kill(p.cmd.Process.Pid, sig)
+}
+
 // Kill is kill -9 of the group; it returns when the process has exited. It
 // also ends a stopped process.
 func (p *Proc) Kill() error {

@@ -198,6 +198,46 @@ func (c *Client) RegRead(ctx context.Context, client, edge int, db string) Op {
 	return c.h.Add(op)
 }
 
+// MintBinding mints a binding token for db through edge (POST
+// …/database/{id}/binding, with the account's API token; not recorded).
+func (c *Client) MintBinding(ctx context.Context, edge int, db string) (string, error) {
+	a := c.call(ctx, http.MethodPost, c.edges[edge]+"/client/v4/accounts/"+c.acct+"/d1/database/"+db+"/binding", c.bearer, map[string]any{"ttl_seconds": 3600})
+	if a.outcome() != OK {
+		return "", errors.New(a.text())
+	}
+	var m struct {
+		Token string `json:"token"`
+	}
+	if err := json.Unmarshal(a.Result, &m); err != nil || m.Token == "" {
+		return "", fmt.Errorf("binding: %s", a.text())
+	}
+	return m.Token, nil
+}
+
+// BoundRead counts db's rows in t through edge with a binding token
+// (POST /client/v4/bound/query): the credential carries the route, so a
+// cold edge serves it with the catalog unreachable.
+func (c *Client) BoundRead(ctx context.Context, client, edge int, db, token string) Op {
+	c.sentMu.Lock()
+	if c.sent == nil {
+		c.sent = map[string]int{}
+	}
+	c.sent[db]++
+	c.sentMu.Unlock()
+	call := c.h.Now()
+	a := c.call(ctx, http.MethodPost, c.edges[edge]+"/client/v4/bound/query", "Binding "+token, map[string]any{"sql": "SELECT count(*) AS v FROM t"})
+	op := Op{Client: client, Kind: BoundRead, DB: db, Call: call, Return: c.h.Now(), Outcome: a.outcome(), Answer: a.text()}
+	if op.Outcome == OK {
+		vals, err := a.column()
+		if err != nil || len(vals) != 1 {
+			op.Outcome, op.Answer = Unknown, fmt.Sprintf("unexpected count: %s", a.text())
+		} else {
+			op.Value, op.Found = vals[0], true
+		}
+	}
+	return c.h.Add(op)
+}
+
 // Rows reads every value of db's table t (validation: not recorded).
 func (c *Client) Rows(ctx context.Context, edge int, db string) ([]int64, Outcome, string) {
 	vals, a := c.column(ctx, edge, db, "SELECT v FROM t")
@@ -236,23 +276,31 @@ func (c *Client) column(ctx context.Context, edge int, db, sql string) ([]int64,
 	if a.outcome() != OK {
 		return nil, a
 	}
+	out, err := a.column()
+	if err != nil {
+		a.err = err
+		return nil, a
+	}
+	return out, a
+}
+
+// column is column v of a single-statement answer's rows.
+func (a answer) column() ([]int64, error) {
 	var res []struct {
 		Results []map[string]any `json:"results"`
 	}
 	if err := json.Unmarshal(a.Result, &res); err != nil || len(res) != 1 {
-		a.err = fmt.Errorf("unexpected result: %s", a.text())
-		return nil, a
+		return nil, fmt.Errorf("unexpected result: %s", a.text())
 	}
 	var out []int64
 	for _, r := range res[0].Results {
 		f, ok := r["v"].(float64)
 		if !ok {
-			a.err = fmt.Errorf("non-integer v: %s", a.text())
-			return nil, a
+			return nil, fmt.Errorf("non-integer v: %s", a.text())
 		}
 		out = append(out, int64(f))
 	}
-	return out, a
+	return out, nil
 }
 
 // answer is one HTTP answer in the v4 envelope, or the error instead.
@@ -273,7 +321,9 @@ type answer struct {
 // (a query while its database is restored) and a restore refused because
 // the archive store is down. Another wording falls back to Unknown: the
 // safe direction.
-var notDone = []string{"database is being restored, retry", "the archive store is unavailable, nothing was changed; retry"}
+var notDone = []string{"database is being restored, retry", "the archive store is unavailable, nothing was changed; retry",
+	"time travel is behind on this database (the host cannot write its history log yet); nothing was changed; retry",
+	"time travel is behind on this database (the host cannot write its history log yet); retry"}
 
 func (a answer) outcome() Outcome {
 	switch {

@@ -40,7 +40,13 @@ type Load struct {
 	mu        sync.Mutex
 	live      []string            // acknowledged, table created, never deleted
 	bookmarks map[string][]string // per register, bookmarks the API gave
+	avoid     atomic.Int64        // 1 + an edge the generators keep off (AvoidEdge); 0: none
 }
+
+// AvoidEdge keeps the generators off edge i (0-based) until AvoidEdge(-1):
+// e.g. while it is restarted cold with the catalog cut off, when it cannot
+// check an API token (tokens live in the catalog), by design.
+func (l *Load) AvoidEdge(i int) { l.avoid.Store(int64(i + 1)) }
 
 // NewLoad prepares cfg's generators on c.
 func NewLoad(c *Client, cfg Config) *Load { return &Load{c: c, cfg: cfg} }
@@ -156,7 +162,14 @@ func (l *Load) pause(ctx context.Context, d time.Duration) {
 	}
 }
 
-func (l *Load) edge(r *rand.Rand) int { return r.IntN(l.c.Edges()) }
+func (l *Load) edge(r *rand.Rand) int {
+	n := l.c.Edges()
+	i := r.IntN(n)
+	if a := int(l.avoid.Load()) - 1; a == i && n > 1 {
+		i = (i + 1 + r.IntN(n-1)) % n
+	}
+	return i
+}
 
 // creator creates databases; each acknowledged one gets its table t and a
 // first row, and every DeleteEvery-th is deleted instead.

@@ -27,6 +27,10 @@ const (
 	Bookmark  Kind = "bookmark"   // GET …/time_travel/bookmark of a register database; Bookmark is the answer
 	Restore   Kind = "restore"    // POST …/time_travel/restore?bookmark=Bookmark; Prev and After from the answer
 	ListCheck Kind = "list-check" // a final list (validation, not load)
+	// BoundRead: SELECT count(*) FROM t through POST /client/v4/bound/query
+	// with a binding token (no API token: routes and authenticates without
+	// the catalog); Value is the count.
+	BoundRead Kind = "bound-read"
 )
 
 // Outcome is what the client knows of an operation's effect.

@@ -20,7 +20,7 @@ func AckedQueries(ops []traffic.Op) map[string]int64 {
 	out := map[string]int64{}
 	for _, op := range ops {
 		switch op.Kind {
-		case traffic.Insert, traffic.RegWrite, traffic.RegRead:
+		case traffic.Insert, traffic.RegWrite, traffic.RegRead, traffic.BoundRead:
 			if op.Outcome == traffic.OK {
 				out[op.DB]++
 			}
@@ -46,7 +46,7 @@ func UsageExact(ops []traffic.Op, sent map[string]int, billed map[string]int64, 
 	excused := map[string]int64{}
 	for _, op := range ops {
 		switch op.Kind {
-		case traffic.Insert, traffic.RegWrite, traffic.RegRead:
+		case traffic.Insert, traffic.RegWrite, traffic.RegRead, traffic.BoundRead:
 		default:
 			continue
 		}

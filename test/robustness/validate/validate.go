@@ -360,7 +360,7 @@ func QueriesAvailableDuring(ops []traffic.Op, windows []Window) Result {
 	return QueriesAvailable("the catalog is cut off", ops, windows)
 }
 
-// QueriesAvailable: every query (insert, register write and read) to an
+// QueriesAvailable: every query (insert, register write and read, bound read) to an
 // existing database called inside one of windows succeeded (what names the
 // fault, e.g. "the object store is down"). A database counts as existing
 // if its create was acknowledged before the window opened. A query that
@@ -387,7 +387,7 @@ func QueriesAvailable(what string, ops []traffic.Op, windows []Window) Result {
 				continue
 			}
 			switch op.Kind {
-			case traffic.Insert, traffic.RegWrite, traffic.RegRead:
+			case traffic.Insert, traffic.RegWrite, traffic.RegRead, traffic.BoundRead:
 			default:
 				continue
 			}
@@ -431,5 +431,33 @@ func ListedQueryable(f Final) Result {
 		}
 	}
 	sort.Strings(r.Violations)
+	return r
+}
+
+// ArchivedWritesHeld: with durability = "archived" a write is acknowledged
+// only once the archive store has it, so no write to a database of an
+// archived host (onArchived) called after a window opened and answered
+// before it closed was acknowledged — the windows being those when the
+// store could take nothing (killed, stopped, cut off, answering 503;
+// not merely slow), from the injection's return to the heal's start
+// (failpoint.Injection's Effective and HealStart: an `ip link` or a signal
+// takes effect only once its command ran).
+func ArchivedWritesHeld(ops []traffic.Op, onArchived map[string]bool, windows []Window) Result {
+	r := Result{Check: "durability = archived: no write acknowledged while the object store could store nothing"}
+	held := 0
+	for _, w := range windows {
+		for _, op := range ops {
+			if (op.Kind != traffic.Insert && op.Kind != traffic.RegWrite) || !onArchived[op.DB] || op.Call <= w.From || op.Return >= w.To {
+				continue
+			}
+			r.Checked++
+			if op.Outcome == traffic.OK {
+				r.Violations = append(r.Violations, fmt.Sprintf("%s of %d on %s acknowledged at %s during %s", op.Kind, op.Value, op.DB, op.Return.Round(time.Millisecond), w.Name))
+			} else {
+				held++
+			}
+		}
+	}
+	r.Note = fmt.Sprintf("%d writes answered not acknowledged", held)
 	return r
 }

@@ -221,3 +221,23 @@ func TestRestoreForgetsOnlyAfterTheLastUse(t *testing.T) {
 	assert.True(t, res.OK(), "%s", res)
 	assert.True(t, ops[len(ops)-2].Input.(model.RegisterInput).Forget)
 }
+
+// A write on an archived host acknowledged inside a window when the store
+// could take nothing is a violation; one refused there, one on a default
+// host, and one that straddles the window's edge are not.
+func TestArchivedWritesHeld(t *testing.T) {
+	w := []Window{{Name: "object-store-down", From: 100 * time.Millisecond, To: 500 * time.Millisecond}}
+	archived := map[string]bool{"a": true}
+	ops := []traffic.Op{
+		op(traffic.RegWrite, "a", 1, traffic.OK, 200, 300),      // violation
+		op(traffic.RegWrite, "a", 2, traffic.Unknown, 200, 300), // held: fine
+		op(traffic.Insert, "b", 3, traffic.OK, 200, 300),        // default host
+		op(traffic.Insert, "a", 4, traffic.OK, 50, 150),         // called before the outage
+		op(traffic.Insert, "a", 5, traffic.OK, 400, 600),        // answered after the heal
+		op(traffic.RegRead, "a", 6, traffic.OK, 200, 300),       // a read
+	}
+	r := ArchivedWritesHeld(ops, archived, w)
+	assert.Equal(t, 2, r.Checked)
+	assert.Len(t, r.Violations, 1)
+	assert.Contains(t, r.Violations[0], "reg-write of 1")
+}

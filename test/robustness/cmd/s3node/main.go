@@ -13,7 +13,11 @@
 //	s3node --addr 10.213.7.4:4006 --db DIR/s3.bolt --bucket archive
 //
 // GET /healthz answers 200 once the bucket exists (the topology's health
-// check); every other request is S3.
+// check); POST /admin/fault sets how the store misbehaves (the suite's
+// object-store failpoints that need it up): ?mode=503 answers every S3
+// request 503 SlowDown (a throttling or overloaded store, which S3 clients
+// retry), ?mode=slow&delay=2s answers each one after the delay, ?mode=none
+// restores normal service. Every other request is S3.
 //
 // One change to s3bolt: a listing with a prefix and no delimiter (what
 // objecthost/history sends: one database's keys) seeks to the prefix
@@ -34,6 +38,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -105,8 +110,58 @@ func handler(db *bolt.DB, bucket string) (http.Handler, error) {
 	faker := gofakes3.New(backend, gofakes3.WithLogger(gofakes3.DiscardLog()))
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.Handle("/", faker.Server())
+	var f faults
+	mux.HandleFunc("POST /admin/fault", f.set)
+	mux.Handle("/", f.wrap(faker.Server()))
 	return mux, nil
+}
+
+// faults is the store's injected misbehaviour (POST /admin/fault).
+type faults struct {
+	mode  atomic.Value // string: "", "503" or "slow"
+	delay atomic.Int64 // nanoseconds, mode slow
+}
+
+func (f *faults) set(w http.ResponseWriter, r *http.Request) {
+	mode := r.URL.Query().Get("mode")
+	switch mode {
+	case "none", "":
+		f.mode.Store("")
+	case "503":
+		f.mode.Store(mode)
+	case "slow":
+		d, err := time.ParseDuration(r.URL.Query().Get("delay"))
+		if err != nil || d <= 0 {
+			http.Error(w, "slow needs delay=DURATION", http.StatusBadRequest)
+			return
+		}
+		f.delay.Store(int64(d))
+		f.mode.Store(mode)
+	default:
+		http.Error(w, "mode is none, 503 or slow", http.StatusBadRequest)
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+func (f *faults) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch mode, _ := f.mode.Load().(string); mode {
+		case "503":
+			w.Header().Set("Content-Type", "application/xml")
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>`)
+			return
+		case "slow":
+			select {
+			case <-time.After(time.Duration(f.delay.Load())):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // seekingBackend is s3bolt with prefix listings that seek (see the package

@@ -72,3 +72,38 @@ func TestSeekingListAndPersistence(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, got, 1100)
 }
+
+// POST /admin/fault makes the store answer 503 SlowDown, or late, and
+// mode=none restores it; the S3 client sees the error and then succeeds.
+func TestFaultModes(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "s3.bolt"), 0o600, nil)
+	require.NoError(t, err)
+	defer db.Close()
+	h, err := handler(db, "archive")
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	st, err := history.NewS3Store(history.S3Config{Endpoint: strings.TrimPrefix(srv.URL, "http://"), Bucket: "archive", Prefix: "shoal/",
+		Region: "us-east-1", AccessKey: "k", SecretKey: "secretsecret", PathStyle: true})
+	require.NoError(t, err)
+	ctx := context.Background()
+	admin := func(q string) int {
+		resp, err := srv.Client().Post(srv.URL+"/admin/fault?"+q, "", nil)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, 200, admin("mode=503"))
+	err = st.Put(ctx, "k", strings.NewReader("v"), 1)
+	require.Error(t, err, "a 503 store refuses the put")
+	assert.Contains(t, err.Error(), "reduce your request rate")
+	require.Equal(t, 400, admin("mode=slow"), "slow needs a delay")
+	require.Equal(t, 200, admin("mode=slow&delay=1ms"))
+	require.NoError(t, st.Put(ctx, "k", strings.NewReader("v"), 1))
+	require.Equal(t, 200, admin("mode=none"))
+	rc, err := st.Get(ctx, "k")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	assert.Equal(t, "v", string(b))
+}

@@ -1,0 +1,93 @@
+package objecthost
+
+import (
+	"context"
+	"time"
+)
+
+// The size feed's restart pass. A size reaches the catalog only if its
+// event survives the host's aggregation window, the producer's memory (the
+// client's buffer while the broker is slow or away, until StallTimeout
+// sends it to the on-disk spill) and the broker. A host killed -9 loses
+// what was still in memory, and after its restart nothing measured that
+// database again unless it changed: Open loads each object's size from its
+// file without publishing it, a write that leaves the size as it was
+// publishes nothing, and the size aggregator's periodic resend only covers
+// databases recorded since the start. Such a database kept no size (or an
+// old one) in the catalog, and its account's storage total under-counted
+// it, until its next growth.
+//
+// The host cannot tell which sizes were delivered (the producer's
+// acknowledgements are not persisted per database), so after every start
+// it publishes the size of every live database once, with a fresh
+// sequence, paced at SizeRepublishRate per second. Consumers keep the
+// highest sequence per database, so a size that had arrived is rewritten
+// with the same value: repeated work, never a wrong value.
+
+// RepublishSizes records the current size of every active object with a
+// file into the size sink, with a fresh sequence, paced at rate per second
+// (≤ 0: unpaced). It returns how many sizes it recorded.
+func (h *Host) RepublishSizes(ctx context.Context, rate int) int {
+	h.mu.Lock()
+	objs := make([]*object, 0, len(h.objects))
+	for _, o := range h.objects {
+		objs = append(objs, o)
+	}
+	h.mu.Unlock()
+	h.m.sizeRepublishPending.Set(float64(len(objs)))
+	defer h.m.sizeRepublishPending.Set(0)
+	var pace *time.Ticker
+	if rate > 0 && len(objs) > rate {
+		pace = time.NewTicker(time.Second / time.Duration(rate))
+		defer pace.Stop()
+	}
+	n := 0
+	for i, o := range objs {
+		if pace != nil {
+			select {
+			case <-ctx.Done():
+				return n
+			case <-pace.C:
+			}
+		} else if ctx.Err() != nil {
+			return n
+		}
+		if h.republishSize(o) {
+			n++
+			h.m.sizesRepublished.Inc()
+		}
+		h.m.sizeRepublishPending.Set(float64(len(objs) - i - 1))
+	}
+	return n
+}
+
+// republishSize records o's size again under its size lock (so the fresh
+// sequence orders it after any measurement already recorded and before
+// any later one). Deleted, swept and never-written objects have no size to
+// publish: a swept object's 0 was recorded by the sweep.
+func (h *Host) republishSize(o *object) bool {
+	o.sizeMu.Lock()
+	defer o.sizeMu.Unlock()
+	m := o.meta.Load()
+	size := o.size.Load()
+	if m == nil || m.deleted() || size <= 0 {
+		return false
+	}
+	h.cfg.Sizes.RecordSize(SizeEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, SizeBytes: size, Seq: h.nextSizeSeq(), Time: h.now()})
+	return true
+}
+
+// startSizeRepublish runs the restart pass once, in the background (a
+// host with a million databases spreads it over minutes at the default
+// rate and serves meanwhile).
+func (h *Host) startSizeRepublish(ctx context.Context) {
+	if _, none := h.cfg.Sizes.(discard); none || h.cfg.SizeRepublishRate < 0 {
+		return
+	}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		n := h.RepublishSizes(ctx, h.cfg.SizeRepublishRate)
+		h.log.Info("sizes republished after start", "databases", n)
+	}()
+}
