@@ -215,6 +215,7 @@ func (h *Host) heartbeatChunk(ctx context.Context, ids []string, now time.Time, 
 			// resolved below on a linearizable read (relocated.go).
 			mismatched = append(mismatched, o)
 		case st.State == fsm.StateActive:
+			h.republishSizeOnBeat(o)
 			if !m.Confirmed || st.RoutingGeneration > m.RoutingGeneration || o.routeDirty.Load() {
 				repair = append(repair, o)
 				gens[o] = st.RoutingGeneration

@@ -68,10 +68,11 @@ type Config struct {
 	DirtyRouteRetry        time.Duration
 	RouteRepublishInterval time.Duration
 	RouteRepublishRate     int
-	// SizeRepublishRate paces the pass that, after every start, publishes
-	// the size of every live database once (sizerepublish.go: sizes a
-	// crash lost in memory are otherwise never sent again). Per second;
-	// default 1,000; negative disables the pass.
+	// SizeRepublishRate paces the pass that, after every start of a host
+	// without a catalog, publishes the size of every live database once
+	// (sizerepublish.go: sizes a crash lost in memory are otherwise never
+	// sent again; with a catalog each object's first current heartbeat
+	// does it). Per second; default 1,000; negative disables both.
 	SizeRepublishRate int
 	CatalogTimeout    time.Duration // per catalog call (default 10 s)
 	MaxBodyBytes      int64         // query body limit (default 10 MB)
@@ -250,6 +251,8 @@ type object struct {
 	size       atomic.Int64 // last known file size in bytes
 	routeDirty atomic.Bool  // last route publication failed: next heartbeat retries
 	sizeMu     sync.Mutex   // orders size measurements with their sequence numbers
+
+	sizeRepublished atomic.Bool // size published again since this start (sizerepublish.go)
 }
 
 // accountState is what heartbeats taught the host about an account.

@@ -20,9 +20,19 @@ import (
 // The host cannot tell which sizes were delivered (the producer's
 // acknowledgements are not persisted per database), so after every start
 // it publishes the size of every live database once, with a fresh
-// sequence, paced at SizeRepublishRate per second. Consumers keep the
-// highest sequence per database, so a size that had arrived is rewritten
-// with the same value: repeated work, never a wrong value.
+// sequence. Consumers keep the highest sequence per database, so a size
+// that had arrived is rewritten with the same value: repeated work, never
+// a wrong value — provided the object is still the database's object.
+// A host declared lost that comes back holds superseded objects of
+// databases relocated elsewhere: their sizes are stale, and a fresh
+// (wall-clock) sequence would make the catalog prefer them over the live
+// object's until its next write. So with a catalog, the size of an object
+// is published again at its first heartbeat after the start whose answer
+// names this very object as the database's active one (heartbeat.go);
+// the first beats are spread over one interval by their UUID phase, which
+// paces it. Without a catalog (no relocation can have happened: tests, a
+// host run alone), one pass after the start publishes every live size,
+// paced at SizeRepublishRate per second. A negative rate disables both.
 
 // RepublishSizes records the current size of every active object with a
 // file into the size sink, with a fresh sequence, paced at rate per second
@@ -81,8 +91,8 @@ func (h *Host) republishSize(o *object) bool {
 // host with a million databases spreads it over minutes at the default
 // rate and serves meanwhile).
 func (h *Host) startSizeRepublish(ctx context.Context) {
-	if _, none := h.cfg.Sizes.(discard); none || h.cfg.SizeRepublishRate < 0 {
-		return
+	if _, none := h.cfg.Sizes.(discard); none || h.cfg.SizeRepublishRate < 0 || h.cfg.Catalog != nil {
+		return // with a catalog: at each object's first current heartbeat
 	}
 	h.wg.Add(1)
 	go func() {
@@ -90,4 +100,18 @@ func (h *Host) startSizeRepublish(ctx context.Context) {
 		n := h.RepublishSizes(ctx, h.cfg.SizeRepublishRate)
 		h.log.Info("sizes republished after start", "databases", n)
 	}()
+}
+
+// republishSizeOnBeat publishes o's size at its first heartbeat since the
+// start that names o as its database's active object (see above).
+func (h *Host) republishSizeOnBeat(o *object) {
+	if h.cfg.SizeRepublishRate < 0 || o.sizeRepublished.Swap(true) {
+		return
+	}
+	if _, none := h.cfg.Sizes.(discard); none {
+		return
+	}
+	if h.republishSize(o) {
+		h.m.sizesRepublished.Inc()
+	}
 }

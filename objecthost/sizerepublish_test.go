@@ -16,7 +16,7 @@ import (
 // The fresh sink stands for the events the crash lost.
 func TestSizesRepublishedAfterRestart(t *testing.T) {
 	ctx := context.Background()
-	th := newTestHost(t, nil)
+	th := hbHost(t, nil)
 	live, gone := newDB("acct"), newDB("acct")
 	for _, d := range []db{live, gone} {
 		th.mustInit(t, d)
@@ -31,23 +31,75 @@ func TestSizesRepublishedAfterRestart(t *testing.T) {
 	require.NotEmpty(t, sent)
 	lastSeq := sent[len(sent)-1].Seq
 
-	// Restart with the background loops running (not Manual): no query
-	// touches the database afterwards.
+	th.cat.setObject(live.uuid, "acct", live.obj, 1)
+	th.cat.set(gone.uuid, "acct", "deleted", 1)
+
+	// Restart. No query touches the database afterwards.
 	require.NoError(t, th.Host.Close())
 	th.sink = &MemSink{}
 	th.cfg.Usage, th.cfg.Sizes, th.cfg.Routes = th.sink, th.sink, th.sink
-	th.cfg.Manual = false
 	th.open(t)
+	require.Empty(t, th.sink.Sizes(), "nothing before the catalog names the object")
 
-	var got []SizeEvent
-	require.Eventually(t, func() bool {
-		got = th.sink.Sizes()
-		return len(got) > 0
-	}, time.Minute, 10*time.Millisecond, "no size published after the restart")
+	th.beat()
+	got := th.sink.Sizes()
 	require.Len(t, got, 1, "only the live database's size, once: %+v", got)
 	e := got[0]
 	assert.Equal(t, live.uuid, e.DatabaseUUID)
 	assert.Equal(t, "acct", e.AccountID)
 	assert.Equal(t, fileSize(th.path(live.obj)), e.SizeBytes, "the size of the file the host holds")
 	assert.Greater(t, e.Seq, lastSeq, "a fresh sequence: consumers keep the highest")
+
+	th.beat()
+	assert.Len(t, th.sink.Sizes(), 1, "once per start, not at every heartbeat")
+}
+
+// A host declared lost that comes back holds superseded objects of
+// databases relocated elsewhere. Their sizes are stale: republished with a
+// fresh sequence they would replace the live object's size in the catalog.
+// Only an object the catalog names as its database's active one has its
+// size published again.
+func TestSizesNotRepublishedForSupersededObjects(t *testing.T) {
+	th := hbHost(t, nil)
+	moved, stays := newDB("acct"), newDB("acct")
+	for _, d := range []db{moved, stays} {
+		th.mustInit(t, d)
+		th.exec(t, d, "CREATE TABLE t (x INTEGER PRIMARY KEY, y)")
+		th.exec(t, d, "INSERT INTO t (y) VALUES (randomblob(3000))")
+		th.cat.setObject(d.uuid, "acct", d.obj, 1)
+	}
+	th.beat()
+
+	// moved is relocated to another host while this one is down.
+	th.cat.setObject(moved.uuid, "acct", newObjectID(), 2)
+	require.NoError(t, th.Host.Close())
+	th.sink = &MemSink{}
+	th.cfg.Usage, th.cfg.Sizes, th.cfg.Routes = th.sink, th.sink, th.sink
+	th.open(t)
+
+	rep := th.beat()
+	require.Equal(t, 1, rep.Superseded)
+	var uuids []string
+	for _, e := range th.sink.Sizes() {
+		if e.SizeBytes > 0 {
+			uuids = append(uuids, e.DatabaseUUID)
+		}
+	}
+	assert.Equal(t, []string{stays.uuid}, uuids, "no size of the superseded object (a retire may publish its 0)")
+}
+
+// Without a catalog (a host run alone, where no relocation can happen),
+// one pass after the start publishes every live database's size.
+func TestSizesRepublishedWithoutCatalog(t *testing.T) {
+	th := newTestHost(t, func(c *Config) { c.Catalog = nil })
+	d := newDB("acct")
+	th.mustInit(t, d)
+	th.exec(t, d, "CREATE TABLE t (x INTEGER PRIMARY KEY, y)")
+	require.NoError(t, th.Host.Close())
+	th.sink = &MemSink{}
+	th.cfg.Usage, th.cfg.Sizes, th.cfg.Routes = th.sink, th.sink, th.sink
+	th.cfg.Manual = false
+	th.open(t)
+	require.Eventually(t, func() bool { return len(th.sink.Sizes()) == 1 }, time.Minute, 10*time.Millisecond)
+	assert.Equal(t, d.uuid, th.sink.Sizes()[0].DatabaseUUID)
 }
