@@ -380,14 +380,14 @@ func (c *Client) readNodes(ctx context.Context, method, full string, body []byte
 			}
 		}
 		var order []string
+		avoid := ""
 		if lvl == Stale {
-			avoid := ""
 			if followersFirst {
 				avoid = c.Leader()
 			}
 			order = c.nodes.orderAvoiding(avoid)
 			if c.hedge > 0 && len(order) > 1 {
-				a, final, stale, err := c.hedgedRound(ctx, method, full, body, order)
+				a, final, stale, err := c.hedgedRound(ctx, method, full, body, order, avoid)
 				if final {
 					return a, err
 				}
@@ -455,8 +455,10 @@ func (c *Client) readNodes(ctx context.Context, method, full string, body []byte
 // demotes nobody. Without a winner it returns the last error and whether a
 // node answered "too stale" or "not ready" (demoted briefly, as in the
 // sequential round). A node still unanswered past the hedge delay when
-// another wins is demoted as a timed-out one would be.
-func (c *Client) hedgedRound(ctx context.Context, method, full string, body []byte, order []string) (a readAnswer, final, tooStale bool, err error) {
+// another wins is demoted as a timed-out one would be. Node avoid (the
+// leader, for PreferFollowers; last in order) is never asked as a hedge,
+// only once every node before it has failed.
+func (c *Client) hedgedRound(ctx context.Context, method, full string, body []byte, order []string, avoid string) (a readAnswer, final, tooStale bool, err error) {
 	type result struct {
 		addr string
 		a    readAnswer
@@ -485,7 +487,7 @@ func (c *Client) hedgedRound(ctx context.Context, method, full string, body []by
 	for inflight > 0 {
 		select {
 		case <-timer.C:
-			if next < len(order) {
+			if next < len(order) && (avoid == "" || order[next] != avoid) {
 				launch()
 				timer.Reset(c.hedge)
 			}

@@ -394,25 +394,71 @@ func TestClientHeartbeatsPreferFollowers(t *testing.T) {
 	assert.Equal(t, 5.0, staleReads(t, leader)-lBefore)
 }
 
-// orderAvoiding puts the avoided node behind every healthy node and ahead
-// of the demoted ones, and changes nothing for "" or an unknown node.
+// A PreferFollowers read never hedges onto the leader: with both followers
+// hung far past the hedge delay (attempts that never time out), both
+// followers are asked and the leader is not; plain stale reads do hedge to
+// it. Once the followers fail (attempt timeout), the leader answers.
+func TestClientPreferFollowersNeverHedgesToLeader(t *testing.T) {
+	hung := &hangingNode{done: make(chan struct{})}
+	f1, f2 := httptest.NewServer(hung), httptest.NewServer(hung)
+	defer f1.Close()
+	defer f2.Close()
+	defer close(hung.done)
+	lead := &fakeNode{}
+	lsrv := httptest.NewServer(lead)
+	defer lsrv.Close()
+	addrs := []string{f1.Listener.Addr().String(), f2.Listener.Addr().String(), lsrv.Listener.Addr().String()}
+	hb := ReadOptions{Consistency: Stale, PreferFollowers: true}
+
+	cl, err := NewClient(addrs, WithCacheTTL(0), WithAttemptTimeouts(time.Hour, time.Hour), WithHedge(10*time.Millisecond),
+		WithRetries(1, time.Millisecond, time.Millisecond))
+	require.NoError(t, err)
+	defer cl.Close()
+	cl.setLeader(addrs[2])
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, err = cl.Account(ctx, "x", hb)
+	cancel()
+	assert.Error(t, err, "only hung followers may be asked")
+	assert.Zero(t, lead.reads.Load(), "the leader was asked as a hedge")
+	assert.EqualValues(t, 2, hung.reads.Load(), "the second follower is a hedge target")
+
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	_, err = cl.Account(ctx, "y", StaleRead())
+	cancel()
+	require.NoError(t, err, "a plain stale read hedges to the leader")
+	assert.EqualValues(t, 1, lead.reads.Load())
+
+	fast, err := NewClient(addrs, WithCacheTTL(0), WithAttemptTimeouts(50*time.Millisecond, 50*time.Millisecond), WithHedge(10*time.Millisecond))
+	require.NoError(t, err)
+	defer fast.Close()
+	fast.setLeader(addrs[2])
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	a, err := fast.Account(ctx, "z", hb)
+	cancel()
+	require.NoError(t, err, "followers failing: the leader answers")
+	assert.Equal(t, "z", a.ID)
+	assert.EqualValues(t, 2, lead.reads.Load())
+}
+
+// orderAvoiding puts the avoided node last, behind the demoted ones too,
+// and changes nothing for "" or an unknown node.
 func TestNodeOrderAvoiding(t *testing.T) {
 	now := time.Unix(0, 0)
 	o := newNodeOrder([]string{"a", "b", "c", "d"}, func() time.Time { return now }, time.Minute)
+	firsts := map[string]bool{}
 	for range 8 {
 		got := o.orderAvoiding("b")
 		require.Len(t, got, 4)
 		assert.Equal(t, "b", got[3], "%v", got)
 		assert.ElementsMatch(t, []string{"a", "b", "c", "d"}, got)
+		firsts[got[0]] = true
 	}
+	assert.Len(t, firsts, 3, "the other nodes take turns first")
 	o.demote("c", time.Minute)
 	for range 8 {
 		got := o.orderAvoiding("b")
-		assert.Equal(t, []string{"b", "c"}, got[2:], "%v: the leader before the demoted node", got)
+		assert.Equal(t, []string{"c", "b"}, got[2:], "%v: a demoted follower before the leader", got)
 	}
-	o.demote("b", time.Minute)
-	got := o.orderAvoiding("b")
-	assert.ElementsMatch(t, []string{"b", "c"}, got[2:], "a demoted leader stays with the demoted")
 	assert.Len(t, o.orderAvoiding(""), 4)
 	assert.Len(t, o.orderAvoiding("zz"), 4)
 }

@@ -96,24 +96,18 @@ func (o *nodeOrder) order(first string, spread bool) []string {
 	return append(out, late...)
 }
 
-// orderAvoiding is order("", true) with avoid (when not "" and not
-// demoted) moved behind every healthy node, ahead of the demoted ones: a
-// busy but healthy leader is still a better fallback than a node that just
-// timed out.
+// orderAvoiding is order("", true) with avoid (when not "") moved to the
+// end, behind the demoted nodes too: a follower that was slow a moment ago
+// is still preferred to loading the leader, which carries every write
+// (ReadOptions.PreferFollowers).
 func (o *nodeOrder) orderAvoiding(avoid string) []string {
 	out := o.order("", true)
-	if avoid == "" || o.isDemoted(avoid) {
+	if avoid == "" {
 		return out
 	}
 	i := slices.Index(out, avoid)
 	if i < 0 {
 		return out
 	}
-	rest := append(out[:i:i], out[i+1:]...)
-	// The healthy nodes come first in out; the demoted ones after them.
-	j := 0
-	for j < len(rest) && !o.isDemoted(rest[j]) {
-		j++
-	}
-	return slices.Insert(rest, j, avoid)
+	return append(append(out[:i:i], out[i+1:]...), avoid)
 }

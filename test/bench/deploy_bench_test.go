@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -100,11 +101,22 @@ func TestDeployBench(t *testing.T) {
 	val := make([]byte, etcdValueBytes)
 	_, _ = crand.Read(val)
 	valStr := hex.EncodeToString(val)[:etcdValueBytes]
+	// The raw writes' UUIDs, which the heartbeat phases ask about.
+	var rawMu sync.Mutex
+	var rawUUIDs []string
 	ops := map[string]func(int, *rand.Rand) error{
 		"raw": func(_ int, _ *rand.Rand) error {
-			_, err := d.raw.CreateDatabase(ctx, fsm.CreateDatabase{UUID: ids.New(), AccountID: rawAccount,
+			u := ids.New()
+			_, err := d.raw.CreateDatabase(ctx, fsm.CreateDatabase{UUID: u, AccountID: rawAccount,
 				Name: fmt.Sprintf("raw-%d", seq.Add(1)), ObjectID: ids.New(), HostID: "raw", Region: "weur",
 				ReadReplication: fsm.ReadReplicationDisabled})
+			if err == nil {
+				rawMu.Lock()
+				if len(rawUUIDs) < 200_000 {
+					rawUUIDs = append(rawUUIDs, u)
+				}
+				rawMu.Unlock()
+			}
 			return err
 		},
 		"create": func(_ int, _ *rand.Rand) error {
@@ -146,6 +158,7 @@ func TestDeployBench(t *testing.T) {
 	for _, name := range order {
 		runClients(t, levels[len(levels)-1], 500*time.Millisecond, ops[name])
 	}
+	hb := newHeartbeatBench(t, d)
 	res := map[string]*phaseSeries{}
 	key := func(name string, n int) string { return fmt.Sprintf("%s/%d", name, n) }
 	start := time.Now()
@@ -164,6 +177,10 @@ func TestDeployBench(t *testing.T) {
 				s.add(t, groups, n, dur, ops[name])
 			}
 		}
+		rawMu.Lock()
+		known := rawUUIDs[:len(rawUUIDs):len(rawUUIDs)]
+		rawMu.Unlock()
+		hb.round(t, r, dur, known)
 		t.Logf("round %d/%d done at %s, load average %s", r+1, rounds, time.Since(start).Round(time.Second), loadAvg())
 	}
 
@@ -178,6 +195,118 @@ func TestDeployBench(t *testing.T) {
 		for _, name := range []string{"etcd-put", "etcd-get"} {
 			t.Logf("%-66s %3d %s | %s", name, n, res[key(name, n)].row(nil), res[key(name, n)].cpuRow())
 		}
+	}
+	hb.report(t)
+}
+
+// heartbeatBench measures the catalog's cost of object hosts' heartbeats
+// and how it falls on the leader: heartbeatCallers callers (standing for
+// hosts) send batches of heartbeatBatch UUIDs of existing databases as
+// stale reads through a raftmeta.Client configured as hosts' are (hedging
+// on), once spread round-robin over every node (plain StaleRead, the
+// earlier behaviour) and once followers first (PreferFollowers, what hosts
+// send now), in the same round.
+type heartbeatBench struct {
+	d      *deployCluster
+	cl     *raftmeta.Client
+	ops    *http.Client // an operator's, for /metrics
+	leader int          // index in d.cats
+	res    map[bool]*hbSeries
+}
+
+type hbSeries struct {
+	rates       []float64 // database-heartbeats per second
+	total, lead []float64 // catalog CPU per database-heartbeat (µs): all three, the leader's
+	served      []float64 // the leader's share of the heartbeat calls served
+}
+
+const (
+	heartbeatCallers = 4
+	heartbeatBatch   = 1000
+)
+
+func newHeartbeatBench(t *testing.T, d *deployCluster) *heartbeatBench {
+	cl, err := raftmeta.NewClient(d.catAddr, raftmeta.WithTLS(d.pki.Loader(t, "bench", pki.RoleEdge, pki.RoleOperator)))
+	require.NoError(t, err)
+	t.Cleanup(cl.Close)
+	// A write teaches the client the leader, as a host's registration does.
+	_, err = cl.CreateAccount(context.Background(), fsm.CreateAccount{ID: "hb-probe", Name: "hb-probe", Tier: fsm.TierPaid,
+		Limits: fsm.Limits{MaxDatabases: 1, MaxStorageBytes: 1, MaxDatabaseBytes: 1}})
+	require.NoError(t, err)
+	h := &heartbeatBench{d: d, cl: cl, leader: -1, res: map[bool]*hbSeries{false: {}, true: {}},
+		ops: d.pki.HTTPClient(t, "ops", pki.RoleOperator)}
+	for i, a := range d.catAddr {
+		if a == cl.Leader() {
+			h.leader = i
+		}
+	}
+	require.NotEqual(t, -1, h.leader, "leader %q is not a catalog address", cl.Leader())
+	return h
+}
+
+// round runs both variants (order flipped every other round) over known.
+func (h *heartbeatBench) round(t *testing.T, r int, dur time.Duration, known []string) {
+	if len(known) < 2*heartbeatBatch {
+		return
+	}
+	variants := []bool{false, true}
+	if r%2 == 1 {
+		variants = []bool{true, false}
+	}
+	for _, followersFirst := range variants {
+		o := raftmeta.ReadOptions{Consistency: raftmeta.Stale, PreferFollowers: followersFirst}
+		before := make([]int64, len(h.d.cats))
+		servedBefore := make([]float64, len(h.d.cats))
+		for i, p := range h.d.cats {
+			before[i] = cpuTicks(t, p.Cmd.Process.Pid)
+			servedBefore[i] = h.staleServed(t, i)
+		}
+		l, rate := runClients(t, heartbeatCallers, dur, func(_ int, rng *rand.Rand) error {
+			i := rng.IntN(len(known) - heartbeatBatch)
+			_, err := h.cl.Heartbeat(context.Background(), known[i:i+heartbeatBatch], o)
+			return err
+		})
+		dbs := float64(l.Len() * heartbeatBatch)
+		s := h.res[followersFirst]
+		var total, servedAll, servedLeader float64
+		for i, p := range h.d.cats {
+			us := float64(cpuTicks(t, p.Cmd.Process.Pid)-before[i]) * 10_000 / dbs
+			total += us
+			n := h.staleServed(t, i) - servedBefore[i]
+			servedAll += n
+			if i == h.leader {
+				s.lead = append(s.lead, us)
+				servedLeader = n
+			}
+		}
+		s.served = append(s.served, servedLeader/servedAll)
+		s.total = append(s.total, total)
+		s.rates = append(s.rates, rate*heartbeatBatch)
+	}
+}
+
+func (h *heartbeatBench) report(t *testing.T) {
+	for _, followersFirst := range []bool{false, true} {
+		s := h.res[followersFirst]
+		if len(s.rates) == 0 {
+			t.Log("heartbeats: too few databases to measure")
+			return
+		}
+		name := "round-robin over all 3 nodes (before)"
+		if followersFirst {
+			name = "followers first (PreferFollowers, now)"
+		}
+		shares := make([]float64, len(s.total))
+		for i := range s.total {
+			shares[i] = s.lead[i] / s.total[i]
+		}
+		rm, rl, rh := medMinMax(s.rates)
+		tm, tl, th := medMinMax(s.total)
+		lm, ll, lh := medMinMax(s.lead)
+		sm, sl, sh := medMinMax(shares)
+		qm, ql, qh := medMinMax(s.served)
+		t.Logf("heartbeats, %d callers × %d UUIDs, %-40s %7.0f DB-heartbeats/s (%.0f–%.0f); leader served %.0f%% of the calls (%.0f–%.0f%%); catalog CPU %.1f µs per DB-heartbeat (%.1f–%.1f), leader %.1f (%.1f–%.1f), the leader's share of that CPU %.0f%% (%.0f–%.0f%%, its Raft and background work included)",
+			heartbeatCallers, heartbeatBatch, name, rm, rl, rh, 100*qm, 100*ql, 100*qh, tm, tl, th, lm, ll, lh, 100*sm, 100*sl, 100*sh)
 	}
 }
 
@@ -512,4 +641,23 @@ func newPortAlloc(t *testing.T) *portAlloc {
 		return ""
 	}
 	return p
+}
+
+// staleServed is catalog node i's count of stale reads served
+// (shoal_raftmeta_reads_total{consistency="stale",outcome="ok"}).
+func (h *heartbeatBench) staleServed(t *testing.T, i int) float64 {
+	resp, err := h.ops.Get("https://" + h.d.catAddr[i] + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	const name = `shoal_raftmeta_reads_total{consistency="stale",outcome="ok"} `
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, name) {
+			v, err := strconv.ParseFloat(strings.TrimPrefix(line, name), 64)
+			require.NoError(t, err)
+			return v
+		}
+	}
+	return 0
 }
