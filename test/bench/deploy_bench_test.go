@@ -62,7 +62,9 @@ import (
 //
 // Knobs: SHOAL_BENCH_ROUNDS (default 8), SHOAL_BENCH_SECONDS (each phase,
 // default 3), SHOAL_BENCH_WORKERS (default 16,64), SHOAL_BENCH_PORT_BASE
-// (children listen on consecutive ports from there; default: free ports).
+// (children listen on consecutive ports from there; default: free ports),
+// SHOAL_BENCH_PROFILE (a directory: CPU profiles of the Shoal processes in
+// the last round, through /debug/pprof).
 // Run with:
 //
 //	SHOAL_BENCH=1 go test ./test/bench -run TestDeployBench -v -count=1 -timeout 30m
@@ -82,6 +84,13 @@ func TestDeployBench(t *testing.T) {
 		rounds, err = strconv.Atoi(s)
 		require.NoError(t, err, "SHOAL_BENCH_ROUNDS")
 		require.Positive(t, rounds, "SHOAL_BENCH_ROUNDS")
+	}
+	// SHOAL_BENCH_PROFILE=DIR: CPU profiles of every Shoal process during
+	// the last round's Shoal phases at the highest client count, through
+	// their /debug/pprof (DIR/PATH-N-PROCESS.pb.gz; go tool pprof -top).
+	profDir := os.Getenv("SHOAL_BENCH_PROFILE")
+	if profDir != "" {
+		require.NoError(t, os.MkdirAll(profDir, 0o755))
 	}
 	ports := newPortAlloc(t)
 	d := startDeployCluster(t, ports)
@@ -174,7 +183,12 @@ func TestDeployBench(t *testing.T) {
 					s = &phaseSeries{}
 					res[key(name, n)] = s
 				}
+				stop := func() {}
+				if profDir != "" && r == rounds-1 && n == levels[len(levels)-1] && !strings.HasPrefix(name, "etcd") {
+					stop = d.profile(t, profDir, fmt.Sprintf("%s-%d", name, n), dur)
+				}
 				s.add(t, groups, n, dur, ops[name])
+				stop()
 			}
 		}
 		rawMu.Lock()
@@ -341,7 +355,8 @@ type deployCluster struct {
 	edge    *harness.Proc
 	catAddr []string
 	edgeURL string
-	edgeDB  string // the account's /d1/database URL, set by prepare
+	debug   map[string]string // process name → address of its /debug/pprof
+	edgeDB  string            // the account's /d1/database URL, set by prepare
 	admin   string
 	raw     *raftmeta.Client // the raw-write client (edge + operator certificate)
 	hostHC  *http.Client     // to the hosts' internal API, with an edge's certificate
@@ -350,7 +365,7 @@ type deployCluster struct {
 func startDeployCluster(t *testing.T, ports *portAlloc) *deployCluster {
 	bin := shoalBin.Path(t)
 	dir := t.TempDir()
-	d := &deployCluster{pki: harness.NewPKI(t), admin: "bench-admin-token"}
+	d := &deployCluster{pki: harness.NewPKI(t), admin: "bench-admin-token", debug: map[string]string{}}
 	ops := d.pki.HTTPClient(t, "ops", pki.RoleOperator)
 	for i := range 3 {
 		id := fmt.Sprintf("c%d", i+1)
@@ -366,6 +381,7 @@ func startDeployCluster(t *testing.T, ports *portAlloc) *deployCluster {
 		harness.WaitHTTP200With(t, ops, "https://"+addr+"/readyz", 30*time.Second, "catalog %s never ready: %s", id, p.Log)
 		d.cats = append(d.cats, p)
 		d.catAddr = append(d.catAddr, addr)
+		d.debug[id] = addr
 	}
 	catalog := strings.Join(d.catAddr, ",")
 	for i := range 3 {
@@ -376,10 +392,12 @@ func startDeployCluster(t *testing.T, ports *portAlloc) *deployCluster {
 			d.pki.Args(t, id, pki.RoleHost)...)...)
 		harness.WaitHTTP200With(t, ops, "https://"+addr+"/healthz", 30*time.Second, "host %s never healthy: %s", id, p.Log)
 		d.hosts = append(d.hosts, p)
+		d.debug[id] = addr
 	}
 	edgeAddr := ports.next()
 	d.edgeURL = "http://" + edgeAddr
-	d.edge = harness.StartProc(t, bin, "e1", append([]string{"edge", "serve", "--http-addr", edgeAddr, "--dir", filepath.Join(dir, "e1"),
+	d.debug["e1"] = ports.next()
+	d.edge = harness.StartProc(t, bin, "e1", append([]string{"edge", "serve", "--http-addr", edgeAddr, "--debug-addr", d.debug["e1"], "--dir", filepath.Join(dir, "e1"),
 		"--region", "weur", "--catalog", catalog, "--admin-token", d.admin,
 		"--account-rate", "1000000", "--database-rate", "1000000", "--log-level", "warn"}, d.pki.Args(t, "e1", pki.RoleEdge)...)...)
 	harness.WaitHTTP200(t, d.edgeURL+"/healthz", 30*time.Second, "edge never healthy: %s", d.edge.Log)
@@ -442,6 +460,44 @@ func (d *deployCluster) prepare(t *testing.T, ecl *clientv3.Client) workload {
 		}
 	})
 	return w
+}
+
+// profile starts a CPU profile of every Shoal process for dur, written to
+// dir/name-PROCESS.pb.gz, and returns the function that waits for them.
+func (d *deployCluster) profile(t *testing.T, dir, name string, dur time.Duration) (wait func()) {
+	ops := d.pki.HTTPClient(t, "ops", pki.RoleOperator)
+	ops.Timeout = dur + 30*time.Second
+	var wg sync.WaitGroup
+	errs := make(chan error, len(d.debug))
+	for proc, addr := range d.debug {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := ops.Get(fmt.Sprintf("https://%s/debug/pprof/profile?seconds=%d", addr, max(1, int(dur.Seconds()))))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err == nil && resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("%s profile: %d %s", proc, resp.StatusCode, b)
+			}
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, name+"-"+proc+".pb.gz"), b, 0o644)
+			}
+			if err != nil {
+				errs <- err
+			}
+		}()
+	}
+	return func() {
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("profile: %v", err)
+		}
+	}
 }
 
 // post sends body and wants a 200, the body read to the end so the
