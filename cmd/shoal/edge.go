@@ -85,6 +85,9 @@ secrets come from the file; flags given explicitly win.`,
 				if !set("http-addr") {
 					httpAddr = n.EdgeAddr
 				}
+				if !set("debug-addr") {
+					debugAddr = n.EdgeDebugAddr
+				}
 				if !set("dir") && n.DataDir != "" {
 					dir = n.DataDir + "/edge"
 				}
@@ -223,7 +226,7 @@ secrets come from the file; flags given explicitly win.`,
 	f := cmd.Flags()
 	tlsf.register(f, true)
 	f.StringVar(&httpAddr, "http-addr", "", "public HTTP bind address host:port")
-	f.StringVar(&debugAddr, "debug-addr", "", "listen address of /debug/pprof/ (Go profiles; mutual TLS and the operator role when TLS is on); none: off")
+	f.StringVar(&debugAddr, "debug-addr", "", "listen address of /debug/pprof/ (Go profiles; mutual TLS and the operator role when TLS is on; cluster.hcl: edge_debug_addr); none: off")
 	f.StringVar(&dir, "dir", "", "data directory (the bbolt route cache)")
 	f.StringVar(&region, "region", "weur", "this edge's region: placement default (wnam, enam, weur, eeur, apac, oc)")
 	f.StringSliceVar(&catalog, "catalog", nil, "catalog (raftmeta) node HTTP addresses; stale reads are spread over all of them")
