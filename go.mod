@@ -29,6 +29,7 @@ require (
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	github.com/vektah/gqlparser/v2 v2.5.64
 	go.etcd.io/bbolt v1.4.3
+	go.etcd.io/etcd/client/v3 v3.5.35
 	golang.org/x/sync v0.25.0
 	golang.org/x/term v0.47.0
 )
@@ -40,7 +41,6 @@ require (
 	github.com/golang/protobuf v1.5.4 // indirect
 	go.etcd.io/etcd/api/v3 v3.5.35 // indirect
 	go.etcd.io/etcd/client/pkg/v3 v3.5.35 // indirect
-	go.etcd.io/etcd/client/v3 v3.5.35 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.28.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260803160001-6ac0973c030d // indirect
