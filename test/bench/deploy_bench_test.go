@@ -454,11 +454,13 @@ func (d *deployCluster) prepare(t *testing.T, ecl *clientv3.Client) workload {
 	}
 	t.Logf("SELECT databases per host: %v", perHost)
 	val := strings.Repeat("v", etcdValueBytes)
+	var putErr atomic.Value
 	harness.Concurrently(etcdKeys, 64, func(i int) {
 		if _, err := ecl.Put(ctx, etcdKey(i), val); err != nil {
-			panic(err) // a broken setup; the test cannot go on
+			putErr.CompareAndSwap(nil, err)
 		}
 	})
+	require.Nil(t, putErr.Load(), "loading etcd's keys")
 	return w
 }
 
