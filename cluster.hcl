@@ -41,6 +41,7 @@ node "n1" {
   raft_addr       = "127.0.0.1:7001" # Raft TCP transport
   catalog_addr    = "127.0.0.1:7101" # catalog internal HTTP API (forwarding, reads, cluster ops)
   edge_addr       = "127.0.0.1:8787" # public D1-compatible API
+  edge_debug_addr = "127.0.0.1:7601" # optional: the edge's /debug/pprof (operators, mutual TLS); other roles serve it on their internal address
   objecthost_addr = "127.0.0.1:7201" # object host internal API
   pipeline_addr   = "127.0.0.1:7401" # pipeline role: /metrics, /healthz, /v1/status (shoal pipeline status)
   limiter_addr    = "127.0.0.1:7501" # limiter role: /metrics, /healthz, /v1/status

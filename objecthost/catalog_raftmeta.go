@@ -31,7 +31,9 @@ func (a RaftmetaCatalog) Account(ctx context.Context, id string) (fsm.Account, e
 }
 
 func (a RaftmetaCatalog) Heartbeat(ctx context.Context, uuids []string) (fsm.HeartbeatAnswer, error) {
-	return a.C.Heartbeat(ctx, uuids, raftmeta.StaleRead())
+	// Followers first: heartbeats are the bulk of the catalog's read load
+	// (every database every 30 s), and the leader also serves every write.
+	return a.C.Heartbeat(ctx, uuids, raftmeta.ReadOptions{Consistency: raftmeta.Stale, PreferFollowers: true})
 }
 
 func (a RaftmetaCatalog) ConfirmHeartbeat(ctx context.Context, uuids []string) (fsm.HeartbeatAnswer, error) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/shoaldb/shoal/internal/binding"
 	"github.com/shoaldb/shoal/internal/pki"
+	"github.com/shoaldb/shoal/internal/profiling"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/objecthost/sqlexec"
 )
@@ -36,7 +37,8 @@ const (
 )
 
 // Handler returns the internal HTTP API: lifecycle (init, confirm, delete,
-// info), queries (query, raw), binding-token queries, /healthz, /metrics.
+// info), queries (query, raw), binding-token queries, /healthz, /metrics,
+// /debug/pprof/ (operators only).
 func (h *Host) Handler() http.Handler {
 	r := mux.NewRouter()
 	r.HandleFunc("/v1/objects/{id}/init", h.handleInit).Methods(http.MethodPost)
@@ -64,6 +66,9 @@ func (h *Host) Handler() http.Handler {
 		v4.WriteResult(w, h.Status())
 	}).Methods(http.MethodGet)
 	r.Handle("/metrics", promhttp.HandlerFor(h.m.reg, promhttp.HandlerOpts{})).Methods(http.MethodGet)
+	// Go profiles: peerAllowed admits edges and operators, the profiling
+	// handler then only operators.
+	r.PathPrefix(profiling.Prefix).Handler(profiling.Handler(h.cfg.TLS != nil))
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		v4.WriteError(w, http.StatusNotFound, v4.CodeNotFound, "no such route")
 	})

@@ -328,7 +328,7 @@ func (c *Client) read(ctx context.Context, key, method, path string, q url.Value
 	}
 	full := path + "?" + q.Encode()
 	if lvl != Stale || c.cache == nil || o.NoCache || key == "" {
-		a, err := c.readNodes(ctx, method, full, body, lvl)
+		a, err := c.readNodes(ctx, method, full, body, lvl, o.PreferFollowers)
 		if err != nil {
 			return err
 		}
@@ -342,7 +342,7 @@ func (c *Client) read(ctx context.Context, key, method, path string, q url.Value
 	ch := c.cache.group.DoChan(key, func() (any, error) {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		a, err := c.readNodes(sctx, method, full, body, lvl)
+		a, err := c.readNodes(sctx, method, full, body, lvl, o.PreferFollowers)
 		if err != nil {
 			return nil, err
 		}
@@ -364,7 +364,9 @@ func (c *Client) read(ctx context.Context, key, method, path string, q url.Value
 // leader reads (saves a hop), the healthy nodes round-robin for stale reads
 // (see nodeOrder), falling back to the rest, in bounded rounds with backoff.
 // A node answering "too stale" or "not ready" is tried last for a while.
-func (c *Client) readNodes(ctx context.Context, method, full string, body []byte, lvl Consistency) (readAnswer, error) {
+// With followersFirst, a stale read tries the known leader after every
+// healthy follower (ReadOptions.PreferFollowers).
+func (c *Client) readNodes(ctx context.Context, method, full string, body []byte, lvl Consistency, followersFirst bool) (readAnswer, error) {
 	var lastErr error
 	tooStale := false
 	rounds := (c.attempts + len(c.addrs) - 1) / len(c.addrs)
@@ -378,10 +380,14 @@ func (c *Client) readNodes(ctx context.Context, method, full string, body []byte
 			}
 		}
 		var order []string
+		avoid := ""
 		if lvl == Stale {
-			order = c.nodes.order("", true)
+			if followersFirst {
+				avoid = c.Leader()
+			}
+			order = c.nodes.orderAvoiding(avoid)
 			if c.hedge > 0 && len(order) > 1 {
-				a, final, stale, err := c.hedgedRound(ctx, method, full, body, order)
+				a, final, stale, err := c.hedgedRound(ctx, method, full, body, order, avoid)
 				if final {
 					return a, err
 				}
@@ -449,8 +455,10 @@ func (c *Client) readNodes(ctx context.Context, method, full string, body []byte
 // demotes nobody. Without a winner it returns the last error and whether a
 // node answered "too stale" or "not ready" (demoted briefly, as in the
 // sequential round). A node still unanswered past the hedge delay when
-// another wins is demoted as a timed-out one would be.
-func (c *Client) hedgedRound(ctx context.Context, method, full string, body []byte, order []string) (a readAnswer, final, tooStale bool, err error) {
+// another wins is demoted as a timed-out one would be. Node avoid (the
+// leader, for PreferFollowers; last in order) is never asked as a hedge,
+// only once every node before it has failed.
+func (c *Client) hedgedRound(ctx context.Context, method, full string, body []byte, order []string, avoid string) (a readAnswer, final, tooStale bool, err error) {
 	type result struct {
 		addr string
 		a    readAnswer
@@ -479,7 +487,7 @@ func (c *Client) hedgedRound(ctx context.Context, method, full string, body []by
 	for inflight > 0 {
 		select {
 		case <-timer.C:
-			if next < len(order) {
+			if next < len(order) && (avoid == "" || order[next] != avoid) {
 				launch()
 				timer.Reset(c.hedge)
 			}

@@ -316,3 +316,149 @@ func TestClientStaleReadHedgesPastAHungNode(t *testing.T) {
 	_, err = off.Account(ctx, "x", StaleRead())
 	assert.Error(t, err)
 }
+
+// Heartbeats (PreferFollowers) go to the followers, taking turns, and
+// never to the leader the client knows while a follower answers; with the
+// followers unreachable they fall back to the leader. Plain stale reads
+// still include the leader in their rotation. Hedging is off so that a
+// slow follower on a loaded machine cannot pull a hedged attempt onto the
+// leader: the order of the nodes is what is under test.
+func TestClientHeartbeatsPreferFollowers(t *testing.T) {
+	tc := newTestCluster(t, 3, nil)
+	leader := tc.waitLeader()
+	ctx := context.Background()
+	cl, err := NewClient(tc.addrs(), WithCacheTTL(0), WithHedge(0), WithAttemptTimeouts(10*time.Second, 10*time.Second))
+	require.NoError(t, err)
+	defer cl.Close()
+	_, err = cl.CreateAccount(ctx, newAccount("acct", 5))
+	require.NoError(t, err)
+	require.Equal(t, leader.HTTPAddr(), cl.Leader(), "a write teaches the client the leader")
+	for _, n := range tc.nodes {
+		require.Eventually(t, func() bool { return n.AppliedIndex() >= leader.AppliedIndex() }, 10*time.Second, 5*time.Millisecond)
+	}
+	served := func() map[string]float64 {
+		out := map[string]float64{}
+		for _, n := range tc.nodes {
+			out[n.HTTPAddr()] = staleReads(t, n)
+		}
+		return out
+	}
+	uuids := []string{"01890a5d-ac96-774b-bcce-b302099a8057"}
+	hb := ReadOptions{Consistency: Stale, PreferFollowers: true}
+	before := served()
+	const n = 30
+	for range n {
+		_, err := cl.Heartbeat(ctx, uuids, hb)
+		require.NoError(t, err)
+	}
+	after := served()
+	var followers float64
+	for addr, v := range after {
+		d := v - before[addr]
+		if addr == leader.HTTPAddr() {
+			assert.Zero(t, d, "the leader served heartbeats while followers answered")
+			continue
+		}
+		assert.Positive(t, d, "follower %s took no turn", addr)
+		followers += d
+	}
+	assert.Equal(t, float64(n), followers)
+
+	// Plain stale reads: the leader takes its turn.
+	before = served()
+	for range n {
+		_, err := cl.Heartbeat(ctx, uuids, StaleRead())
+		require.NoError(t, err)
+	}
+	assert.Positive(t, served()[leader.HTTPAddr()]-before[leader.HTTPAddr()])
+
+	// Followers unreachable: the leader answers.
+	var dead []string
+	for range 2 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		dead = append(dead, ln.Addr().String())
+		ln.Close()
+	}
+	cl2, err := NewClient(append(dead, leader.HTTPAddr()), WithCacheTTL(0), WithHedge(0))
+	require.NoError(t, err)
+	defer cl2.Close()
+	_, err = cl2.CreateAccount(ctx, newAccount("acct2", 5))
+	require.NoError(t, err)
+	require.Equal(t, leader.HTTPAddr(), cl2.Leader())
+	lBefore := staleReads(t, leader)
+	for range 5 {
+		_, err := cl2.Heartbeat(ctx, uuids, hb)
+		require.NoError(t, err)
+	}
+	assert.Equal(t, 5.0, staleReads(t, leader)-lBefore)
+}
+
+// A PreferFollowers read never hedges onto the leader: with both followers
+// hung far past the hedge delay (attempts that never time out), both
+// followers are asked and the leader is not; plain stale reads do hedge to
+// it. Once the followers fail (attempt timeout), the leader answers.
+func TestClientPreferFollowersNeverHedgesToLeader(t *testing.T) {
+	hung := &hangingNode{done: make(chan struct{})}
+	f1, f2 := httptest.NewServer(hung), httptest.NewServer(hung)
+	defer f1.Close()
+	defer f2.Close()
+	defer close(hung.done)
+	lead := &fakeNode{}
+	lsrv := httptest.NewServer(lead)
+	defer lsrv.Close()
+	addrs := []string{f1.Listener.Addr().String(), f2.Listener.Addr().String(), lsrv.Listener.Addr().String()}
+	hb := ReadOptions{Consistency: Stale, PreferFollowers: true}
+
+	cl, err := NewClient(addrs, WithCacheTTL(0), WithAttemptTimeouts(time.Hour, time.Hour), WithHedge(10*time.Millisecond),
+		WithRetries(1, time.Millisecond, time.Millisecond))
+	require.NoError(t, err)
+	defer cl.Close()
+	cl.setLeader(addrs[2])
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, err = cl.Account(ctx, "x", hb)
+	cancel()
+	assert.Error(t, err, "only hung followers may be asked")
+	assert.Zero(t, lead.reads.Load(), "the leader was asked as a hedge")
+	assert.EqualValues(t, 2, hung.reads.Load(), "the second follower is a hedge target")
+
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	_, err = cl.Account(ctx, "y", StaleRead())
+	cancel()
+	require.NoError(t, err, "a plain stale read hedges to the leader")
+	assert.EqualValues(t, 1, lead.reads.Load())
+
+	fast, err := NewClient(addrs, WithCacheTTL(0), WithAttemptTimeouts(50*time.Millisecond, 50*time.Millisecond), WithHedge(10*time.Millisecond))
+	require.NoError(t, err)
+	defer fast.Close()
+	fast.setLeader(addrs[2])
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	a, err := fast.Account(ctx, "z", hb)
+	cancel()
+	require.NoError(t, err, "followers failing: the leader answers")
+	assert.Equal(t, "z", a.ID)
+	assert.EqualValues(t, 2, lead.reads.Load())
+}
+
+// orderAvoiding puts the avoided node last, behind the demoted ones too,
+// and changes nothing for "" or an unknown node.
+func TestNodeOrderAvoiding(t *testing.T) {
+	now := time.Unix(0, 0)
+	o := newNodeOrder([]string{"a", "b", "c", "d"}, func() time.Time { return now }, time.Minute)
+	firsts := map[string]bool{}
+	for range 8 {
+		got := o.orderAvoiding("b")
+		require.Len(t, got, 4)
+		assert.Equal(t, "b", got[3], "%v", got)
+		assert.ElementsMatch(t, []string{"a", "b", "c", "d"}, got)
+		firsts[got[0]] = true
+	}
+	assert.Len(t, firsts, 3, "the other nodes take turns first")
+	o.demote("c", time.Minute)
+	for range 8 {
+		got := o.orderAvoiding("b")
+		assert.Equal(t, []string{"c", "b"}, got[2:], "%v: a demoted follower before the leader", got)
+	}
+	assert.Len(t, o.orderAvoiding(""), 4)
+	assert.Len(t, o.orderAvoiding("zz"), 4)
+}

@@ -38,6 +38,13 @@ type ReadOptions struct {
 	MaxStale time.Duration
 	// NoCache skips the Client's stale-read cache.
 	NoCache bool
+	// PreferFollowers sends a Stale read to the leader only when no
+	// follower answers: the followers take turns (round-robin), the leader
+	// (as last learned from a write or a linearizable read) is tried after
+	// every healthy follower. For bulk background reads — object hosts'
+	// heartbeats — whose load would otherwise fall on the leader that
+	// serves every write as well. Ignored for other consistency levels.
+	PreferFollowers bool
 }
 
 // StaleRead, LeaderRead and LinearizableRead are the common ReadOptions.

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/shoaldb/shoal/internal/pki"
+	"github.com/shoaldb/shoal/internal/profiling"
 
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
@@ -65,6 +66,8 @@ func (n *Node) handler() http.Handler {
 		writeJSON(w, code, map[string]any{"ready": ok, "reason": why, "node": n.cfg.ID})
 	})
 	r.Handle("/metrics", promhttp.HandlerFor(n.metrics.reg, promhttp.HandlerOpts{}))
+	// Go profiles, for operators (internal/profiling checks the role).
+	r.PathPrefix(profiling.Prefix).Handler(profiling.Handler(n.cfg.TLS != nil))
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 404, map[string]wireError{"error": {Code: fsm.CodeNotFound, Message: "no such endpoint: " + r.URL.Path}})
 	})

@@ -1,6 +1,7 @@
 package raftmeta
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,4 +94,20 @@ func (o *nodeOrder) order(first string, spread bool) []string {
 		}
 	}
 	return append(out, late...)
+}
+
+// orderAvoiding is order("", true) with avoid (when not "") moved to the
+// end, behind the demoted nodes too: a follower that was slow a moment ago
+// is still preferred to loading the leader, which carries every write
+// (ReadOptions.PreferFollowers).
+func (o *nodeOrder) orderAvoiding(avoid string) []string {
+	out := o.order("", true)
+	if avoid == "" {
+		return out
+	}
+	i := slices.Index(out, avoid)
+	if i < 0 {
+		return out
+	}
+	return append(append(out[:i:i], out[i+1:]...), avoid)
 }

@@ -34,7 +34,12 @@ if [ -z "$have" ] || [ "$(printf '%s\n%s\n' "$want" "$have" | sort -V | head -1)
 fi
 # make bench: wrk drives the edge and the object host from its own process
 # (the benches skip those figures without it).
-if [ "${SHOAL_DEPS_BENCH:-}" = 1 ]; then command -v wrk >/dev/null 2>&1 || need+=(wrk); fi
+if [ "${SHOAL_DEPS_BENCH:-}" = 1 ]; then
+  command -v wrk >/dev/null 2>&1 || need+=(wrk)
+  # test/bench's TestDeployBench runs a 3-member etcd beside Shoal in the
+  # same run (Debian's etcd-server 3.4: /usr/bin/etcd).
+  command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+fi
 
 # test/compat (miniflare) and test/wrangler (wrangler 3/4, the TypeScript SDK)
 # run real D1 clients in Node (>= 20 for wrangler 4.86; these machines ship it).

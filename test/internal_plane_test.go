@@ -109,3 +109,58 @@ func TestInternalPlaneRefusesStrangers(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, code)
 }
+
+// TestProfilesForOperatorsOnly: /debug/pprof/ on the catalog, the object
+// host and the edge's --debug-addr, as processes over mutual TLS, gives an
+// operator's certificate a profile and refuses everyone else: no answer
+// without a certificate of the cluster (plain HTTP, TLS without a client
+// certificate), 403 to other roles; the edge's public D1 API has no such
+// route at all.
+func TestProfilesForOperatorsOnly(t *testing.T) {
+	c := newLostHostCluster(t, "default")
+	c.startHost(t, "h1")
+	bases := map[string]string{"catalog": c.catAddr, "host": c.hostAddr["h1"], "edge --debug-addr": c.edgeDebug}
+	get := func(hc *http.Client, url string) (int, []byte, error) {
+		resp, err := hc.Get(url)
+		if err != nil {
+			return 0, nil, err
+		}
+		defer resp.Body.Close()
+		var b bytes.Buffer
+		_, err = b.ReadFrom(resp.Body)
+		return resp.StatusCode, b.Bytes(), err
+	}
+	edgeCert := c.pki.HTTPClient(t, "e9", pki.RoleEdge)
+	hostCert := c.pki.HTTPClient(t, "h9", pki.RoleHost)
+	plain := &http.Client{Timeout: 5 * time.Second}
+	noCert := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	for role, addr := range bases {
+		code, body, err := get(c.ops, "https://"+addr+"/debug/pprof/profile?seconds=1")
+		require.NoError(t, err, role)
+		require.Equal(t, http.StatusOK, code, "%s: %s", role, body)
+		require.Greater(t, len(body), 2, role)
+		assert.Equal(t, []byte{0x1f, 0x8b}, body[:2], "%s: a CPU profile is gzipped protobuf", role)
+		code, body, err = get(c.ops, "https://"+addr+"/debug/pprof/goroutine?debug=1")
+		require.NoError(t, err, role)
+		require.Equal(t, http.StatusOK, code, role)
+		assert.Contains(t, string(body), "goroutine profile", role)
+
+		for name, hc := range map[string]*http.Client{"edge": edgeCert, "host": hostCert} {
+			code, body, err = get(hc, "https://"+addr+"/debug/pprof/goroutine?debug=1")
+			require.NoError(t, err, role)
+			assert.Equal(t, http.StatusForbidden, code, "%s, %s certificate: %s", role, name, body)
+			assert.NotContains(t, string(body), "goroutine profile")
+		}
+		code, body, err = get(plain, "http://"+addr+"/debug/pprof/goroutine?debug=1")
+		if err == nil {
+			assert.NotEqual(t, http.StatusOK, code, role)
+			assert.NotContains(t, string(body), "goroutine profile", role)
+		}
+		_, _, err = get(noCert, "https://"+addr+"/debug/pprof/goroutine?debug=1")
+		assert.Error(t, err, "%s: a TLS client without a certificate", role)
+	}
+	code, body, err := get(plain, c.edgeURL+"/debug/pprof/goroutine?debug=1")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusNotFound, code, "the public API serves no profiles")
+	assert.NotContains(t, string(body), "goroutine profile")
+}

@@ -34,6 +34,7 @@ import (
 // operator's for the test and the CLI).
 type lostHostCluster struct {
 	bin, dir, archive, catAddr, edgeURL, admin, durability string
+	edgeDebug                                              string // the edge's --debug-addr (profiles)
 	hosts                                                  map[string]*harness.Proc
 	hostAddr                                               map[string]string
 	acct, bearer                                           string
@@ -59,7 +60,8 @@ func newLostHostCluster(t *testing.T, durability string) *lostHostCluster {
 	t.Cleanup(c.cat.Close)
 	edgeAddr := harness.FreeAddr(t)
 	c.edgeURL = "http://" + edgeAddr
-	e := harness.StartProc(t, c.bin, "e1", append([]string{"edge", "serve", "--http-addr", edgeAddr, "--dir", filepath.Join(c.dir, "e1"),
+	c.edgeDebug = harness.FreeAddr(t)
+	e := harness.StartProc(t, c.bin, "e1", append([]string{"edge", "serve", "--http-addr", edgeAddr, "--debug-addr", c.edgeDebug, "--dir", filepath.Join(c.dir, "e1"),
 		"--region", "weur", "--catalog", c.catAddr, "--admin-token", c.admin,
 		"--account-rate", "100000", "--database-rate", "100000", "--log-level", "warn"}, c.pki.Args(t, "e1", pki.RoleEdge)...)...)
 	harness.WaitHTTP200(t, c.edgeURL+"/healthz", 30*time.Second, "edge never healthy: %s", e.Log)

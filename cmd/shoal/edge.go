@@ -18,6 +18,7 @@ import (
 	"github.com/shoaldb/shoal/edge/chinsights"
 	"github.com/shoaldb/shoal/internal/config"
 	"github.com/shoaldb/shoal/internal/plane"
+	"github.com/shoaldb/shoal/internal/profiling"
 	"github.com/shoaldb/shoal/internal/srvruntime"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/pipeline/chsink"
@@ -34,6 +35,7 @@ func newEdgeCmd() *cobra.Command {
 func newEdgeServeCmd() *cobra.Command {
 	var (
 		httpAddr, dir, region, adminToken, bindingKey string
+		debugAddr                                     string
 		bindingPrevious                               []string
 		catalog                                       []string
 		configPath, nodeID                            string
@@ -83,6 +85,9 @@ secrets come from the file; flags given explicitly win.`,
 				}
 				if !set("http-addr") {
 					httpAddr = n.EdgeAddr
+				}
+				if !set("debug-addr") {
+					debugAddr = n.EdgeDebugAddr
 				}
 				if !set("dir") && n.DataDir != "" {
 					dir = n.DataDir + "/edge"
@@ -195,6 +200,19 @@ secrets come from the file; flags given explicitly win.`,
 				rc := edge.NewRecoverer(edge.RaftmetaRecovery{C: client}, hc, edge.RecoverOptions{Logger: logger})
 				go rc.AutoRecover(ctx, edge.AutoOptions{After: lostHostAfter})
 			}
+			if debugAddr != "" {
+				// Go profiles on a listener of their own, behind the
+				// cluster's mutual TLS like every internal endpoint
+				// (operators only): never on the public API.
+				dln, err := net.Listen("tcp", debugAddr)
+				if err != nil {
+					return fmt.Errorf("--debug-addr: %w", err)
+				}
+				dsrv := v4.NewServer(profiling.Handler(tlsL != nil), v4.ServerOptions{})
+				go func() { _ = serveTLS(dsrv, dln, tlsL) }()
+				defer dsrv.Close()
+				fmt.Fprintf(cmd.OutOrStdout(), "edge: profiles (/debug/pprof/, operators) on %s\n", dln.Addr())
+			}
 			hs := v4.NewServer(srv, v4.ServerOptions{})
 			// The public API: no cluster TLS (clients are D1 clients;
 			// terminate TLS in front of the edge).
@@ -210,6 +228,7 @@ secrets come from the file; flags given explicitly win.`,
 	f := cmd.Flags()
 	tlsf.register(f, true)
 	f.StringVar(&httpAddr, "http-addr", "", "public HTTP bind address host:port")
+	f.StringVar(&debugAddr, "debug-addr", "", "listen address of /debug/pprof/ (Go profiles; mutual TLS and the operator role when TLS is on; cluster.hcl: edge_debug_addr); none: off")
 	f.StringVar(&dir, "dir", "", "data directory (the bbolt route cache)")
 	f.StringVar(&region, "region", "weur", "this edge's region: placement default (wnam, enam, weur, eeur, apac, oc)")
 	f.StringSliceVar(&catalog, "catalog", nil, "catalog (raftmeta) node HTTP addresses; stale reads are spread over all of them")

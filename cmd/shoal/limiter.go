@@ -20,6 +20,7 @@ import (
 
 	"github.com/shoaldb/shoal/internal/config"
 	"github.com/shoaldb/shoal/internal/plane"
+	"github.com/shoaldb/shoal/internal/profiling"
 	"github.com/shoaldb/shoal/internal/srvruntime"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/limiter"
@@ -252,7 +253,8 @@ func runLimiterServe(cmd *cobra.Command, o *limiterServeOpts) error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(lim.Status())
 	})
-	srv := v4.NewServer(mux, v4.ServerOptions{})
+	// Go profiles beside them, for operators (internal/profiling).
+	srv := v4.NewServer(profiling.Wrap(mux, tlsL != nil), v4.ServerOptions{})
 	return serveRole(ctx, o.httpAddr, srv, tlsL, func(a net.Addr) {
 		ch := []string{}
 		if notify.SMTP != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/shoaldb/shoal/internal/config"
 	"github.com/shoaldb/shoal/internal/pki"
 	"github.com/shoaldb/shoal/internal/plane"
+	"github.com/shoaldb/shoal/internal/profiling"
 	"github.com/shoaldb/shoal/internal/srvruntime"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/pipeline/broker"
@@ -208,7 +209,8 @@ func runPipelineServe(cmd *cobra.Command, o *pipelineServeOpts) error {
 	if err != nil {
 		return err
 	}
-	srv := v4.NewServer(pipelineHandler(reg, cons, k), v4.ServerOptions{})
+	// Go profiles beside them, for operators (internal/profiling).
+	srv := v4.NewServer(profiling.Wrap(pipelineHandler(reg, cons, k), tlsL != nil), v4.ServerOptions{})
 	return serveRole(ctx, o.httpAddr, srv, tlsL, func(a net.Addr) {
 		what := "storage consumer"
 		if ch != nil {

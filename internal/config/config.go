@@ -96,7 +96,8 @@ type Node struct {
 	CatalogAddr string `hcl:"catalog_addr,optional"` // internal HTTP API of the catalog node
 	Voter       *bool  `hcl:"voter,optional"`        // default true; false = non-voting read follower
 	// edge
-	EdgeAddr string `hcl:"edge_addr,optional"`
+	EdgeAddr      string `hcl:"edge_addr,optional"`
+	EdgeDebugAddr string `hcl:"edge_debug_addr,optional"` // the edge's /debug/pprof listener (operators, mutual TLS); none: off
 	// objecthost
 	ObjecthostAddr string `hcl:"objecthost_addr,optional"`
 	Capacity       int64  `hcl:"capacity,optional"` // databases this host should hold; default 100000
@@ -364,7 +365,9 @@ func (c *Cluster) validate(body *hclsyntax.Body) error {
 				return
 			}
 			if val == "" {
-				v.fail("node", n.ID, attr, "required for role %s", role)
+				if attr != "edge_debug_addr" { // optional
+					v.fail("node", n.ID, attr, "required for role %s", role)
+				}
 				return
 			}
 			if _, _, err := net.SplitHostPort(val); err != nil {
@@ -379,6 +382,7 @@ func (c *Cluster) validate(body *hclsyntax.Body) error {
 		need(RoleRaftmeta, "raft_addr", n.RaftAddr)
 		need(RoleRaftmeta, "catalog_addr", n.CatalogAddr)
 		need(RoleEdge, "edge_addr", n.EdgeAddr)
+		need(RoleEdge, "edge_debug_addr", n.EdgeDebugAddr)
 		need(RoleObjecthost, "objecthost_addr", n.ObjecthostAddr)
 		need(RolePipeline, "pipeline_addr", n.PipelineAddr)
 		need(RoleLimiter, "limiter_addr", n.LimiterAddr)

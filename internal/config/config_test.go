@@ -71,6 +71,14 @@ node "a" {
   raft_addr = "127.0.0.1:1"
   catalog_addr = "127.0.0.1:2"
 }`, `c.hcl:2: node "a": edge_addr: required for role edge`},
+		{"edge debug address", `
+node "a" {
+  roles = ["raftmeta", "edge"]
+  raft_addr = "127.0.0.1:1"
+  catalog_addr = "127.0.0.1:2"
+  edge_addr = "127.0.0.1:3"
+  edge_debug_addr = "127.0.0.1:2"
+}`, `c.hcl:7: node "a": edge_debug_addr: address 127.0.0.1:2 already used by a.catalog_addr`},
 		{"unknown role", `
 node "a" {
   roles = ["raftmeta", "chef"]

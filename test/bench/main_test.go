@@ -1,5 +1,7 @@
 // Package bench holds the benchmark harnesses that run whole clusters, behind
-// `make bench` and docs/benchmarks.md: the edge against in-process SQLite
+// `make bench` and docs/benchmarks.md: Shoal as deployed — catalog voters,
+// object hosts and an edge as separate processes over mutual TLS — against a
+// 3-member etcd in the same run (TestDeployBench), the edge against in-process SQLite
 // (TestEdgeBench), catalog creates on three `shoal raftmeta serve`
 // processes (TestRaftmetaBenchProcesses), the background plane's query-path
 // cost and burst lag (TestBenchPipeline*, BenchmarkHostRecordUsage) and the

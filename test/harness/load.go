@@ -27,6 +27,10 @@ func (l *Latencies) Pct(p float64) time.Duration {
 	return l.d[min(len(l.d)-1, int(float64(len(l.d))*p))]
 }
 
+// All returns the recorded durations (not a copy), for after the load has
+// stopped.
+func (l *Latencies) All() []time.Duration { return l.d }
+
 // Len is the number of recorded operations.
 func (l *Latencies) Len() int { return len(l.d) }
 

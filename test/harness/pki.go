@@ -59,3 +59,19 @@ func (p *PKI) Loader(t testing.TB, node string, roles ...string) *pki.Loader {
 func (p *PKI) HTTPClient(t testing.TB, node string, roles ...string) *http.Client {
 	return &http.Client{Timeout: 30 * time.Second, Transport: p.Loader(t, node, roles...).Transport(&http.Transport{})}
 }
+
+// FilesWithHosts issues (once) node's certificate with roles and with hosts
+// (IP addresses or DNS names) as SANs, for peers that verify hostnames the
+// way TLS clients usually do (etcd in the benchmarks); Shoal's own
+// components check roles, not addresses.
+func (p *PKI) FilesWithHosts(t testing.TB, node string, hosts []string, roles ...string) pki.Files {
+	t.Helper()
+	out := filepath.Join(p.dir, "nodes")
+	f := pki.Files{CA: filepath.Join(out, "ca.crt"), Cert: filepath.Join(out, node+".crt"), Key: filepath.Join(out, node+".key")}
+	if _, err := pki.NewLoader(f); err == nil {
+		return f
+	}
+	f, err := pki.Issue(p.caDir, out, pki.IssueRequest{Node: node, Roles: roles, Validity: 24 * time.Hour, Hosts: hosts}, false)
+	require.NoError(t, err)
+	return f
+}

@@ -1,0 +1,721 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shoaldb/shoal/internal/benchenv"
+	"github.com/shoaldb/shoal/internal/ids"
+	"github.com/shoaldb/shoal/internal/pki"
+	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+	"github.com/shoaldb/shoal/test/harness"
+)
+
+// TestDeployBench is issue 15's measurement: Shoal in the shape users deploy
+// it — 3 catalog voters, 3 object hosts and 1 edge as separate `shoal`
+// processes on loopback, mutual TLS between them, fsync on — against a
+// 3-member etcd (Debian's etcd-server 3.4, mutual TLS, fsync on) started in
+// the same run on the same cores. Rounds interleave the systems (the order
+// flips every round) so drift in the shared machine's speed hits both alike,
+// and every ratio is taken within one round. Paths, each at 16 and 64
+// clients:
+//
+//   - raw catalog write: raftmeta.Client.CreateDatabase (POST /v1/apply,
+//     one catalog row through Raft) vs etcd put
+//   - create database end to end through the edge (host init, catalog
+//     write, route cache) vs etcd put
+//   - point SELECT through the edge vs etcd serializable get
+//   - point SELECT straight to the object host (its internal API, mutual
+//     TLS, as the edge calls it) vs etcd serializable get
+//
+// The load generator is this process, in Go, for both systems, each
+// through its own production client, one client object shared by every
+// worker: Shoal's paths through net/http (HTTP/1.1, keep-alive, one
+// connection per request in flight, as the edge and raftmeta.Client
+// reuse them) and etcd through its Go client (clientv3 3.5: gRPC over one
+// multiplexed HTTP/2 connection per member, its fastest path). The JSON
+// gateway would have put etcd behind the same transport as Shoal but adds
+// an in-process gRPC hop to every etcd request, which would flatter Shoal.
+//
+// Knobs: SHOAL_BENCH_ROUNDS (default 8), SHOAL_BENCH_SECONDS (each phase,
+// default 3), SHOAL_BENCH_WORKERS (default 16,64), SHOAL_BENCH_PORT_BASE
+// (children listen on consecutive ports from there; default: free ports),
+// SHOAL_BENCH_PROFILE (a directory: CPU profiles of the Shoal processes in
+// the last round, through /debug/pprof).
+// Run with:
+//
+//	SHOAL_BENCH=1 go test ./test/bench -run TestDeployBench -v -count=1 -timeout 30m
+func TestDeployBench(t *testing.T) {
+	if os.Getenv("SHOAL_BENCH") == "" {
+		t.Skip("set SHOAL_BENCH=1")
+	}
+	if harness.EtcdBin() == "" && os.Getenv("SHOAL_REQUIRE_ETCD") != "1" {
+		t.Skip("etcd not installed (SHOAL_DEPS_BENCH=1 ./scripts/deps.sh installs Debian's etcd-server)")
+	}
+	dur, err := benchenv.Duration(3 * time.Second)
+	require.NoError(t, err)
+	levels, err := benchenv.Workers(16, 64)
+	require.NoError(t, err)
+	rounds := 8
+	if s := os.Getenv("SHOAL_BENCH_ROUNDS"); s != "" {
+		rounds, err = strconv.Atoi(s)
+		require.NoError(t, err, "SHOAL_BENCH_ROUNDS")
+		require.Positive(t, rounds, "SHOAL_BENCH_ROUNDS")
+	}
+	// SHOAL_BENCH_PROFILE=DIR: CPU profiles of every Shoal process during
+	// the last round's Shoal phases at the highest client count, through
+	// their /debug/pprof (DIR/PATH-N-PROCESS.pb.gz; go tool pprof -top).
+	profDir := os.Getenv("SHOAL_BENCH_PROFILE")
+	if profDir != "" {
+		require.NoError(t, os.MkdirAll(profDir, 0o755))
+	}
+	ports := newPortAlloc(t)
+	d := startDeployCluster(t, ports)
+	etcd := harness.StartEtcd(t, d.pki, []string{ports.next(), ports.next(), ports.next()}, []string{ports.next(), ports.next(), ports.next()})
+	ctx := context.Background()
+
+	// etcd's client: one for every worker (it multiplexes), TLS with a
+	// certificate of the same CA.
+	etl, err := pki.NewLoader(etcd.Client)
+	require.NoError(t, err)
+	ecl, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints, TLS: etl.ClientFor(), DialTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	defer ecl.Close()
+
+	w := d.prepare(t, ecl)
+	var seq atomic.Int64
+	val := make([]byte, etcdValueBytes)
+	_, _ = crand.Read(val)
+	valStr := hex.EncodeToString(val)[:etcdValueBytes]
+	// The raw writes' UUIDs, which the heartbeat phases ask about.
+	var rawMu sync.Mutex
+	var rawUUIDs []string
+	ops := map[string]func(int, *rand.Rand) error{
+		"raw": func(_ int, _ *rand.Rand) error {
+			u := ids.New()
+			_, err := d.raw.CreateDatabase(ctx, fsm.CreateDatabase{UUID: u, AccountID: rawAccount,
+				Name: fmt.Sprintf("raw-%d", seq.Add(1)), ObjectID: ids.New(), HostID: "raw", Region: "weur",
+				ReadReplication: fsm.ReadReplicationDisabled})
+			if err == nil {
+				rawMu.Lock()
+				if len(rawUUIDs) < 200_000 {
+					rawUUIDs = append(rawUUIDs, u)
+				}
+				rawMu.Unlock()
+			}
+			return err
+		},
+		"create": func(_ int, _ *rand.Rand) error {
+			return d.post(harness.Client(), d.edgeDB, map[string]string{"Authorization": w.bearer},
+				[]byte(fmt.Sprintf(`{"name":"c-%d"}`, seq.Add(1))))
+		},
+		"edge-select": func(_ int, rng *rand.Rand) error {
+			db := w.dbs[rng.IntN(len(w.dbs))]
+			return d.post(harness.Client(), d.edgeDB+"/"+db.UUID+"/query", map[string]string{"Authorization": w.bearer}, pointSelect(rng))
+		},
+		"host-select": func(_ int, rng *rand.Rand) error {
+			db := w.dbs[rng.IntN(len(w.dbs))]
+			return d.post(d.hostHC, "https://"+db.HostAddress+"/v1/objects/"+db.ObjectID+"/query",
+				map[string]string{"X-Shoal-Database": db.UUID, "X-Shoal-Account": w.acct}, pointSelect(rng))
+		},
+		"etcd-put": func(_ int, _ *rand.Rand) error {
+			_, err := ecl.Put(ctx, fmt.Sprintf("db/%d", seq.Add(1)), valStr)
+			return err
+		},
+		"etcd-get": func(_ int, rng *rand.Rand) error {
+			r, err := ecl.Get(ctx, etcdKey(rng.IntN(etcdKeys)), clientv3.WithSerializable())
+			if err == nil && len(r.Kvs) != 1 {
+				err = fmt.Errorf("etcd get: %d keys", len(r.Kvs))
+			}
+			return err
+		},
+	}
+	// Shoal's paths and the etcd path each is compared with.
+	paths := []struct{ name, label, base string }{
+		{"raw", "raw catalog write (/v1/apply) vs etcd put", "etcd-put"},
+		{"create", "create database through the edge vs etcd put", "etcd-put"},
+		{"edge-select", "point SELECT through the edge vs etcd serializable get", "etcd-get"},
+		{"host-select", "point SELECT straight to the object host vs etcd serializable get", "etcd-get"},
+	}
+	order := []string{"raw", "etcd-put", "create", "edge-select", "host-select", "etcd-get"}
+
+	groups := d.groups(etcd)
+	// Warm-up: connections, caches, the Go runtime's heaps; not counted.
+	for _, name := range order {
+		runClients(t, levels[len(levels)-1], 500*time.Millisecond, ops[name])
+	}
+	hb := newHeartbeatBench(t, d)
+	res := map[string]*phaseSeries{}
+	key := func(name string, n int) string { return fmt.Sprintf("%s/%d", name, n) }
+	start := time.Now()
+	for r := range rounds {
+		seqOrder := order
+		if r%2 == 1 { // etcd first every other round
+			seqOrder = reversed(order)
+		}
+		for _, n := range levels {
+			for _, name := range seqOrder {
+				s := res[key(name, n)]
+				if s == nil {
+					s = &phaseSeries{}
+					res[key(name, n)] = s
+				}
+				stop := func() {}
+				if profDir != "" && r == rounds-1 && n == levels[len(levels)-1] && !strings.HasPrefix(name, "etcd") {
+					stop = d.profile(t, profDir, fmt.Sprintf("%s-%d", name, n), dur)
+				}
+				s.add(t, groups, n, dur, ops[name])
+				stop()
+			}
+		}
+		rawMu.Lock()
+		known := rawUUIDs[:len(rawUUIDs):len(rawUUIDs)]
+		rawMu.Unlock()
+		hb.round(t, r, dur, known)
+		t.Logf("round %d/%d done at %s, load average %s", r+1, rounds, time.Since(start).Round(time.Second), loadAvg())
+	}
+
+	t.Logf("separate processes on loopback, mutual TLS, fsync on; %d rounds of %s per phase, systems interleaved; %s", rounds, dur, machine())
+	t.Logf("CPU per operation (µs) from /proc/PID/stat: catalog = 3 voters, hosts = 3 object hosts, edge, etcd = 3 members, gen = this load generator")
+	t.Logf("%-66s %3s %8s %17s %8s %8s %17s | %6s %6s %6s %6s %6s | %s", "path", "n", "ops/s", "(min–max)", "p50 ms", "p99 ms", "ratio (min–max)", "cat", "hosts", "edge", "etcd", "gen", "load 1m")
+	for _, n := range levels {
+		for _, p := range paths {
+			s, b := res[key(p.name, n)], res[key(p.base, n)]
+			t.Logf("%-66s %3d %s | %s", p.label, n, s.row(b), s.cpuRow())
+		}
+		for _, name := range []string{"etcd-put", "etcd-get"} {
+			t.Logf("%-66s %3d %s | %s", name, n, res[key(name, n)].row(nil), res[key(name, n)].cpuRow())
+		}
+	}
+	hb.report(t)
+}
+
+// heartbeatBench measures the catalog's cost of object hosts' heartbeats
+// and how it falls on the leader: heartbeatCallers callers (standing for
+// hosts) send batches of heartbeatBatch UUIDs of existing databases as
+// stale reads through a raftmeta.Client configured as hosts' are (hedging
+// on), once spread round-robin over every node (plain StaleRead, the
+// earlier behaviour) and once followers first (PreferFollowers, what hosts
+// send now), in the same round.
+type heartbeatBench struct {
+	d      *deployCluster
+	cl     *raftmeta.Client
+	ops    *http.Client // an operator's, for /metrics
+	leader int          // index in d.cats
+	res    map[bool]*hbSeries
+}
+
+type hbSeries struct {
+	rates       []float64 // database-heartbeats per second
+	total, lead []float64 // catalog CPU per database-heartbeat (µs): all three, the leader's
+	served      []float64 // the leader's share of the heartbeat calls served
+}
+
+const (
+	heartbeatCallers = 4
+	heartbeatBatch   = 1000
+)
+
+func newHeartbeatBench(t *testing.T, d *deployCluster) *heartbeatBench {
+	cl, err := raftmeta.NewClient(d.catAddr, raftmeta.WithTLS(d.pki.Loader(t, "bench", pki.RoleEdge, pki.RoleOperator)))
+	require.NoError(t, err)
+	t.Cleanup(cl.Close)
+	// A write teaches the client the leader, as a host's registration does.
+	_, err = cl.CreateAccount(context.Background(), fsm.CreateAccount{ID: "hb-probe", Name: "hb-probe", Tier: fsm.TierPaid,
+		Limits: fsm.Limits{MaxDatabases: 1, MaxStorageBytes: 1, MaxDatabaseBytes: 1}})
+	require.NoError(t, err)
+	h := &heartbeatBench{d: d, cl: cl, leader: -1, res: map[bool]*hbSeries{false: {}, true: {}},
+		ops: d.pki.HTTPClient(t, "ops", pki.RoleOperator)}
+	for i, a := range d.catAddr {
+		if a == cl.Leader() {
+			h.leader = i
+		}
+	}
+	require.NotEqual(t, -1, h.leader, "leader %q is not a catalog address", cl.Leader())
+	return h
+}
+
+// round runs both variants (order flipped every other round) over known.
+func (h *heartbeatBench) round(t *testing.T, r int, dur time.Duration, known []string) {
+	if len(known) < 2*heartbeatBatch {
+		return
+	}
+	variants := []bool{false, true}
+	if r%2 == 1 {
+		variants = []bool{true, false}
+	}
+	for _, followersFirst := range variants {
+		o := raftmeta.ReadOptions{Consistency: raftmeta.Stale, PreferFollowers: followersFirst}
+		before := make([]int64, len(h.d.cats))
+		servedBefore := make([]float64, len(h.d.cats))
+		for i, p := range h.d.cats {
+			before[i] = cpuTicks(t, p.Cmd.Process.Pid)
+			servedBefore[i] = h.staleServed(t, i)
+		}
+		l, rate := runClients(t, heartbeatCallers, dur, func(_ int, rng *rand.Rand) error {
+			i := rng.IntN(len(known) - heartbeatBatch)
+			_, err := h.cl.Heartbeat(context.Background(), known[i:i+heartbeatBatch], o)
+			return err
+		})
+		dbs := float64(l.Len() * heartbeatBatch)
+		s := h.res[followersFirst]
+		var total, servedAll, servedLeader float64
+		for i, p := range h.d.cats {
+			us := float64(cpuTicks(t, p.Cmd.Process.Pid)-before[i]) * 10_000 / dbs
+			total += us
+			n := h.staleServed(t, i) - servedBefore[i]
+			servedAll += n
+			if i == h.leader {
+				s.lead = append(s.lead, us)
+				servedLeader = n
+			}
+		}
+		s.served = append(s.served, servedLeader/servedAll)
+		s.total = append(s.total, total)
+		s.rates = append(s.rates, rate*heartbeatBatch)
+	}
+}
+
+func (h *heartbeatBench) report(t *testing.T) {
+	for _, followersFirst := range []bool{false, true} {
+		s := h.res[followersFirst]
+		if len(s.rates) == 0 {
+			t.Log("heartbeats: too few databases to measure")
+			return
+		}
+		name := "round-robin over all 3 nodes (before)"
+		if followersFirst {
+			name = "followers first (PreferFollowers, now)"
+		}
+		shares := make([]float64, len(s.total))
+		for i := range s.total {
+			shares[i] = s.lead[i] / s.total[i]
+		}
+		rm, rl, rh := medMinMax(s.rates)
+		tm, tl, th := medMinMax(s.total)
+		lm, ll, lh := medMinMax(s.lead)
+		sm, sl, sh := medMinMax(shares)
+		qm, ql, qh := medMinMax(s.served)
+		t.Logf("heartbeats, %d callers × %d UUIDs, %-40s %7.0f DB-heartbeats/s (%.0f–%.0f); leader served %.0f%% of the calls (%.0f–%.0f%%); catalog CPU %.1f µs per DB-heartbeat (%.1f–%.1f), leader %.1f (%.1f–%.1f), the leader's share of that CPU %.0f%% (%.0f–%.0f%%, its Raft and background work included)",
+			heartbeatCallers, heartbeatBatch, name, rm, rl, rh, 100*qm, 100*ql, 100*qh, tm, tl, th, lm, ll, lh, 100*sm, 100*sl, 100*sh)
+	}
+}
+
+const (
+	rawAccount     = "bench-raw"
+	benchDBs       = 24   // databases the SELECTs spread over
+	benchRows      = 1000 // rows of each
+	etcdKeys       = 10000
+	etcdValueBytes = 256
+)
+
+func etcdKey(i int) string { return fmt.Sprintf("kv/%05d", i) }
+
+func pointSelect(rng *rand.Rand) []byte {
+	return []byte(`{"sql":"SELECT v FROM kv WHERE id = ?","params":[` + strconv.Itoa(1+rng.IntN(benchRows)) + `]}`)
+}
+
+func reversed(s []string) []string {
+	out := make([]string, len(s))
+	for i, v := range s {
+		out[len(s)-1-i] = v
+	}
+	return out
+}
+
+// deployCluster is the Shoal side of the benchmark: processes as
+// cluster.hcl runs them, each with its own certificate of one CA.
+type deployCluster struct {
+	pki     *harness.PKI
+	cats    []*harness.Proc
+	hosts   []*harness.Proc
+	edge    *harness.Proc
+	catAddr []string
+	edgeURL string
+	debug   map[string]string // process name → address of its /debug/pprof
+	edgeDB  string            // the account's /d1/database URL, set by prepare
+	admin   string
+	raw     *raftmeta.Client // the raw-write client (edge + operator certificate)
+	hostHC  *http.Client     // to the hosts' internal API, with an edge's certificate
+}
+
+func startDeployCluster(t *testing.T, ports *portAlloc) *deployCluster {
+	bin := shoalBin.Path(t)
+	dir := t.TempDir()
+	d := &deployCluster{pki: harness.NewPKI(t), admin: "bench-admin-token", debug: map[string]string{}}
+	ops := d.pki.HTTPClient(t, "ops", pki.RoleOperator)
+	for i := range 3 {
+		id := fmt.Sprintf("c%d", i+1)
+		addr := ports.next()
+		args := []string{"raftmeta", "serve", "--id", id, "--dir", filepath.Join(dir, id), "--raft-addr", ports.next(),
+			"--http-addr", addr, "--log-level", "warn"}
+		if i == 0 {
+			args = append(args, "--bootstrap")
+		} else {
+			args = append(args, "--join", d.catAddr[0])
+		}
+		p := harness.StartProc(t, bin, id, append(args, d.pki.Args(t, id, pki.RoleCatalog)...)...)
+		harness.WaitHTTP200With(t, ops, "https://"+addr+"/readyz", 30*time.Second, "catalog %s never ready: %s", id, p.Log)
+		d.cats = append(d.cats, p)
+		d.catAddr = append(d.catAddr, addr)
+		d.debug[id] = addr
+	}
+	catalog := strings.Join(d.catAddr, ",")
+	for i := range 3 {
+		id := fmt.Sprintf("h%d", i+1)
+		addr := ports.next()
+		p := harness.StartProc(t, bin, id, append([]string{"objecthost", "serve", "--id", id, "--dir", filepath.Join(dir, id),
+			"--http-addr", addr, "--region", "weur", "--catalog", catalog, "--log-level", "warn"},
+			d.pki.Args(t, id, pki.RoleHost)...)...)
+		harness.WaitHTTP200With(t, ops, "https://"+addr+"/healthz", 30*time.Second, "host %s never healthy: %s", id, p.Log)
+		d.hosts = append(d.hosts, p)
+		d.debug[id] = addr
+	}
+	edgeAddr := ports.next()
+	d.edgeURL = "http://" + edgeAddr
+	d.debug["e1"] = ports.next()
+	d.edge = harness.StartProc(t, bin, "e1", append([]string{"edge", "serve", "--http-addr", edgeAddr, "--debug-addr", d.debug["e1"], "--dir", filepath.Join(dir, "e1"),
+		"--region", "weur", "--catalog", catalog, "--admin-token", d.admin,
+		"--account-rate", "1000000", "--database-rate", "1000000", "--log-level", "warn"}, d.pki.Args(t, "e1", pki.RoleEdge)...)...)
+	harness.WaitHTTP200(t, d.edgeURL+"/healthz", 30*time.Second, "edge never healthy: %s", d.edge.Log)
+
+	var err error
+	d.raw, err = raftmeta.NewClient(d.catAddr, raftmeta.WithCacheTTL(0), raftmeta.WithTLS(d.pki.Loader(t, "bench", pki.RoleEdge, pki.RoleOperator)))
+	require.NoError(t, err)
+	t.Cleanup(d.raw.Close)
+	d.hostHC = &http.Client{Timeout: 30 * time.Second, Transport: d.pki.Loader(t, "bench", pki.RoleEdge, pki.RoleOperator).
+		Transport(&http.Transport{MaxIdleConnsPerHost: 256}, pki.RoleHost)}
+	require.Eventually(t, func() bool {
+		hs, err := d.raw.Hosts(context.Background(), raftmeta.LinearizableRead())
+		return err == nil && len(hs) == 3
+	}, 30*time.Second, 50*time.Millisecond, "object hosts never registered")
+	return d
+}
+
+// workload is what the SELECTs read: benchDBs databases of one account
+// (placed by the edge over the three hosts), benchRows rows each.
+type workload struct {
+	acct, bearer string
+	dbs          []fsm.Database
+}
+
+// prepare creates the accounts, the SELECTs' databases and etcd's keys.
+func (d *deployCluster) prepare(t *testing.T, ecl *clientv3.Client) workload {
+	ctx := context.Background()
+	limits := fsm.Limits{MaxDatabases: 1 << 40, MaxStorageBytes: 1 << 50, MaxDatabaseBytes: 1 << 30}
+	for _, id := range []string{rawAccount, "bench"} {
+		_, err := d.raw.CreateAccount(ctx, fsm.CreateAccount{ID: id, Name: id, Tier: fsm.TierPaid, Limits: limits})
+		require.NoError(t, err)
+	}
+	w := workload{acct: "bench"}
+	a := harness.Call(t, http.MethodPost, d.edgeURL+"/admin/v1/accounts/bench/tokens", "Bearer "+d.admin, map[string]any{"name": "bench"})
+	require.Equal(t, http.StatusOK, a.Status, "%s", a.Raw)
+	var tok struct{ Token string }
+	require.NoError(t, json.Unmarshal(a.Result, &tok))
+	w.bearer = "Bearer " + tok.Token
+	d.edgeDB = d.edgeURL + "/client/v4/accounts/bench/d1/database"
+	fill := fmt.Sprintf(`{"batch":[{"sql":"CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT)"},{"sql":"WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < %d) INSERT INTO kv SELECT i, 'value-' || i FROM n"}]}`, benchRows)
+	for i := range benchDBs {
+		a := harness.Call(t, http.MethodPost, d.edgeDB, w.bearer, map[string]any{"name": fmt.Sprintf("sel-%02d", i)})
+		require.Equal(t, http.StatusOK, a.Status, "%s", a.Raw)
+		var db struct{ UUID string }
+		require.NoError(t, json.Unmarshal(a.Result, &db))
+		require.NoError(t, d.post(harness.Client(), d.edgeDB+"/"+db.UUID+"/query", map[string]string{"Authorization": w.bearer}, []byte(fill)))
+		row, err := d.raw.Database(ctx, db.UUID, raftmeta.LinearizableRead())
+		require.NoError(t, err)
+		w.dbs = append(w.dbs, row)
+	}
+	perHost := map[string]int{}
+	for _, db := range w.dbs {
+		perHost[db.HostID]++
+	}
+	t.Logf("SELECT databases per host: %v", perHost)
+	val := strings.Repeat("v", etcdValueBytes)
+	var putErr atomic.Value
+	harness.Concurrently(etcdKeys, 64, func(i int) {
+		if _, err := ecl.Put(ctx, etcdKey(i), val); err != nil {
+			putErr.CompareAndSwap(nil, err)
+		}
+	})
+	require.Nil(t, putErr.Load(), "loading etcd's keys")
+	return w
+}
+
+// profile starts a CPU profile of every Shoal process for dur, written to
+// dir/name-PROCESS.pb.gz, and returns the function that waits for them.
+func (d *deployCluster) profile(t *testing.T, dir, name string, dur time.Duration) (wait func()) {
+	ops := d.pki.HTTPClient(t, "ops", pki.RoleOperator)
+	ops.Timeout = dur + 30*time.Second
+	var wg sync.WaitGroup
+	errs := make(chan error, len(d.debug))
+	for proc, addr := range d.debug {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := ops.Get(fmt.Sprintf("https://%s/debug/pprof/profile?seconds=%d", addr, max(1, int(dur.Seconds()))))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err == nil && resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("%s profile: %d %s", proc, resp.StatusCode, b)
+			}
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, name+"-"+proc+".pb.gz"), b, 0o644)
+			}
+			if err != nil {
+				errs <- err
+			}
+		}()
+	}
+	return func() {
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("profile: %v", err)
+		}
+	}
+}
+
+// post sends body and wants a 200, the body read to the end so the
+// connection is reused.
+func (d *deployCluster) post(hc *http.Client, url string, hdr map[string]string, body []byte) error {
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("POST %s: %d %s", url, resp.StatusCode, harness.Tail(string(b), 300))
+	}
+	return nil
+}
+
+// procGroup is processes whose CPU is reported together.
+type procGroup struct {
+	name string
+	pids []int
+}
+
+// groups are the CPU columns: catalog, hosts, edge, etcd, then the load
+// generator (this process, pid 0 below).
+func (d *deployCluster) groups(e *harness.EtcdCluster) []procGroup {
+	pids := func(ps []*harness.Proc) []int {
+		var out []int
+		for _, p := range ps {
+			out = append(out, p.Cmd.Process.Pid)
+		}
+		return out
+	}
+	return []procGroup{{"cat", pids(d.cats)}, {"hosts", pids(d.hosts)}, {"edge", pids([]*harness.Proc{d.edge})},
+		{"etcd", pids(e.Procs)}, {"gen", []int{os.Getpid()}}}
+}
+
+// cpuTicks is the user+system CPU of pid in clock ticks (100 per second on
+// Linux), from /proc/PID/stat.
+func cpuTicks(t *testing.T, pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(t, err)
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return ut + st
+}
+
+// phaseSeries is one path at one client count over every round.
+type phaseSeries struct {
+	rates []float64
+	lat   harness.Latencies // every round's, pooled
+	cpu   [][]float64       // per round: µs per op per group
+	load  []float64         // 1-minute load average at each round's start
+}
+
+func (s *phaseSeries) add(t *testing.T, groups []procGroup, n int, dur time.Duration, op func(int, *rand.Rand) error) {
+	s.load = append(s.load, loadAvg1())
+	before := make([]int64, len(groups))
+	for i, g := range groups {
+		for _, p := range g.pids {
+			before[i] += cpuTicks(t, p)
+		}
+	}
+	l, rate := runClients(t, n, dur, op)
+	cpu := make([]float64, len(groups))
+	for i, g := range groups {
+		var after int64
+		for _, p := range g.pids {
+			after += cpuTicks(t, p)
+		}
+		cpu[i] = float64(after-before[i]) * 10_000 / float64(l.Len()) // 10 ms a tick, in µs
+	}
+	s.rates = append(s.rates, rate)
+	s.cpu = append(s.cpu, cpu)
+	for _, d := range l.All() {
+		s.lat.Add(d)
+	}
+}
+
+// row is ops/s median (min–max), pooled p50/p99, and the median (min–max)
+// of the same-round ratios to base (none when base is nil).
+func (s *phaseSeries) row(base *phaseSeries) string {
+	med, lo, hi := medMinMax(s.rates)
+	out := fmt.Sprintf("%8.0f %17s %8.2f %8.2f", med, fmt.Sprintf("(%.0f–%.0f)", lo, hi), harness.Millis(s.lat.Pct(.5)), harness.Millis(s.lat.Pct(.99)))
+	if base == nil {
+		return out + fmt.Sprintf(" %17s", "")
+	}
+	ratios := make([]float64, len(s.rates))
+	for i := range s.rates {
+		ratios[i] = s.rates[i] / base.rates[i]
+	}
+	rm, rl, rh := medMinMax(ratios)
+	return out + fmt.Sprintf(" %17s", fmt.Sprintf("%.2f× (%.2f–%.2f)", rm, rl, rh))
+}
+
+// cpuRow is the median over rounds of each group's CPU per op, and the
+// median (min–max) load average.
+func (s *phaseSeries) cpuRow() string {
+	var b strings.Builder
+	for g := range s.cpu[0] {
+		col := make([]float64, len(s.cpu))
+		for r := range s.cpu {
+			col[r] = s.cpu[r][g]
+		}
+		m, _, _ := medMinMax(col)
+		fmt.Fprintf(&b, "%6.0f ", m)
+	}
+	m, lo, hi := medMinMax(s.load)
+	fmt.Fprintf(&b, "| %.2f (%.2f–%.2f)", m, lo, hi)
+	return b.String()
+}
+
+func medMinMax(v []float64) (med, lo, hi float64) {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return 0, 0, 0
+	}
+	med = s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return med, s[0], s[len(s)-1]
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:3], " ")
+}
+
+func loadAvg1() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(strings.Fields(string(b))[0], 64)
+	return v
+}
+
+// machine describes where the figures come from.
+func machine() string {
+	var u syscall.Utsname
+	_ = syscall.Uname(&u)
+	rel := make([]byte, 0, len(u.Release))
+	for _, c := range u.Release {
+		if c == 0 {
+			break
+		}
+		rel = append(rel, byte(c))
+	}
+	return fmt.Sprintf("%d CPUs, Linux %s, %s, load average at the end %s", runtime.NumCPU(), rel, time.Now().UTC().Format("2006-01-02 15:04 UTC"), loadAvg())
+}
+
+// portAlloc hands out loopback addresses for the children: consecutive
+// ports from $SHOAL_BENCH_PORT_BASE (skipping taken ones), else free ports.
+type portAlloc struct {
+	t    *testing.T
+	next func() string
+}
+
+func newPortAlloc(t *testing.T) *portAlloc {
+	p := &portAlloc{t: t}
+	base := os.Getenv("SHOAL_BENCH_PORT_BASE")
+	if base == "" {
+		p.next = func() string { return harness.FreeAddr(t) }
+		return p
+	}
+	port, err := strconv.Atoi(base)
+	require.NoError(t, err, "SHOAL_BENCH_PORT_BASE")
+	p.next = func() string {
+		for ; port < 65535; port++ {
+			addr := fmt.Sprintf("127.0.0.1:%d", port)
+			ln, err := net.Listen("tcp", addr)
+			if err == nil {
+				ln.Close()
+				port++
+				return addr
+			}
+		}
+		t.Fatal("no free port above SHOAL_BENCH_PORT_BASE")
+		return ""
+	}
+	return p
+}
+
+// staleServed is catalog node i's count of stale reads served
+// (shoal_raftmeta_reads_total{consistency="stale",outcome="ok"}).
+func (h *heartbeatBench) staleServed(t *testing.T, i int) float64 {
+	resp, err := h.ops.Get("https://" + h.d.catAddr[i] + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	const name = `shoal_raftmeta_reads_total{consistency="stale",outcome="ok"} `
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, name) {
+			v, err := strconv.ParseFloat(strings.TrimPrefix(line, name), 64)
+			require.NoError(t, err)
+			return v
+		}
+	}
+	return 0
+}
