@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/signal"
@@ -211,7 +212,7 @@ secrets come from the file; flags given explicitly win.`,
 				dsrv := v4.NewServer(profiling.Handler(tlsL != nil), v4.ServerOptions{})
 				go func() { _ = serveTLS(dsrv, dln, tlsL) }()
 				defer dsrv.Close()
-				fmt.Fprintf(cmd.OutOrStdout(), "edge: profiles (/debug/pprof/, operators) on %s\n", dln.Addr())
+				logs.announce(cmd.OutOrStdout(), logger, "edge: profiles (/debug/pprof/, operators) on %s", dln.Addr())
 			}
 			hs := v4.NewServer(srv, v4.ServerOptions{})
 			// The public API: no cluster TLS (clients are D1 clients;
