@@ -144,7 +144,7 @@ func (n *Node) applyLocal(ctx context.Context, cmd fsm.Command) (fsm.Result, err
 	}
 	start := time.Now()
 	f := n.raft.Apply(data, timeout)
-	if err := f.Error(); err != nil {
+	if err := n.awaitFuture(f); err != nil {
 		if errors.Is(err, raft.ErrRaftShutdown) {
 			return fsm.Result{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
@@ -235,4 +235,28 @@ func decodeAnswer(resp *http.Response, out any) error {
 		return fmt.Errorf("%w: %w: HTTP %d: %.200s", ErrUnavailable, errTransport, resp.StatusCode, data)
 	}
 	return fromWire(w.Error)
+}
+
+// awaitFuture waits for f, or for the node to close. hashicorp/raft answers
+// a future still queued for the leader loop when Raft shuts down with
+// nothing at all (the loop that would take it is gone), so a caller
+// waiting on Error() alone could wait forever — and Close, which waits for
+// its background loops and in-flight handlers, with it (seen: Close stuck
+// behind the audit prune's apply). After close the outcome is unknown; the
+// command carries its request ID, so a retry elsewhere is deduplicated.
+// The goroutine left waiting on such a future ends with the process.
+func (n *Node) awaitFuture(f raft.ApplyFuture) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-n.ctx.Done():
+		select {
+		case err := <-done:
+			return err
+		default:
+			return fmt.Errorf("%w: node closing", raft.ErrRaftShutdown)
+		}
+	}
 }
