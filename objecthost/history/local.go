@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 )
 
 // localLog is one object's staging area on the host's disk, the part of
@@ -599,10 +600,17 @@ func writeTip(dir string, st tip) error {
 		return err
 	}
 	return writeFileAtomic(filepath.Join(dir, "tip"), func(f *os.File) error {
+		if tipWriteENOSPC.Load() {
+			return &fs.PathError{Op: "write", Path: f.Name(), Err: syscall.ENOSPC}
+		}
 		_, err := f.Write(b)
 		return err
 	})
 }
+
+// tipWriteENOSPC, tests only: while set, writing a tip fails as on a full
+// disk (the write of its temp file).
+var tipWriteENOSPC atomic.Bool
 
 // settle writes the tip with Settled set at the last record (see tip).
 func (l *localLog) settle(last recordHeader) error {
@@ -758,11 +766,17 @@ func (l *localLog) markUnshipped(us int64) {
 }
 
 // idle is called after every sealed file was shipped: it returns true and
-// clears the unshipped mark when open.seg is empty too, else moves the
-// mark to open.seg's first record.
+// clears the unshipped mark when open.seg is empty too and no failed seal
+// holds records in sealing.seg, else moves the mark to the oldest of them.
 func (l *localLog) idle() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.stuck != nil {
+		// Not in a sealed segment yet, so not listed by pending: the next
+		// seal finishes it (sealDueUs), the shipment after ships it.
+		l.unshippedUs = l.stuck.first.TimeUs
+		return false
+	}
 	if l.open != nil && l.openBytes > 0 {
 		l.unshippedUs = l.openFirst.TimeUs
 		return false
@@ -771,10 +785,17 @@ func (l *localLog) idle() bool {
 	return true
 }
 
-// openAge is the commit time (µs) of open.seg's first record, 0 if empty.
-func (l *localLog) openFirstUs() int64 {
+// sealDueUs is the commit time (µs) of the oldest record a seal would put
+// into a segment: a failed seal's first (see stuckSeal), else open.seg's
+// first; 0 if there is none. A failed seal counts even with open.seg
+// empty: when no commit follows it, only a seal finishes it (seal, via
+// finishStuck), and until then its records are in no file pending lists.
+func (l *localLog) sealDueUs() int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.stuck != nil {
+		return l.stuck.first.TimeUs
+	}
 	if l.open == nil || l.openBytes == 0 {
 		return 0
 	}

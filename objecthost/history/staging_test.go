@@ -6,7 +6,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -302,4 +304,66 @@ func TestSealFailureFinishedByNextSeal(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	assert.Equal(t, uint64(5), st.Last.Txid)
+}
+
+// TestSealENOSPCLastCommitsShipped: the disk fills while a database
+// writes (found by the random schedule seed 1796218103641371752,
+// disk-full): a seal renames open.seg to sealing.seg and then fails to
+// write the tip (ENOSPC at its temp file), and no commit follows. Once the
+// disk has room again the shipper must finish that seal and ship its
+// records: the archive ends equal to the database, and the shipper reports
+// no backlog only then. (It used to seal only when open.seg had records:
+// with open.seg empty the failed seal was never finished, sealing.seg
+// never shipped, and idle() reported the log shipped, lag 0 and no
+// backlog, while the archive lacked the last acknowledged commits.)
+func TestSealENOSPCLastCommitsShipped(t *testing.T) {
+	ctx := context.Background()
+	store, err := NewDirStore(t.TempDir())
+	require.NoError(t, err)
+	e := newEnv(t, store, CaptureOptions{}, ShipperOptions{MaxLag: 200 * time.Millisecond})
+	t.Cleanup(func() { tipWriteENOSPC.Store(false) })
+	e.exec("CREATE TABLE t(v INTEGER PRIMARY KEY)")
+	e.exec("INSERT INTO t VALUES (1)")
+	e.cap.Current()
+	e.sync()
+
+	// The disk is full: commits go on (their appends are not what fails
+	// here), every seal fails: the first after its rename, the next ones
+	// finishing it.
+	tipWriteENOSPC.Store(true)
+	e.exec("INSERT INTO t VALUES (2)")
+	e.cap.Current()
+	err = e.ship.Sync(ctx, e.cap)
+	require.ErrorIs(t, err, syscall.ENOSPC)
+	e.exec("INSERT INTO t VALUES (3)")
+	e.cap.Current()
+	require.ErrorIs(t, e.ship.Sync(ctx, e.cap), syscall.ENOSPC)
+	// The disk has room again for one seal: it finishes the failed one
+	// and seals 3; then it is full again for the last commit's seal.
+	tipWriteENOSPC.Store(false)
+	e.sync()
+	e.exec("INSERT INTO t VALUES (4)")
+	want := e.cap.Current()
+	tipWriteENOSPC.Store(true)
+	require.ErrorIs(t, e.ship.Sync(ctx, e.cap), syscall.ENOSPC)
+	assert.NotZero(t, e.ship.Status().Backlog, "a failed seal is backlog")
+
+	// The disk is freed; no commit follows. The shipper's own loop must
+	// ship commit 4.
+	tipWriteENOSPC.Store(false)
+	waitFor(t, 20*time.Second, "the shipper to report no backlog", func() bool { return e.ship.Status().Backlog == 0 })
+	latest, err := e.archive.Latest(ctx, e.key)
+	require.NoError(t, err)
+	assert.Equal(t, want, latest, "the last acknowledged commit is archived")
+	_, err = e.archive.Verify(ctx, e.key)
+	require.NoError(t, err)
+	out := filepath.Join(t.TempDir(), "r.db")
+	_, err = e.archive.Restore(ctx, e.key, latest, out)
+	require.NoError(t, err)
+	assert.Equal(t, dumpDB(t, e.db), dumpRestored(t, out))
+	// And a forced shipment (restore, fork) finds it archived too.
+	e.sync()
+	latest, err = e.archive.Latest(ctx, e.key)
+	require.NoError(t, err)
+	assert.Equal(t, want, latest)
 }
