@@ -208,9 +208,14 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 
 	final := observe(t, cl, e.hist, load)
 	billed, producers := e.usage()
-	held := e.heldOrphans()
 	storage, sizes := e.storageTotals(catalog, cl.Account(), final.Listed)
 	drained := e.archiveDrained()
+	// The brake's alarms are read last before the hosts' final kill: a
+	// host that restarted during the schedule decides its orphans only at
+	// their first beats after the restart, which can come after the
+	// observation above (read earlier, a mass held then was missed and its
+	// orphans reported as not converged: seed 1796218103641371768).
+	held := e.heldOrphans()
 	objects, rows, finalChecks := e.hostState(catalog, cl.Account())
 	coverage := storageCoverage(objects, sizes)
 	archiveStart := time.Now()
