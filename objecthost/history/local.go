@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 )
 
 // localLog is one object's staging area on the host's disk, the part of
@@ -34,23 +33,9 @@ import (
 type localLog struct {
 	dir string // <root>/<db>
 
-	// sealMu is held by a seal from start to end (seals, settle and
-	// generation starts are serialized; appends are not: see seal).
-	sealMu sync.Mutex
-	// tipMu orders tip writes: a seal writes its tip without mu, and must
-	// not overwrite a newer one (settle's).
-	tipMu   sync.Mutex
-	tipGen  string
-	tipTxid uint64
-
-	mu   sync.Mutex
-	gen  string
-	open *os.File
-	// sealing is the file a seal renamed to sealing.seg and is fsyncing
-	// (nil otherwise): sync covers it too. stuck: a seal that failed
-	// half-way (see stuckSeal).
-	sealing   *os.File
-	stuck     *stuckSeal
+	mu        sync.Mutex
+	gen       string
+	open      *os.File
 	openFirst recordHeader // first record in open.seg
 	openLast  recordHeader
 	openBytes int64
@@ -186,51 +171,8 @@ func (l *localLog) recoverGen(g string, seal bool) (tip, bool, error) {
 			}
 		}
 	}
-	// A seal the crash interrupted (see seal): finish it. Its records
-	// precede open.seg's.
-	var sealed *recordHeader
-	sp := filepath.Join(dir, sealingName)
-	slast, sfirst, svalid, err := lastRecord(sp, true)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-	case err != nil:
-		return tip{}, false, err
-	case svalid == 0:
-		if err := os.Remove(sp); err != nil {
-			return tip{}, false, err
-		}
-	default:
-		if err := os.Truncate(sp, svalid); err != nil {
-			return tip{}, false, err
-		}
-		f, err := os.OpenFile(sp, os.O_WRONLY, 0o644)
-		if err != nil {
-			return tip{}, false, err
-		}
-		err = f.Sync()
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err == nil {
-			err = finishSeal(dir, sealingName, sfirst, slast)
-		}
-		if err != nil {
-			return tip{}, false, err
-		}
-		newer(slast)
-		sealed = &slast
-	}
 	op := filepath.Join(dir, "open.seg")
 	last, first, valid, err := lastRecord(op, true)
-	if err == nil && valid > 0 && sealed != nil && first.Txid != sealed.Txid+1 {
-		// sealing.seg lost its tail in an OS crash while open.seg's later
-		// records reached the disk: they cannot follow. Their frames are
-		// still in the WAL (a WAL restart needs sync, which fsyncs
-		// sealing.seg too, so none happened since), and attach captures
-		// them again after the last record kept (or, if SQLite lost them
-		// too, starts a new generation).
-		valid = 0
-	}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
@@ -284,11 +226,6 @@ func lastRecord(path string, tolerateTail bool) (last, first recordHeader, valid
 // file, fsynced, renamed) and the tip. The tip is the checkpoint: until it
 // is written the previous generation is still current.
 func (l *localLog) startGeneration(gen string, base snapHeader, write func(f *os.File) error, st tip) error {
-	l.sealMu.Lock()
-	defer l.sealMu.Unlock()
-	if err := l.finishStuck(); err != nil {
-		return err
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.sealLocked(); err != nil {
@@ -302,7 +239,7 @@ func (l *localLog) startGeneration(gen string, base snapHeader, write func(f *os
 		return err
 	}
 	st.Gen = gen
-	if err := l.writeTipOrdered(dir, st); err != nil {
+	if err := writeTip(dir, st); err != nil {
 		return err
 	}
 	l.gen = gen
@@ -373,27 +310,18 @@ func (l *localLog) appendBatch(rec []byte, first, last recordHeader) (became boo
 // moot.
 func (l *localLog) sync() error {
 	l.mu.Lock()
-	f, sf, last, stuck := l.open, l.sealing, l.openLast.Txid, l.stuck
+	f, last := l.open, l.openLast.Txid
 	l.mu.Unlock()
-	if stuck != nil {
-		if err := fsyncPath(filepath.Join(stuck.dir, sealingName)); err != nil {
-			return err
-		}
+	if f == nil {
+		return nil
 	}
-	// A seal in progress holds the records before open.seg's in
-	// sealing.seg, not fsynced yet perhaps: they must be durable too. The
-	// seal closes it only after its own fsync, so ErrClosed means done.
-	for _, f := range []*os.File{sf, f} {
-		if f == nil {
-			continue
+	if err := f.Sync(); err != nil {
+		if errors.Is(err, os.ErrClosed) {
+			return nil
 		}
-		if err := f.Sync(); err != nil && !errors.Is(err, os.ErrClosed) {
-			return err
-		}
+		return err
 	}
-	if f != nil {
-		l.raiseSynced(last)
-	}
+	l.raiseSynced(last)
 	return nil
 }
 
@@ -408,144 +336,13 @@ func (l *localLog) raiseSynced(txid uint64) {
 
 // seal turns open.seg into an immutable, named segment (and the tip). It
 // returns false when there was nothing to seal.
-//
-// Only the renaming of open.seg to sealing.seg happens under mu: the
-// fsyncs (the file, the tip and its directory, the final rename's
-// directory) run without it, so the capture goroutine goes on appending
-// to a new open.seg meanwhile (holding mu across them stalled capture for
-// as long, and a checkpoint due meanwhile waited for capture). sync
-// fsyncs sealing.seg too; settle and generation starts wait for the seal
-// (sealMu). A crash leaves sealing.seg: recovery finishes the seal
-// (recoverGen).
 func (l *localLog) seal() (bool, error) {
-	l.sealMu.Lock()
-	defer l.sealMu.Unlock()
-	if err := l.finishStuck(); err != nil {
-		return false, err
-	}
 	l.mu.Lock()
-	if l.open == nil || l.openBytes == 0 {
-		err := l.sealLocked()
-		l.mu.Unlock()
-		return false, err
-	}
-	dir, gen := l.genDir(l.gen), l.gen
-	first, last := l.openFirst, l.openLast
-	settled := l.settled == int64(last.Txid)
-	if err := os.Rename(filepath.Join(dir, "open.seg"), filepath.Join(dir, sealingName)); err != nil {
-		l.mu.Unlock()
-		return false, err
-	}
-	f := l.open
-	l.sealing, l.open, l.openBytes = f, nil, 0
-	l.mu.Unlock()
-
-	err := f.Sync()
-	if err == nil && sealSyncErr != nil {
-		err = sealSyncErr()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	st := &stuckSeal{dir: dir, tip: tip{Gen: gen, Last: last, Settled: settled}, first: first}
-	l.mu.Lock()
-	l.sealing = nil
-	if err != nil {
-		l.stuck = st
-	}
-	l.mu.Unlock()
-	if err != nil {
-		return false, err
-	}
-	if err := l.completeSeal(st); err != nil {
-		l.mu.Lock()
-		l.stuck = st
-		l.mu.Unlock()
-		return false, err
-	}
-	return true, nil
+	defer l.mu.Unlock()
+	had := l.open != nil && l.openBytes > 0
+	return had, l.sealLocked()
 }
 
-// stuckSeal is a seal that failed after renaming open.seg to sealing.seg:
-// the next seal (or settle, or generation start) finishes it first, so a
-// later sealing.seg never replaces it; until then sync fsyncs it by name.
-type stuckSeal struct {
-	dir   string
-	tip   tip
-	first recordHeader
-}
-
-// completeSeal writes the tip (before the final name: once the segment is
-// shipped and removed, the tip is what remembers the last record), then
-// renames sealing.seg to its segment name.
-func (l *localLog) completeSeal(st *stuckSeal) error {
-	if err := l.writeTipOrdered(st.dir, st.tip); err != nil {
-		return err
-	}
-	if err := finishSeal(st.dir, sealingName, st.first, st.tip.Last); err != nil {
-		return err
-	}
-	l.raiseSynced(st.tip.Last.Txid)
-	return nil
-}
-
-// finishStuck completes a failed seal (sealMu held).
-func (l *localLog) finishStuck() error {
-	l.mu.Lock()
-	st := l.stuck
-	l.mu.Unlock()
-	if st == nil {
-		return nil
-	}
-	if err := fsyncPath(filepath.Join(st.dir, sealingName)); err != nil {
-		return err
-	}
-	if err := l.completeSeal(st); err != nil {
-		return err
-	}
-	l.mu.Lock()
-	l.stuck = nil
-	l.mu.Unlock()
-	return nil
-}
-
-func fsyncPath(p string) error {
-	f, err := os.OpenFile(p, os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	err = f.Sync()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-// sealSyncErr, tests only: when set, a seal's fsync of sealing.seg fails
-// with what it returns.
-var sealSyncErr func() error
-
-// sealingName is open.seg while a seal fsyncs it.
-const sealingName = "sealing.seg"
-
-// writeTipOrdered writes the tip unless a tip of the same generation with
-// a later record was written already (a seal's tip, written without mu,
-// after settle's).
-func (l *localLog) writeTipOrdered(dir string, st tip) error {
-	l.tipMu.Lock()
-	defer l.tipMu.Unlock()
-	if l.tipGen == st.Gen && l.tipTxid > st.Last.Txid {
-		return nil
-	}
-	if err := writeTip(dir, st); err != nil {
-		return err
-	}
-	l.tipGen, l.tipTxid = st.Gen, st.Last.Txid
-	return nil
-}
-
-// sealLocked seals synchronously, all under mu (a generation start, or
-// nothing to seal).
 func (l *localLog) sealLocked() error {
 	if l.open == nil {
 		return nil
@@ -558,7 +355,7 @@ func (l *localLog) sealLocked() error {
 	dir := l.genDir(l.gen)
 	// The tip first: once the segment is shipped and removed, it is what
 	// remembers the last record.
-	if err := l.writeTipOrdered(dir, tip{Gen: l.gen, Last: l.openLast, Settled: l.settled == int64(l.openLast.Txid)}); err != nil {
+	if err := writeTip(dir, tip{Gen: l.gen, Last: l.openLast, Settled: l.settled == int64(l.openLast.Txid)}); err != nil {
 		return err
 	}
 	err := sealFile(l.open, dir, l.openFirst, l.openLast)
@@ -580,14 +377,8 @@ func sealFile(f *os.File, dir string, first, last recordHeader) error {
 	if err != nil {
 		return err
 	}
-	return finishSeal(dir, "open.seg", first, last)
-}
-
-// finishSeal renames a complete, fsynced segment file to its segment name
-// and fsyncs the directory. Checkpoint: the rename.
-func finishSeal(dir, from string, first, last recordHeader) error {
 	name := filepath.Base(segKey("x", "x", segName{First: first.Txid, Last: last.Txid, LastTimeUs: last.TimeUs}))
-	if err := os.Rename(filepath.Join(dir, from), filepath.Join(dir, name)); err != nil {
+	if err := os.Rename(filepath.Join(dir, "open.seg"), filepath.Join(dir, name)); err != nil {
 		return err
 	}
 	return syncDir(dir)
@@ -600,25 +391,13 @@ func writeTip(dir string, st tip) error {
 		return err
 	}
 	return writeFileAtomic(filepath.Join(dir, "tip"), func(f *os.File) error {
-		if tipWriteENOSPC.Load() {
-			return &fs.PathError{Op: "write", Path: f.Name(), Err: syscall.ENOSPC}
-		}
 		_, err := f.Write(b)
 		return err
 	})
 }
 
-// tipWriteENOSPC, tests only: while set, writing a tip fails as on a full
-// disk (the write of its temp file).
-var tipWriteENOSPC atomic.Bool
-
 // settle writes the tip with Settled set at the last record (see tip).
 func (l *localLog) settle(last recordHeader) error {
-	l.sealMu.Lock() // a seal in progress has fsynced its file when it ends
-	defer l.sealMu.Unlock()
-	if err := l.finishStuck(); err != nil {
-		return err
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.settled == int64(last.Txid) && l.gen != "" {
@@ -632,7 +411,7 @@ func (l *localLog) settle(last recordHeader) error {
 		}
 		l.raiseSynced(l.openLast.Txid)
 	}
-	if err := l.writeTipOrdered(l.genDir(l.gen), tip{Gen: l.gen, Last: last, Settled: true}); err != nil {
+	if err := writeTip(l.genDir(l.gen), tip{Gen: l.gen, Last: last, Settled: true}); err != nil {
 		return err
 	}
 	l.settled = int64(last.Txid)
@@ -766,17 +545,11 @@ func (l *localLog) markUnshipped(us int64) {
 }
 
 // idle is called after every sealed file was shipped: it returns true and
-// clears the unshipped mark when open.seg is empty too and no failed seal
-// holds records in sealing.seg, else moves the mark to the oldest of them.
+// clears the unshipped mark when open.seg is empty too, else moves the
+// mark to open.seg's first record.
 func (l *localLog) idle() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.stuck != nil {
-		// Not in a sealed segment yet, so not listed by pending: the next
-		// seal finishes it (sealDueUs), the shipment after ships it.
-		l.unshippedUs = l.stuck.first.TimeUs
-		return false
-	}
 	if l.open != nil && l.openBytes > 0 {
 		l.unshippedUs = l.openFirst.TimeUs
 		return false
@@ -785,17 +558,10 @@ func (l *localLog) idle() bool {
 	return true
 }
 
-// sealDueUs is the commit time (µs) of the oldest record a seal would put
-// into a segment: a failed seal's first (see stuckSeal), else open.seg's
-// first; 0 if there is none. A failed seal counts even with open.seg
-// empty: when no commit follows it, only a seal finishes it (seal, via
-// finishStuck), and until then its records are in no file pending lists.
-func (l *localLog) sealDueUs() int64 {
+// openAge is the commit time (µs) of open.seg's first record, 0 if empty.
+func (l *localLog) openFirstUs() int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.stuck != nil {
-		return l.stuck.first.TimeUs
-	}
 	if l.open == nil || l.openBytes == 0 {
 		return 0
 	}
@@ -914,12 +680,10 @@ func StagingPending(root string, a StagingArea) (bool, error) {
 		return false, err
 	}
 	for _, g := range gens {
-		for _, name := range []string{"open.seg", sealingName} {
-			if fi, err := os.Stat(filepath.Join(l.genDir(g), name)); err == nil && fi.Size() > 0 {
-				return true, nil
-			} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return false, err
-			}
+		if fi, err := os.Stat(filepath.Join(l.genDir(g), "open.seg")); err == nil && fi.Size() > 0 {
+			return true, nil
+		} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return false, err
 		}
 	}
 	return false, nil

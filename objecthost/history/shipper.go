@@ -289,7 +289,7 @@ func (s *Shipper) shipOne(ctx context.Context, c *Capturer, st *shipState, force
 
 func (s *Shipper) ship(ctx context.Context, c *Capturer, st *shipState, force, snapshots bool) error {
 	now := s.opts.Now()
-	if first := c.log.sealDueUs(); first != 0 && (force || now.Sub(time.UnixMicro(first)) >= s.opts.MaxLag/2) {
+	if first := c.log.openFirstUs(); first != 0 && (force || now.Sub(time.UnixMicro(first)) >= s.opts.MaxLag/2) {
 		if _, err := c.log.seal(); err != nil {
 			return s.failed(c, st, fmt.Errorf("history: seal: %w", err))
 		}
