@@ -36,20 +36,11 @@ func (h *Host) RepublishRoutes(ctx context.Context, all bool, rate int) (publish
 		}
 	}
 	h.mu.Unlock()
-	var pace *time.Ticker
-	if rate > 0 && len(objs) > rate {
-		pace = time.NewTicker(time.Second / time.Duration(rate))
-		defer pace.Stop()
-	}
+	pace := newPacer(rate, len(objs))
+	defer pace.stop()
 	consecutive := 0
 	for _, o := range objs {
-		if pace != nil {
-			select {
-			case <-ctx.Done():
-				return published, failed
-			case <-pace.C:
-			}
-		} else if ctx.Err() != nil {
+		if !pace.wait(ctx) {
 			return published, failed
 		}
 		o.mu.Lock()
@@ -91,5 +82,35 @@ func (h *Host) startRouteRepublish(ctx context.Context) {
 			p, f := h.RepublishRoutes(ctx, true, h.cfg.RouteRepublishRate)
 			h.log.Info("routes republished (anti-entropy)", "published", p, "failed", f)
 		})
+	}
+}
+
+// pacer spaces a pass over n items at rate per second: unpaced when rate
+// ≤ 0 or the pass fits in a second anyway.
+type pacer struct{ t *time.Ticker }
+
+func newPacer(rate, n int) pacer {
+	if rate > 0 && n > rate {
+		return pacer{time.NewTicker(time.Second / time.Duration(rate))}
+	}
+	return pacer{}
+}
+
+// wait returns when the next item may go, false once ctx is done.
+func (p pacer) wait(ctx context.Context) bool {
+	if p.t == nil {
+		return ctx.Err() == nil
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-p.t.C:
+		return true
+	}
+}
+
+func (p pacer) stop() {
+	if p.t != nil {
+		p.t.Stop()
 	}
 }

@@ -2,7 +2,6 @@ package objecthost
 
 import (
 	"context"
-	"time"
 )
 
 // The size feed's restart pass. A size reaches the catalog only if its
@@ -46,20 +45,11 @@ func (h *Host) RepublishSizes(ctx context.Context, rate int) int {
 	h.mu.Unlock()
 	h.m.sizeRepublishPending.Set(float64(len(objs)))
 	defer h.m.sizeRepublishPending.Set(0)
-	var pace *time.Ticker
-	if rate > 0 && len(objs) > rate {
-		pace = time.NewTicker(time.Second / time.Duration(rate))
-		defer pace.Stop()
-	}
+	pace := newPacer(rate, len(objs))
+	defer pace.stop()
 	n := 0
 	for i, o := range objs {
-		if pace != nil {
-			select {
-			case <-ctx.Done():
-				return n
-			case <-pace.C:
-			}
-		} else if ctx.Err() != nil {
+		if !pace.wait(ctx) {
 			return n
 		}
 		if h.republishSize(o) {

@@ -101,19 +101,7 @@ func encodeRecord(dst []byte, h recordHeader, pages map[uint32][]byte) ([]byte, 
 	*rawp = raw
 	rawPool.Put(rawp)
 	hb := dst[start : start+recordHeaderSize]
-	copy(hb[0:], recordMagic)
-	be.PutUint32(hb[4:], recordVersion)
-	be.PutUint32(hb[8:], h.PageSize)
-	be.PutUint32(hb[12:], h.NPages)
-	be.PutUint32(hb[16:], h.DBSize)
-	be.PutUint32(hb[20:], h.PrevCRC)
-	be.PutUint64(hb[24:], h.Txid)
-	be.PutUint64(hb[32:], uint64(h.TimeUs))
-	be.PutUint32(hb[40:], h.WAL.Salt1)
-	be.PutUint32(hb[44:], h.WAL.Salt2)
-	be.PutUint32(hb[48:], h.WAL.Frames)
-	be.PutUint32(hb[52:], h.WAL.Ck0)
-	be.PutUint32(hb[56:], h.WAL.Ck1)
+	putRecordHeader(hb, recordVersion, h)
 	be.PutUint32(hb[60:], uint32(len(body)))
 	dst = dst[:start+recordHeaderSize+len(body)]
 	h.CRC = crc32.Checksum(dst[start:], castagnoli)
@@ -133,20 +121,8 @@ func encodeRecordRaw(dst []byte, h recordHeader, pages map[uint32][]byte) ([]byt
 	h.NPages = uint32(len(nos))
 	start := len(dst)
 	var hb [recordHeaderSize]byte
-	copy(hb[0:], recordMagic)
+	putRecordHeader(hb[:], recordVersionRaw, h)
 	be := binary.BigEndian
-	be.PutUint32(hb[4:], recordVersionRaw)
-	be.PutUint32(hb[8:], h.PageSize)
-	be.PutUint32(hb[12:], h.NPages)
-	be.PutUint32(hb[16:], h.DBSize)
-	be.PutUint32(hb[20:], h.PrevCRC)
-	be.PutUint64(hb[24:], h.Txid)
-	be.PutUint64(hb[32:], uint64(h.TimeUs))
-	be.PutUint32(hb[40:], h.WAL.Salt1)
-	be.PutUint32(hb[44:], h.WAL.Salt2)
-	be.PutUint32(hb[48:], h.WAL.Frames)
-	be.PutUint32(hb[52:], h.WAL.Ck0)
-	be.PutUint32(hb[56:], h.WAL.Ck1)
 	dst = append(dst, hb[:]...)
 	for _, no := range nos {
 		dst = be.AppendUint32(dst, no)
@@ -261,4 +237,23 @@ func readRecords(r io.Reader, tolerateTail bool, fn func(h recordHeader, pages [
 		}
 		validBytes += size
 	}
+}
+
+// putRecordHeader writes h's fields (all but the version 2 body length at
+// hb[60:] and the CRC, which follow the body) into hb, a record header.
+func putRecordHeader(hb []byte, version uint32, h recordHeader) {
+	be := binary.BigEndian
+	copy(hb[0:], recordMagic)
+	be.PutUint32(hb[4:], version)
+	be.PutUint32(hb[8:], h.PageSize)
+	be.PutUint32(hb[12:], h.NPages)
+	be.PutUint32(hb[16:], h.DBSize)
+	be.PutUint32(hb[20:], h.PrevCRC)
+	be.PutUint64(hb[24:], h.Txid)
+	be.PutUint64(hb[32:], uint64(h.TimeUs))
+	be.PutUint32(hb[40:], h.WAL.Salt1)
+	be.PutUint32(hb[44:], h.WAL.Salt2)
+	be.PutUint32(hb[48:], h.WAL.Frames)
+	be.PutUint32(hb[52:], h.WAL.Ck0)
+	be.PutUint32(hb[56:], h.WAL.Ck1)
 }
