@@ -32,6 +32,7 @@ import (
 	_ "github.com/mattn/go-sqlite3"
 	"github.com/stretchr/testify/require"
 
+	"github.com/shoaldb/shoal/objecthost/history"
 	"github.com/shoaldb/shoal/objecthost/sqlexec"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
@@ -502,4 +503,45 @@ end
 	sel = run(script("sel.lua", fmt.Sprintf(`'{"sql":"SELECT id, v FROM kv WHERE id = ?","params":[' .. math.random(%d) .. ']}'`, rows)))
 	ins = run(script("ins.lua", `'{"sql":"INSERT INTO kv (v) VALUES (?)","params":["new"]}'`))
 	return sel, ins, true
+}
+
+// BenchmarkColdQuery is a point SELECT through Host.Query on a database
+// whose handle was evicted (the host keeps 8 handles; 64 databases are
+// read round robin, so every read opens the file), for profiling the cold
+// path (TestDeployColdQuery measures it in the deployment topology):
+//
+//	go test ./objecthost/ -run '^$' -bench ColdQuery -cpuprofile cpu.out
+func BenchmarkColdQuery(b *testing.B) {
+	for _, hist := range []bool{false, true} {
+		b.Run(fmt.Sprintf("history=%v", hist), func(b *testing.B) { benchColdQuery(b, hist) })
+	}
+}
+
+func benchColdQuery(b *testing.B, hist bool) {
+	cfg := Config{ID: "bench", Dir: b.TempDir(), Manual: true, MaxOpen: 8}
+	if hist {
+		store, err := history.NewDirStore(b.TempDir())
+		require.NoError(b, err)
+		cfg.History = &HistoryConfig{Store: store, SweepInterval: -1}
+	}
+	h, err := Open(cfg)
+	require.NoError(b, err)
+	defer h.Close()
+	ctx := context.Background()
+	dbs := make([]db, 64)
+	for i := range dbs {
+		dbs[i] = newDB("bench")
+		_, err = h.Init(ctx, dbs[i].obj, dbs[i].init())
+		require.NoError(b, err)
+		_, err = h.Query(ctx, dbs[i].obj, dbs[i].id(), q("CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO kv VALUES (1, 'one')"))
+		require.NoError(b, err)
+	}
+	sel := q("SELECT id, v FROM kv WHERE id = 1")
+	b.ResetTimer()
+	for i := range b.N {
+		d := dbs[i%len(dbs)]
+		if _, err := h.Query(ctx, d.obj, d.id(), sel); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -363,6 +363,12 @@ type deployCluster struct {
 }
 
 func startDeployCluster(t *testing.T, ports *portAlloc) *deployCluster {
+	return startDeployClusterWith(t, ports)
+}
+
+// startDeployClusterWith is startDeployCluster with hostArgs added to every
+// object host's command line.
+func startDeployClusterWith(t *testing.T, ports *portAlloc, hostArgs ...string) *deployCluster {
 	bin := shoalBin.Path(t)
 	dir := t.TempDir()
 	d := &deployCluster{pki: harness.NewPKI(t), admin: "bench-admin-token", debug: map[string]string{}}
@@ -389,7 +395,7 @@ func startDeployCluster(t *testing.T, ports *portAlloc) *deployCluster {
 		addr := ports.next()
 		p := harness.StartProc(t, bin, id, append([]string{"objecthost", "serve", "--id", id, "--dir", filepath.Join(dir, id),
 			"--http-addr", addr, "--region", "weur", "--catalog", catalog, "--log-level", "warn"},
-			d.pki.Args(t, id, pki.RoleHost)...)...)
+			append(d.pki.Args(t, id, pki.RoleHost), hostArgs...)...)...)
 		harness.WaitHTTP200With(t, ops, "https://"+addr+"/healthz", 30*time.Second, "host %s never healthy: %s", id, p.Log)
 		d.hosts = append(d.hosts, p)
 		d.debug[id] = addr

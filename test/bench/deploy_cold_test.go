@@ -1,0 +1,178 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/shoaldb/shoal/internal/benchenv"
+	"github.com/shoaldb/shoal/raftmeta"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+	"github.com/shoaldb/shoal/test/harness"
+)
+
+// TestDeployColdQuery is issue 15's cold-query figure: a point SELECT
+// through the edge to a database whose handle the object host has
+// evicted (the file is on disk, the host must open it, read and close or
+// keep it), in the deployment topology of TestDeployBench (3 voters, 3
+// hosts, 1 edge, separate processes, mutual TLS, fsync on).
+//
+// The hosts keep coldMaxOpen handles each (--max-open). The cold phase
+// reads coldDBs databases strictly round robin from one shared counter:
+// a database comes back only after every other one was read, i.e. after
+// about coldDBs/3 other databases were opened on its host, far more than
+// the host keeps, so every read opens the file (the edge's route cache is
+// warm: the cost measured is the host's). The warm phase reads 6 other
+// databases (2 per host) that stay open. Phases alternate round by round,
+// at 1 client (the latency of a cold query itself) and at 16 (with
+// queueing on the two cores), and the report gives both (the warm one is
+// the same run's baseline for the cold one).
+//
+// Two variants, each its own cluster: hosts without an archive, and with
+// --archive-dir (history on: a cold open also attaches capture to the WAL,
+// as every host with an archive configured does).
+//
+// Knobs: SHOAL_BENCH_ROUNDS (default 6), SHOAL_BENCH_SECONDS (each phase,
+// default 3), SHOAL_BENCH_WORKERS (default 1,16), SHOAL_BENCH_PORT_BASE.
+//
+//	SHOAL_BENCH=1 go test ./test/bench -run TestDeployColdQuery -v -count=1 -timeout 30m
+func TestDeployColdQuery(t *testing.T) {
+	if os.Getenv("SHOAL_BENCH") == "" {
+		t.Skip("SHOAL_BENCH not set: benchmark harness")
+	}
+	dur, err := benchenv.Duration(3 * time.Second)
+	require.NoError(t, err)
+	levels, err := benchenv.Workers(1, 16)
+	require.NoError(t, err)
+	rounds := 6
+	if s := os.Getenv("SHOAL_BENCH_ROUNDS"); s != "" {
+		rounds, err = strconv.Atoi(s)
+		require.NoError(t, err, "SHOAL_BENCH_ROUNDS")
+		require.Positive(t, rounds, "SHOAL_BENCH_ROUNDS")
+	}
+	ports := newPortAlloc(t)
+	for _, archive := range []bool{false, true} {
+		name := "history=off"
+		if archive {
+			name = "history=on"
+		}
+		t.Run(name, func(t *testing.T) {
+			var extra []string
+			if archive {
+				extra = []string{"--archive-dir", filepath.Join(t.TempDir(), "archive")}
+			}
+			d := startDeployClusterWith(t, ports, append([]string{"--max-open", strconv.Itoa(coldMaxOpen)}, extra...)...)
+			cold, warm, bearer := d.prepareCold(t)
+			hdr := map[string]string{"Authorization": bearer}
+			hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+			groups := []procGroup{{"cat", procPids(d.cats)}, {"hosts", procPids(d.hosts)}, {"edge", procPids([]*harness.Proc{d.edge})},
+				{"gen", []int{os.Getpid()}}}
+			var next atomic.Uint64
+			coldOp := func(_ int, rng *rand.Rand) error {
+				u := cold[next.Add(1)%uint64(len(cold))]
+				return d.post(hc, d.edgeDB+"/"+u+"/query", hdr, pointSelect(rng))
+			}
+			warmOp := func(_ int, rng *rand.Rand) error {
+				return d.post(hc, d.edgeDB+"/"+warm[rng.IntN(len(warm))]+"/query", hdr, pointSelect(rng))
+			}
+			sc := make([]phaseSeries, len(levels))
+			sw := make([]phaseSeries, len(levels))
+			for r := range rounds {
+				for i, workers := range levels {
+					if r%2 == 0 {
+						sc[i].add(t, groups, workers, dur, coldOp)
+						sw[i].add(t, groups, workers, dur, warmOp)
+					} else {
+						sw[i].add(t, groups, workers, dur, warmOp)
+						sc[i].add(t, groups, workers, dur, coldOp)
+					}
+				}
+				t.Logf("round %d/%d done, load average %s", r+1, rounds, loadAvg())
+			}
+			t.Logf("%s; %d hosts keeping %d handles each, %d cold databases read round robin, %d warm; %d rounds of %s per phase; %s",
+				name, len(d.hosts), coldMaxOpen, len(cold), len(warm), rounds, dur, machine())
+			t.Logf("%-46s %3s %8s %17s %8s %8s %17s %8s | %6s %6s %6s %6s | load 1m", "path", "n", "ops/s", "(min–max)", "p50 ms", "p99 ms", "cold/warm rate", "p99.9", "cat", "hosts", "edge", "gen")
+			for i, n := range levels {
+				t.Logf("%-46s %3d %s %8.2f | %s", "point SELECT through the edge, cold handle", n, sc[i].row(&sw[i]), harness.Millis(sc[i].lat.Pct(.999)), sc[i].cpuRow())
+				t.Logf("%-46s %3d %s %8.2f | %s", "point SELECT through the edge, warm handle", n, sw[i].row(nil), harness.Millis(sw[i].lat.Pct(.999)), sw[i].cpuRow())
+			}
+		})
+	}
+}
+
+// coldMaxOpen is the hosts' --max-open in TestDeployColdQuery, coldDBs the
+// databases its cold phase reads (about 70 per host: each comes back after
+// ~70 others were opened on its host, past the 16 it keeps).
+const (
+	coldMaxOpen = 16
+	coldDBs     = 210
+)
+
+func procPids(ps []*harness.Proc) []int {
+	var out []int
+	for _, p := range ps {
+		out = append(out, p.Cmd.Process.Pid)
+	}
+	return out
+}
+
+// prepareCold creates an account, coldDBs + 6 databases of benchRows rows
+// through the edge, and returns the cold and warm UUIDs and the bearer.
+func (d *deployCluster) prepareCold(t *testing.T) (cold, warm []string, bearer string) {
+	ctx := context.Background()
+	limits := fsm.Limits{MaxDatabases: 1 << 40, MaxStorageBytes: 1 << 50, MaxDatabaseBytes: 1 << 30}
+	_, err := d.raw.CreateAccount(ctx, fsm.CreateAccount{ID: "bench", Name: "bench", Tier: fsm.TierPaid, Limits: limits})
+	require.NoError(t, err)
+	a := harness.Call(t, http.MethodPost, d.edgeURL+"/admin/v1/accounts/bench/tokens", "Bearer "+d.admin, map[string]any{"name": "bench"})
+	require.Equal(t, http.StatusOK, a.Status, "%s", a.Raw)
+	var tok struct{ Token string }
+	require.NoError(t, json.Unmarshal(a.Result, &tok))
+	bearer = "Bearer " + tok.Token
+	d.edgeDB = d.edgeURL + "/client/v4/accounts/bench/d1/database"
+	fill := fmt.Sprintf(`{"batch":[{"sql":"CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT)"},{"sql":"WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < %d) INSERT INTO kv SELECT i, 'value-' || i FROM n"}]}`, benchRows)
+	uuids := make([]string, coldDBs+6)
+	var failed atomic.Value
+	harness.Concurrently(len(uuids), 8, func(i int) {
+		a := harness.Call(t, http.MethodPost, d.edgeDB, bearer, map[string]any{"name": fmt.Sprintf("cold-%03d", i)})
+		if a.Status != http.StatusOK {
+			failed.CompareAndSwap(nil, fmt.Errorf("create: %d %s", a.Status, a.Raw))
+			return
+		}
+		var db struct{ UUID string }
+		if err := json.Unmarshal(a.Result, &db); err != nil {
+			failed.CompareAndSwap(nil, err)
+			return
+		}
+		if err := d.post(harness.Client(), d.edgeDB+"/"+db.UUID+"/query", map[string]string{"Authorization": bearer}, []byte(fill)); err != nil {
+			failed.CompareAndSwap(nil, err)
+			return
+		}
+		uuids[i] = db.UUID
+	})
+	require.Nil(t, failed.Load(), "creating the databases")
+	// Warm: two per host (placement is the edge's; pick by the catalog row).
+	perHost := map[string]int{}
+	for _, u := range uuids {
+		row, err := d.raw.Database(ctx, u, raftmeta.LinearizableRead())
+		require.NoError(t, err)
+		if perHost[row.HostID] < 2 && len(warm) < 6 {
+			perHost[row.HostID]++
+			warm = append(warm, u)
+			continue
+		}
+		cold = append(cold, u)
+	}
+	require.Len(t, warm, 6, "warm databases per host: %v", perHost)
+	rand.Shuffle(len(cold), func(i, j int) { cold[i], cold[j] = cold[j], cold[i] })
+	return cold, warm, bearer
+}
