@@ -21,7 +21,7 @@ import (
 	"github.com/shoaldb/shoal/test/harness"
 )
 
-// TestDeployColdQuery is issue 15's cold-query figure: a point SELECT
+// TestDeployColdQueryBench is issue 15's cold-query figure: a point SELECT
 // through the edge to a database whose handle the object host has
 // evicted (the file is on disk, the host must open it, read and close or
 // keep it), in the deployment topology of TestDeployBench (3 voters, 3
@@ -45,8 +45,8 @@ import (
 // Knobs: SHOAL_BENCH_ROUNDS (default 6), SHOAL_BENCH_SECONDS (each phase,
 // default 3), SHOAL_BENCH_WORKERS (default 1,16), SHOAL_BENCH_PORT_BASE.
 //
-//	SHOAL_BENCH=1 go test ./test/bench -run TestDeployColdQuery -v -count=1 -timeout 30m
-func TestDeployColdQuery(t *testing.T) {
+//	SHOAL_BENCH=1 go test ./test/bench -run TestDeployColdQueryBench -v -count=1 -timeout 30m
+func TestDeployColdQueryBench(t *testing.T) {
 	if os.Getenv("SHOAL_BENCH") == "" {
 		t.Skip("SHOAL_BENCH not set: benchmark harness")
 	}
@@ -110,7 +110,7 @@ func TestDeployColdQuery(t *testing.T) {
 	}
 }
 
-// coldMaxOpen is the hosts' --max-open in TestDeployColdQuery, coldDBs the
+// coldMaxOpen is the hosts' --max-open in TestDeployColdQueryBench, coldDBs the
 // databases its cold phase reads (about 70 per host: each comes back after
 // ~70 others were opened on its host, past the 16 it keeps).
 const (
