@@ -508,7 +508,7 @@ end
 // BenchmarkColdQuery is a point SELECT through Host.Query on a database
 // whose handle was evicted (the host keeps 8 handles; 64 databases are
 // read round robin, so every read opens the file), for profiling the cold
-// path (TestDeployColdQuery measures it in the deployment topology):
+// path (TestDeployColdQueryBench measures it in the deployment topology):
 //
 //	go test ./objecthost/ -run '^$' -bench ColdQuery -cpuprofile cpu.out
 func BenchmarkColdQuery(b *testing.B) {
