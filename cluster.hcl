@@ -108,6 +108,8 @@ clickhouse {
 #   durability = "default"   # or "archived": a write is acknowledged once its commit is in the bucket
 #   max_lag    = "1s"        # default: shipped within 1 s
 #   alarm_lag  = "10s"       # the lag alarm (GET /v1/history/status, shoal_history_* metrics)
+#   deleted_archive_mass_floor = 50      # brake on deleting deleted databases' archives (docs/operations.md)
+#   bucket_sweep_interval      = "24h"   # whole-archive pass for deleted databases no host remembers; "off" disables
 # }
 
 # The limiter: free-tier daily row limits (tier "free" below), one notice per

@@ -2,6 +2,7 @@ package objecthost
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -201,4 +202,139 @@ func (hh *hostHistory) deletedRetention(a fsm.Account) time.Duration {
 		return min(7*24*time.Hour, hh.cfg.Retention)
 	}
 	return hh.cfg.Retention
+}
+
+// Archives of databases deleted while their only object was on a host that
+// was later lost with its disk have no staging area left anywhere to
+// remember them. The bucket-wide pass covers them: every
+// BucketSweepInterval (a day), on one host — the active (or draining)
+// host with the smallest ID in the catalog's host list, so a fleet does
+// not list the bucket once per host (a stale list may make two hosts run
+// it: each decision is still the leader's, and DeleteAll twice is
+// harmless):
+//
+//  1. list the databases at the archive's top level (one delimited
+//     listing: history.Archive.Databases);
+//  2. their state from the catalog on a linearizable read, in heartbeat
+//     batches, with the same rules as the per-host pass: unknown → kept,
+//     live → kept, deleted less than the tier's retention ago → kept,
+//     older → due;
+//  3. the brake: more due than max(DeletedArchiveMassFloor,
+//     DeletedArchiveMassFraction × the databases listed) deletes none and
+//     raises "mass_bucket_archive_deletes";
+//  4. each due database: history.Archive.DeleteAll (the checkpoint; a
+//     crash midway leaves a suffix the next pass deletes).
+//
+// A late Put from a host still shipping a deleted database's last records
+// can recreate part of an archive just deleted; the next pass deletes it
+// again (the per-host pass waits for shipping, this one cannot see other
+// hosts' staging).
+
+// BucketArchiveReport is one bucket-wide pass.
+type BucketArchiveReport struct {
+	Coordinator bool // this host ran the pass
+	Listed      int  // databases in the archive
+	Unknown     int
+	Live        int
+	NotDue      int
+	Due         int
+	Held        int // due, held by the mass brake
+	Deleted     int
+	Objects     int
+	Failures    int
+}
+
+// bucketCoordinator reports whether this host runs the bucket-wide pass.
+func (hh *hostHistory) bucketCoordinator(ctx context.Context, h *Host) (bool, error) {
+	hl, ok := h.cfg.Catalog.(HostLister)
+	if !ok {
+		return false, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, h.cfg.CatalogTimeout)
+	defer cancel()
+	hosts, err := hl.Hosts(cctx)
+	if err != nil {
+		return false, fmt.Errorf("listing hosts: %w", err)
+	}
+	first := ""
+	for _, x := range hosts {
+		if x.State != fsm.HostStateActive && x.State != fsm.HostStateDraining {
+			continue
+		}
+		if first == "" || x.ID < first {
+			first = x.ID
+		}
+	}
+	return first == h.cfg.ID, nil
+}
+
+// sweepBucketArchives is one bucket-wide pass (see above).
+func (hh *hostHistory) sweepBucketArchives(ctx context.Context, h *Host) (BucketArchiveReport, error) {
+	var rep BucketArchiveReport
+	if h.cfg.Catalog == nil {
+		return rep, nil
+	}
+	coord, err := hh.bucketCoordinator(ctx, h)
+	if err != nil || !coord {
+		return rep, err
+	}
+	rep.Coordinator = true
+	uuids, err := hh.archive.Databases(ctx)
+	if errors.Is(err, history.ErrNoDatabaseListing) {
+		return rep, nil
+	}
+	if err != nil {
+		return rep, err
+	}
+	rep.Listed = len(uuids)
+	now := h.now()
+	var due []string
+	for start := 0; start < len(uuids); start += fsm.MaxHeartbeatBatch {
+		batch := uuids[start:min(len(uuids), start+fsm.MaxHeartbeatBatch)]
+		cctx, cancel := context.WithTimeout(ctx, h.cfg.CatalogTimeout)
+		ans, err := h.cfg.Catalog.ConfirmHeartbeat(cctx, batch)
+		cancel()
+		if err != nil {
+			h.m.catalogCalls.WithLabelValues("confirm_bucket_archives", "error").Inc()
+			return rep, fmt.Errorf("confirming the archive's databases: %w", err)
+		}
+		h.m.catalogCalls.WithLabelValues("confirm_bucket_archives", "ok").Inc()
+		for _, st := range ans.Databases {
+			switch {
+			case !st.Known:
+				rep.Unknown++
+			case st.State != fsm.StateDeleted:
+				rep.Live++
+			case st.DeletedAt == 0 || now.Sub(time.Unix(0, st.DeletedAt)) < hh.deletedRetention(ans.Accounts[st.AccountID]):
+				rep.NotDue++
+			default:
+				due = append(due, st.UUID)
+			}
+		}
+	}
+	rep.Due = len(due)
+	limit := max(hh.cfg.DeletedArchiveMassFloor, int(hh.cfg.DeletedArchiveMassFraction*float64(len(uuids))))
+	if len(due) > limit {
+		rep.Held = len(due)
+		msg := fmt.Sprintf("%d deleted databases' archives are due for deletion in one bucket-wide pass (limit %d, %d databases in the archive); none deleted. if that is expected, raise deleted_archive_mass_floor in cluster.hcl's archive block", len(due), limit, len(uuids))
+		h.alarms.raiseFor("mass_bucket_archive_deletes", now, len(due), due, 2*hh.cfg.BucketSweepInterval, msg)
+		h.log.Error("mass of deleted databases' archives due in the bucket-wide pass; deleting none", "due", len(due), "limit", limit, "sample", due[:min(5, len(due))])
+		return rep, nil
+	}
+	h.alarms.clear("mass_bucket_archive_deletes")
+	for _, u := range due {
+		if ctx.Err() != nil {
+			return rep, ctx.Err()
+		}
+		n, err := hh.archive.DeleteAll(ctx, u)
+		rep.Objects += n
+		if err != nil {
+			rep.Failures++
+			h.log.Warn("deleting a deleted database's archive failed; retried next pass", "database", u, "objects_deleted", n, "err", err)
+			continue
+		}
+		rep.Deleted++
+		h.log.Info("archive of a deleted database deleted by the bucket-wide pass (retention over)", "database", u, "objects", n)
+	}
+	return rep, nil
 }

@@ -238,3 +238,160 @@ func TestStagingFormerLayoutMigrated(t *testing.T) {
 	assert.Equal(t, 1, vs.Generations, "the migrated generation continued")
 	assert.Contains(t, th.rowsOf(t, d), "two")
 }
+
+// TestBucketSweepDeletedArchives: archives of databases deleted while their
+// only object was on a host later lost with its disk (no staging area
+// anywhere remembers them) are deleted by the bucket-wide pass, on the
+// coordinating host only (the active host with the smallest ID), on the
+// catalog's linearizable answer and the tier's retention; unknown and live
+// databases' archives are kept; a mass of due archives is held with an
+// alarm; a failing catalog deletes nothing. gofakes3 as the store.
+func TestBucketSweepDeletedArchives(t *testing.T) {
+	ctx := context.Background()
+	store := s3Archive(t)
+	hist := func(c *Config) {
+		c.History = &HistoryConfig{Store: store, Shipper: history.ShipperOptions{MaxLag: 50 * time.Millisecond}, SweepInterval: -1}
+	}
+	// Host "host-0" archives four databases, then is lost with its disk.
+	lost := hbHost(t, func(c *Config) { c.ID = "host-0"; hist(c) })
+	paid, free1, free2, unknown := newDB("paid"), newDB("free"), newDB("free"), newDB("paid")
+	for _, d := range []db{paid, free1, free2, unknown} {
+		lost.mustInit(t, d)
+		lost.exec(t, d, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+		lost.exec(t, d, "INSERT INTO t(v) VALUES ('x')")
+		lost.archivedUpTo(t, d)
+	}
+	require.NoError(t, lost.Host.Close())
+	require.NoError(t, os.RemoveAll(lost.dir))
+
+	th := hbHost(t, func(c *Config) { hist(c); c.History.DeletedArchiveMassFloor = 1 })
+	live := newDB("paid")
+	th.mustInit(t, live)
+	th.cat.setObject(live.uuid, live.account, live.obj, 1)
+	th.exec(t, live, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+	th.archivedUpTo(t, live)
+	th.cat.setAccount(fsm.Account{ID: "paid", Tier: fsm.TierPaid})
+	th.cat.setAccount(fsm.Account{ID: "free", Tier: fsm.TierFree})
+	deletedAt := th.clock.Now().UnixNano()
+	th.cat.mu.Lock()
+	for _, d := range []db{paid, free1, free2} {
+		th.cat.dbs[d.uuid] = fsm.HeartbeatState{UUID: d.uuid, Known: true, State: fsm.StateDeleted, AccountID: d.account, RoutingGeneration: 2, DeletedAt: deletedAt}
+	}
+	// host-0 is still listed active (nobody declared it lost yet): it is
+	// the coordinator, and this host does nothing.
+	th.cat.hostList = []fsm.Host{{ID: "host-1", State: fsm.HostStateActive}, {ID: "host-0", State: fsm.HostStateActive}}
+	th.cat.mu.Unlock()
+	objects := func(d db) int {
+		keys, err := store.List(ctx, d.uuid+"/")
+		require.NoError(t, err)
+		return len(keys)
+	}
+	all := []db{paid, free1, free2, unknown, live}
+	counts := map[string]int{}
+	for _, d := range all {
+		counts[d.uuid] = objects(d)
+		require.NotZero(t, counts[d.uuid])
+	}
+	pass := func() BucketArchiveReport {
+		t.Helper()
+		rep, err := th.hist.sweepBucketArchives(ctx, th.Host)
+		require.NoError(t, err)
+		return rep
+	}
+	th.clock.Advance(40 * 24 * time.Hour)
+	assert.Equal(t, BucketArchiveReport{}, pass(), "not the coordinator")
+	for _, d := range all {
+		assert.Equal(t, counts[d.uuid], objects(d))
+	}
+
+	// host-0 declared lost: this host coordinates. 40 days after the
+	// deletions, three archives are due: above the limit (1), held.
+	th.cat.mu.Lock()
+	th.cat.hostList[1].State = fsm.HostStateLost
+	th.cat.confirms = nil
+	th.cat.mu.Unlock()
+	rep := pass()
+	assert.Equal(t, BucketArchiveReport{Coordinator: true, Listed: 5, Unknown: 1, Live: 1, Due: 3, Held: 3}, rep)
+	assert.ElementsMatch(t, []string{paid.uuid, free1.uuid, free2.uuid, unknown.uuid, live.uuid}, th.cat.confirms, "asked linearizably")
+	kinds := map[string]int{}
+	for _, a := range th.Alarms() {
+		kinds[a.Kind] = a.Databases
+	}
+	assert.Equal(t, 3, kinds["mass_bucket_archive_deletes"])
+	for _, d := range all {
+		assert.Equal(t, counts[d.uuid], objects(d), "held")
+	}
+
+	// The catalog cannot answer: nothing is deleted.
+	th.hist.cfg.DeletedArchiveMassFloor = 3
+	th.cat.mu.Lock()
+	th.cat.confirmFail = true
+	th.cat.mu.Unlock()
+	_, err := th.hist.sweepBucketArchives(ctx, th.Host)
+	require.Error(t, err)
+	assert.Equal(t, counts[paid.uuid], objects(paid))
+	th.cat.mu.Lock()
+	th.cat.confirmFail = false
+	th.cat.mu.Unlock()
+
+	// The operator raised the limit: the three go, the others stay.
+	rep = pass()
+	assert.Equal(t, 3, rep.Deleted)
+	for _, d := range []db{paid, free1, free2} {
+		assert.Zero(t, objects(d))
+	}
+	assert.Equal(t, counts[unknown.uuid], objects(unknown), "unknown to the catalog: kept")
+	assert.Equal(t, counts[live.uuid], objects(live), "live: kept")
+	for _, a := range th.Alarms() {
+		assert.NotEqual(t, "mass_bucket_archive_deletes", a.Kind, "cleared")
+	}
+	assert.Equal(t, BucketArchiveReport{Coordinator: true, Listed: 2, Unknown: 1, Live: 1}, pass())
+}
+
+// TestBucketSweepRetention: the bucket-wide pass keeps a deleted
+// database's archive for its tier's retention (7 days free, 30 paid).
+func TestBucketSweepRetention(t *testing.T) {
+	ctx := context.Background()
+	store := s3Archive(t)
+	th := hbHost(t, func(c *Config) {
+		c.History = &HistoryConfig{Store: store, Shipper: history.ShipperOptions{MaxLag: 50 * time.Millisecond}, SweepInterval: -1}
+	})
+	th.cat.setAccount(fsm.Account{ID: "paid", Tier: fsm.TierPaid})
+	th.cat.setAccount(fsm.Account{ID: "free", Tier: fsm.TierFree})
+	paid, free := newDB("paid"), newDB("free")
+	for _, d := range []db{paid, free} {
+		th.mustInit(t, d)
+		th.exec(t, d, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+		th.archivedUpTo(t, d)
+		_, err := th.Delete(ctx, d.obj, 2)
+		require.NoError(t, err)
+	}
+	th.cat.mu.Lock()
+	for _, d := range []db{paid, free} {
+		th.cat.dbs[d.uuid] = fsm.HeartbeatState{UUID: d.uuid, Known: true, State: fsm.StateDeleted, AccountID: d.account, RoutingGeneration: 2, DeletedAt: th.clock.Now().UnixNano()}
+	}
+	th.cat.hostList = []fsm.Host{{ID: "host-1", State: fsm.HostStateActive}}
+	th.cat.mu.Unlock()
+	objects := func(d db) int {
+		keys, err := store.List(ctx, d.uuid+"/")
+		require.NoError(t, err)
+		return len(keys)
+	}
+	pass := func() BucketArchiveReport {
+		t.Helper()
+		rep, err := th.hist.sweepBucketArchives(ctx, th.Host)
+		require.NoError(t, err)
+		return rep
+	}
+	th.clock.Advance(6 * 24 * time.Hour)
+	assert.Equal(t, BucketArchiveReport{Coordinator: true, Listed: 2, NotDue: 2}, pass())
+	th.clock.Advance(2 * 24 * time.Hour)
+	n := objects(free)
+	assert.Equal(t, BucketArchiveReport{Coordinator: true, Listed: 2, NotDue: 1, Due: 1, Deleted: 1, Objects: n}, pass())
+	assert.Zero(t, objects(free))
+	assert.NotZero(t, objects(paid))
+	th.clock.Advance(23 * 24 * time.Hour)
+	rep := pass()
+	assert.Equal(t, 1, rep.Deleted)
+	assert.Zero(t, objects(paid))
+}

@@ -53,6 +53,15 @@ type Catalog interface {
 	ReportHostLoad(ctx context.Context, l fsm.ReportHostLoad) error
 }
 
+// HostLister is the optional part of Catalog that the bucket-wide sweep of
+// deleted databases' archives needs to pick one host to run it
+// (archivesweep.go), discovered by type assertion (RaftmetaCatalog has it;
+// a stale answer is fine: two hosts running the same pass delete the same
+// archives, each decision still on a linearizable read).
+type HostLister interface {
+	Hosts(ctx context.Context) ([]fsm.Host, error)
+}
+
 // RelocationCatalog is the optional part of Catalog that lost-host
 // recovery needs, discovered by type assertion (RaftmetaCatalog has it). A
 // catalog without it never lets the host delete a relocation's leftover

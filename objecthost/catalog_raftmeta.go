@@ -40,6 +40,11 @@ func (a RaftmetaCatalog) ConfirmHeartbeat(ctx context.Context, uuids []string) (
 	return a.C.Heartbeat(ctx, uuids, raftmeta.LinearizableRead())
 }
 
+// Hosts is HostLister, served by any node (a stale answer is fine there).
+func (a RaftmetaCatalog) Hosts(ctx context.Context) ([]fsm.Host, error) {
+	return a.C.Hosts(ctx, raftmeta.ReadOptions{Consistency: raftmeta.Stale, PreferFollowers: true})
+}
+
 func (a RaftmetaCatalog) FenceOrphans(ctx context.Context, hostID string, uuids []string) (fsm.FenceAnswer, error) {
 	return a.C.FenceOrphans(ctx, fsm.FenceOrphans{HostID: hostID, UUIDs: uuids})
 }

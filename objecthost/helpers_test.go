@@ -60,11 +60,12 @@ type fakeCatalog struct {
 	// confirmMisses are UUIDs ConfirmHeartbeat answers unknown although
 	// dbs has them: their create committed just after the confirming read.
 	confirmMisses map[string]bool
-	fenced        []string // UUIDs FenceOrphans fenced
-	fencedObjects []string // objects FenceObjects fenced
-	hostState     string   // what RegisterHostState answers (default active)
-	fenceFail     bool     // FenceOrphans fails
-	accountReads  int      // Account calls (storage refresh)
+	fenced        []string   // UUIDs FenceOrphans fenced
+	fencedObjects []string   // objects FenceObjects fenced
+	hostState     string     // what RegisterHostState answers (default active)
+	hostList      []fsm.Host // what Hosts answers
+	fenceFail     bool       // FenceOrphans fails
+	accountReads  int        // Account calls (storage refresh)
 }
 
 // seen returns how many heartbeats each UUID sent.
@@ -195,6 +196,13 @@ func (c *fakeCatalog) setObject(uuid, account, objectID string, gen int64) {
 	c.mu.Lock()
 	c.dbs[uuid] = fsm.HeartbeatState{UUID: uuid, Known: true, State: fsm.StateActive, AccountID: account, RoutingGeneration: gen, ObjectID: objectID}
 	c.mu.Unlock()
+}
+
+// Hosts is HostLister: hostList, as set by the test.
+func (c *fakeCatalog) Hosts(_ context.Context) ([]fsm.Host, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]fsm.Host(nil), c.hostList...), nil
 }
 
 func (c *fakeCatalog) RegisterHost(_ context.Context, h fsm.RegisterHost) error {

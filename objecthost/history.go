@@ -52,6 +52,12 @@ type HistoryConfig struct {
 	// Defaults 50 and 0.01.
 	DeletedArchiveMassFloor    int
 	DeletedArchiveMassFraction float64
+	// BucketSweepInterval: how often the coordinating host (the active
+	// host with the smallest ID) runs the bucket-wide pass over every
+	// database in the archive (archivesweep.go, sweepBucketArchives;
+	// default 24 h, the first pass at the first sweep tick; negative
+	// disables).
+	BucketSweepInterval time.Duration
 }
 
 // hostHistory is the host's side of history: one shipper, the capturer of
@@ -67,6 +73,9 @@ type hostHistory struct {
 	restores  map[string][]time.Time       // objectID → recent restores (rate limit)
 	stop      context.CancelFunc
 	done      chan struct{}
+	// lastBucket: when the last bucket-wide pass ran (sweep goroutine
+	// only; zero: not yet, so the first sweep tick runs one).
+	lastBucket time.Time
 }
 
 // ErrRestoring is returned while a database is being restored.
@@ -96,6 +105,9 @@ func newHostHistory(h *Host, cfg HistoryConfig) (*hostHistory, error) {
 	}
 	if cfg.DeletedArchiveMassFloor <= 0 {
 		cfg.DeletedArchiveMassFloor = 50
+	}
+	if cfg.BucketSweepInterval == 0 {
+		cfg.BucketSweepInterval = 24 * time.Hour
 	}
 	if cfg.DeletedArchiveMassFraction <= 0 {
 		cfg.DeletedArchiveMassFraction = 0.01
@@ -220,6 +232,18 @@ func (hh *hostHistory) sweep(ctx context.Context, h *Host) {
 	}
 	if rep.Deleted > 0 || rep.Held > 0 || rep.Failures > 0 {
 		h.log.Info("history: deleted databases' archives", "deleted", rep.Deleted, "objects", rep.Objects, "held", rep.Held, "failures", rep.Failures, "not_due", rep.NotDue)
+	}
+	if hh.cfg.BucketSweepInterval > 0 && (hh.lastBucket.IsZero() || h.now().Sub(hh.lastBucket) >= hh.cfg.BucketSweepInterval) {
+		brep, err := hh.sweepBucketArchives(ctx, h)
+		switch {
+		case err != nil:
+			h.log.Warn("history: bucket-wide sweep of deleted databases' archives failed; retried at the next sweep", "err", err)
+		default:
+			hh.lastBucket = h.now()
+			if brep.Coordinator && (brep.Deleted > 0 || brep.Held > 0 || brep.Failures > 0) {
+				h.log.Info("history: bucket-wide sweep of deleted databases' archives", "databases", brep.Listed, "deleted", brep.Deleted, "objects", brep.Objects, "held", brep.Held, "failures", brep.Failures, "not_due", brep.NotDue, "unknown", brep.Unknown)
+			}
+		}
 	}
 }
 

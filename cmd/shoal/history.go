@@ -72,5 +72,12 @@ func archiveHistory(a *config.Archive, dataDir string) (*objecthost.HistoryConfi
 	if a.AlarmLag != "" {
 		h.Shipper.AlarmLag, _ = time.ParseDuration(a.AlarmLag)
 	}
+	switch a.BucketSweepInterval {
+	case "":
+	case "off":
+		h.BucketSweepInterval = -1
+	default:
+		h.BucketSweepInterval, _ = time.ParseDuration(a.BucketSweepInterval)
+	}
 	return h, nil
 }

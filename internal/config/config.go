@@ -180,6 +180,12 @@ type Archive struct {
 	// databases) are due, and raises "mass_archive_deletes" (default 50;
 	// raise it to let an expected mass through).
 	DeletedArchiveMassFloor int `hcl:"deleted_archive_mass_floor,optional"`
+	// BucketSweepInterval: how often one host (the active host with the
+	// smallest ID) lists the whole archive and deletes the archives of
+	// databases deleted longer than their retention ago that no host's
+	// staging area remembers (their host was lost with its disk). A
+	// positive duration (default 24h) or "off".
+	BucketSweepInterval string `hcl:"bucket_sweep_interval,optional"`
 }
 
 // Tier is one pricing tier's default limits (D1's figures by default).
@@ -451,8 +457,8 @@ func (c *Cluster) validate(body *hclsyntax.Body) error {
 		if a.DeletedArchiveMassFloor < 0 {
 			v.fail("archive", "", "deleted_archive_mass_floor", "must not be negative (got %d)", a.DeletedArchiveMassFloor)
 		}
-		for _, f := range [][2]string{{"max_lag", a.MaxLag}, {"alarm_lag", a.AlarmLag}} {
-			if f[1] == "" {
+		for _, f := range [][2]string{{"max_lag", a.MaxLag}, {"alarm_lag", a.AlarmLag}, {"bucket_sweep_interval", a.BucketSweepInterval}} {
+			if f[1] == "" || f[0] == "bucket_sweep_interval" && f[1] == "off" {
 				continue
 			}
 			if d, err := time.ParseDuration(f[1]); err != nil || d <= 0 {

@@ -179,6 +179,11 @@ archive {
   dir = "/a"
   max_lag = "soon"
 }`, `archive: max_lag: not a positive duration: "soon"`},
+		{"archive bad bucket sweep", node1 + `
+archive {
+  dir = "/a"
+  bucket_sweep_interval = "daily"
+}`, `archive: bucket_sweep_interval: not a positive duration: "daily"`},
 		{"archive prefix", node1 + `
 archive {
   endpoint = "s3:9000"

@@ -169,6 +169,41 @@ func (s *DirStore) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
+// ListDatabases lists the top-level directories (DatabaseLister).
+func (s *DirStore) ListDatabases(ctx context.Context) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(s.root)
+	if err != nil {
+		return nil, fmt.Errorf("history: list databases: %w", err)
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+// pruneDirs removes the empty directories left under db after
+// Archive.DeleteAll (deepest first; a directory a concurrent Put filled
+// again is not empty and stays).
+func (s *DirStore) pruneDirs(db string) {
+	root := s.path(db)
+	var dirs []string
+	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		_ = os.Remove(dirs[i]) // fails on a non-empty directory, as wanted
+	}
+}
+
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {

@@ -2,7 +2,9 @@ package history
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sort"
 	"time"
 )
 
@@ -111,5 +113,43 @@ func (a *Archive) DeleteAll(ctx context.Context, db string) (int, error) {
 		}
 		n++
 	}
+	if p, ok := a.store.(interface{ pruneDirs(db string) }); ok {
+		p.pruneDirs(db) // a directory store keeps empty directories otherwise
+	}
 	return n, nil
+}
+
+// ErrNoDatabaseListing: the store cannot list the databases it holds
+// (DatabaseLister not implemented).
+var ErrNoDatabaseListing = errors.New("history: this archive store cannot list its databases")
+
+// DatabaseLister is the optional part of a Store that lists the top level
+// of the archive: the database keys that have at least one object (or, on
+// a directory store, a directory). DirStore and S3Store implement it (S3:
+// a delimited listing, one request per 1,000 databases, not a listing of
+// every object).
+type DatabaseLister interface {
+	ListDatabases(ctx context.Context) ([]string, error)
+}
+
+// Databases lists the database keys present in the archive, ascending
+// (ErrNoDatabaseListing when the store cannot). Only valid keys are
+// returned; anything else at the top level is not ours.
+func (a *Archive) Databases(ctx context.Context) ([]string, error) {
+	l, ok := a.store.(DatabaseLister)
+	if !ok {
+		return nil, ErrNoDatabaseListing
+	}
+	names, err := l.ListDatabases(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := names[:0]
+	for _, n := range names {
+		if validKey(n) {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
 }

@@ -105,6 +105,22 @@ func (s *S3Store) List(ctx context.Context, prefix string) ([]string, error) {
 	return keys, nil
 }
 
+// ListDatabases lists the top level under the store's prefix with a
+// delimited listing (DatabaseLister): S3 answers one common prefix per
+// database, a page per 1,000 databases.
+func (s *S3Store) ListDatabases(ctx context.Context) ([]string, error) {
+	var out []string
+	for o := range s.c.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: s.prefix, Recursive: false}) {
+		if o.Err != nil {
+			return nil, fmt.Errorf("history: s3 list databases: %w", o.Err)
+		}
+		if name, ok := strings.CutSuffix(strings.TrimPrefix(o.Key, s.prefix), "/"); ok && name != "" && !strings.Contains(name, "/") {
+			out = append(out, name)
+		}
+	}
+	return out, nil
+}
+
 func (s *S3Store) Delete(ctx context.Context, key string) error {
 	err := s.c.RemoveObject(ctx, s.bucket, s.prefix+key, minio.RemoveObjectOptions{})
 	if err != nil && minio.ToErrorResponse(err).Code != minio.NoSuchKey {

@@ -48,6 +48,43 @@ func TestStoreContract(t *testing.T) {
 	}
 }
 
+// TestArchiveDatabases: both stores list the databases at the archive's
+// top level (a delimited listing on S3, not every object), only valid
+// keys; after DeleteAll a database is gone from the listing (a directory
+// store prunes the empty directories).
+func TestArchiveDatabases(t *testing.T) {
+	dir, err := NewDirStore(t.TempDir())
+	require.NoError(t, err)
+	_, s3 := newS3(t)
+	for name, s := range map[string]Store{"dir": dir, "s3": s3} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			a := NewArchive(s)
+			dbs, err := a.Databases(ctx)
+			require.NoError(t, err)
+			assert.Empty(t, dbs)
+			u1, u2 := "0190a6d2-0000-7000-8000-000000000001", "0190a6d2-0000-7000-8000-000000000002"
+			for _, k := range []string{u2 + "/g/seg/1.seg", u1 + "/g/seg/1.seg", u1 + "/g/snap/1.snap", u1 + "/h/seg/2.seg"} {
+				require.NoError(t, s.Put(ctx, k, bytes.NewReader([]byte("x")), 1))
+			}
+			dbs, err = a.Databases(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, []string{u1, u2}, dbs)
+			n, err := a.DeleteAll(ctx, u1)
+			require.NoError(t, err)
+			assert.Equal(t, 3, n)
+			dbs, err = a.Databases(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, []string{u2}, dbs)
+		})
+	}
+	_, err = NewArchive(storeWithoutListing{dir}).Databases(context.Background())
+	assert.ErrorIs(t, err, ErrNoDatabaseListing)
+}
+
+// storeWithoutListing hides DatabaseLister.
+type storeWithoutListing struct{ Store }
+
 // TestDirStorePutFromFile: a Put from a file on the same filesystem links
 // it (no second copy on the disk); the object stays intact when the local
 // name is removed, a re-put of the same key works, and a file that cannot
