@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"syscall"
@@ -37,13 +38,28 @@ import (
 // plain HTTP (an insecure cluster), "mtls" over mutual TLS with role
 // checks, as clusters and shoal dev run them: the cost of the
 // authenticated hop.
+//
+// "mtls+accesslog" is "mtls" with the edge logging at info, the default
+// level of `shoal edge serve`: one access-log line per request, text
+// format, written to a file (stderr in production is a pipe or the
+// journal; a file keeps the write(2) in the figure). The other variants
+// run the edge with logging discarded, like the deploy benchmark's
+// --log-level warn.
 func BenchmarkSerialEdgeCPU(b *testing.B) {
-	b.Run("plain", func(b *testing.B) { serialEdgeCPU(b, false) })
-	b.Run("mtls", func(b *testing.B) { serialEdgeCPU(b, true) })
+	b.Run("plain", func(b *testing.B) { serialEdgeCPU(b, false, false) })
+	b.Run("mtls", func(b *testing.B) { serialEdgeCPU(b, true, false) })
+	b.Run("mtls+accesslog", func(b *testing.B) { serialEdgeCPU(b, true, true) })
 }
 
-func serialEdgeCPU(b *testing.B, mtls bool) {
+func serialEdgeCPU(b *testing.B, mtls, accessLog bool) {
 	quiet := slog.New(slog.DiscardHandler)
+	edgeLog := quiet
+	if accessLog {
+		f, err := os.Create(filepath.Join(b.TempDir(), "edge.log"))
+		require.NoError(b, err)
+		defer f.Close()
+		edgeLog = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
 	var catTLS, hostTLS, edgeTLS *pki.Loader
 	if mtls {
 		dir := b.TempDir()
@@ -83,7 +99,7 @@ func serialEdgeCPU(b *testing.B, mtls bool) {
 	}
 	defer hs.Close()
 	srv, err := edge.New(edge.Options{Catalog: edge.RaftmetaCatalog{C: cl}, Dir: b.TempDir(), Region: "weur",
-		AdminToken: "bench-admin", BindingKeys: keys, Logger: quiet, HostTLS: edgeTLS,
+		AdminToken: "bench-admin", BindingKeys: keys, Logger: edgeLog, HostTLS: edgeTLS,
 		AccountRate: edge.RateLimit{Rate: 1e6, Burst: 1e6}, DatabaseRate: edge.RateLimit{Rate: 1e6, Burst: 1e6}})
 	require.NoError(b, err)
 	defer srv.Close()
