@@ -34,6 +34,7 @@ type batcher[T, R any] struct {
 	timeout     time.Duration
 	ctx         context.Context
 	wg          *sync.WaitGroup
+	observe     func(n int) // each batch's size, when set
 
 	mu       sync.Mutex
 	queue    []*batchCall[T, R]
@@ -122,6 +123,9 @@ func (b *batcher[T, R]) sendBatch(batch []*batchCall[T, R]) {
 	items := make([]T, len(batch))
 	for i, c := range batch {
 		items[i] = c.item
+	}
+	if b.observe != nil {
+		b.observe(len(items))
 	}
 	ctx, cancel := context.WithTimeout(b.ctx, b.timeout)
 	res, errs := b.send(ctx, items)

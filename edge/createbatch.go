@@ -26,7 +26,10 @@ import (
 //     (raftmeta/applybatch.go), one create_database command per create,
 //     each with its own request ID and its own outcome — one create's
 //     refusal (name taken, limit) is its own, the others commit;
-//   - step (7), the confirms to one host: one POST /v1/batch/confirm.
+//   - step (7), the route written through to the cache: one bbolt
+//     transaction for the routes of the creates that finish together
+//     (RouteCache.PutMany), and the confirms to one host: one POST
+//     /v1/batch/confirm.
 //
 // The flow of each create is unchanged (databases.go): its init returns
 // only after its own index commit, its catalog write is still THE
@@ -48,6 +51,7 @@ type BatchCreator interface {
 // catalog, one per host address for inits and for confirms.
 type createBatching struct {
 	catalog  *batcher[fsm.CreateDatabase, fsm.Database] // nil: one request per create
+	routes   *batcher[Route, bool]                      // nil: one cache transaction per create
 	maxBatch int                                        // ≤ 0: no host batching either
 	inflight int
 
@@ -83,8 +87,16 @@ func (s *Server) initCreateBatching() {
 	if b.maxBatch < 0 {
 		return
 	}
+	// One slot: bbolt has one writer anyway; routes arriving during a
+	// commit go in the next.
+	b.routes = newBatcher(s.bgCtx, &b.wg, b.maxBatch, 1, time.Minute,
+		func(_ context.Context, rs []Route) ([]bool, []error) {
+			stored, err := s.cache.PutMany(rs)
+			return stored, fill(len(rs), err)
+		})
 	if bc, ok := s.catalog.(BatchCreator); ok {
 		b.catalog = newBatcher(s.bgCtx, &b.wg, b.maxBatch, b.inflight, 3*s.o.CatalogTimeout, bc.CreateDatabases)
+		b.catalog.observe = func(n int) { s.m.batchCatalog.Observe(float64(n)) }
 	}
 }
 
@@ -128,6 +140,17 @@ func (s *Server) confirmObject(ctx context.Context, rt Route) error {
 	return err
 }
 
+// cacheCreatedRoute writes a new database's route through to the cache
+// (step 7), batched with the routes of concurrent creates.
+func (s *Server) cacheCreatedRoute(rt Route) error {
+	if s.cb.routes == nil {
+		_, err := s.cache.Put(rt)
+		return err
+	}
+	_, err := s.cb.routes.do(context.Background(), rt)
+	return err
+}
+
 func (s *Server) initBatcher(addr string) *batcher[event.InitBatchItem, ObjectInfo] {
 	b := &s.cb
 	b.mu.Lock()
@@ -154,6 +177,7 @@ func (s *Server) initBatcher(addr string) *batcher[event.InitBatchItem, ObjectIn
 			})
 			return infos, errs
 		})
+	x.observe = func(n int) { s.m.batchInit.Observe(float64(n)) }
 	b.inits[addr] = x
 	return x
 }
@@ -182,6 +206,7 @@ func (s *Server) confirmBatcher(addr string) *batcher[Route, struct{}] {
 			concurrently(len(rts), func(i int) { errs[i] = s.hosts.Confirm(ctx, rts[i]) })
 			return out, errs
 		})
+	x.observe = func(n int) { s.m.batchConfirm.Observe(float64(n)) }
 	b.confirms[addr] = x
 	return x
 }

@@ -240,3 +240,21 @@ func TestBatcherCallerGivesUp(t *testing.T) {
 	wg.Wait()
 	assert.EqualValues(t, 2, sent.Load(), "the abandoned call was still sent (its outcome is unknown to its caller)")
 }
+
+// PutMany keeps Put's rule for each route (never backwards) in one
+// transaction.
+func TestRouteCachePutMany(t *testing.T) {
+	rc := openTestCache(t, newTestClock())
+	_, err := rc.Put(route(3, "obj-new", "active"))
+	require.NoError(t, err)
+	other := Route{DatabaseUUID: "018f0000-0000-7000-8000-000000000002", ObjectID: "o2", HostAddress: "h:1", AccountID: "a", State: "active", Generation: 1}
+	stored, err := rc.PutMany([]Route{route(2, "obj-old", "active"), other})
+	require.NoError(t, err)
+	assert.Equal(t, []bool{false, true}, stored)
+	got, res := rc.Get(u1)
+	require.Equal(t, cacheHit, res)
+	assert.Equal(t, "obj-new", got.ObjectID, "an older generation never replaces a newer one")
+	got, res = rc.Get(other.DatabaseUUID)
+	require.Equal(t, cacheHit, res)
+	assert.Equal(t, "o2", got.ObjectID)
+}

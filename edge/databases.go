@@ -458,7 +458,7 @@ func (s *Server) resolveLostCreate(ctx context.Context, acct, name string, ids [
 // needs no catalog read) and schedules step (7), the confirm.
 func (s *Server) afterCreate(d fsm.Database) {
 	rt := routeOf(d)
-	if _, err := s.cache.Put(rt); err != nil {
+	if err := s.cacheCreatedRoute(rt); err != nil {
 		s.log.Warn("route cache write failed", "err", err)
 	}
 	s.goBackground("confirm", func(ctx context.Context) error { return s.confirmObject(ctx, rt) })
@@ -691,7 +691,7 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, _ principa
 	if del.RoutingGeneration > rt.Generation {
 		rt.Generation = del.RoutingGeneration
 	}
-	if _, err := s.cache.Put(rt); err != nil {
+	if err := s.cacheCreatedRoute(rt); err != nil {
 		s.log.Warn("route cache write failed", "err", err)
 	}
 	s.goBackground("delete-notify", func(ctx context.Context) error { return s.hosts.Delete(ctx, rt) })
