@@ -54,7 +54,7 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 			Help:    "Time in each step of the create flow (account, placement, init, catalog_write, after).",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16)}, []string{"step"}),
 	}
-	m.batchSize = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "shoal_edge_create_batch_size",
+	m.batchSize = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "shoal_edge_create_batch_creates",
 		Help:    "Creates sharing one request of a coalesced create step (catalog_write, init, confirm).",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 9)}, []string{"step"})
 	m.batchCatalog = m.batchSize.WithLabelValues("catalog_write")

@@ -70,7 +70,10 @@ import (
 // phases only with raw), SHOAL_BENCH_BASELINE_BIN (a second shoal binary,
 // e.g. built from main: a second cluster of it runs beside the first and
 // its paths, named "PATH@base", are measured in the same rounds, so a change
-// is compared with its baseline and with etcd in one run).
+// is compared with its baseline and with etcd in one run),
+// SHOAL_BENCH_EDGE_ARGS and SHOAL_BENCH_BASELINE_EDGE_ARGS (extra
+// space-separated flags for the edge of the first and of the baseline
+// cluster, e.g. to compare settings of one build).
 // Run with:
 //
 //	SHOAL_BENCH=1 go test ./test/bench -run TestDeployBench -v -count=1 -timeout 30m
@@ -112,12 +115,12 @@ func TestDeployBench(t *testing.T) {
 		}
 	}
 	ports := newPortAlloc(t)
-	d := startDeployClusterSpec(t, ports, deploySpec{})
+	d := startDeployClusterSpec(t, ports, deploySpec{edgeArgs: strings.Fields(os.Getenv("SHOAL_BENCH_EDGE_ARGS"))})
 	var base *deployCluster // SHOAL_BENCH_BASELINE_BIN's cluster, if any
 	if bin := os.Getenv("SHOAL_BENCH_BASELINE_BIN"); bin != "" {
 		abs, err := filepath.Abs(bin)
 		require.NoError(t, err)
-		base = startDeployClusterSpec(t, ports, deploySpec{bin: abs, prefix: "b"})
+		base = startDeployClusterSpec(t, ports, deploySpec{bin: abs, prefix: "b", edgeArgs: strings.Fields(os.Getenv("SHOAL_BENCH_BASELINE_EDGE_ARGS"))})
 	}
 	etcd := harness.StartEtcd(t, d.pki, []string{ports.next(), ports.next(), ports.next()}, []string{ports.next(), ports.next(), ports.next()})
 	ctx := context.Background()
@@ -247,6 +250,16 @@ func TestDeployBench(t *testing.T) {
 	hb := newHeartbeatBench(t, d)
 	res := map[string]*phaseSeries{}
 	key := func(name string, n int) string { return fmt.Sprintf("%s/%d", name, n) }
+	// The edge's own account of each create step (its
+	// shoal_edge_create_step_duration_seconds and _batch_size), summed over
+	// the create phases of each path and client count.
+	steps := map[string]map[string]float64{}
+	clusterFor := func(name string) *deployCluster {
+		if strings.HasSuffix(name, "@base") {
+			return base
+		}
+		return d
+	}
 	start := time.Now()
 	for r := range rounds {
 		seqOrder := order
@@ -268,8 +281,23 @@ func TestDeployBench(t *testing.T) {
 						stop = d.profile(t, profDir, fmt.Sprintf("%s-%d", name, n), dur)
 					}
 				}
+				var before map[string]float64
+				if strings.HasPrefix(name, "create") {
+					before = clusterFor(name).edgeCreateMetrics(t)
+				}
 				s.add(t, groupsFor(name), n, dur, ops[name])
 				stop()
+				if before != nil {
+					after := clusterFor(name).edgeCreateMetrics(t)
+					acc := steps[key(name, n)]
+					if acc == nil {
+						acc = map[string]float64{}
+						steps[key(name, n)] = acc
+					}
+					for k, v := range after {
+						acc[k] += v - before[k]
+					}
+				}
 			}
 		}
 		rawMu.Lock()
@@ -298,6 +326,13 @@ func TestDeployBench(t *testing.T) {
 	}
 	if phases["raw"] {
 		hb.report(t)
+	}
+	for _, n := range levels {
+		for _, name := range []string{"create", "create@base"} {
+			if m := steps[key(name, n)]; m != nil {
+				t.Logf("%-12s %3d edge's create steps, mean ms: %s", name, n, stepMeans(m))
+			}
+		}
 	}
 	if base != nil {
 		// The change against its baseline, same rounds.
@@ -464,10 +499,10 @@ type deployCluster struct {
 
 // deploySpec says how to start a deploy cluster: the binary (default this
 // build), a prefix for its process names ("b" for the baseline's: bc1, bh1,
-// be1) and extra flags for its object hosts.
+// be1) and extra flags for its object hosts and its edge.
 type deploySpec struct {
-	bin, prefix string
-	hostArgs    []string
+	bin, prefix        string
+	hostArgs, edgeArgs []string
 }
 
 func startDeployCluster(t *testing.T, ports *portAlloc) *deployCluster {
@@ -481,7 +516,7 @@ func startDeployClusterWith(t *testing.T, ports *portAlloc, hostArgs ...string) 
 }
 
 func startDeployClusterSpec(t *testing.T, ports *portAlloc, s deploySpec) *deployCluster {
-	bin, prefix, hostArgs := s.bin, s.prefix, s.hostArgs
+	bin, prefix, hostArgs, edgeArgs := s.bin, s.prefix, s.hostArgs, s.edgeArgs
 	if bin == "" {
 		bin = shoalBin.Path(t)
 	}
@@ -521,7 +556,7 @@ func startDeployClusterSpec(t *testing.T, ports *portAlloc, s deploySpec) *deplo
 	d.debug[eid] = ports.next()
 	d.edge = harness.StartProc(t, bin, eid, append([]string{"edge", "serve", "--http-addr", edgeAddr, "--debug-addr", d.debug[eid], "--dir", filepath.Join(dir, eid),
 		"--region", "weur", "--catalog", catalog, "--admin-token", d.admin,
-		"--account-rate", "1000000", "--database-rate", "1000000", "--log-level", "warn"}, d.pki.Args(t, eid, pki.RoleEdge)...)...)
+		"--account-rate", "1000000", "--database-rate", "1000000", "--log-level", "warn"}, append(edgeArgs, d.pki.Args(t, eid, pki.RoleEdge)...)...)...)
 	harness.WaitHTTP200(t, d.edgeURL+"/healthz", 30*time.Second, "edge never healthy: %s", d.edge.Log)
 
 	var err error
@@ -652,6 +687,49 @@ func (d *deployCluster) post(hc *http.Client, url string, hdr map[string]string,
 		return fmt.Errorf("POST %s: %d %s", url, resp.StatusCode, harness.Tail(string(b), 300))
 	}
 	return nil
+}
+
+// edgeCreateMetrics reads the edge's create-step histograms' sums and
+// counts (and the batch sizes', when the build has them) from its /metrics.
+func (d *deployCluster) edgeCreateMetrics(t *testing.T) map[string]float64 {
+	resp, err := harness.Client().Get(d.edgeURL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, prefix := range []string{"shoal_edge_create_step_duration_seconds_sum", "shoal_edge_create_step_duration_seconds_count",
+			"shoal_edge_create_batch_creates_sum", "shoal_edge_create_batch_creates_count"} {
+			if strings.HasPrefix(line, prefix+"{") {
+				f := strings.Fields(line)
+				v, err := strconv.ParseFloat(f[len(f)-1], 64)
+				require.NoError(t, err)
+				out[f[0]] = v
+			}
+		}
+	}
+	return out
+}
+
+// stepMeans formats mean time per create step and mean batch sizes.
+func stepMeans(m map[string]float64) string {
+	var b strings.Builder
+	for _, st := range []string{"account", "placement", "init", "catalog_write", "after"} {
+		sum := m[`shoal_edge_create_step_duration_seconds_sum{step="`+st+`"}`]
+		n := m[`shoal_edge_create_step_duration_seconds_count{step="`+st+`"}`]
+		if n > 0 {
+			fmt.Fprintf(&b, "%s %.2f ", st, 1000*sum/n)
+		}
+	}
+	for _, st := range []string{"init", "catalog_write", "confirm"} {
+		sum := m[`shoal_edge_create_batch_creates_sum{step="`+st+`"}`]
+		n := m[`shoal_edge_create_batch_creates_count{step="`+st+`"}`]
+		if n > 0 {
+			fmt.Fprintf(&b, "| batch %s %.1f ", st, sum/n)
+		}
+	}
+	return b.String()
 }
 
 // procGroup is processes whose CPU is reported together.
