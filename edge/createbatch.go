@@ -56,7 +56,7 @@ type createBatching struct {
 	inflight int
 
 	mu          sync.Mutex
-	inits       map[string]*batcher[event.InitBatchItem, ObjectInfo]
+	inits       map[string]*batcher[event.InitBatchItem, struct{}]
 	confirms    map[string]*batcher[Route, struct{}]
 	unsupported map[string]time.Time // host address → until when it is sent single calls
 
@@ -66,7 +66,7 @@ type createBatching struct {
 // Defaults of Options.CreateBatch and Options.CreateBatchInflight.
 const (
 	defaultCreateBatch         = 128
-	defaultCreateBatchInflight = 2
+	defaultCreateBatchInflight = 1
 	// hostBatchRecheck is how long a host that answered 404 to a batch
 	// route (an older build) is sent single calls before it is tried again.
 	hostBatchRecheck = time.Minute
@@ -81,7 +81,7 @@ func (s *Server) initCreateBatching() {
 	if b.inflight <= 0 {
 		b.inflight = defaultCreateBatchInflight
 	}
-	b.inits = map[string]*batcher[event.InitBatchItem, ObjectInfo]{}
+	b.inits = map[string]*batcher[event.InitBatchItem, struct{}]{}
 	b.confirms = map[string]*batcher[Route, struct{}]{}
 	b.unsupported = map[string]time.Time{}
 	if b.maxBatch < 0 {
@@ -124,11 +124,13 @@ func (s *Server) createCatalogWrite(ctx context.Context, cmd fsm.CreateDatabase)
 // initObject is step (4) of one create: batched with the other inits for
 // the same host, unless batching is off or the init restores from the
 // archive (a fork: as long as its restore, so it goes alone).
-func (s *Server) initObject(ctx context.Context, addr, objectID string, in InitRequest) (ObjectInfo, error) {
+func (s *Server) initObject(ctx context.Context, addr, objectID string, in InitRequest) error {
 	if s.cb.maxBatch < 0 || in.RestoreFrom != nil {
-		return s.hosts.Init(ctx, addr, objectID, in)
+		_, err := s.hosts.Init(ctx, addr, objectID, in)
+		return err
 	}
-	return s.initBatcher(addr).do(ctx, event.InitBatchItem{ObjectID: objectID, Init: in})
+	_, err := s.initBatcher(addr).do(ctx, event.InitBatchItem{ObjectID: objectID, Init: in})
+	return err
 }
 
 // confirmObject is step (7) of one create (best effort, in the background).
@@ -151,7 +153,7 @@ func (s *Server) cacheCreatedRoute(rt Route) error {
 	return err
 }
 
-func (s *Server) initBatcher(addr string) *batcher[event.InitBatchItem, ObjectInfo] {
+func (s *Server) initBatcher(addr string) *batcher[event.InitBatchItem, struct{}] {
 	b := &s.cb
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -159,23 +161,23 @@ func (s *Server) initBatcher(addr string) *batcher[event.InitBatchItem, ObjectIn
 		return x
 	}
 	x := newBatcher(s.bgCtx, &b.wg, min(b.maxBatch, event.MaxHostBatch), b.inflight, 10*time.Second,
-		func(ctx context.Context, items []event.InitBatchItem) ([]ObjectInfo, []error) {
+		func(ctx context.Context, items []event.InitBatchItem) ([]struct{}, []error) {
+			out := make([]struct{}, len(items))
 			if s.hostBatches(addr) {
-				infos, errs, err := s.hosts.InitBatch(ctx, addr, items)
+				errs, err := s.hosts.InitBatch(ctx, addr, items)
 				if err == nil {
-					return infos, errs
+					return out, errs
 				}
 				if !errors.Is(err, errHostBatchUnsupported) {
-					return nil, fill(len(items), err)
+					return out, fill(len(items), err)
 				}
 				s.hostBatchUnsupported(addr)
 			}
-			infos := make([]ObjectInfo, len(items))
 			errs := make([]error, len(items))
 			concurrently(len(items), func(i int) {
-				infos[i], errs[i] = s.hosts.Init(ctx, addr, items[i].ObjectID, items[i].Init)
+				_, errs[i] = s.hosts.Init(ctx, addr, items[i].ObjectID, items[i].Init)
 			})
-			return infos, errs
+			return out, errs
 		})
 	x.observe = func(n int) { s.m.batchInit.Observe(float64(n)) }
 	b.inits[addr] = x

@@ -352,7 +352,7 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 		}
 		// (4) Init on the object.
 		t0 = time.Now()
-		_, err = s.initObject(ctx, host.Address, objectID, InitRequest{
+		err = s.initObject(ctx, host.Address, objectID, InitRequest{
 			DatabaseUUID: id, AccountID: acct, Name: *body.Name, Region: host.Region, Jurisdiction: jur,
 			RoutingGeneration: initialGeneration, Options: InitOptions{HeartbeatIntervalMs: a.Limits.HeartbeatIntervalMs},
 			RestoreFrom: src,

@@ -261,32 +261,29 @@ func (c *HostClient) batchCall(ctx context.Context, addr, path string, body any,
 	return out.Items, nil
 }
 
-// itemResult is a batch item as the single call would have returned it.
-func itemResult(it event.BatchItemAnswer) (ObjectInfo, error) {
-	switch {
-	case it.Error != nil:
-		return ObjectInfo{}, &HostError{Status: it.Error.Status, Code: it.Error.Code, Message: it.Error.Message}
-	case it.Info == nil:
-		return ObjectInfo{}, &HostError{Status: http.StatusBadGateway, Code: v4.CodeInternal, Message: "empty batch item"}
+// itemErr is a batch item's outcome as the single call would have
+// returned it (an empty item is success).
+func itemErr(it event.BatchItemAnswer) error {
+	if it.Error != nil {
+		return &HostError{Status: it.Error.Status, Code: it.Error.Code, Message: it.Error.Message}
 	}
-	return *it.Info, nil
+	return nil
 }
 
 // InitBatch is Init for several objects of one host in one request; the
-// i-th answer is items[i]'s. A whole-request failure is every item's
-// error (a transport error leaves each init's outcome unknown, as for
-// Init). errHostBatchUnsupported: send them one by one.
-func (c *HostClient) InitBatch(ctx context.Context, addr string, items []event.InitBatchItem) ([]ObjectInfo, []error, error) {
+// i-th error is items[i]'s. A whole-request failure is returned alone (a
+// transport error leaves each init's outcome unknown, as for Init);
+// errHostBatchUnsupported: send them one by one.
+func (c *HostClient) InitBatch(ctx context.Context, addr string, items []event.InitBatchItem) ([]error, error) {
 	its, err := c.batchCall(ctx, addr, "/v1/batch/init", event.InitBatchRequest{Inits: items}, len(items))
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	infos := make([]ObjectInfo, len(items))
 	errs := make([]error, len(items))
 	for i, it := range its {
-		infos[i], errs[i] = itemResult(it)
+		errs[i] = itemErr(it)
 	}
-	return infos, errs, nil
+	return errs, nil
 }
 
 // ConfirmBatch is Confirm for several objects of one host in one request.
@@ -302,7 +299,7 @@ func (c *HostClient) ConfirmBatch(ctx context.Context, addr string, rts []Route)
 	}
 	errs := make([]error, len(rts))
 	for i, it := range its {
-		_, errs[i] = itemResult(it)
+		errs[i] = itemErr(it)
 	}
 	return errs, nil
 }

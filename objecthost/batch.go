@@ -46,8 +46,8 @@ func (h *Host) handleInitBatch(w http.ResponseWriter, r *http.Request) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			info, err := h.Init(r.Context(), it.ObjectID, it.Init)
-			items[i] = h.itemAnswer(info, err)
+			_, err := h.Init(r.Context(), it.ObjectID, it.Init)
+			items[i] = h.itemAnswer(err)
 		}()
 	}
 	wg.Wait()
@@ -72,8 +72,8 @@ func (h *Host) handleConfirmBatch(w http.ResponseWriter, r *http.Request) {
 				items[i] = h.itemError(err)
 				return
 			}
-			info, err := h.Confirm(r.Context(), it.ObjectID, it.RoutingGeneration)
-			items[i] = h.itemAnswer(info, err)
+			_, err := h.Confirm(r.Context(), it.ObjectID, it.RoutingGeneration)
+			items[i] = h.itemAnswer(err)
 		}()
 	}
 	wg.Wait()
@@ -118,11 +118,11 @@ func (h *Host) checkObjectIdentity(id, db, acct string) error {
 	return nil
 }
 
-func (h *Host) itemAnswer(info ObjectInfo, err error) event.BatchItemAnswer {
+func (h *Host) itemAnswer(err error) event.BatchItemAnswer {
 	if err != nil {
 		return h.itemError(err)
 	}
-	return event.BatchItemAnswer{Info: &info}
+	return event.BatchItemAnswer{}
 }
 
 // itemError is the answer the single call would have given, as an item. A
