@@ -271,7 +271,8 @@ func (n *Node) handleApplyBatch(w http.ResponseWriter, r *http.Request) {
 // would for it alone. Request IDs (filled when empty) are kept across
 // retries, so a command retried after an unknown outcome applies at most
 // once. Against a node of a build without /v1/apply-batch it sends them one
-// by one, concurrently.
+// by one, concurrently: the commands of a batch must be independent (the
+// batch route proposes them in order, the fallback in no set order).
 func (c *Client) ApplyBatch(ctx context.Context, cmds []fsm.Command) ([]fsm.Result, []error) {
 	res := make([]fsm.Result, len(cmds))
 	errs := make([]error, len(cmds))
