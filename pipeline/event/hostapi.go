@@ -103,8 +103,8 @@ type BatchAnswer struct {
 }
 
 // BatchItemAnswer is one item's answer: empty on success (the edge needs
-// no more of an init or confirm than that it happened, and an answer of
-// ObjectInfos was a third of the edge's CPU for a batched confirm), else
+// no more of an init or confirm than that it happened, and decoding an
+// ObjectInfo per item showed in the edge's profile of batched confirms), else
 // Error with the status and v4 code the single call would have answered.
 type BatchItemAnswer struct {
 	Error *BatchItemError `json:"error,omitempty"`
