@@ -34,6 +34,14 @@ func (r RaftmetaCatalog) CreateDatabase(ctx context.Context, cmd fsm.CreateDatab
 	return r.C.CreateDatabase(ctx, cmd)
 }
 
+var _ BatchCreator = RaftmetaCatalog{}
+
+// CreateDatabases is BatchCreator: the creates in one request, each its own
+// command (raftmeta.Client.CreateDatabases).
+func (r RaftmetaCatalog) CreateDatabases(ctx context.Context, cmds []fsm.CreateDatabase) ([]fsm.Database, []error) {
+	return r.C.CreateDatabases(ctx, cmds)
+}
+
 func (r RaftmetaCatalog) DeleteDatabase(ctx context.Context, cmd fsm.DeleteDatabase) (fsm.Database, error) {
 	return r.C.DeleteDatabase(ctx, cmd.AccountID, cmd.UUID)
 }

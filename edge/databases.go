@@ -352,7 +352,7 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 		}
 		// (4) Init on the object.
 		t0 = time.Now()
-		_, err = s.hosts.Init(ctx, host.Address, objectID, InitRequest{
+		err = s.initObject(ctx, host.Address, objectID, InitRequest{
 			DatabaseUUID: id, AccountID: acct, Name: *body.Name, Region: host.Region, Jurisdiction: jur,
 			RoutingGeneration: initialGeneration, Options: InitOptions{HeartbeatIntervalMs: a.Limits.HeartbeatIntervalMs},
 			RestoreFrom: src,
@@ -379,15 +379,12 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 			continue
 		}
 		// (5) THE CREATION CHECKPOINT: the catalog write through Raft.
-		var d fsm.Database
+		// Concurrent creates share one catalog request (createbatch.go),
+		// each still its own command with its own request ID and outcome.
 		t0 = time.Now()
-		err = s.catalogWrite(ctx, func(ctx context.Context) error {
-			var err error
-			d, err = s.catalog.CreateDatabase(ctx, fsm.CreateDatabase{
-				UUID: id, AccountID: acct, Name: *body.Name, ObjectID: objectID, HostID: host.ID,
-				Region: host.Region, Jurisdiction: jur, ReadReplication: mode,
-			})
-			return err
+		d, err := s.createCatalogWrite(ctx, fsm.CreateDatabase{
+			UUID: id, AccountID: acct, Name: *body.Name, ObjectID: objectID, HostID: host.ID,
+			Region: host.Region, Jurisdiction: jur, ReadReplication: mode,
 		})
 		s.m.stepCatalog.Observe(time.Since(t0).Seconds())
 		if err == nil {
@@ -461,10 +458,10 @@ func (s *Server) resolveLostCreate(ctx context.Context, acct, name string, ids [
 // needs no catalog read) and schedules step (7), the confirm.
 func (s *Server) afterCreate(d fsm.Database) {
 	rt := routeOf(d)
-	if _, err := s.cache.Put(rt); err != nil {
+	if err := s.cacheCreatedRoute(rt); err != nil {
 		s.log.Warn("route cache write failed", "err", err)
 	}
-	s.goBackground("confirm", func(ctx context.Context) error { return s.hosts.Confirm(ctx, rt) })
+	s.goBackground("confirm", func(ctx context.Context) error { return s.confirmObject(ctx, rt) })
 }
 
 func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ principal) {
@@ -694,7 +691,7 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, _ principa
 	if del.RoutingGeneration > rt.Generation {
 		rt.Generation = del.RoutingGeneration
 	}
-	if _, err := s.cache.Put(rt); err != nil {
+	if err := s.cacheCreatedRoute(rt); err != nil {
 		s.log.Warn("route cache write failed", "err", err)
 	}
 	s.goBackground("delete-notify", func(ctx context.Context) error { return s.hosts.Delete(ctx, rt) })

@@ -237,3 +237,69 @@ func (c *HostClient) roundTrip(ctx context.Context, url string, hdr http.Header,
 	hdr.Set("Content-Type", "application/json")
 	return c.raw.roundTrip(ctx, url, hdr, body, c.timeout)
 }
+
+// errHostBatchUnsupported: the host runs a build without /v1/batch/*.
+var errHostBatchUnsupported = errors.New("object host does not take batched lifecycle calls")
+
+// batchCall posts a batched lifecycle request and returns its items (one
+// per item sent, in order). A request-level 404 is a host without the
+// route (the route itself never answers 404): errHostBatchUnsupported.
+func (c *HostClient) batchCall(ctx context.Context, addr, path string, body any, n int) ([]event.BatchItemAnswer, error) {
+	var out event.BatchAnswer
+	err := c.call(ctx, addr, http.MethodPost, path, nil, body, &out)
+	var he *HostError
+	if errors.As(err, &he) && he.Status == http.StatusNotFound {
+		return nil, errHostBatchUnsupported
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(out.Items) != n {
+		return nil, &HostError{Status: http.StatusBadGateway, Code: v4.CodeInternal,
+			Message: fmt.Sprintf("object host answered %d items for %d", len(out.Items), n)}
+	}
+	return out.Items, nil
+}
+
+// itemErr is a batch item's outcome as the single call would have
+// returned it (an empty item is success).
+func itemErr(it event.BatchItemAnswer) error {
+	if it.Error != nil {
+		return &HostError{Status: it.Error.Status, Code: it.Error.Code, Message: it.Error.Message}
+	}
+	return nil
+}
+
+// InitBatch is Init for several objects of one host in one request; the
+// i-th error is items[i]'s. A whole-request failure is returned alone (a
+// transport error leaves each init's outcome unknown, as for Init);
+// errHostBatchUnsupported: send them one by one.
+func (c *HostClient) InitBatch(ctx context.Context, addr string, items []event.InitBatchItem) ([]error, error) {
+	its, err := c.batchCall(ctx, addr, "/v1/batch/init", event.InitBatchRequest{Inits: items}, len(items))
+	if err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(items))
+	for i, it := range its {
+		errs[i] = itemErr(it)
+	}
+	return errs, nil
+}
+
+// ConfirmBatch is Confirm for several objects of one host in one request.
+func (c *HostClient) ConfirmBatch(ctx context.Context, addr string, rts []Route) ([]error, error) {
+	req := event.ConfirmBatchRequest{Confirms: make([]event.ConfirmBatchItem, len(rts))}
+	for i, rt := range rts {
+		req.Confirms[i] = event.ConfirmBatchItem{ObjectID: rt.ObjectID, DatabaseUUID: rt.DatabaseUUID,
+			AccountID: rt.AccountID, RoutingGeneration: rt.Generation}
+	}
+	its, err := c.batchCall(ctx, addr, "/v1/batch/confirm", req, len(rts))
+	if err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(rts))
+	for i, it := range its {
+		errs[i] = itemErr(it)
+	}
+	return errs, nil
+}

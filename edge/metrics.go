@@ -28,6 +28,10 @@ type metrics struct {
 	// write-through, scheduling the confirm). Observers resolved once.
 	createSteps                                              *prometheus.HistogramVec
 	stepAccount, stepPlace, stepInit, stepCatalog, stepAfter prometheus.Observer
+	// batchSize counts the creates sharing one request of a coalesced step
+	// (createbatch.go): catalog_write, init, confirm.
+	batchSize                             *prometheus.HistogramVec
+	batchCatalog, batchInit, batchConfirm prometheus.Observer
 }
 
 func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
@@ -50,6 +54,12 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 			Help:    "Time in each step of the create flow (account, placement, init, catalog_write, after).",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16)}, []string{"step"}),
 	}
+	m.batchSize = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "shoal_edge_create_batch_creates",
+		Help:    "Creates sharing one request of a coalesced create step (catalog_write, init, confirm).",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 9)}, []string{"step"})
+	m.batchCatalog = m.batchSize.WithLabelValues("catalog_write")
+	m.batchInit = m.batchSize.WithLabelValues("init")
+	m.batchConfirm = m.batchSize.WithLabelValues("confirm")
 	m.stepAccount = m.createSteps.WithLabelValues("account")
 	m.stepPlace = m.createSteps.WithLabelValues("placement")
 	m.stepInit = m.createSteps.WithLabelValues("init")
@@ -61,7 +71,7 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 	counter := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
 	}
-	reg.MustRegister(m.requests, m.duration, m.rateLimited, m.staleRoutes, m.movedRoutes, m.createTries, m.bgDropped, m.createSteps,
+	reg.MustRegister(m.requests, m.duration, m.rateLimited, m.staleRoutes, m.movedRoutes, m.createTries, m.bgDropped, m.createSteps, m.batchSize,
 		counter("shoal_edge_route_cache_hits_total", "Route lookups served by the local cache.", func() float64 { return float64(s.cache.hits.Load()) }),
 		counter("shoal_edge_route_cache_misses_total", "Route lookups that missed the local cache.", func() float64 { return float64(s.cache.misses.Load()) }),
 		counter("shoal_edge_route_cache_negative_hits_total", "Lookups answered by a negative entry.", func() float64 { return float64(s.cache.negHits.Load()) }),

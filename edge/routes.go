@@ -209,6 +209,36 @@ func (c *RouteCache) Put(r Route) (bool, error) {
 	return stored, nil
 }
 
+// PutMany is Put for several routes in one transaction (the creates that
+// finished together, createbatch.go): stored[i] reports whether rs[i] was
+// stored. One bbolt commit instead of one per route — each commit, even
+// without an fsync, writes its dirty pages and the meta page, and holds the
+// file's one writer lock.
+func (c *RouteCache) PutMany(rs []Route) ([]bool, error) {
+	stored := make([]bool, len(rs))
+	err := c.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(routesBucket)
+		for i, r := range rs {
+			var err error
+			if stored[i], err = c.putTx(b, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return make([]bool, len(rs)), fmt.Errorf("route cache put: %w", err)
+	}
+	c.mu.Lock()
+	for i, r := range rs {
+		if stored[i] {
+			delete(c.negative, r.DatabaseUUID)
+		}
+	}
+	c.mu.Unlock()
+	return stored, nil
+}
+
 // putTx is Put inside a write transaction: the one place a route is stored.
 func (c *RouteCache) putTx(b *bolt.Bucket, r Route) (bool, error) {
 	r.InvalidUntil = 0

@@ -48,6 +48,7 @@ func (h *Host) Handler() http.Handler {
 	h.dumpRoutes(r)    // export/import endpoints: export.go, import.go
 	h.historyRoutes(r) // time travel: history.go
 	h.bindingRoutes(r) // binding-token revocation: bindings.go
+	h.batchRoutes(r)   // batched init and confirm: batch.go
 	r.HandleFunc("/v1/objects/{id}/query", h.handleQuery(false)).Methods(http.MethodPost)
 	r.HandleFunc("/v1/objects/{id}/raw", h.handleQuery(true)).Methods(http.MethodPost)
 	if h.cfg.Bindings != nil {

@@ -132,9 +132,21 @@ var errTransport = errors.New("transport error")
 
 // applyLocal proposes on this node, which must be the leader.
 func (n *Node) applyLocal(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
+	f, start, err := n.propose(ctx, cmd)
+	if err != nil {
+		return fsm.Result{}, err
+	}
+	return n.await(f, start)
+}
+
+// propose hands cmd to Raft on this node (the leader) without waiting: the
+// proposals of a batch (ApplyBatch) all wait in Raft's apply channel
+// together, so they share one AppendEntries, one fsync and one FSM
+// transaction.
+func (n *Node) propose(ctx context.Context, cmd fsm.Command) (raft.ApplyFuture, time.Time, error) {
 	data, err := marshalCommand(cmd)
 	if err != nil {
-		return fsm.Result{}, fmt.Errorf("encode command: %w", err)
+		return nil, time.Time{}, fmt.Errorf("encode command: %w", err)
 	}
 	timeout := n.cfg.ApplyTimeout
 	if dl, ok := ctx.Deadline(); ok {
@@ -142,8 +154,12 @@ func (n *Node) applyLocal(ctx context.Context, cmd fsm.Command) (fsm.Result, err
 			timeout = d
 		}
 	}
-	start := time.Now()
-	f := n.raft.Apply(data, timeout)
+	return n.raft.Apply(data, timeout), time.Now(), nil
+}
+
+// await waits for a proposal and returns its FSM result (a refusal as the
+// error too).
+func (n *Node) await(f raft.ApplyFuture, start time.Time) (fsm.Result, error) {
 	if err := n.awaitFuture(f); err != nil {
 		if errors.Is(err, raft.ErrRaftShutdown) {
 			return fsm.Result{}, fmt.Errorf("%w: %v", ErrUnavailable, err)

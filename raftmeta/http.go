@@ -31,7 +31,8 @@ const maxHeartbeatBatch = 10000
 func (n *Node) handler() http.Handler {
 	r := mux.NewRouter()
 	cat := []string{pki.RoleCatalog}
-	r.Handle("/v1/apply", n.allow(n.handleApply, everyRole...)).Methods(http.MethodPost) // per command: authz.go
+	r.Handle("/v1/apply", n.allow(n.handleApply, everyRole...)).Methods(http.MethodPost)            // per command: authz.go
+	r.Handle("/v1/apply-batch", n.allow(n.handleApplyBatch, everyRole...)).Methods(http.MethodPost) // per command: authz.go; applybatch.go
 	r.Handle("/v1/read-index", n.allow(n.handleReadIndex, cat...)).Methods(http.MethodGet)
 
 	r.Handle("/v1/databases/{uuid}", n.allow(n.handleDatabase, readers...)).Methods(http.MethodGet)

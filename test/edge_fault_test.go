@@ -1,6 +1,7 @@
 package test
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/shoaldb/shoal/edge"
 	"github.com/shoaldb/shoal/objecthost"
+	"github.com/shoaldb/shoal/pipeline/event"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/test/harness"
 )
@@ -47,7 +49,19 @@ func TestEdgeCreateFaultsConverge(t *testing.T) {
 	var inits []string
 	inner := h.Handler()
 	harness.Serve(t, ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasSuffix(r.URL.Path, "/init") {
+		switch {
+		case r.URL.Path == "/v1/batch/init": // the edge's coalesced inits
+			body, err := io.ReadAll(r.Body)
+			require.NoError(t, err)
+			var req event.InitBatchRequest
+			require.NoError(t, json.Unmarshal(body, &req))
+			mu.Lock()
+			for _, it := range req.Inits {
+				inits = append(inits, it.ObjectID)
+			}
+			mu.Unlock()
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		case strings.HasSuffix(r.URL.Path, "/init"):
 			mu.Lock()
 			inits = append(inits, strings.Split(r.URL.Path, "/")[3])
 			mu.Unlock()

@@ -44,6 +44,7 @@ func newEdgeServeCmd() *cobra.Command {
 		tokenTTL                                      time.Duration
 		acctRate, dbRate                              float64
 		fallbackCap                                   int64
+		createBatch, createBatchInflight              int
 		kafka                                         kafkaFlags
 		clickhouseDSN                                 string
 		lostHostAfter                                 time.Duration
@@ -185,7 +186,8 @@ secrets come from the file; flags given explicitly win.`,
 				AccountRate:  edge.RateLimit{Rate: acctRate, Burst: int(2 * acctRate)},
 				DatabaseRate: edge.RateLimit{Rate: dbRate, Burst: int(2 * dbRate)},
 				FallbackCap:  fallbackCap, Tiers: tiers, Logger: logger,
-				Registry: edgeRegistry(),
+				Registry:    edgeRegistry(),
+				CreateBatch: createBatch, CreateBatchInflight: createBatchInflight,
 			})
 			if err != nil {
 				return err
@@ -240,6 +242,8 @@ secrets come from the file; flags given explicitly win.`,
 	f.Float64Var(&acctRate, "account-rate", 1000, "requests per second per account (burst twice that); fleet-wide with --kafka-brokers")
 	f.Float64Var(&dbRate, "database-rate", 500, "requests per second per database (burst twice that); fleet-wide with --kafka-brokers")
 	f.Int64Var(&fallbackCap, "fallback-cap", 64, "max concurrent catalog reads for route cache misses")
+	f.IntVar(&createBatch, "create-batch", 0, "max concurrent creates sharing one init, catalog or confirm request (0: 128; -1: one request per create)")
+	f.IntVar(&createBatchInflight, "create-batch-inflight", 0, "requests of one coalesced create step in flight at once, per host and to the catalog (0: 1)")
 	f.DurationVar(&lostHostAfter, "lost-host-after", 0, "declare an object host lost after it has not reported for this long (at least 1m), and restore its databases on other hosts from the archive; 0 (default): only `shoal cluster host lost` does")
 	kafka.register(f)
 	f.StringVar(&clickhouseDSN, "clickhouse-dsn", "", "ClickHouse DSN of the usage tables, for query insights (none: insights answer 503)")

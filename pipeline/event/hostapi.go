@@ -57,3 +57,62 @@ type InitOptions struct {
 	// heartbeats.
 	HeartbeatIntervalMs int64 `json:"heartbeat_interval_ms,omitempty"`
 }
+
+// Batched lifecycle calls: POST /v1/batch/init and /v1/batch/confirm carry
+// the inits or confirms of up to MaxHostBatch objects in one request (an
+// edge coalesces concurrent creates, edge/createbatch.go). Each item is
+// handled exactly as its own call would be — same checks, same checkpoint,
+// its own answer — and the answer lists one BatchItemAnswer per item, in
+// order. A host without these routes answers 404; the edge then sends the
+// calls one by one.
+
+// MaxHostBatch bounds the items of one batched lifecycle request.
+const MaxHostBatch = 256
+
+// InitBatchRequest is the body of POST /v1/batch/init. Inits restoring from
+// an archive (RestoreFrom) are refused in a batch: they take as long as
+// the restore and go alone.
+type InitBatchRequest struct {
+	Inits []InitBatchItem `json:"inits"`
+}
+
+// InitBatchItem is one object's init.
+type InitBatchItem struct {
+	ObjectID string      `json:"object_id"`
+	Init     InitRequest `json:"init"`
+}
+
+// ConfirmBatchRequest is the body of POST /v1/batch/confirm.
+type ConfirmBatchRequest struct {
+	Confirms []ConfirmBatchItem `json:"confirms"`
+}
+
+// ConfirmBatchItem is one object's confirm: its identity (checked as the
+// X-Shoal-Database and X-Shoal-Account headers of a single confirm are)
+// and the routing generation the catalog gave it.
+type ConfirmBatchItem struct {
+	ObjectID          string `json:"object_id"`
+	DatabaseUUID      string `json:"database_uuid"`
+	AccountID         string `json:"account_id"`
+	RoutingGeneration int64  `json:"routing_generation"`
+}
+
+// BatchAnswer is the result of a batched lifecycle request.
+type BatchAnswer struct {
+	Items []BatchItemAnswer `json:"items"`
+}
+
+// BatchItemAnswer is one item's answer: empty on success (the edge needs
+// no more of an init or confirm than that it happened, and decoding an
+// ObjectInfo per item showed in the edge's profile of batched confirms), else
+// Error with the status and v4 code the single call would have answered.
+type BatchItemAnswer struct {
+	Error *BatchItemError `json:"error,omitempty"`
+}
+
+// BatchItemError is an item's refusal.
+type BatchItemError struct {
+	Status  int    `json:"status"`
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}

@@ -64,7 +64,16 @@ import (
 // default 3), SHOAL_BENCH_WORKERS (default 16,64), SHOAL_BENCH_PORT_BASE
 // (children listen on consecutive ports from there; default: free ports),
 // SHOAL_BENCH_PROFILE (a directory: CPU profiles of the Shoal processes in
-// the last round, through /debug/pprof).
+// the last round, through /debug/pprof), SHOAL_BENCH_PHASES (the Shoal paths
+// to run, comma-separated among raw, create, edge-select, host-select;
+// default all; the etcd paths they compare with run too, and the heartbeat
+// phases only with raw), SHOAL_BENCH_BASELINE_BIN (a second shoal binary,
+// e.g. built from main: a second cluster of it runs beside the first and
+// its paths, named "PATH@base", are measured in the same rounds, so a change
+// is compared with its baseline and with etcd in one run),
+// SHOAL_BENCH_EDGE_ARGS and SHOAL_BENCH_BASELINE_EDGE_ARGS (extra
+// space-separated flags for the edge of the first and of the baseline
+// cluster, e.g. to compare settings of one build).
 // Run with:
 //
 //	SHOAL_BENCH=1 go test ./test/bench -run TestDeployBench -v -count=1 -timeout 30m
@@ -92,8 +101,27 @@ func TestDeployBench(t *testing.T) {
 	if profDir != "" {
 		require.NoError(t, os.MkdirAll(profDir, 0o755))
 	}
+	phases := map[string]bool{"raw": true, "create": true, "edge-select": true, "host-select": true}
+	if s := os.Getenv("SHOAL_BENCH_PHASES"); s != "" {
+		phases = map[string]bool{}
+		for _, f := range strings.Split(s, ",") {
+			f = strings.TrimSpace(f)
+			switch f {
+			case "raw", "create", "edge-select", "host-select":
+				phases[f] = true
+			default:
+				t.Fatalf("SHOAL_BENCH_PHASES: unknown path %q (raw, create, edge-select, host-select)", f)
+			}
+		}
+	}
 	ports := newPortAlloc(t)
-	d := startDeployCluster(t, ports)
+	d := startDeployClusterSpec(t, ports, deploySpec{edgeArgs: strings.Fields(os.Getenv("SHOAL_BENCH_EDGE_ARGS"))})
+	var base *deployCluster // SHOAL_BENCH_BASELINE_BIN's cluster, if any
+	if bin := os.Getenv("SHOAL_BENCH_BASELINE_BIN"); bin != "" {
+		abs, err := filepath.Abs(bin)
+		require.NoError(t, err)
+		base = startDeployClusterSpec(t, ports, deploySpec{bin: abs, prefix: "b", edgeArgs: strings.Fields(os.Getenv("SHOAL_BENCH_BASELINE_EDGE_ARGS"))})
+	}
 	etcd := harness.StartEtcd(t, d.pki, []string{ports.next(), ports.next(), ports.next()}, []string{ports.next(), ports.next(), ports.next()})
 	ctx := context.Background()
 
@@ -105,7 +133,11 @@ func TestDeployBench(t *testing.T) {
 	require.NoError(t, err)
 	defer ecl.Close()
 
-	w := d.prepare(t, ecl)
+	w := d.prepare(t, ecl, true)
+	var bw workload
+	if base != nil {
+		bw = base.prepare(t, ecl, false)
+	}
 	var seq atomic.Int64
 	val := make([]byte, etcdValueBytes)
 	_, _ = crand.Read(val)
@@ -153,16 +185,64 @@ func TestDeployBench(t *testing.T) {
 			return err
 		},
 	}
+	if base != nil {
+		ops["raw@base"] = func(_ int, _ *rand.Rand) error {
+			_, err := base.raw.CreateDatabase(ctx, fsm.CreateDatabase{UUID: ids.New(), AccountID: rawAccount,
+				Name: fmt.Sprintf("raw-%d", seq.Add(1)), ObjectID: ids.New(), HostID: "raw", Region: "weur",
+				ReadReplication: fsm.ReadReplicationDisabled})
+			return err
+		}
+		ops["create@base"] = func(_ int, _ *rand.Rand) error {
+			return base.post(harness.Client(), base.edgeDB, map[string]string{"Authorization": bw.bearer},
+				[]byte(fmt.Sprintf(`{"name":"c-%d"}`, seq.Add(1))))
+		}
+		ops["edge-select@base"] = func(_ int, rng *rand.Rand) error {
+			db := bw.dbs[rng.IntN(len(bw.dbs))]
+			return base.post(harness.Client(), base.edgeDB+"/"+db.UUID+"/query", map[string]string{"Authorization": bw.bearer}, pointSelect(rng))
+		}
+		ops["host-select@base"] = func(_ int, rng *rand.Rand) error {
+			db := bw.dbs[rng.IntN(len(bw.dbs))]
+			return base.post(base.hostHC, "https://"+db.HostAddress+"/v1/objects/"+db.ObjectID+"/query",
+				map[string]string{"X-Shoal-Database": db.UUID, "X-Shoal-Account": bw.acct}, pointSelect(rng))
+		}
+	}
 	// Shoal's paths and the etcd path each is compared with.
-	paths := []struct{ name, label, base string }{
+	allPaths := []struct{ name, label, base string }{
 		{"raw", "raw catalog write (/v1/apply) vs etcd put", "etcd-put"},
 		{"create", "create database through the edge vs etcd put", "etcd-put"},
 		{"edge-select", "point SELECT through the edge vs etcd serializable get", "etcd-get"},
 		{"host-select", "point SELECT straight to the object host vs etcd serializable get", "etcd-get"},
 	}
-	order := []string{"raw", "etcd-put", "create", "edge-select", "host-select", "etcd-get"}
+	var paths []struct{ name, label, base string }
+	var order []string
+	etcdUsed := map[string]bool{}
+	for _, p := range allPaths {
+		if !phases[p.name] {
+			continue
+		}
+		paths = append(paths, p)
+		order = append(order, p.name)
+		if base != nil {
+			paths = append(paths, struct{ name, label, base string }{p.name + "@base", p.label + " [baseline binary]", p.base})
+			order = append(order, p.name+"@base")
+		}
+		if !etcdUsed[p.base] {
+			etcdUsed[p.base] = true
+			order = append(order, p.base)
+		}
+	}
 
 	groups := d.groups(etcd)
+	var baseGroups []procGroup
+	if base != nil {
+		baseGroups = base.groups(etcd)
+	}
+	groupsFor := func(name string) []procGroup {
+		if strings.HasSuffix(name, "@base") {
+			return baseGroups
+		}
+		return groups
+	}
 	// Warm-up: connections, caches, the Go runtime's heaps; not counted.
 	for _, name := range order {
 		runClients(t, levels[len(levels)-1], 500*time.Millisecond, ops[name])
@@ -170,6 +250,16 @@ func TestDeployBench(t *testing.T) {
 	hb := newHeartbeatBench(t, d)
 	res := map[string]*phaseSeries{}
 	key := func(name string, n int) string { return fmt.Sprintf("%s/%d", name, n) }
+	// The edge's own account of each create step (its
+	// shoal_edge_create_step_duration_seconds and _batch_size), summed over
+	// the create phases of each path and client count.
+	steps := map[string]map[string]float64{}
+	clusterFor := func(name string) *deployCluster {
+		if strings.HasSuffix(name, "@base") {
+			return base
+		}
+		return d
+	}
 	start := time.Now()
 	for r := range rounds {
 		seqOrder := order
@@ -185,16 +275,37 @@ func TestDeployBench(t *testing.T) {
 				}
 				stop := func() {}
 				if profDir != "" && r == rounds-1 && n == levels[len(levels)-1] && !strings.HasPrefix(name, "etcd") {
-					stop = d.profile(t, profDir, fmt.Sprintf("%s-%d", name, n), dur)
+					if strings.HasSuffix(name, "@base") {
+						stop = base.profile(t, profDir, fmt.Sprintf("%s-%d", strings.TrimSuffix(name, "@base")+"-base", n), dur)
+					} else {
+						stop = d.profile(t, profDir, fmt.Sprintf("%s-%d", name, n), dur)
+					}
 				}
-				s.add(t, groups, n, dur, ops[name])
+				var before map[string]float64
+				if strings.HasPrefix(name, "create") {
+					before = clusterFor(name).edgeCreateMetrics(t)
+				}
+				s.add(t, groupsFor(name), n, dur, ops[name])
 				stop()
+				if before != nil {
+					after := clusterFor(name).edgeCreateMetrics(t)
+					acc := steps[key(name, n)]
+					if acc == nil {
+						acc = map[string]float64{}
+						steps[key(name, n)] = acc
+					}
+					for k, v := range after {
+						acc[k] += v - before[k]
+					}
+				}
 			}
 		}
 		rawMu.Lock()
 		known := rawUUIDs[:len(rawUUIDs):len(rawUUIDs)]
 		rawMu.Unlock()
-		hb.round(t, r, dur, known)
+		if phases["raw"] {
+			hb.round(t, r, dur, known)
+		}
 		t.Logf("round %d/%d done at %s, load average %s", r+1, rounds, time.Since(start).Round(time.Second), loadAvg())
 	}
 
@@ -207,10 +318,34 @@ func TestDeployBench(t *testing.T) {
 			t.Logf("%-66s %3d %s | %s", p.label, n, s.row(b), s.cpuRow())
 		}
 		for _, name := range []string{"etcd-put", "etcd-get"} {
+			if !etcdUsed[name] {
+				continue
+			}
 			t.Logf("%-66s %3d %s | %s", name, n, res[key(name, n)].row(nil), res[key(name, n)].cpuRow())
 		}
 	}
-	hb.report(t)
+	if phases["raw"] {
+		hb.report(t)
+	}
+	for _, n := range levels {
+		for _, name := range []string{"create", "create@base"} {
+			if m := steps[key(name, n)]; m != nil {
+				t.Logf("%-12s %3d edge's create steps, mean ms: %s", name, n, stepMeans(m))
+			}
+		}
+	}
+	if base != nil {
+		// The change against its baseline, same rounds.
+		for _, n := range levels {
+			for _, p := range allPaths {
+				if !phases[p.name] {
+					continue
+				}
+				s, b := res[key(p.name, n)], res[key(p.name+"@base", n)]
+				t.Logf("%-66s %3d this build vs baseline: %s", p.name, n, s.row(b))
+			}
+		}
+	}
 }
 
 // heartbeatBench measures the catalog's cost of object hosts' heartbeats
@@ -362,19 +497,34 @@ type deployCluster struct {
 	hostHC  *http.Client     // to the hosts' internal API, with an edge's certificate
 }
 
+// deploySpec says how to start a deploy cluster: the binary (default this
+// build), a prefix for its process names ("b" for the baseline's: bc1, bh1,
+// be1) and extra flags for its object hosts and its edge.
+type deploySpec struct {
+	bin, prefix        string
+	hostArgs, edgeArgs []string
+}
+
 func startDeployCluster(t *testing.T, ports *portAlloc) *deployCluster {
-	return startDeployClusterWith(t, ports)
+	return startDeployClusterSpec(t, ports, deploySpec{})
 }
 
 // startDeployClusterWith is startDeployCluster with hostArgs added to every
 // object host's command line.
 func startDeployClusterWith(t *testing.T, ports *portAlloc, hostArgs ...string) *deployCluster {
-	bin := shoalBin.Path(t)
+	return startDeployClusterSpec(t, ports, deploySpec{hostArgs: hostArgs})
+}
+
+func startDeployClusterSpec(t *testing.T, ports *portAlloc, s deploySpec) *deployCluster {
+	bin, prefix, hostArgs, edgeArgs := s.bin, s.prefix, s.hostArgs, s.edgeArgs
+	if bin == "" {
+		bin = shoalBin.Path(t)
+	}
 	dir := t.TempDir()
 	d := &deployCluster{pki: harness.NewPKI(t), admin: "bench-admin-token", debug: map[string]string{}}
 	ops := d.pki.HTTPClient(t, "ops", pki.RoleOperator)
 	for i := range 3 {
-		id := fmt.Sprintf("c%d", i+1)
+		id := fmt.Sprintf("%sc%d", prefix, i+1)
 		addr := ports.next()
 		args := []string{"raftmeta", "serve", "--id", id, "--dir", filepath.Join(dir, id), "--raft-addr", ports.next(),
 			"--http-addr", addr, "--log-level", "warn"}
@@ -391,7 +541,7 @@ func startDeployClusterWith(t *testing.T, ports *portAlloc, hostArgs ...string) 
 	}
 	catalog := strings.Join(d.catAddr, ",")
 	for i := range 3 {
-		id := fmt.Sprintf("h%d", i+1)
+		id := fmt.Sprintf("%sh%d", prefix, i+1)
 		addr := ports.next()
 		p := harness.StartProc(t, bin, id, append([]string{"objecthost", "serve", "--id", id, "--dir", filepath.Join(dir, id),
 			"--http-addr", addr, "--region", "weur", "--catalog", catalog, "--log-level", "warn"},
@@ -402,10 +552,11 @@ func startDeployClusterWith(t *testing.T, ports *portAlloc, hostArgs ...string) 
 	}
 	edgeAddr := ports.next()
 	d.edgeURL = "http://" + edgeAddr
-	d.debug["e1"] = ports.next()
-	d.edge = harness.StartProc(t, bin, "e1", append([]string{"edge", "serve", "--http-addr", edgeAddr, "--debug-addr", d.debug["e1"], "--dir", filepath.Join(dir, "e1"),
+	eid := prefix + "e1"
+	d.debug[eid] = ports.next()
+	d.edge = harness.StartProc(t, bin, eid, append([]string{"edge", "serve", "--http-addr", edgeAddr, "--debug-addr", d.debug[eid], "--dir", filepath.Join(dir, eid),
 		"--region", "weur", "--catalog", catalog, "--admin-token", d.admin,
-		"--account-rate", "1000000", "--database-rate", "1000000", "--log-level", "warn"}, d.pki.Args(t, "e1", pki.RoleEdge)...)...)
+		"--account-rate", "1000000", "--database-rate", "1000000", "--log-level", "warn"}, append(edgeArgs, d.pki.Args(t, eid, pki.RoleEdge)...)...)...)
 	harness.WaitHTTP200(t, d.edgeURL+"/healthz", 30*time.Second, "edge never healthy: %s", d.edge.Log)
 
 	var err error
@@ -428,8 +579,9 @@ type workload struct {
 	dbs          []fsm.Database
 }
 
-// prepare creates the accounts, the SELECTs' databases and etcd's keys.
-func (d *deployCluster) prepare(t *testing.T, ecl *clientv3.Client) workload {
+// prepare creates the accounts, the SELECTs' databases and (withEtcd)
+// etcd's keys.
+func (d *deployCluster) prepare(t *testing.T, ecl *clientv3.Client, withEtcd bool) workload {
 	ctx := context.Background()
 	limits := fsm.Limits{MaxDatabases: 1 << 40, MaxStorageBytes: 1 << 50, MaxDatabaseBytes: 1 << 30}
 	for _, id := range []string{rawAccount, "bench"} {
@@ -459,6 +611,9 @@ func (d *deployCluster) prepare(t *testing.T, ecl *clientv3.Client) workload {
 		perHost[db.HostID]++
 	}
 	t.Logf("SELECT databases per host: %v", perHost)
+	if !withEtcd {
+		return w
+	}
 	val := strings.Repeat("v", etcdValueBytes)
 	var putErr atomic.Value
 	harness.Concurrently(etcdKeys, 64, func(i int) {
@@ -532,6 +687,49 @@ func (d *deployCluster) post(hc *http.Client, url string, hdr map[string]string,
 		return fmt.Errorf("POST %s: %d %s", url, resp.StatusCode, harness.Tail(string(b), 300))
 	}
 	return nil
+}
+
+// edgeCreateMetrics reads the edge's create-step histograms' sums and
+// counts (and the batch sizes', when the build has them) from its /metrics.
+func (d *deployCluster) edgeCreateMetrics(t *testing.T) map[string]float64 {
+	resp, err := harness.Client().Get(d.edgeURL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, prefix := range []string{"shoal_edge_create_step_duration_seconds_sum", "shoal_edge_create_step_duration_seconds_count",
+			"shoal_edge_create_batch_creates_sum", "shoal_edge_create_batch_creates_count"} {
+			if strings.HasPrefix(line, prefix+"{") {
+				f := strings.Fields(line)
+				v, err := strconv.ParseFloat(f[len(f)-1], 64)
+				require.NoError(t, err)
+				out[f[0]] = v
+			}
+		}
+	}
+	return out
+}
+
+// stepMeans formats mean time per create step and mean batch sizes.
+func stepMeans(m map[string]float64) string {
+	var b strings.Builder
+	for _, st := range []string{"account", "placement", "init", "catalog_write", "after"} {
+		sum := m[`shoal_edge_create_step_duration_seconds_sum{step="`+st+`"}`]
+		n := m[`shoal_edge_create_step_duration_seconds_count{step="`+st+`"}`]
+		if n > 0 {
+			fmt.Fprintf(&b, "%s %.2f ", st, 1000*sum/n)
+		}
+	}
+	for _, st := range []string{"init", "catalog_write", "confirm"} {
+		sum := m[`shoal_edge_create_batch_creates_sum{step="`+st+`"}`]
+		n := m[`shoal_edge_create_batch_creates_count{step="`+st+`"}`]
+		if n > 0 {
+			fmt.Fprintf(&b, "| batch %s %.1f ", st, sum/n)
+		}
+	}
+	return b.String()
 }
 
 // procGroup is processes whose CPU is reported together.

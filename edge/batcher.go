@@ -1,0 +1,144 @@
+package edge
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// batcher coalesces concurrent calls of one kind (the catalog writes of
+// creates, the inits and confirms sent to one object host) into batches:
+// group commit without a timer. A call that finds a send slot free sends at
+// once, on its own goroutine, in a batch of one — an idle edge adds no
+// delay. While maxInflight batches are in flight, calls queue; the first
+// batch to finish takes the whole queue (up to maxBatch) as its next batch.
+// So the batch size follows the load: about the calls that arrive during
+// one round trip, divided by the slots.
+//
+// Every call keeps its own identity inside the batch (its own request ID,
+// its own result or refusal); batching changes how many requests carry
+// them, never what any one of them means. A caller whose ctx ends while
+// its call is queued or in flight gets an error wrapping ErrUnavailable: the
+// call's outcome is then unknown, exactly as for a request whose answer was
+// lost, and the caller handles it the same way.
+//
+// Sends run under the owner's context (cancelled by Server.Close after its
+// grace) with timeout, never under one caller's: one impatient caller must
+// not fail the others' calls. wg counts the goroutines that continue with
+// a queue after the call that started them returned.
+type batcher[T, R any] struct {
+	send        func(ctx context.Context, items []T) ([]R, []error)
+	maxBatch    int
+	maxInflight int
+	timeout     time.Duration
+	ctx         context.Context
+	wg          *sync.WaitGroup
+	observe     func(n int) // each batch's size, when set
+
+	mu       sync.Mutex
+	queue    []*batchCall[T, R]
+	inflight int
+}
+
+type batchCall[T, R any] struct {
+	item T
+	res  R
+	err  error
+	done chan struct{}
+}
+
+func newBatcher[T, R any](ctx context.Context, wg *sync.WaitGroup, maxBatch, maxInflight int, timeout time.Duration,
+	send func(ctx context.Context, items []T) ([]R, []error)) *batcher[T, R] {
+	return &batcher[T, R]{send: send, maxBatch: max(1, maxBatch), maxInflight: max(1, maxInflight),
+		timeout: timeout, ctx: ctx, wg: wg}
+}
+
+// do submits item and waits for its result.
+func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
+	c := &batchCall[T, R]{item: item, done: make(chan struct{})}
+	b.mu.Lock()
+	b.queue = append(b.queue, c)
+	var batch []*batchCall[T, R]
+	if b.inflight < b.maxInflight {
+		b.inflight++
+		batch = b.takeLocked()
+	}
+	b.mu.Unlock()
+	if batch != nil {
+		// A free slot: send now, on this goroutine (no hand-over). If calls
+		// queued meanwhile, a goroutine carries on with them so this caller
+		// can answer its client.
+		b.sendBatch(batch)
+		b.mu.Lock()
+		if len(b.queue) == 0 {
+			b.inflight--
+		} else {
+			next := b.takeLocked()
+			b.wg.Add(1)
+			go func() {
+				defer b.wg.Done()
+				b.drain(next)
+			}()
+		}
+		b.mu.Unlock()
+	}
+	select {
+	case <-c.done:
+		return c.res, c.err
+	case <-ctx.Done():
+		var zero R
+		return zero, fmt.Errorf("%w: gave up waiting for a batched call (its outcome is unknown): %w", ErrUnavailable, ctx.Err())
+	}
+}
+
+// drain sends batch, then whatever queued meanwhile, until the queue is
+// empty; then it frees its slot.
+func (b *batcher[T, R]) drain(batch []*batchCall[T, R]) {
+	for {
+		b.sendBatch(batch)
+		b.mu.Lock()
+		if len(b.queue) == 0 {
+			b.inflight--
+			b.mu.Unlock()
+			return
+		}
+		batch = b.takeLocked()
+		b.mu.Unlock()
+	}
+}
+
+// takeLocked removes up to maxBatch calls from the head of the queue.
+func (b *batcher[T, R]) takeLocked() []*batchCall[T, R] {
+	n := min(len(b.queue), b.maxBatch)
+	batch := make([]*batchCall[T, R], n)
+	copy(batch, b.queue[:n])
+	rest := copy(b.queue, b.queue[n:])
+	clear(b.queue[rest:])
+	b.queue = b.queue[:rest]
+	return batch
+}
+
+func (b *batcher[T, R]) sendBatch(batch []*batchCall[T, R]) {
+	items := make([]T, len(batch))
+	for i, c := range batch {
+		items[i] = c.item
+	}
+	if b.observe != nil {
+		b.observe(len(items))
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, b.timeout)
+	res, errs := b.send(ctx, items)
+	cancel()
+	for i, c := range batch {
+		if i < len(res) {
+			c.res = res[i]
+		}
+		if i < len(errs) {
+			c.err = errs[i]
+		} else {
+			c.err = fmt.Errorf("%w: batch answered %d of %d calls", ErrUnavailable, len(errs), len(batch))
+		}
+		close(c.done)
+	}
+}

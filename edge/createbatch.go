@@ -1,0 +1,251 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/shoaldb/shoal/pipeline/event"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// Coalesced creates. Under load most of a create's cost was per request,
+// not per database: three internal HTTP requests (the host's init, the
+// catalog write, the confirm), each with its TLS records, handler and JSON,
+// and one Raft proposal and host index commit each. The edge now sends the
+// steps of concurrent creates together (batcher.go: a call that finds a
+// free slot goes at once, alone; calls arriving while the slots are busy
+// share the next request):
+//
+//   - step (4), the inits of the creates placed on one host: one POST
+//     /v1/batch/init per batch (objecthost/batch.go), whose inits meet in
+//     one index commit on the host;
+//   - step (5), the catalog writes: one POST /v1/apply-batch per batch
+//     (raftmeta/applybatch.go), one create_database command per create,
+//     each with its own request ID and its own outcome — one create's
+//     refusal (name taken, limit) is its own, the others commit;
+//   - step (7), the route written through to the cache: one bbolt
+//     transaction for the routes of the creates that finish together
+//     (RouteCache.PutMany), and the confirms to one host: one POST
+//     /v1/batch/confirm.
+//
+// The flow of each create is unchanged (databases.go): its init returns
+// only after its own index commit, its catalog write is still THE
+// CREATION CHECKPOINT and is acknowledged only once committed, and a
+// failure of any step retries that create alone from (2) with new IDs.
+// Peers of older builds are handled by falling back to one request per
+// create (a host or catalog node without the batch route answers 404).
+
+// BatchCreator is an optional capability of a Catalog, found by type
+// assertion: CreateDatabase for many creates in one round trip, with the
+// i-th result and error answering cmds[i] exactly as CreateDatabase would
+// have (a refusal is an fsm sentinel; any other error leaves that create's
+// outcome unknown). raftmeta.Client has it (RaftmetaCatalog passes it on).
+type BatchCreator interface {
+	CreateDatabases(ctx context.Context, cmds []fsm.CreateDatabase) ([]fsm.Database, []error)
+}
+
+// createBatching holds the batchers of the create flow: one for the
+// catalog, one per host address for inits and for confirms.
+type createBatching struct {
+	catalog  *batcher[fsm.CreateDatabase, fsm.Database] // nil: one request per create
+	routes   *batcher[Route, bool]                      // nil: one cache transaction per create
+	maxBatch int                                        // ≤ 0: no host batching either
+	inflight int
+
+	mu          sync.Mutex
+	inits       map[string]*batcher[event.InitBatchItem, struct{}]
+	confirms    map[string]*batcher[Route, struct{}]
+	unsupported map[string]time.Time // host address → until when it is sent single calls
+
+	wg sync.WaitGroup // batches still being sent after their first caller returned
+}
+
+// Defaults of Options.CreateBatch and Options.CreateBatchInflight.
+const (
+	defaultCreateBatch         = 128
+	defaultCreateBatchInflight = 1
+	// hostBatchRecheck is how long a host that answered 404 to a batch
+	// route (an older build) is sent single calls before it is tried again.
+	hostBatchRecheck = time.Minute
+)
+
+func (s *Server) initCreateBatching() {
+	b := &s.cb
+	b.maxBatch, b.inflight = s.o.CreateBatch, s.o.CreateBatchInflight
+	if b.maxBatch == 0 {
+		b.maxBatch = defaultCreateBatch
+	}
+	if b.inflight <= 0 {
+		b.inflight = defaultCreateBatchInflight
+	}
+	b.inits = map[string]*batcher[event.InitBatchItem, struct{}]{}
+	b.confirms = map[string]*batcher[Route, struct{}]{}
+	b.unsupported = map[string]time.Time{}
+	if b.maxBatch < 0 {
+		return
+	}
+	// One slot: bbolt has one writer anyway; routes arriving during a
+	// commit go in the next.
+	b.routes = newBatcher(s.bgCtx, &b.wg, b.maxBatch, 1, time.Minute,
+		func(_ context.Context, rs []Route) ([]bool, []error) {
+			stored, err := s.cache.PutMany(rs)
+			return stored, fill(len(rs), err)
+		})
+	if bc, ok := s.catalog.(BatchCreator); ok {
+		b.catalog = newBatcher(s.bgCtx, &b.wg, b.maxBatch, b.inflight, 3*s.o.CatalogTimeout, bc.CreateDatabases)
+		b.catalog.observe = func(n int) { s.m.batchCatalog.Observe(float64(n)) }
+	}
+}
+
+// createCatalogWrite is step (5) of one create: through the catalog
+// batcher when the catalog can take batches, else alone. Errors are
+// classified as catalogWrite's: a refusal as is, anything else wrapped in
+// ErrUnavailable (outcome unknown).
+func (s *Server) createCatalogWrite(ctx context.Context, cmd fsm.CreateDatabase) (fsm.Database, error) {
+	if s.cb.catalog == nil {
+		var d fsm.Database
+		err := s.catalogWrite(ctx, func(ctx context.Context) error {
+			var err error
+			d, err = s.catalog.CreateDatabase(ctx, cmd)
+			return err
+		})
+		return d, err
+	}
+	d, err := s.cb.catalog.do(ctx, cmd)
+	if err != nil && !isCatalogRefusal(err) && !errors.Is(err, ErrUnavailable) {
+		err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return d, err
+}
+
+// initObject is step (4) of one create: batched with the other inits for
+// the same host, unless batching is off or the init restores from the
+// archive (a fork: as long as its restore, so it goes alone).
+func (s *Server) initObject(ctx context.Context, addr, objectID string, in InitRequest) error {
+	if s.cb.maxBatch < 0 || in.RestoreFrom != nil {
+		_, err := s.hosts.Init(ctx, addr, objectID, in)
+		return err
+	}
+	_, err := s.initBatcher(addr).do(ctx, event.InitBatchItem{ObjectID: objectID, Init: in})
+	return err
+}
+
+// confirmObject is step (7) of one create (best effort, in the background).
+func (s *Server) confirmObject(ctx context.Context, rt Route) error {
+	if s.cb.maxBatch < 0 {
+		return s.hosts.Confirm(ctx, rt)
+	}
+	_, err := s.confirmBatcher(rt.HostAddress).do(ctx, rt)
+	return err
+}
+
+// cacheCreatedRoute writes a new database's route through to the cache
+// (step 7), batched with the routes of concurrent creates.
+func (s *Server) cacheCreatedRoute(rt Route) error {
+	if s.cb.routes == nil {
+		_, err := s.cache.Put(rt)
+		return err
+	}
+	_, err := s.cb.routes.do(context.Background(), rt)
+	return err
+}
+
+func (s *Server) initBatcher(addr string) *batcher[event.InitBatchItem, struct{}] {
+	b := &s.cb
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if x := b.inits[addr]; x != nil {
+		return x
+	}
+	x := newBatcher(s.bgCtx, &b.wg, min(b.maxBatch, event.MaxHostBatch), b.inflight, 10*time.Second,
+		func(ctx context.Context, items []event.InitBatchItem) ([]struct{}, []error) {
+			out := make([]struct{}, len(items))
+			if s.hostBatches(addr) {
+				errs, err := s.hosts.InitBatch(ctx, addr, items)
+				if err == nil {
+					return out, errs
+				}
+				if !errors.Is(err, errHostBatchUnsupported) {
+					return out, fill(len(items), err)
+				}
+				s.hostBatchUnsupported(addr)
+			}
+			errs := make([]error, len(items))
+			concurrently(len(items), func(i int) {
+				_, errs[i] = s.hosts.Init(ctx, addr, items[i].ObjectID, items[i].Init)
+			})
+			return out, errs
+		})
+	x.observe = func(n int) { s.m.batchInit.Observe(float64(n)) }
+	b.inits[addr] = x
+	return x
+}
+
+func (s *Server) confirmBatcher(addr string) *batcher[Route, struct{}] {
+	b := &s.cb
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if x := b.confirms[addr]; x != nil {
+		return x
+	}
+	x := newBatcher(s.bgCtx, &b.wg, min(b.maxBatch, event.MaxHostBatch), b.inflight, 10*time.Second,
+		func(ctx context.Context, rts []Route) ([]struct{}, []error) {
+			out := make([]struct{}, len(rts))
+			if s.hostBatches(addr) {
+				errs, err := s.hosts.ConfirmBatch(ctx, addr, rts)
+				if err == nil {
+					return out, errs
+				}
+				if !errors.Is(err, errHostBatchUnsupported) {
+					return out, fill(len(rts), err)
+				}
+				s.hostBatchUnsupported(addr)
+			}
+			errs := make([]error, len(rts))
+			concurrently(len(rts), func(i int) { errs[i] = s.hosts.Confirm(ctx, rts[i]) })
+			return out, errs
+		})
+	x.observe = func(n int) { s.m.batchConfirm.Observe(float64(n)) }
+	b.confirms[addr] = x
+	return x
+}
+
+// hostBatches reports whether the host at addr is sent batches (it did not
+// answer 404 to one within hostBatchRecheck).
+func (s *Server) hostBatches(addr string) bool {
+	s.cb.mu.Lock()
+	defer s.cb.mu.Unlock()
+	until, ok := s.cb.unsupported[addr]
+	return !ok || s.o.Now().After(until)
+}
+
+func (s *Server) hostBatchUnsupported(addr string) {
+	s.cb.mu.Lock()
+	s.cb.unsupported[addr] = s.o.Now().Add(hostBatchRecheck)
+	s.cb.mu.Unlock()
+	s.log.Info("object host takes no batched lifecycle calls (older build): sending them one by one", "host", addr)
+}
+
+func fill(n int, err error) []error {
+	errs := make([]error, n)
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
+}
+
+// concurrently runs fn(0..n-1) on n goroutines and waits for them.
+func concurrently(n int, fn func(i int)) {
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn(i)
+		}()
+	}
+	wg.Wait()
+}

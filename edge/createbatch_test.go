@@ -1,0 +1,260 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// batchCatalog is the fake catalog with the BatchCreator capability: each
+// batch applies its creates one by one (as the catalog's log does), after
+// waiting on gate when set.
+type batchCatalog struct {
+	*fakeCatalog
+	gate chan struct{}
+
+	bmu   sync.Mutex
+	sizes []int
+}
+
+func (c *batchCatalog) CreateDatabases(ctx context.Context, cmds []fsm.CreateDatabase) ([]fsm.Database, []error) {
+	c.bmu.Lock()
+	c.sizes = append(c.sizes, len(cmds))
+	gate := c.gate
+	c.bmu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	out := make([]fsm.Database, len(cmds))
+	errs := make([]error, len(cmds))
+	for i := range cmds {
+		out[i], errs[i] = c.fakeCatalog.CreateDatabase(ctx, cmds[i])
+	}
+	return out, errs
+}
+
+func (c *batchCatalog) batchSizes() []int {
+	c.bmu.Lock()
+	defer c.bmu.Unlock()
+	return append([]int(nil), c.sizes...)
+}
+
+func newBatchEnv(t *testing.T, mod ...func(*Options)) (*env, *batchCatalog) {
+	var bc *batchCatalog
+	e := newEnv(t, append([]func(*Options){func(o *Options) {
+		bc = &batchCatalog{fakeCatalog: o.Catalog.(*fakeCatalog)}
+		o.Catalog = bc
+		o.CreateBatchInflight = 1
+	}}, mod...)...)
+	return e, bc
+}
+
+func (e *env) catalogQueue() int {
+	b := e.srv.cb.catalog
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queue)
+}
+
+// Creates arriving while a catalog batch is in flight share the next one;
+// each keeps its own outcome: of two creates of one name one succeeds and
+// the other is refused as name taken, of two creates in an account with
+// room for one, one is refused at the account's limit — and the others
+// commit.
+func TestCreateBatchMixedRefusals(t *testing.T) {
+	e, bc := newBatchEnv(t)
+	e.cat.addAccount(acctB, 1)
+	gate := make(chan struct{})
+	bc.bmu.Lock()
+	bc.gate = gate
+	bc.bmu.Unlock()
+
+	var wg sync.WaitGroup
+	first := make(chan answer, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		first <- e.call("POST", dbPath(acctA), tokA, map[string]any{"name": "first"})
+	}()
+	require.Eventually(t, func() bool { return len(bc.batchSizes()) == 1 }, 5*time.Second, time.Millisecond)
+
+	type req struct{ acct, tok, name string }
+	reqs := []req{{acctA, tokA, "same"}, {acctA, tokA, "same"}, {acctB, tokB, "p"}, {acctB, tokB, "q"}, {acctA, tokA, "other"}}
+	answers := make([]answer, len(reqs))
+	for i, r := range reqs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answers[i] = e.call("POST", dbPath(r.acct), r.tok, map[string]any{"name": r.name})
+		}()
+	}
+	require.Eventually(t, func() bool { return e.catalogQueue() == len(reqs) }, 5*time.Second, time.Millisecond)
+	close(gate)
+	wg.Wait()
+
+	assert.Equal(t, []int{1, len(reqs)}, bc.batchSizes(), "the queued creates went in one batch")
+	assert.Equal(t, 200, (<-first).Status)
+	codes := func(idx ...int) []int {
+		var out []int
+		for _, i := range idx {
+			out = append(out, answers[i].Status*10000+answers[i].code())
+		}
+		sort.Ints(out)
+		return out
+	}
+	ok := 200*10000 + 0
+	assert.Equal(t, []int{ok, 400*10000 + v4.CodeNameTaken}, codes(0, 1), "one of the two creates of one name")
+	assert.Equal(t, []int{ok, 400*10000 + v4.CodeDatabaseLimit}, codes(2, 3), "one create fits under acct-b's limit")
+	assert.Equal(t, 200, answers[4].Status, "%s", answers[4].Raw)
+
+	a := e.call("GET", dbPath(acctA), tokA, nil)
+	assert.EqualValues(t, 3, a.ResultInfo.TotalCount) // first, same, other
+	a = e.call("GET", dbPath(acctB), tokB, nil)
+	assert.EqualValues(t, 1, a.ResultInfo.TotalCount)
+}
+
+// A create whose catalog write committed inside a batch whose answer was
+// lost is recognised on its retry (new IDs, name taken): the committed
+// first attempt is the database, once.
+func TestCreateBatchLostAnswerIsResolved(t *testing.T) {
+	e, bc := newBatchEnv(t)
+	e.cat.lostWrite = 1
+	d := e.create(acctA, tokA, "db1")
+	e.cat.mu.Lock()
+	require.Len(t, e.cat.created, 2)
+	first := e.cat.created[0]
+	e.cat.mu.Unlock()
+	assert.Equal(t, first.UUID, d.UUID, "the committed first attempt is the database")
+	a := e.call("GET", dbPath(acctA), tokA, nil)
+	assert.EqualValues(t, 1, a.ResultInfo.TotalCount)
+	assert.Equal(t, []int{1, 1}, bc.batchSizes(), "both attempts went through the batcher")
+}
+
+// Hosts without the batch routes (an older build, here the fake host) get
+// one init and one confirm per create, and the creates work.
+func TestCreateBatchFallsBackToSingleHostCalls(t *testing.T) {
+	e, _ := newBatchEnv(t)
+	for i := range 4 {
+		d := e.create(acctA, tokA, "db"+string(rune('a'+i)))
+		require.Eventually(t, func() bool {
+			o := e.hostOf(e.catalogDB(d.UUID).ObjectID)
+			return o != nil && o.object(e.catalogDB(d.UUID).ObjectID).confirmed
+		}, 5*time.Second, time.Millisecond, "confirmed through the single call")
+	}
+}
+
+// Without the capability (or with CreateBatch < 0) every create is its own
+// catalog write, as before.
+func TestCreateBatchOff(t *testing.T) {
+	e, bc := newBatchEnv(t, func(o *Options) { o.CreateBatch = -1 })
+	e.create(acctA, tokA, "db1")
+	assert.Empty(t, bc.batchSizes())
+	assert.EqualValues(t, 1, e.cat.count("CreateDatabase"))
+}
+
+func TestBatcherCoalescesAndAnswersEachCall(t *testing.T) {
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	var mu sync.Mutex
+	var sizes []int
+	b := newBatcher(context.Background(), &wg, 3, 1, time.Minute, func(ctx context.Context, items []int) ([]int, []error) {
+		mu.Lock()
+		sizes = append(sizes, len(items))
+		first := len(sizes) == 1
+		mu.Unlock()
+		if first {
+			<-gate
+		}
+		out := make([]int, len(items))
+		errs := make([]error, len(items))
+		for i, v := range items {
+			if v%2 == 1 {
+				errs[i] = errors.New("odd")
+				continue
+			}
+			out[i] = v * 10
+		}
+		return out, errs
+	})
+	var cw sync.WaitGroup
+	res := make([]int, 6)
+	errs := make([]error, 6)
+	cw.Add(1)
+	go func() { defer cw.Done(); res[0], errs[0] = b.do(context.Background(), 0) }()
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(sizes) == 1 }, 5*time.Second, time.Millisecond)
+	for i := 1; i < 6; i++ {
+		cw.Add(1)
+		go func() { defer cw.Done(); res[i], errs[i] = b.do(context.Background(), i) }()
+	}
+	require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return len(b.queue) == 5 }, 5*time.Second, time.Millisecond)
+	close(gate)
+	cw.Wait()
+	wg.Wait()
+	assert.Equal(t, []int{1, 3, 2}, sizes, "queued calls go in batches of at most maxBatch")
+	for i := range 6 {
+		if i%2 == 1 {
+			assert.EqualError(t, errs[i], "odd", "call %d", i)
+		} else {
+			assert.NoError(t, errs[i])
+			assert.Equal(t, i*10, res[i])
+		}
+	}
+	b.mu.Lock()
+	assert.Zero(t, b.inflight, "every slot released")
+	b.mu.Unlock()
+}
+
+// A caller that gives up gets ErrUnavailable (outcome unknown); the batch
+// still completes for the others.
+func TestBatcherCallerGivesUp(t *testing.T) {
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	var sent atomic.Int64
+	b := newBatcher(context.Background(), &wg, 10, 1, time.Minute, func(ctx context.Context, items []int) ([]int, []error) {
+		if sent.Add(1) == 1 {
+			<-gate
+		}
+		return items, make([]error, len(items))
+	})
+	done := make(chan error, 1)
+	go func() { _, err := b.do(context.Background(), 1); done <- err }()
+	require.Eventually(t, func() bool { return sent.Load() == 1 }, 5*time.Second, time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	gaveUp := make(chan error, 1)
+	go func() { _, err := b.do(ctx, 2); gaveUp <- err }()
+	require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return len(b.queue) == 1 }, 5*time.Second, time.Millisecond)
+	cancel()
+	require.ErrorIs(t, <-gaveUp, ErrUnavailable)
+	close(gate)
+	require.NoError(t, <-done)
+	wg.Wait()
+	assert.EqualValues(t, 2, sent.Load(), "the abandoned call was still sent (its outcome is unknown to its caller)")
+}
+
+// PutMany keeps Put's rule for each route (never backwards) in one
+// transaction.
+func TestRouteCachePutMany(t *testing.T) {
+	rc := openTestCache(t, newTestClock())
+	_, err := rc.Put(route(3, "obj-new", "active"))
+	require.NoError(t, err)
+	other := Route{DatabaseUUID: "018f0000-0000-7000-8000-000000000002", ObjectID: "o2", HostAddress: "h:1", AccountID: "a", State: "active", Generation: 1}
+	stored, err := rc.PutMany([]Route{route(2, "obj-old", "active"), other})
+	require.NoError(t, err)
+	assert.Equal(t, []bool{false, true}, stored)
+	got, res := rc.Get(u1)
+	require.Equal(t, cacheHit, res)
+	assert.Equal(t, "obj-new", got.ObjectID, "an older generation never replaces a newer one")
+	got, res = rc.Get(other.DatabaseUUID)
+	require.Equal(t, cacheHit, res)
+	assert.Equal(t, "o2", got.ObjectID)
+}
