@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/semaphore"
@@ -60,6 +61,18 @@ func HashToken(secret string) string {
 // validated are also capped (unknownLookups in flight; more answer 503
 // "retry"), so a flood cannot take the whole fallback capacity from route
 // misses and token refreshes.
+//
+// While the catalog is unreachable (a lookup found it so less than
+// unreachableFor ago, and none has had an answer since), a check that has
+// an answer without it — a validated token within its stale grace, or a
+// binding token's parent (served when the catalog cannot say) — answers at
+// once and looks the token up in the background (one lookup per token at a
+// time: the singleflight), instead of each request waiting out the
+// fallback's timeout until its breaker opens. The first answer from the
+// catalog ends that state and is stored as usual, so a revocation is
+// learned at the first lookup the catalog answers, as before. Checks with
+// no answer without the catalog (tokens this edge never validated) still
+// wait for it.
 type authenticator struct {
 	catalog     Catalog
 	fb          *fallback
@@ -73,10 +86,23 @@ type authenticator struct {
 	group       singleflight.Group
 	unknown     *semaphore.Weighted // lookups of digests not in m
 
+	// unreachableFor: how long after a lookup found the catalog
+	// unreachable the checks that can answer without it stop waiting for
+	// it (default defaultUnreachableFor); unreachableAt is when (Unix
+	// nanoseconds on now), 0 once the catalog answered again.
+	unreachableFor time.Duration
+	unreachableAt  atomic.Int64
+
 	mu  sync.Mutex
 	m   map[[sha256.Size]byte]tokenEntry // validated tokens, keyed by the raw digest: no hex string per request
 	neg map[[sha256.Size]byte]time.Time  // unknown digests → when the catalog said so
 }
+
+// defaultUnreachableFor is authenticator.unreachableFor's default: each
+// background lookup that fails renews it, so it lasts as long as the outage
+// while checks keep coming, and a quiet edge probes with a request again
+// after it.
+const defaultUnreachableFor = 5 * time.Second
 
 type tokenEntry struct {
 	tok     fsm.Token
@@ -97,7 +123,7 @@ func (a *authenticator) authenticate(ctx context.Context, authz string) (princip
 	if a.adminHash != nil && subtle.ConstantTimeCompare(sum[:], a.adminHash) == 1 {
 		return principal{admin: true, operator: true, tokenHash: hex.EncodeToString(sum[:])}, nil
 	}
-	e, err := a.lookup(ctx, sum)
+	e, err := a.lookup(ctx, sum, false)
 	if err != nil {
 		return principal{}, err
 	}
@@ -114,7 +140,10 @@ func (a *authenticator) authenticate(ctx context.Context, authz string) (princip
 // lookup returns what the catalog says of a token digest, through the
 // caches: a fresh answer, else the catalog's (errors: unavailable), else a
 // validated answer within the stale grace while the catalog is unreachable.
-func (a *authenticator) lookup(ctx context.Context, sum [sha256.Size]byte) (tokenEntry, error) {
+// tolerant: the caller serves without an answer when the catalog is
+// unavailable (a binding token's parent), so while the catalog is known to
+// be unreachable it need not wait for it either (see the type's doc).
+func (a *authenticator) lookup(ctx context.Context, sum [sha256.Size]byte, tolerant bool) (tokenEntry, error) {
 	now := a.now()
 	a.mu.Lock()
 	e, cached := a.m[sum]
@@ -126,6 +155,15 @@ func (a *authenticator) lookup(ctx context.Context, sum [sha256.Size]byte) (toke
 	if !cached && negative && now.Sub(negAt) < a.negativeTTL {
 		return tokenEntry{}, nil
 	}
+	hash := hex.EncodeToString(sum[:])
+	stale := cached && now.Sub(e.fetched) < a.staleGrace
+	if (stale || tolerant) && a.catalogUnreachable(now) {
+		a.lookupInBackground(sum, hash, cached)
+		if stale {
+			return e, nil
+		}
+		return tokenEntry{}, errCatalogUnreachable
+	}
 	if !cached {
 		// Not a token this edge validated: capped, so a flood of random
 		// tokens cannot take the fallback's whole capacity.
@@ -134,32 +172,69 @@ func (a *authenticator) lookup(ctx context.Context, sum [sha256.Size]byte) (toke
 		}
 		defer a.unknown.Release(1)
 	}
-	hash := hex.EncodeToString(sum[:])
-	v, err, _ := a.group.Do(hash, func() (any, error) {
-		var tok fsm.Token
-		err := a.fb.do(ctx, func(ctx context.Context) error {
-			var err error
-			tok, err = a.catalog.TokenByHash(ctx, hash)
-			return err
-		})
-		switch {
-		case err == nil:
-			return tokenEntry{tok: tok, found: true, fetched: a.now()}, nil
-		case errors.Is(err, fsm.ErrNotFound):
-			return tokenEntry{fetched: a.now()}, nil
-		}
-		return nil, err
-	})
+	v, err, _ := a.group.Do(hash, func() (any, error) { return a.fetch(ctx, sum, hash) })
 	switch {
 	case err == nil:
-		e = v.(tokenEntry)
-		a.store(sum, e)
-		return e, nil
-	case cached && now.Sub(e.fetched) < a.staleGrace:
+		return v.(tokenEntry), nil
+	case stale:
 		// Catalog unreachable: keep serving the last answer (see type doc).
 		return e, nil
 	}
 	return tokenEntry{}, err
+}
+
+// errCatalogUnreachable answers a tolerant lookup while the catalog is
+// known to be unreachable.
+var errCatalogUnreachable = fmt.Errorf("%w: catalog unreachable", ErrUnavailable)
+
+// fetch asks the catalog about a digest through the fallback and stores
+// the answer; it notes whether the catalog was reachable.
+func (a *authenticator) fetch(ctx context.Context, sum [sha256.Size]byte, hash string) (tokenEntry, error) {
+	var tok fsm.Token
+	err := a.fb.do(ctx, func(ctx context.Context) error {
+		var err error
+		tok, err = a.catalog.TokenByHash(ctx, hash)
+		return err
+	})
+	var e tokenEntry
+	switch {
+	case err == nil:
+		e = tokenEntry{tok: tok, found: true, fetched: a.now()}
+	case errors.Is(err, fsm.ErrNotFound):
+		e = tokenEntry{fetched: a.now()}
+	case errors.Is(err, ErrUnavailable):
+		a.unreachableAt.Store(max(a.now().UnixNano(), 1))
+		return tokenEntry{}, err
+	default:
+		return tokenEntry{}, err
+	}
+	a.unreachableAt.Store(0)
+	a.store(sum, e)
+	return e, nil
+}
+
+// catalogUnreachable reports whether a lookup found the catalog
+// unreachable within unreachableFor of now, with no answer since.
+func (a *authenticator) catalogUnreachable(now time.Time) bool {
+	at := a.unreachableAt.Load()
+	return at != 0 && now.UnixNano()-at < int64(a.unreachableFor)
+}
+
+// lookupInBackground starts a lookup of the digest unless one is in flight
+// (the singleflight), without waiting for it. Its goroutine ends with the
+// fallback's timeout at the latest. A digest this edge never validated
+// takes a slot of the unknown-token cap, or is not looked up.
+func (a *authenticator) lookupInBackground(sum [sha256.Size]byte, hash string, cached bool) {
+	// DoChan's channel is buffered: nobody need read it.
+	a.group.DoChan(hash, func() (any, error) {
+		if !cached {
+			if !a.unknown.TryAcquire(1) {
+				return nil, errTokenLookupsBusy
+			}
+			defer a.unknown.Release(1)
+		}
+		return a.fetch(context.Background(), sum, hash)
+	})
 }
 
 // store remembers a catalog answer: a token in m, an unknown digest in neg.
@@ -228,7 +303,7 @@ func (a *authenticator) parentValid(ctx context.Context, parent string) error {
 	if a.adminHash != nil && subtle.ConstantTimeCompare(sum[:], a.adminHash) == 1 {
 		return nil
 	}
-	e, err := a.lookup(ctx, sum)
+	e, err := a.lookup(ctx, sum, true)
 	switch {
 	case errors.Is(err, ErrUnavailable):
 		return nil

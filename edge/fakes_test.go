@@ -43,6 +43,10 @@ type fakeCatalog struct {
 	dbInFlight  atomic.Int64
 	dbMaxFlight atomic.Int64
 	created     []fsm.CreateDatabase
+	// tokenGate, when non-nil, makes TokenByHash hang as an unreachable
+	// catalog does: each call waits for a value on it (then fails as
+	// unreachable) or for its close (then answers).
+	tokenGate chan struct{}
 }
 
 func newFakeCatalog() *fakeCatalog {
@@ -67,6 +71,18 @@ func (c *fakeCatalog) enter(m string) error {
 }
 
 func (c *fakeCatalog) setDown(d bool) { c.mu.Lock(); c.down = d; c.mu.Unlock() }
+
+func (c *fakeCatalog) setTokenGate(g chan struct{}) { c.mu.Lock(); c.tokenGate = g; c.mu.Unlock() }
+
+// revokeToken marks the token of secret revoked.
+func (c *fakeCatalog) revokeToken(secret string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := HashToken(secret)
+	t := c.tokens[h]
+	t.Revoked = true
+	c.tokens[h] = t
+}
 
 func (c *fakeCatalog) addAccount(id string, maxDBs int64) {
 	c.mu.Lock()
@@ -243,6 +259,19 @@ func (c *fakeCatalog) Account(ctx context.Context, id string) (fsm.Account, erro
 func (c *fakeCatalog) TokenByHash(ctx context.Context, hash string) (fsm.Token, error) {
 	if err := c.enter("TokenByHash"); err != nil {
 		return fsm.Token{}, err
+	}
+	c.mu.Lock()
+	gate := c.tokenGate
+	c.mu.Unlock()
+	if gate != nil {
+		select {
+		case _, open := <-gate:
+			if open {
+				return fsm.Token{}, errCatalogDown
+			}
+		case <-ctx.Done():
+			return fsm.Token{}, ctx.Err()
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -215,6 +215,62 @@ func TestBindingServedWithCatalogDownAndParentUnknown(t *testing.T) {
 	assert.Equal(t, 200, a.Status, "%s", a.Raw)
 }
 
+// Through a cold edge whose catalog hangs (a cut-off network: silence, not
+// refusals), binding-token reads do not each wait out the parent token's
+// revocation check: once one check found the catalog unreachable, the
+// others answer at once and the check runs in the background (the
+// robustness suite measured ~2 s per read before: every read waited for the
+// catalog's timeout until the fallback's breaker opened). The revocation is
+// still learned from the catalog's first answer. A regression hangs in the
+// second phase until go test's -timeout.
+func TestBindingParentCheckDoesNotWaitOnAnUnreachableCatalog(t *testing.T) {
+	e := newEnv(t)
+	d := e.create(acctA, tokA, "db1")
+	a := e.call("POST", dbPath(acctA)+"/"+d.UUID+"/binding", tokA, nil)
+	require.Equal(t, 200, a.Status)
+	var m mintResult
+	require.NoError(t, json.Unmarshal(a.Result, &m))
+	q := map[string]any{"sql": "SELECT 1"}
+	// The catalog timeout is out of the way: a lookup ends when the gate
+	// says so.
+	e2 := newEnv(t, func(o *Options) { o.BindingKeys, o.CatalogTimeout = e.keys, time.Hour })
+	gate := make(chan struct{})
+	e2.cat.setTokenGate(gate)
+	released := false
+	defer func() {
+		if !released {
+			close(gate) // no lookup left hanging after the test
+		}
+	}()
+
+	// The first check waits for the catalog, which then fails.
+	first := make(chan answer, 1)
+	go func() { first <- e2.call("POST", "/client/v4/bound/query", "Binding "+m.Token, q) }()
+	gate <- struct{}{}
+	got := <-first
+	require.Equal(t, 200, got.Status, "%s", got.Raw)
+
+	// The catalog still hangs: these answer without waiting for it.
+	for range 5 {
+		a := e2.call("POST", "/client/v4/bound/query", "Binding "+m.Token, q)
+		require.Equal(t, 200, a.Status, "%s", a.Raw)
+	}
+
+	// The catalog answers again, and says the parent was revoked: the
+	// background lookup in flight (or the next one) learns it, and bound
+	// reads are refused from then on.
+	e2.cat.revokeToken(tokA)
+	close(gate)
+	released = true
+	for {
+		a := e2.call("POST", "/client/v4/bound/query", "Binding "+m.Token, q)
+		if a.Status == 401 {
+			break
+		}
+		require.Equal(t, 200, a.Status, "%s", a.Raw)
+	}
+}
+
 // A binding token minted with the admin token dies when the admin token is
 // replaced (its parent is the admin token's hash, which no longer matches
 // and is no API token either).

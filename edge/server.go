@@ -208,7 +208,7 @@ func New(o Options) (*Server, error) {
 		bgSem: semaphore.NewWeighted(256),
 	}
 	s.auth = &authenticator{catalog: o.Catalog, fb: fb, ttl: o.TokenTTL, negativeTTL: o.TokenNegativeTTL,
-		staleGrace: o.TokenStaleGrace, max: 100_000, maxNegative: 10_000, now: o.Now,
+		staleGrace: o.TokenStaleGrace, max: 100_000, maxNegative: 10_000, now: o.Now, unreachableFor: defaultUnreachableFor,
 		unknown: semaphore.NewWeighted(unknownTokenLookups(o.FallbackCap)),
 		m:       make(map[[sha256.Size]byte]tokenEntry), neg: make(map[[sha256.Size]byte]time.Time)}
 	if o.AdminToken != "" {
