@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,7 +83,53 @@ const (
 	// archiveSettle bounds the waits for the hosts' archive lag to recover
 	// after an outage, and for their backlog to drain after the load.
 	archiveSettle = 60 * time.Second
+	// limitConverge is the bound within which a free account that
+	// certainly went over its daily rows-written limit must be refused:
+	// its last writes' usage leaves the host's 1 s aggregation window, the
+	// ClickHouse sink flushes within its 1 s FlushInterval, the limiter's
+	// next pass but one (every topology.LimiterInterval, 2 s: a pass
+	// running while the rows land misses them) publishes the flag, and the
+	// hosts' limits feed applies it — plus 2 s for the feed and a loaded
+	// machine. 1 + 1 + 2×2 + 2 = 8 s.
+	limitConverge = 8 * time.Second
+	// limiterHandover is added after a kill -9 of the limiter or of the
+	// pipeline node (the broker): the killed member leaves the limiter's
+	// consumer group only at its session timeout (limiter.Config's
+	// default, 10 s), and only then does the restarted one own partition 0
+	// of accounts and act.
+	limiterHandover = 10 * time.Second
 )
+
+// orphanBounds are the times within which an object that is not its
+// database's live one must mark itself deleted
+// (validate.OrphansConvergedInTime), from the hosts' configuration: the
+// creation grace, then the next heartbeat (one interval plus the
+// database's jitter, at most a tenth of the interval: objecthost
+// heartbeat.go), plus processingSlack; after a fault, the hosts'
+// heartbeat retry after a failed catalog call (objecthost's
+// HeartbeatRetry default, 5 s) plus its jitter and the slack.
+var orphanBounds = validate.OrphanBounds{
+	Orphan:     grace + heartbeat + heartbeat/10 + processingSlack,
+	Deleted:    heartbeat + heartbeat/10 + processingSlack,
+	AfterFault: heartbeatRetry + heartbeatRetry/10 + processingSlack,
+}
+
+const (
+	// heartbeatRetry is the object hosts' HeartbeatRetry (their default:
+	// the topology does not set it).
+	heartbeatRetry = 5 * time.Second
+	// processingSlack is what a verdict may take once its heartbeat is
+	// due, on a loaded 2-core machine: the beat's catalog call, the
+	// linearizable confirmation and the fence of an orphan (a Raft write),
+	// the index commit.
+	processingSlack = time.Second
+)
+
+// limitedLimits are the own daily rows-written limits of the free-tier
+// accounts of the limiter's traffic (one writer each, at the load's
+// pace): low enough that each crosses during a schedule, at different
+// points of it; the last ones often cross in driveLimits, after the load.
+var limitedLimits = []int64{40, 120, 300}
 
 // schedule sizes a run: the short one `make test` runs, or the long one
 // SHOAL_FAULT=long (`make fault`) runs.
@@ -109,9 +156,10 @@ func scheduleOf(t *testing.T) schedule {
 	// ~6 s (within the hosts' 10 per 10 minutes per database, 3 of them
 	// left to the fault steps; the long schedule spreads its 7 over its run).
 	load := traffic.Config{Seed: seed, Creators: 2, DeleteEvery: 5, RowWriters: 2, Getters: 1, RegClients: 2, Pace: 50 * time.Millisecond,
-		TimeTravel: true, BookmarkEvery: 2 * time.Second, RestoreEvery: 6 * time.Second}
+		TimeTravel: true, BookmarkEvery: 2 * time.Second, RestoreEvery: 6 * time.Second, Listers: 1, ListEvery: 500 * time.Millisecond}
 	if os.Getenv("SHOAL_FAULT") == "long" {
 		load.Creators, load.RowWriters, load.Getters = 4, 4, 2
+		load.ListEvery = time.Second
 		load.RestoreEvery = 80 * time.Second
 		return schedule{name: "long", long: true, fault: 8 * time.Second, warmup: 5 * time.Second, gap: 5 * time.Second, load: load}
 	}
@@ -139,8 +187,8 @@ func newCluster(t *testing.T) *topology.Cluster {
 	c, err := topology.Start(ctx, netw, topology.Options{Bin: bin, Dir: t.TempDir(), Heartbeat: heartbeat, Grace: grace,
 		HostDisk: hostDisk, EdgeEnv: []string{"SHOAL_FAILPOINTS=" + edgeFailpoints}, Pipeline: true,
 		PipelineEnv: []string{"SHOAL_FAILPOINTS=" + pipelineFailpoints}, Edges: 2, BindingKey: bindingKey,
-		ArchivedHosts: []string{archivedHost}, Limiter: true,
-		Archive: true, S3Bin: s3, ArchiveAlarmLag: archiveAlarmLag.String()})
+		ArchivedHosts: []string{archivedHost}, Limiter: true, Archive: true, S3Bin: s3, ArchiveAlarmLag: archiveAlarmLag.String(),
+		LimiterArgs: []string{"--floor-rows-written-per-day", strconv.FormatInt(slices.Min(limitedLimits), 10)}})
 	t.Cleanup(func() { assert.NoError(t, c.Stop(), "stopping the cluster") }) // before netw.Close
 	require.NoError(t, err, "starting the cluster")
 	return c
@@ -168,6 +216,13 @@ type env struct {
 	storeNone    []validate.Window      // the object store surely could store nothing (not merely slow)
 	storeOutages []validate.StoreOutage // what the hosts' archive status showed then
 	outage       *validate.StoreOutage  // the outage in progress (sampled by its failpoint)
+	limited      []limitedAccount       // the limiter's free-tier accounts
+}
+
+// limitedAccount is one free-tier account of the limiter's traffic.
+type limitedAccount struct {
+	validate.LimitedAccount
+	cl *traffic.Client
 }
 
 // scenario runs steps under the schedule's load on a fresh cluster, then
@@ -188,6 +243,16 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	sched.load.Registers, err = traffic.SetupRegisters(ctx, cl, 4)
 	require.NoError(t, err, "register databases")
 	e.sched.load.Registers = sched.load.Registers
+	for _, limit := range limitedLimits {
+		fc, err := traffic.NewAccountClient(ctx, c.EdgeURLs(), c.Admin, catalog, e.hist, traffic.AccountSpec{Name: fmt.Sprintf("free-%d", limit), Tier: "free",
+			Limits: &fsm.Limits{MaxDatabases: 10, MaxStorageBytes: 5 << 30, MaxDatabaseBytes: 500 << 20, RowsWrittenPerDay: limit}})
+		require.NoError(t, err, "free-tier account")
+		dbs, rows, unacked, err := traffic.SetupLimited(ctx, fc, 2)
+		require.NoError(t, err, "free-tier account's databases")
+		e.limited = append(e.limited, limitedAccount{LimitedAccount: validate.LimitedAccount{Account: fc.Account(), Limit: limit, DBs: dbs,
+			SetupRows: rows, SetupUnacked: unacked}, cl: fc})
+		sched.load.Limited = append(sched.load.Limited, traffic.LimitedAccount{Client: fc, DBs: dbs})
+	}
 
 	t.Logf("seed %d (SHOAL_ROBUSTNESS_SEED reruns it), schedule %s, network %s.0/24", sched.load.Seed, sched.name, c.Net.Subnet())
 	load := traffic.NewLoad(cl, sched.load)
@@ -202,6 +267,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	steps(e)
 	stopLoad()
 	loadDone.Wait()
+	e.driveLimits()
 	// Past the creation grace and two heartbeats: any destructive verdict a
 	// fault provoked has been acted on by now.
 	time.Sleep(grace + 2*heartbeat)
@@ -217,7 +283,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	// orphans reported as not converged: seed 1796218103641371768).
 	held := e.heldOrphans()
 	objects, rows, finalChecks := e.hostState(catalog, cl.Account())
-	coverage := storageCoverage(objects, sizes)
+	coverage := storageCoverage(objects, sizes, cl.Account())
 	archiveStart := time.Now()
 	archived := e.archiveChecks(objects)
 	t.Logf("archive of %d objects verified and restored in %s", len(archived), time.Since(archiveStart).Round(time.Millisecond))
@@ -232,12 +298,14 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 		validate.ListedQueryable(final),
 		validate.OneLiveObject(objects),
 		validate.OrphansConverged(objects, rows, map[string]bool{cl.Account(): true}, held),
+		validate.OrphansConvergedInTime(objects, rows, map[string]bool{cl.Account(): true}, ackedDeletes(ops), e.hist.Start(), e.faultWindows(), orphanBounds),
 		validate.IntegrityClean(append(e.integrityChecks(), finalChecks...)),
 		usage)
 	if len(e.cutOffs) > 0 {
 		rep.Results = append(rep.Results, validate.QueriesAvailableDuring(ops, e.cutOffs))
 	}
 	rep.Results = append(rep.Results, storage, coverage, drained, validate.ArchiveConsistent(archived), validate.RestoresAnswered(ops))
+	rep.Results = append(rep.Results, e.limitChecks(ops, objects)...)
 	if len(e.coldCutOffs) > 0 {
 		var bound []traffic.Op
 		for _, op := range ops {
@@ -295,7 +363,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	bounded, nBounded := validate.BoundByHostKills(ops, liveHosts(objects), e.hostKills())
 	regRes, regInfo := validate.LinearizableWithin("register writes and reads through the edge", model.Register, validate.RegisterOperations(bounded), checkFor, maxCheckHeap())
 	regRes.Note = fmt.Sprintf("%d writes and restores of unknown outcome bounded by their host's kill", nBounded)
-	exRes, exInfo := validate.LinearizableWithin("database existence (create, delete, linearizable get)", model.Existence, validate.ExistenceOperations(ops), checkFor, maxCheckHeap())
+	exRes, exInfo := validate.LinearizableWithin("database existence (create, delete, linearizable get and list)", model.Existence, validate.ExistenceOperations(ops), checkFor, maxCheckHeap())
 	rep.Results = append(rep.Results, regRes, exRes)
 	rep.Visuals = []report.Visualization{{Name: "register", Model: model.Register, Info: regInfo}, {Name: "existence", Model: model.Existence, Info: exInfo}}
 
@@ -864,11 +932,11 @@ func (e *env) storageTotals(catalog *raftmeta.Client, account string, listed map
 // pass such databases kept no size until their next growth. Sizes that
 // differ from file + WAL now are noted, not failed: a host measures at a
 // write, and a later checkpoint moves pages between WAL and file.
-func storageCoverage(objs []validate.Object, sizes map[string]int64) validate.Result {
+func storageCoverage(objs []validate.Object, sizes map[string]int64, account string) validate.Result {
 	r := validate.Result{Check: "every live database with a non-empty file has a size in the catalog"}
 	differ := 0
 	for _, o := range objs {
-		if !o.Live() {
+		if !o.Live() || o.AccountID != account {
 			continue
 		}
 		fi, err := os.Stat(o.Path)
@@ -1450,4 +1518,140 @@ func recordResults(t *testing.T, rep *report.Report) {
 	if path := os.Getenv("SHOAL_ROBUSTNESS_RESULTS"); path != "" {
 		assert.NoError(t, rep.AppendRecord(path), "recording the run")
 	}
+}
+
+// faultWindows are the injections, from their start to their heal.
+func (e *env) faultWindows() []validate.Window {
+	var out []validate.Window
+	for _, inj := range e.rep.Injections {
+		out = append(out, validate.Window{Name: inj.Failpoint.String(), From: inj.Start, To: inj.Healed})
+	}
+	return out
+}
+
+// ackedDeletes maps each database whose delete was acknowledged to that
+// answer's return.
+func ackedDeletes(ops []traffic.Op) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for _, op := range ops {
+		if op.Kind == traffic.Delete && op.Outcome == traffic.OK {
+			if _, ok := out[op.DB]; !ok {
+				out[op.DB] = op.Return
+			}
+		}
+	}
+	return out
+}
+
+// limitFaults are the windows the limit checks extend their bound past:
+// every injection, a kill -9 of the limiter or of the pipeline node (the
+// broker) lengthened by limiterHandover.
+func (e *env) limitFaults() []validate.Window {
+	var out []validate.Window
+	for _, inj := range e.rep.Injections {
+		w := validate.Window{Name: inj.Failpoint.String(), From: inj.Start, To: inj.Healed}
+		if inj.Failpoint.Kind == failpoint.KillRestart && (e.c.Limiter != nil && inj.Failpoint.Target == e.c.Limiter.Name ||
+			e.c.Pipeline != nil && inj.Failpoint.Target == e.c.Pipeline.Name) {
+			w.To += limiterHandover
+		}
+		out = append(out, w)
+	}
+	return out
+}
+
+// anyHostCrashes is crashWindows for dbs as if each lived on every host: a
+// superset of their loss windows, for driveLimits (which runs before the
+// hosts' indexes say where each database lives).
+func (e *env) anyHostCrashes(dbs []string) map[string][]validate.Window {
+	var objs []validate.Object
+	for _, db := range dbs {
+		for _, h := range e.c.Hosts {
+			objs = append(objs, validate.Object{Host: h.Name, DatabaseUUID: db})
+		}
+	}
+	return e.crashWindows(objs)
+}
+
+// driveLimits goes on writing to each limited account after the load has
+// stopped, until it certainly went over its limit and a write called
+// after its deadline (limitConverge past that, and past the faults) has
+// returned: so that LimitEnforced judges at least one write past the
+// bound in every run, whichever faults the schedule drew. (The deadline
+// here counts a host kill's loss window against every database, a
+// superset of the final check's: its writes are past the check's deadline
+// too.) Bounded by 2 minutes.
+func (e *env) driveLimits() {
+	giveUp := time.Now().Add(2 * time.Minute)
+	faults := e.limitFaults()
+	var wg sync.WaitGroup
+	for k, la := range e.limited {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			crashes := e.anyHostCrashes(la.DBs)
+			client := 800 + k
+			var tl validate.LimitTimeline
+			for i := 0; time.Now().Before(giveUp); i++ {
+				if i%10 == 0 && !tl.OK {
+					tl = validate.Timeline(e.hist.Ops(), la.LimitedAccount, crashes, faults, limitConverge)
+				}
+				if tl.OK && e.hist.Now() > tl.Deadline {
+					la.cl.FreeInsert(e.ctx, client, i%la.cl.Edges(), la.DBs[i%len(la.DBs)], e.load.NextValue())
+					return
+				}
+				if tl.OK {
+					time.Sleep(100 * time.Millisecond) // over: wait for the deadline
+					continue
+				}
+				la.cl.FreeInsert(e.ctx, client, i%la.cl.Edges(), la.DBs[i%len(la.DBs)], e.load.NextValue())
+				time.Sleep(10 * time.Millisecond)
+			}
+			e.t.Logf("free account %s (limit %d): not certainly over its limit, or its deadline not reached, 2 minutes after the load", la.Account, la.Limit)
+		}()
+	}
+	wg.Wait()
+}
+
+// limitChecks judges the limiter's traffic: LimitEnforced for each limited
+// account, and LimitedRowsKept over the files the hosts left (objects,
+// read after the final kill: the accounts' queries are refused by then).
+func (e *env) limitChecks(ops []traffic.Op, objects []validate.Object) []validate.Result {
+	if len(e.limited) == 0 {
+		return nil
+	}
+	crashes := e.crashWindows(objects)
+	faults := e.limitFaults()
+	enforced := validate.Result{Check: "free-tier daily row limit enforced: never refused under it, every write refused within the bound once over"}
+	var notes []string
+	live := map[string]validate.Object{}
+	for _, o := range objects {
+		if o.Live() {
+			live[o.DatabaseUUID] = o
+		}
+	}
+	rows := map[string]map[int64]bool{}
+	var missing []string
+	for _, la := range e.limited {
+		r, _ := validate.LimitEnforced(ops, la.LimitedAccount, crashes, faults, limitConverge)
+		enforced.Checked += r.Checked
+		enforced.Violations = append(enforced.Violations, r.Violations...)
+		notes = append(notes, r.Note)
+		for _, db := range la.DBs {
+			o, ok := live[db]
+			if !ok {
+				missing = append(missing, fmt.Sprintf("%s (account %s): no live object on any host", db, la.Account))
+				continue
+			}
+			vals, err := validate.FileValues(o)
+			if err != nil {
+				missing = append(missing, fmt.Sprintf("%s: reading its file: %v", db, err))
+				continue
+			}
+			rows[db] = vals
+		}
+	}
+	enforced.Note = strings.Join(notes, "; ")
+	kept := validate.LimitedRowsKept(ops, rows)
+	kept.Violations = append(kept.Violations, missing...)
+	return []validate.Result{enforced, kept}
 }

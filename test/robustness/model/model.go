@@ -235,6 +235,9 @@ const (
 	Deleted
 	// Got: a linearizable read of the catalog row.
 	Got
+	// Listed: a linearizable list of the account's databases, projected
+	// onto this one (validate.ExistenceOperations): found = it was listed.
+	Listed
 )
 
 // ExistenceInput is one operation on one database's existence.
@@ -251,9 +254,10 @@ type ExistenceOutput struct {
 }
 
 // Existence is the catalog's view of one database: absent, then present
-// from its create, then absent from its delete. A linearizable get sees
-// exactly that; a delete of a present database succeeds and one of an
-// absent database answers not-found.
+// from its create, then absent from its delete. A linearizable get — and
+// a linearizable list of its account, which shows it exactly while it is
+// present — sees exactly that; a delete of a present database succeeds and
+// one of an absent database answers not-found.
 var Existence = porcupine.Model{
 	Partition: partitionBy(func(in any) string { return in.(ExistenceInput).DB }),
 	Init:      func() any { return false },
@@ -282,6 +286,8 @@ var Existence = porcupine.Model{
 				return "delete → not found"
 			}
 			return "delete"
+		case Listed:
+			return fmt.Sprintf("list → listed=%v", out.Found)
 		default:
 			return fmt.Sprintf("get → found=%v", out.Found)
 		}

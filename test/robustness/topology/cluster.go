@@ -34,6 +34,9 @@ const (
 	limiterPort  = 4007
 	s3Port       = 4006
 	kafkaPort    = 9092
+	// LimiterInterval is the limiter's --interval: the time between its
+	// passes.
+	LimiterInterval = 2 * time.Second
 	// ClickHousePort is the managed clickhouse-server's native port on
 	// the pipeline node's own loopback (reach it with ClickHouseQuery).
 	ClickHousePort = 9000
@@ -59,6 +62,10 @@ type Options struct {
 	// the pipeline node's namespace, where the managed ClickHouse it reads
 	// listens on loopback (needs Pipeline).
 	Limiter bool
+	// LimiterArgs are added to the limiter's command line (e.g.
+	// --floor-rows-written-per-day, so free accounts whose own limits are
+	// below the tier's are found).
+	LimiterArgs []string
 	// ArchivedHosts names the object hosts that run with `durability =
 	// "archived"` (a write is acknowledged only once the archive store has
 	// it; Options.Archive): they read a second cluster file,
@@ -199,8 +206,9 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 		if o.Limiter {
 			var ls []*Member
 			err := named(&ls, "l1", c.Pipeline.Node(), limiterPort, o.Bin, func(addr string) []string {
-				return []string{"limiter", "serve", "--insecure", "--http-addr", addr, "--catalog", catalog, kafka[0], kafka[1],
-					"--clickhouse-dsn", fmt.Sprintf("clickhouse://127.0.0.1:%d/shoal", ClickHousePort), "--interval", "2s", "--log-level", "warn"}
+				return append([]string{"limiter", "serve", "--insecure", "--http-addr", addr, "--catalog", catalog, kafka[0], kafka[1],
+					"--clickhouse-dsn", fmt.Sprintf("clickhouse://127.0.0.1:%d/shoal", ClickHousePort), "--interval", LimiterInterval.String(), "--log-level", "warn"},
+					o.LimiterArgs...)
 			})
 			if len(ls) > 0 {
 				c.Limiter = ls[0]

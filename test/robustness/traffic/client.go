@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
@@ -41,16 +42,34 @@ const requestTimeout = 15 * time.Second
 
 // NewClient creates a paid account and a token through the first edge's
 // admin API and waits until every edge accepts the token. catalog is used
-// for the linearizable gets only.
+// for the linearizable gets and lists only.
 func NewClient(ctx context.Context, edges []string, admin string, catalog *raftmeta.Client, h *History) (*Client, error) {
+	return NewAccountClient(ctx, edges, admin, catalog, h, AccountSpec{Name: "robustness", Tier: "paid"})
+}
+
+// AccountSpec is the account a Client creates: its tier and, when set, its
+// own limits (replacing the tier's: fsm.Limits, 0 fields unlimited but for
+// the daily row limits, whose 0 means the tier's).
+type AccountSpec struct {
+	Name   string
+	Tier   string
+	Limits *fsm.Limits
+}
+
+// NewAccountClient is NewClient for the account spec describes.
+func NewAccountClient(ctx context.Context, edges []string, admin string, catalog *raftmeta.Client, h *History, spec AccountSpec) (*Client, error) {
 	c := &Client{edges: edges, hc: &http.Client{Timeout: requestTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
 		catalog: catalog, h: h}
 	var acct struct{ ID string }
-	if err := c.admin(ctx, edges[0]+"/admin/v1/accounts", admin, map[string]any{"name": "robustness", "tier": "paid"}, &acct); err != nil {
+	body := map[string]any{"name": spec.Name, "tier": spec.Tier}
+	if spec.Limits != nil {
+		body["limits"] = spec.Limits
+	}
+	if err := c.admin(ctx, edges[0]+"/admin/v1/accounts", admin, body, &acct); err != nil {
 		return nil, err
 	}
 	var tok struct{ Token string }
-	if err := c.admin(ctx, edges[0]+"/admin/v1/accounts/"+acct.ID+"/tokens", admin, map[string]any{"name": "robustness"}, &tok); err != nil {
+	if err := c.admin(ctx, edges[0]+"/admin/v1/accounts/"+acct.ID+"/tokens", admin, map[string]any{"name": spec.Name}, &tok); err != nil {
 		return nil, err
 	}
 	c.acct, c.bearer = acct.ID, "Bearer "+tok.Token
@@ -99,6 +118,16 @@ func (c *Client) admin(ctx context.Context, url, token string, body, out any) er
 
 // Create makes a database through edge. Op.DB is its UUID if acknowledged.
 func (c *Client) Create(ctx context.Context, client, edge int, name string) Op {
+	return c.h.Add(c.create(ctx, client, edge, name))
+}
+
+// CreateUnrecorded is Create kept out of the history (set-up of databases
+// outside the checked account: the limited accounts').
+func (c *Client) CreateUnrecorded(ctx context.Context, edge int, name string) Op {
+	return c.create(ctx, 0, edge, name)
+}
+
+func (c *Client) create(ctx context.Context, client, edge int, name string) Op {
 	call := c.h.Now()
 	a := c.do(ctx, edge, http.MethodPost, "", map[string]any{"name": name})
 	op := Op{Client: client, Kind: Create, Name: name, Call: call, Return: c.h.Now(), Outcome: a.outcome(), Answer: a.text()}
@@ -111,7 +140,7 @@ func (c *Client) Create(ctx context.Context, client, edge int, name string) Op {
 		}
 		op.DB = d.UUID
 	}
-	return c.h.Add(op)
+	return op
 }
 
 // Delete deletes a database through edge.
@@ -152,15 +181,28 @@ func (c *Client) LinGet(ctx context.Context, client int, db string) Op {
 
 // Exec runs statements on db through edge, unrecorded (schema set-up).
 func (c *Client) Exec(ctx context.Context, edge int, db string, stmts ...string) error {
+	_, err := c.ExecRows(ctx, edge, db, stmts...)
+	return err
+}
+
+// ExecRows is Exec, also returning the rows the statements wrote
+// (meta.rows_written, summed).
+func (c *Client) ExecRows(ctx context.Context, edge int, db string, stmts ...string) (int64, error) {
 	var batch []any
 	for _, s := range stmts {
 		batch = append(batch, map[string]any{"sql": s})
 	}
 	a := c.do(ctx, edge, http.MethodPost, "/"+db+"/query", map[string]any{"batch": batch})
 	if a.outcome() != OK {
-		return errors.New(a.text())
+		return 0, errors.New(a.text())
 	}
-	return nil
+	return a.rowsWritten(), nil
+}
+
+// FreeInsert writes the row v = value into db's table t, as Insert, under
+// its own kind: the limited accounts' writes (Load's LimitWriters).
+func (c *Client) FreeInsert(ctx context.Context, client, edge int, db string, value int64) Op {
+	return c.write(ctx, client, edge, FreeInsert, db, value, "INSERT INTO t (v) VALUES (?)")
 }
 
 // Insert writes the row v = value into db's table t.
@@ -179,6 +221,9 @@ func (c *Client) write(ctx context.Context, client, edge int, kind Kind, db stri
 	op := Op{Client: client, Kind: kind, DB: db, Value: value, Call: call, Return: c.h.Now(), Outcome: a.outcome(), Answer: a.text()}
 	if op.Outcome == OK && a.changes() != 1 {
 		op.Outcome, op.Answer = Unknown, "200 with changes != 1: "+a.text()
+	}
+	if op.Outcome == OK {
+		op.Rows = a.rowsWritten()
 	}
 	return c.h.Add(op)
 }
@@ -233,6 +278,31 @@ func (c *Client) BoundRead(ctx context.Context, client, edge int, db, token stri
 			op.Outcome, op.Answer = Unknown, fmt.Sprintf("unexpected count: %s", a.text())
 		} else {
 			op.Value, op.Found = vals[0], true
+		}
+	}
+	return c.h.Add(op)
+}
+
+// LinList lists the account's active databases in the catalog at the
+// linearizable level: one page of up to fsm.MaxPerPage, read in one
+// transaction (an account with more than a page is answered Unknown: a
+// list spanning pages is no single observation). Op.Listed is the UUIDs.
+func (c *Client) LinList(ctx context.Context, client int) Op {
+	call := c.h.Now()
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	dbs, total, err := c.catalog.ListDatabases(ctx, c.acct, fsm.ListQuery{PerPage: fsm.MaxPerPage}, raftmeta.LinearizableRead())
+	op := Op{Client: client, Kind: List, Call: call, Return: c.h.Now()}
+	switch {
+	case err != nil:
+		op.Outcome, op.Answer = Unknown, err.Error()
+	case total > int64(len(dbs)):
+		op.Outcome, op.Answer = Unknown, fmt.Sprintf("%d of %d databases on one page", len(dbs), total)
+	default:
+		op.Outcome, op.Answer = OK, fmt.Sprintf("%d databases", len(dbs))
+		op.Listed = make([]string, 0, len(dbs))
+		for _, d := range dbs {
+			op.Listed = append(op.Listed, d.UUID)
 		}
 	}
 	return c.h.Add(op)
@@ -335,6 +405,8 @@ func (a answer) outcome() Outcome {
 		return NotFound
 	case a.status == http.StatusServiceUnavailable && len(a.Errors) == 1 && slices.Contains(notDone, a.Errors[0].Message):
 		return Failed
+	case a.status == http.StatusTooManyRequests && len(a.Errors) == 1 && a.Errors[0].Code == v4.CodeRowLimit:
+		return Limited
 	case a.status == http.StatusTooManyRequests || a.status >= 500:
 		return Unknown
 	default:
@@ -355,6 +427,24 @@ func (a answer) text() string {
 		s = s[:300] + "…"
 	}
 	return fmt.Sprintf("%d/%d %s", a.status, code, s)
+}
+
+// rowsWritten is meta.rows_written summed over a /query answer's
+// statements.
+func (a answer) rowsWritten() int64 {
+	var res []struct {
+		Meta struct {
+			RowsWritten int64 `json:"rows_written"`
+		} `json:"meta"`
+	}
+	if json.Unmarshal(a.Result, &res) != nil {
+		return 0
+	}
+	var n int64
+	for _, r := range res {
+		n += r.Meta.RowsWritten
+	}
+	return n
 }
 
 // changes is meta.changes of a single-statement /query answer, or -1.

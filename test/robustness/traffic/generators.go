@@ -28,6 +28,23 @@ type Config struct {
 	TimeTravel    bool
 	BookmarkEvery time.Duration
 	RestoreEvery  time.Duration
+	// Listers list the account's databases at the linearizable level
+	// (Client.LinList) every ListEvery each.
+	Listers   int
+	ListEvery time.Duration
+	// Limited are free-tier accounts with a low daily rows-written limit:
+	// one writer each inserts unique values into their databases at Pace,
+	// whatever the answers (it goes on after the account is refused: the
+	// refusals are what validate.LimitEnforced judges).
+	Limited []LimitedAccount
+}
+
+// LimitedAccount is one free-tier account of the limiter's traffic: its
+// client (its own account and token, recording into the same History) and
+// its databases, each with a table t (SetupLimited).
+type LimitedAccount struct {
+	Client *Client
+	DBs    []string
 }
 
 // Load runs the generators of a Config until its context ends.
@@ -74,8 +91,32 @@ func (l *Load) Run(ctx context.Context) {
 			spawn(1, func(ctx context.Context, client int, r *rand.Rand) { l.timeTraveller(ctx, client, r, db) })
 		}
 	}
+	spawn(l.cfg.Listers, l.lister)
+	for _, la := range l.cfg.Limited {
+		spawn(1, func(ctx context.Context, client int, r *rand.Rand) { l.limitWriter(ctx, client, r, la) })
+	}
 	wg.Wait()
 }
+
+// lister lists the account's databases at the linearizable level.
+func (l *Load) lister(ctx context.Context, client int, r *rand.Rand) {
+	for ctx.Err() == nil {
+		l.c.LinList(ctx, client)
+		l.pause(ctx, l.cfg.ListEvery/2+time.Duration(r.Int64N(int64(l.cfg.ListEvery)+1)))
+	}
+}
+
+// limitWriter inserts unique values into a limited account's databases,
+// one after the other, until ctx ends.
+func (l *Load) limitWriter(ctx context.Context, client int, r *rand.Rand, la LimitedAccount) {
+	for i := 0; ctx.Err() == nil; i++ {
+		la.Client.FreeInsert(ctx, client, l.edge(r), la.DBs[i%len(la.DBs)], l.value.Add(1))
+		l.pause(ctx, l.cfg.Pace)
+	}
+}
+
+// NextValue is a value no generator has written or will write.
+func (l *Load) NextValue() int64 { return l.value.Add(1) }
 
 // AddBookmarks remembers bookmarks of register db the API gave (a
 // bookmark's answer, a restore's previous and new bookmarks).
@@ -225,6 +266,37 @@ func (l *Load) register(ctx context.Context, client int, r *rand.Rand, db string
 		}
 		l.pause(ctx, l.cfg.Pace)
 	}
+}
+
+// SetupLimited creates n databases of c's account, each with table t,
+// retrying transient failures, and returns them with the rows their
+// set-up wrote (meta.rows_written of the acknowledged answers) and how many
+// set-up requests were not acknowledged (each may have written rows too).
+func SetupLimited(ctx context.Context, c *Client, n int) (dbs []string, rows int64, unacked int, err error) {
+	for i := range n {
+		var db string
+		err = retry(ctx, 30*time.Second, func() error {
+			if db == "" {
+				op := c.CreateUnrecorded(ctx, i%c.Edges(), fmt.Sprintf("free-%d", i))
+				if op.Outcome != OK {
+					return fmt.Errorf("create limited database %d: %s", i, op.Answer)
+				}
+				db = op.DB
+			}
+			w, err := c.ExecRows(ctx, i%c.Edges(), db, "CREATE TABLE IF NOT EXISTS t (v INTEGER PRIMARY KEY)")
+			if err != nil {
+				unacked++
+				return err
+			}
+			rows += w
+			return nil
+		})
+		if err != nil {
+			return dbs, rows, unacked, err
+		}
+		dbs = append(dbs, db)
+	}
+	return dbs, rows, unacked, nil
 }
 
 // SetupRegisters creates n register databases (table reg, one row k = 0,

@@ -31,6 +31,14 @@ const (
 	// with a binding token (no API token: routes and authenticates without
 	// the catalog); Value is the count.
 	BoundRead Kind = "bound-read"
+	// FreeInsert: INSERT of the unique Value into table t of a database of
+	// a free-tier account with a low daily rows-written limit (the limiter's
+	// traffic: validate.LimitEnforced); Rows is what the answer said it
+	// wrote.
+	FreeInsert Kind = "free-insert"
+	// List: the account's databases listed through the edge (GET
+	// /database, every page); Listed is what it showed.
+	List Kind = "list"
 )
 
 // Outcome is what the client knows of an operation's effect.
@@ -50,6 +58,10 @@ const (
 	// Unknown: transport error, timeout or 5xx: it may or may not have
 	// happened, and a checker must allow both.
 	Unknown Outcome = "unknown"
+	// Limited: refused because the account is over its daily row limit
+	// (429, code 7505: the host checks the limiter's flag before running
+	// anything): it did not happen.
+	Limited Outcome = "limited"
 )
 
 // Op is one operation as the client saw it. Call and Return are offsets from
@@ -62,6 +74,11 @@ type Op struct {
 	Name   string `json:"name,omitempty"`
 	Value  int64  `json:"value,omitempty"`
 	Found  bool   `json:"found,omitempty"` // lin-get / edge-get: the row was there
+	// Rows is an acknowledged write's meta.rows_written (summed over its
+	// statements).
+	Rows int64 `json:"rows,omitempty"`
+	// Listed is a list's answer: the UUIDs it showed.
+	Listed []string `json:"listed,omitempty"`
 	// Bookmark is a bookmark's answer, or the bookmark a restore asked
 	// for; Prev and After are a restore's previous_bookmark (undoes it)
 	// and bookmark (the point it made).

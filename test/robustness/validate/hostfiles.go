@@ -24,7 +24,11 @@ type Object struct {
 	AccountID    string `json:"account_id"`
 	State        string `json:"state"`
 	Confirmed    bool   `json:"confirmed"`
-	Path         string
+	// CreatedAt and DeletedAt are the host's clock at the object's init
+	// and at its marking deleted (zero: not deleted).
+	CreatedAt time.Time `json:"created_at"`
+	DeletedAt time.Time `json:"deleted_at"`
+	Path      string
 }
 
 // Live reports whether the host serves the object (state active).
@@ -104,6 +108,45 @@ func IntegrityCheck(o Object, when string) Integrity {
 	defer cancel()
 	res.Err = db.QueryRowContext(ctx, "PRAGMA integrity_check").Scan(&res.Answer)
 	return res
+}
+
+// FileValues reads column v of table t from a copy of the object's file
+// with its WAL (the host must be down): what it holds after a kill -9,
+// WAL replayed. An object never opened has no file: no values, no error.
+func FileValues(o Object) (map[int64]bool, error) {
+	out := map[int64]bool{}
+	if _, err := os.Stat(o.Path); os.IsNotExist(err) {
+		return out, nil
+	}
+	tmp, err := os.MkdirTemp("", "shoal-values-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	dst := filepath.Join(tmp, "copy.db")
+	for _, suffix := range []string{"", "-wal"} {
+		if err := copyFile(o.Path+suffix, dst+suffix); err != nil && !(suffix != "" && os.IsNotExist(err)) {
+			return nil, err
+		}
+	}
+	db, err := sql.Open("sqlite3", "file:"+dst)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	rows, err := db.Query("SELECT v FROM t")
+	if err != nil {
+		return nil, fmt.Errorf("%s/%s: %w", o.Host, o.ObjectID, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out[v] = true
+	}
+	return out, rows.Err()
 }
 
 func copyFile(src, dst string) error {

@@ -265,18 +265,48 @@ func RestoresAnswered(ops []traffic.Op) Result {
 	return r
 }
 
-// ExistenceOperations turns acknowledged creates, deletes and linearizable
-// gets into porcupine's form, for the databases whose create was
-// acknowledged (an unacknowledged create has no UUID to follow).
+// ExistenceOperations turns acknowledged creates, deletes, linearizable
+// gets and linearizable lists into porcupine's form, for the databases
+// whose create was acknowledged (an unacknowledged create has no UUID to
+// follow).
+//
+// A list observes every database of the account at once; the model is
+// partitioned by database, so each list is projected onto each database
+// it can speak of — those whose create was called before the list
+// returned, and any it showed — as a get of that database (found: listed),
+// on the list's own call and return. A list missing a database whose
+// create was acknowledged before it was called, or showing one whose
+// delete was acknowledged before it, is then not linearizable. (The
+// projection checks each database alone: that one list's databases form
+// a single snapshot is not checked.)
 func ExistenceOperations(ops []traffic.Op) []porcupine.Operation {
 	acked := map[string]bool{}
+	createCall := map[string]time.Duration{}
 	for _, op := range ops {
 		if op.Kind == traffic.Create && op.Outcome == traffic.OK {
 			acked[op.DB] = true
+			createCall[op.DB] = op.Call
 		}
 	}
 	var out []porcupine.Operation
 	for _, op := range ops {
+		if op.Kind == traffic.List {
+			if op.Outcome != traffic.OK {
+				continue
+			}
+			listed := map[string]bool{}
+			for _, db := range op.Listed {
+				listed[db] = true
+			}
+			for db := range acked {
+				if createCall[db] >= op.Return && !listed[db] {
+					continue
+				}
+				out = append(out, porcupine.Operation{ClientId: op.Client, Call: int64(op.Call), Return: int64(op.Return),
+					Input: model.ExistenceInput{DB: db, Op: model.Listed}, Output: model.ExistenceOutput{Found: listed[db]}})
+			}
+			continue
+		}
 		if !acked[op.DB] {
 			continue
 		}

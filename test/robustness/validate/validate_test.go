@@ -106,6 +106,12 @@ func TestRegisterRestoreLinearizability(t *testing.T) {
 
 func TestExistenceLinearizability(t *testing.T) {
 	ok := traffic.OK
+	list := func(call, ret int, dbs ...string) traffic.Op {
+		o := op(traffic.List, "", 0, ok, call, ret)
+		o.Listed = dbs
+		return o
+	}
+	failedList := func(call, ret int) traffic.Op { return op(traffic.List, "", 0, traffic.Unknown, call, ret) }
 	get := func(found bool, call, ret int) traffic.Op {
 		o := op(traffic.LinGet, "a", 0, ok, call, ret)
 		o.Found = found
@@ -121,6 +127,13 @@ func TestExistenceLinearizability(t *testing.T) {
 		"acknowledged create not found":         {[]traffic.Op{create, get(false, 20, 30)}, false},
 		"deleted database found again":          {[]traffic.Op{create, del, get(false, 60, 70), get(true, 80, 90)}, false},
 		"get concurrent with delete":            {[]traffic.Op{create, get(true, 45, 55), del}, true},
+		"listed after create, not after delete": {[]traffic.Op{create, list(20, 30, "a"), del, list(60, 70)}, true},
+		"list missing an acknowledged create":   {[]traffic.Op{create, list(20, 30)}, false},
+		"list showing a deleted database":       {[]traffic.Op{create, del, list(60, 70, "a")}, false},
+		"list concurrent with the create":       {[]traffic.Op{list(0, 5), create, list(5, 15, "a")}, true},
+		"list then get disagree in order":       {[]traffic.Op{create, del, get(false, 60, 70), list(80, 90, "a")}, false},
+		"list shows one not yet created":        {[]traffic.Op{list(0, 1, "a"), op(traffic.Create, "a", 0, ok, 2, 10)}, false},
+		"failed list observes nothing":          {[]traffic.Op{create, failedList(20, 30)}, true},
 	} {
 		res, _ := Linearizable("existence", model.Existence, ExistenceOperations(tc.ops), 10*time.Second)
 		assert.Equal(t, tc.want, res.OK(), "%s: %s", name, res)
