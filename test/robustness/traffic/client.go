@@ -586,6 +586,23 @@ func (c *Client) Restore(ctx context.Context, client, edge int, db, bookmark str
 	return c.h.Add(op)
 }
 
+// FileSize reads db through edge (GET /database/{id}, not recorded): the
+// object host measures the database's file (file + WAL) for the answer's
+// file_size, and publishes that size when it changed.
+func (c *Client) FileSize(ctx context.Context, edge int, db string) (int64, Outcome, string) {
+	a := c.do(ctx, edge, http.MethodGet, "/"+db, nil)
+	if a.outcome() != OK {
+		return 0, a.outcome(), a.text()
+	}
+	var d struct {
+		FileSize int64 `json:"file_size"`
+	}
+	if err := json.Unmarshal(a.Result, &d); err != nil {
+		return 0, Unknown, "file_size: " + a.text()
+	}
+	return d.FileSize, OK, ""
+}
+
 // Probe runs SELECT 1 on db through edge (validation: not recorded): a
 // listed database must answer queries.
 func (c *Client) Probe(ctx context.Context, edge int, db string) (Outcome, string) {

@@ -52,6 +52,9 @@ type Final struct {
 	Errors  map[string]string          // per database, why its final query failed
 	EdgeGet map[string]traffic.Outcome // per database, the final edge GET's outcome
 	Probe   map[string]string          // per listed database, why SELECT 1 failed ("" when it answered)
+	// Measured is, per listed database, the file_size its host measured
+	// for a GET after every other final query (file + WAL; 0: no file).
+	Measured map[string]int64
 }
 
 // deleteAttempted is the set of databases any delete was sent for, whatever
