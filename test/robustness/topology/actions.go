@@ -244,11 +244,11 @@ type HistoryStatus struct {
 func (c *Cluster) HistoryStatus(ctx context.Context, host *Member) (HistoryStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+host.Addr+"/v1/history/status", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, host.URL("/v1/history/status"), nil)
 	if err != nil {
 		return HistoryStatus{}, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := host.HTTP.Do(req)
 	if err != nil {
 		return HistoryStatus{}, err
 	}

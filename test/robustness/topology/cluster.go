@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shoaldb/shoal/internal/pki"
 	"github.com/shoaldb/shoal/objecthost/history"
 	"github.com/shoaldb/shoal/raftmeta"
 )
@@ -94,6 +95,14 @@ type Options struct {
 	// ArchiveAlarmLag is the archive block's alarm_lag (default "2s": an
 	// object-store outage of a few seconds raises the hosts' lag alarm).
 	ArchiveAlarmLag string
+	// TLS runs the internal plane as deployed: mutual TLS from a cluster
+	// CA made for the run (internal/pki), each member with its role's
+	// certificate (--tls-ca/--tls-cert/--tls-key instead of --insecure),
+	// and the test's own catalog and HTTP clients with a certificate of
+	// every role. The edges' public API stays plain HTTP (clients are D1
+	// clients), and so do the Kafka-protocol broker (the embedded broker
+	// speaks no TLS) and the object store (an external S3 service).
+	TLS bool
 }
 
 // ArchiveBucket and ArchivePrefix are where the object hosts ship their
@@ -108,14 +117,22 @@ type Member struct {
 	*Proc
 	Addr string // host:port of its HTTP API
 	Dir  string // its data directory
+	// Scheme is how its HTTP API is reached ("https" on the internal
+	// plane under Options.TLS); HTTP is a client that can (the test's
+	// certificate).
+	Scheme string
+	HTTP   *http.Client
 }
+
+// URL is the member's HTTP API at path.
+func (m *Member) URL(path string) string { return m.Scheme + "://" + m.Addr + path }
 
 // Health is the URL answering 200 once the member serves.
 func (m *Member) Health() string {
 	if strings.HasPrefix(m.Name, "n") {
-		return "http://" + m.Addr + "/readyz"
+		return m.URL("/readyz")
 	}
-	return "http://" + m.Addr + "/healthz"
+	return m.URL("/healthz")
 }
 
 // Cluster is the deployment of docs/operations.md: the catalog bootstrapped
@@ -138,7 +155,14 @@ type Cluster struct {
 	Config, ArchivedConfig string
 	Admin                  string
 	mounts                 []string // tmpfs data directories, unmounted by Stop
+	// tls is the test's own certificate (every role) under Options.TLS,
+	// nil otherwise (pki.Loader's methods take nil as "no TLS").
+	tls     *pki.Loader
+	certDir string // where the members' certificates are (Options.TLS)
 }
+
+// TLS is the test's own certificate loader (nil without Options.TLS).
+func (c *Cluster) TLS() *pki.Loader { return c.tls }
 
 // Start creates the nodes on net and starts every member, waiting until each
 // is healthy and the hosts are registered. On error the caller still owns
@@ -146,12 +170,49 @@ type Cluster struct {
 func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 	o = o.withDefaults()
 	c := &Cluster{Net: net, Admin: o.Admin}
+	// sec are a member's security flags: its certificate under
+	// Options.TLS, else --insecure.
+	sec := func(string, ...string) []string { return []string{"--insecure"} }
+	var certErr error // a certificate sec could not issue
+	plain := &http.Client{Timeout: 2 * time.Second}
+	internal := plain
+	if o.TLS {
+		caDir, certs := filepath.Join(o.Dir, "pki", "ca"), filepath.Join(o.Dir, "pki", "nodes")
+		c.certDir = certs
+		if _, err := pki.InitCA(caDir, "robustness CA", 24*time.Hour); err != nil {
+			return c, err
+		}
+		sec = func(node string, roles ...string) []string {
+			f, err := pki.Issue(caDir, certs, pki.IssueRequest{Node: node, Roles: roles, Validity: 24 * time.Hour}, false)
+			if err != nil {
+				certErr = fmt.Errorf("certificate of %s: %w", node, err)
+				return nil
+			}
+			return []string{"--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key}
+		}
+		f, err := pki.Issue(caDir, certs, pki.IssueRequest{Node: "robustness-test", Roles: pki.AllRoles, Validity: 24 * time.Hour}, false)
+		if err != nil {
+			return c, err
+		}
+		if c.tls, err = pki.NewLoader(f); err != nil {
+			return c, err
+		}
+		internal = &http.Client{Timeout: 2 * time.Second, Transport: c.tls.Transport(&http.Transport{})}
+	}
 	var env []string
 	named := func(list *[]*Member, name string, nd *Node, port int, bin string, args func(addr string) []string) error {
 		addr := fmt.Sprintf("%s:%d", nd.IP, port)
-		p, err := StartProcEnv(nd, name, env, bin, args(addr)...)
+		argv := args(addr)
+		if certErr != nil {
+			return certErr
+		}
+		p, err := StartProcEnv(nd, name, env, bin, argv...)
 		if p != nil {
-			*list = append(*list, &Member{Proc: p, Addr: addr, Dir: filepath.Join(o.Dir, name)})
+			m := &Member{Proc: p, Addr: addr, Dir: filepath.Join(o.Dir, name), Scheme: c.tls.Scheme(), HTTP: internal}
+			if port == edgePort || bin == o.S3Bin {
+				m.Scheme, m.HTTP = "http", plain // the public API; the object store
+			}
+			*list = append(*list, m)
 		}
 		if err != nil {
 			return err
@@ -171,9 +232,9 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 	for i := range o.Voters {
 		id := fmt.Sprintf("n%d", i+1)
 		err := add(&c.Catalog, id, catalogHTTPPort, func(addr string) []string {
-			a := []string{"raftmeta", "serve", "--insecure", "--id", id, "--dir", filepath.Join(o.Dir, id),
+			a := append([]string{"raftmeta", "serve", "--id", id, "--dir", filepath.Join(o.Dir, id),
 				"--raft-addr", strings.TrimSuffix(addr, fmt.Sprint(catalogHTTPPort)) + fmt.Sprint(raftPort),
-				"--http-addr", addr, "--log-level", "warn"}
+				"--http-addr", addr, "--log-level", "warn"}, sec(id, pki.RoleCatalog)...)
 			if i == 0 {
 				return append(a, "--bootstrap")
 			}
@@ -191,10 +252,10 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 		err := add(&ps, "p1", pipelinePort, func(addr string) []string {
 			ip := strings.TrimSuffix(addr, fmt.Sprintf(":%d", pipelinePort))
 			kafka = []string{"--kafka-brokers", fmt.Sprintf("%s:%d", ip, kafkaPort)}
-			return []string{"pipeline", "serve", "--insecure", "--http-addr", addr, "--dir", filepath.Join(o.Dir, "p1"),
+			return append([]string{"pipeline", "serve", "--http-addr", addr, "--dir", filepath.Join(o.Dir, "p1"),
 				"--catalog", catalog, kafka[0], kafka[1], "--embedded-broker",
 				"--managed-clickhouse", "--managed-clickhouse-addr", fmt.Sprintf("127.0.0.1:%d", ClickHousePort),
-				"--reconcile-interval", "2s", "--log-level", "warn"}
+				"--reconcile-interval", "2s", "--log-level", "warn"}, sec("p1", pki.RolePipeline)...)
 		})
 		env = nil
 		if len(ps) > 0 {
@@ -206,9 +267,9 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 		if o.Limiter {
 			var ls []*Member
 			err := named(&ls, "l1", c.Pipeline.Node(), limiterPort, o.Bin, func(addr string) []string {
-				return append([]string{"limiter", "serve", "--insecure", "--http-addr", addr, "--catalog", catalog, kafka[0], kafka[1],
+				return append(append([]string{"limiter", "serve", "--http-addr", addr, "--catalog", catalog, kafka[0], kafka[1],
 					"--clickhouse-dsn", fmt.Sprintf("clickhouse://127.0.0.1:%d/shoal", ClickHousePort), "--interval", LimiterInterval.String(), "--log-level", "warn"},
-					o.LimiterArgs...)
+					o.LimiterArgs...), sec("l1", pki.RoleLimiter)...)
 			})
 			if len(ls) > 0 {
 				c.Limiter = ls[0]
@@ -268,9 +329,9 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 			c.mounts = append(c.mounts, dir)
 		}
 		err := addOn(&c.Hosts, nd, hostPort, o.Bin, func(addr string) []string {
-			a := append([]string{"objecthost", "serve", "--insecure", "--id", id, "--dir", filepath.Join(o.Dir, id),
+			a := append(append([]string{"objecthost", "serve", "--id", id, "--dir", filepath.Join(o.Dir, id),
 				"--http-addr", addr, "--region", "weur", "--catalog", catalog, "--log-level", "warn",
-				"--heartbeat-interval", o.Heartbeat.String(), "--creation-grace", o.Grace.String()}, kafka...)
+				"--heartbeat-interval", o.Heartbeat.String(), "--creation-grace", o.Grace.String()}, kafka...), sec(id, pki.RoleHost)...)
 			if o.BindingKey != "" {
 				a = append(a, "--binding-key", o.BindingKey)
 			}
@@ -296,9 +357,9 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 		err := add(&c.Edges, id, edgePort, func(addr string) []string {
 			// Rate limits far above what the generators send: they are
 			// not what the suite is about.
-			a := append([]string{"edge", "serve", "--insecure", "--http-addr", addr, "--dir", filepath.Join(o.Dir, id),
+			a := append(append([]string{"edge", "serve", "--http-addr", addr, "--dir", filepath.Join(o.Dir, id),
 				"--region", "weur", "--catalog", catalog, "--admin-token", o.Admin, "--log-level", "warn",
-				"--account-rate", "100000", "--database-rate", "100000"}, kafka...)
+				"--account-rate", "100000", "--database-rate", "100000"}, kafka...), sec(id, pki.RoleEdge)...)
 			if o.BindingKey != "" {
 				a = append(a, "--binding-key", o.BindingKey)
 			}
@@ -365,7 +426,12 @@ func (c *Cluster) writeConfig(o Options, hosts []*Node, kafka []string, durabili
 	b.WriteString("# Written by test/robustness/topology for one run. Object hosts read it\n")
 	b.WriteString("# (--config FILE --node hN) for its archive block; their flags win.\n")
 	b.WriteString("region = \"weur\"\n")
-	b.WriteString("insecure = true # the suite's internal plane runs without TLS (internal/pki is tested elsewhere)\n\n")
+	if c.tls == nil {
+		b.WriteString("insecure = true # the internal plane without TLS (Options.TLS runs it with mutual TLS)\n")
+	} else {
+		fmt.Fprintf(&b, "tls {\n  ca_file  = %q\n  cert_dir = %q\n}\n", filepath.Join(c.certDir, "ca.crt"), c.certDir)
+	}
+	b.WriteString("\n")
 	for _, m := range c.Catalog {
 		raft := strings.TrimSuffix(m.Addr, fmt.Sprint(catalogHTTPPort)) + fmt.Sprint(raftPort)
 		fmt.Fprintf(&b, "node %q {\n  roles = [\"raftmeta\"]\n  raft_addr = %q\n  catalog_addr = %q\n}\n", m.Name, raft, m.Addr)
@@ -431,7 +497,7 @@ func (c *Cluster) CatalogAddrs() []string {
 // CatalogClient is a catalog client for the test's own view (the caller
 // closes it).
 func (c *Cluster) CatalogClient() (*raftmeta.Client, error) {
-	return raftmeta.NewClient(c.CatalogAddrs(), raftmeta.WithCacheTTL(0))
+	return raftmeta.NewClient(c.CatalogAddrs(), raftmeta.WithCacheTTL(0), raftmeta.WithTLS(c.tls))
 }
 
 // EdgeURLs are the edges' base URLs.
@@ -481,7 +547,7 @@ func (c *Cluster) Leader(ctx context.Context) (*Member, error) {
 		votes := map[string]int{}
 		for _, m := range c.Catalog {
 			sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			st, err := raftmeta.NewAdmin(m.Addr, 2*time.Second).Status(sctx)
+			st, err := raftmeta.NewAdmin(m.Addr, 2*time.Second, c.tls).Status(sctx)
 			cancel()
 			if err == nil && st.Leader != "" {
 				votes[st.Leader]++
@@ -503,7 +569,7 @@ func (c *Cluster) WaitHealthy(ctx context.Context, m *Member, within time.Durati
 }
 
 func waitHealthy(ctx context.Context, m *Member, within time.Duration) error {
-	hc := &http.Client{Timeout: 2 * time.Second}
+	hc := m.HTTP
 	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		if !m.Running() {

@@ -35,8 +35,10 @@ type LimitTimeline struct {
 	// fault in effect after Over (to the fault's end plus the bound).
 	Deadline time.Duration
 	// FirstRefusal is the first refusal for the limit returned after Over
-	// (0: none).
-	FirstRefusal time.Duration
+	// (0: none); LastAccepted the call of the last write acknowledged
+	// after Over (0: none). The account's refusal took effect between the
+	// two (on each host: they learn the flag separately).
+	FirstRefusal, LastAccepted time.Duration
 	// MaxRows is the most rows one write was seen to write (at least 1):
 	// what a write of unknown outcome may have written.
 	MaxRows int64
@@ -79,9 +81,11 @@ func Timeline(ops []traffic.Op, acct LimitedAccount, crashes map[string][]Window
 		}
 	}
 	for _, op := range mine {
-		if op.Outcome == traffic.Limited && op.Return >= tl.Over {
+		if op.Outcome == traffic.Limited && op.Return >= tl.Over && (tl.FirstRefusal == 0 || op.Return < tl.FirstRefusal) {
 			tl.FirstRefusal = op.Return
-			break
+		}
+		if op.Outcome == traffic.OK && op.Call >= tl.Over {
+			tl.LastAccepted = max(tl.LastAccepted, op.Call)
 		}
 	}
 	return tl
@@ -176,11 +180,14 @@ func LimitEnforced(ops []traffic.Op, acct LimitedAccount, crashes map[string][]W
 	case after == 0:
 		r.Violations = append(r.Violations, fmt.Sprintf("account %s: no write called after its deadline %s: nothing was checked", acct.Account, tl.Deadline.Round(time.Millisecond)))
 	}
-	first := "none"
-	if tl.FirstRefusal > 0 {
-		first = fmt.Sprintf("%s after", (tl.FirstRefusal - tl.Over).Round(time.Millisecond))
+	since := func(at time.Duration) string {
+		if at == 0 {
+			return "none"
+		}
+		return "+" + (at - tl.Over).Round(time.Millisecond).String()
 	}
-	r.Note = fmt.Sprintf("limit %d rows: over at %s, first refusal %s, deadline %s (bound %s)", acct.Limit, tl.Over.Round(time.Millisecond), first, tl.Deadline.Round(time.Millisecond), converge)
+	r.Note = fmt.Sprintf("limit %d rows: over at %s, last write accepted %s, first refusal %s, deadline %s (bound %s)",
+		acct.Limit, tl.Over.Round(time.Millisecond), since(tl.LastAccepted), since(tl.FirstRefusal), since(tl.Deadline), converge)
 	sort.Strings(r.Violations)
 	return r, tl
 }
