@@ -37,7 +37,7 @@ type FaultRecord struct {
 // OpFigure counts the operations of one kind called during a fault.
 type OpFigure struct {
 	N     int   `json:"n"`
-	OK    int   `json:"ok"` // acknowledged or a definite not-found
+	OK    int   `json:"ok"` // answered: acknowledged, a definite not-found, or a daily-limit refusal
 	P99Ms int64 `json:"p99_ms"`
 }
 
@@ -70,7 +70,7 @@ func figures(ops []traffic.Op, from, to time.Duration) map[string]OpFigure {
 		}
 		f := out[string(op.Kind)]
 		f.N++
-		if op.Outcome == traffic.OK || op.Outcome == traffic.NotFound {
+		if answered(op) {
 			f.OK++
 		}
 		out[string(op.Kind)] = f

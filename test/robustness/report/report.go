@@ -133,6 +133,14 @@ func (r *Report) annotations() []porcupine.Annotation {
 	return out
 }
 
+// answered reports whether op got the definite answer the system owes it:
+// acknowledged, a definite not-found, or — for a free account over its
+// daily row limit — the limit's refusal (the behaviour the limit checks
+// require, not an outage).
+func answered(op traffic.Op) bool {
+	return op.Outcome == traffic.OK || op.Outcome == traffic.NotFound || op.Outcome == traffic.Limited
+}
+
 // availability summarises, by kind, the operations called in [from, to].
 func availability(ops []traffic.Op, from, to time.Duration) string {
 	type agg struct {
@@ -150,7 +158,7 @@ func availability(ops []traffic.Op, from, to time.Duration) string {
 			by[op.Kind] = a
 		}
 		a.n++
-		if op.Outcome == traffic.OK || op.Outcome == traffic.NotFound {
+		if answered(op) {
 			a.ok++
 		}
 		a.lat = append(a.lat, op.Return-op.Call)
