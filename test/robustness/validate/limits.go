@@ -31,6 +31,9 @@ type LimitTimeline struct {
 	// account certainly wrote past its limit (0 with OK false: never).
 	Over time.Duration
 	OK   bool
+	// ByRefusal: Over is the return of the first refusal for the limit,
+	// which came before the rows certainly written were over it.
+	ByRefusal bool
 	// Deadline is Over plus the convergence bound, pushed past every
 	// fault in effect after Over (to the fault's end plus the bound).
 	Deadline time.Duration
@@ -48,7 +51,8 @@ type LimitTimeline struct {
 // operations count). Rows of acknowledged writes that returned inside one
 // of crashes' windows of their database (what a host killed -9 may have
 // lost of its usage, as UsageExact excuses) are not counted as certainly
-// written: the limiter never saw them. faults are the windows the
+// written: the limiter may never have seen them. If a refusal for the
+// limit came first, it marks the account over instead. faults are the windows the
 // convergence bound is extended past (a fault healing at T moves the
 // deadline to at least T + converge); converge is the bound itself.
 func Timeline(ops []traffic.Op, acct LimitedAccount, crashes map[string][]Window, faults []Window, converge time.Duration) LimitTimeline {
@@ -66,6 +70,18 @@ func Timeline(ops []traffic.Op, acct LimitedAccount, crashes map[string][]Window
 		certain += op.Rows
 		if certain > acct.Limit {
 			tl.Over, tl.OK = op.Return, true
+			break
+		}
+	}
+	// A refusal for the limit also shows the account over (in ClickHouse's
+	// count, which may hold writes the count above could not be sure of:
+	// those returned in a crash window): the flag existed by its return.
+	// LimitEnforced checks separately that it was not premature.
+	for _, op := range mine {
+		if op.Outcome == traffic.Limited {
+			if !tl.OK || op.Return < tl.Over {
+				tl.Over, tl.OK, tl.ByRefusal = op.Return, true, true
+			}
 			break
 		}
 	}
@@ -186,8 +202,12 @@ func LimitEnforced(ops []traffic.Op, acct LimitedAccount, crashes map[string][]W
 		}
 		return "+" + (at - tl.Over).Round(time.Millisecond).String()
 	}
-	r.Note = fmt.Sprintf("limit %d rows: over at %s, last write accepted %s, first refusal %s, deadline %s (bound %s)",
-		acct.Limit, tl.Over.Round(time.Millisecond), since(tl.LastAccepted), since(tl.FirstRefusal), since(tl.Deadline), converge)
+	by := ""
+	if tl.ByRefusal {
+		by = " (by its first refusal)"
+	}
+	r.Note = fmt.Sprintf("limit %d rows: over at %s%s, last write accepted %s, first refusal %s, deadline %s (bound %s)",
+		acct.Limit, tl.Over.Round(time.Millisecond), by, since(tl.LastAccepted), since(tl.FirstRefusal), since(tl.Deadline), converge)
 	sort.Strings(r.Violations)
 	return r, tl
 }

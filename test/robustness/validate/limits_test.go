@@ -52,6 +52,15 @@ func TestLimitEnforcedCatchesViolations(t *testing.T) {
 	crash := map[string][]Window{"a": {{From: 35 * time.Millisecond, To: 45 * time.Millisecond}}}
 	r, _ = LimitEnforced(late, acct, crash, nil, bound)
 	assert.Len(t, r.Violations, 1, "a write in a crash's loss window does not count: never certainly over: %s", r)
+	// The limiter saw that write all the same and refused the next: the
+	// refusal (due: at most 4 rows) marks the account over.
+	refusedFirst := append(append([]traffic.Op{}, over...), w(8, limited, 50, 60), w(9, limited, 200, 210))
+	r, tl = LimitEnforced(refusedFirst, acct, crash, nil, bound)
+	assert.True(t, r.OK(), "%s", r)
+	assert.True(t, tl.ByRefusal)
+	assert.Equal(t, 160*time.Millisecond, tl.Deadline)
+	r, _ = LimitEnforced(append(refusedFirst, w(10, ok, 170, 180)), acct, crash, nil, bound)
+	assert.Len(t, r.Violations, 1, "acknowledged past the refusal's deadline: %s", r)
 
 	r, _ = LimitEnforced(over, acct, nil, nil, bound)
 	assert.Len(t, r.Violations, 1, "no write past the deadline: nothing checked is a failure: %s", r)
