@@ -272,10 +272,13 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	steps(e)
 	stopLoad()
 	loadDone.Wait()
-	e.driveLimits()
 	// Past the creation grace and two heartbeats: any destructive verdict a
-	// fault provoked has been acted on by now.
+	// fault provoked has been acted on by now. The limited accounts'
+	// writers go on meanwhile (driveLimits), which touches nothing else.
+	driven := make(chan struct{})
+	go func() { defer close(driven); e.driveLimits() }()
 	time.Sleep(grace + 2*heartbeat)
+	<-driven
 
 	final := observe(t, cl, e.hist, load)
 	billed, producers := e.usage()
