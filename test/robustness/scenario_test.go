@@ -125,7 +125,7 @@ const (
 	// due, on a loaded 2-core machine: the beat's catalog call, the
 	// linearizable confirmation and the fence of an orphan (a Raft write),
 	// the index commit. Twice the most seen at load average 30 (orphans
-	// 4.25 s p50, 5.02 s max against grace + heartbeat + jitter = 4.1 s).
+	// 4.2 s p50, 5.1 s max against grace + heartbeat + jitter = 4.1 s).
 	processingSlack = 2 * time.Second
 )
 
