@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -72,9 +73,12 @@ func neverSent(err error) bool {
 // concurrent use.
 type HostClient struct {
 	http    *http.Client // control calls (init, confirm, delete, info, dumps)
-	raw     *hostConns   // forward's round trips (see hostConns)
+	raw     *hostConns   // forward's round trips over HTTP (see hostConns)
+	frames  *hostFrames  // forward's round trips over frames (nil: HTTP only)
 	timeout time.Duration
 	scheme  string // "https" with TLS
+	// Forwards by transport (the edge's /metrics).
+	sentFrames, sentHTTP atomic.Int64
 }
 
 // NewHostClient returns a client with a connection pool sized for an edge
@@ -102,7 +106,36 @@ func NewHostClient(timeout time.Duration, tls ...*pki.Loader) *HostClient {
 		raw.tls = tl.ClientFor(pki.RoleHost)
 	}
 	return &HostClient{http: &http.Client{Transport: tl.Transport(tr, pki.RoleHost), Timeout: timeout},
-		raw: raw, timeout: timeout, scheme: tl.Scheme()}
+		raw: raw, frames: newHostFrames(raw), timeout: timeout, scheme: tl.Scheme()}
+}
+
+// Host transports (Options.HostTransport).
+const (
+	// TransportFrames forwards queries over multiplexed frame connections
+	// (internal/frame), falling back to HTTP for hosts that do not speak
+	// them. The default.
+	TransportFrames = "frames"
+	// TransportHTTP forwards every query as its own HTTP/1.1 exchange.
+	TransportHTTP = "http"
+)
+
+// UseTransport chooses how queries are forwarded: TransportFrames (or "")
+// or TransportHTTP. Call it before the client is used.
+func (c *HostClient) UseTransport(t string) error {
+	switch t {
+	case "", TransportFrames:
+		if c.frames == nil {
+			c.frames = newHostFrames(c.raw)
+		}
+	case TransportHTTP:
+		if c.frames != nil {
+			c.frames.close()
+			c.frames = nil
+		}
+	default:
+		return fmt.Errorf("host transport %q: want %s or %s", t, TransportFrames, TransportHTTP)
+	}
+	return nil
 }
 
 // URL is the URL of path on the host at addr.
@@ -111,6 +144,9 @@ func (c *HostClient) URL(addr, path string) string { return c.scheme + "://" + a
 // Close drops idle connections.
 func (c *HostClient) Close() {
 	c.http.CloseIdleConnections()
+	if c.frames != nil {
+		c.frames.close()
+	}
 	c.raw.close()
 }
 
@@ -231,10 +267,23 @@ func (c *HostClient) forward(ctx context.Context, url string, hdr http.Header, b
 	return nil, lastErr
 }
 
-// roundTrip is one forward attempt on the edge's own HTTP/1.1 connections
-// (hostConns): the whole exchange runs on the caller's goroutine.
+// roundTrip is one forward attempt: on a frame connection to the host
+// (hostFrames), or, for a host that does not speak frames, on the edge's
+// own HTTP/1.1 connections (hostConns), where the whole exchange runs on
+// the caller's goroutine.
 func (c *HostClient) roundTrip(ctx context.Context, url string, hdr http.Header, body []byte) (*http.Response, error) {
 	hdr.Set("Content-Type", "application/json")
+	if c.frames != nil {
+		addr, path, err := splitHostURL(url)
+		if err != nil {
+			return nil, err
+		}
+		if resp, ok, err := c.frames.roundTrip(ctx, addr, path, hdr, body, c.timeout); ok {
+			c.sentFrames.Add(1)
+			return resp, err
+		}
+	}
+	c.sentHTTP.Add(1)
 	return c.raw.roundTrip(ctx, url, hdr, body, c.timeout)
 }
 

@@ -77,23 +77,29 @@ func (p *hostConns) get(ctx context.Context, addr string) (*hostConn, bool, erro
 			continue
 		}
 		p.mu.Unlock()
-		nc, err := p.dialer.DialContext(ctx, "tcp", addr)
-		if err != nil {
-			return nil, false, err
-		}
-		if p.tls != nil {
-			tc := tls.Client(nc, p.tls)
-			hctx, cancel := context.WithTimeout(ctx, p.dialer.Timeout)
-			err := tc.HandshakeContext(hctx)
-			cancel()
-			if err != nil {
-				nc.Close()
-				return nil, false, err // before any byte of a request: not sent
-			}
-			nc = tc
-		}
-		return &hostConn{nc: nc, br: bufio.NewReaderSize(nc, 16<<10)}, false, nil
+		c, err := p.dial(ctx, addr)
+		return c, false, err
 	}
+}
+
+// dial opens a new connection to addr (TLS when configured).
+func (p *hostConns) dial(ctx context.Context, addr string) (*hostConn, error) {
+	nc, err := p.dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if p.tls != nil {
+		tc := tls.Client(nc, p.tls)
+		hctx, cancel := context.WithTimeout(ctx, p.dialer.Timeout)
+		err := tc.HandshakeContext(hctx)
+		cancel()
+		if err != nil {
+			nc.Close()
+			return nil, err // before any byte of a request: not sent
+		}
+		nc = tc
+	}
+	return &hostConn{nc: nc, br: bufio.NewReaderSize(nc, 16<<10)}, nil
 }
 
 func (p *hostConns) put(addr string, c *hostConn) {
@@ -156,16 +162,9 @@ func (c *hostConn) open() bool {
 // read to the end and closed. The deadline is timeout, or ctx's if earlier;
 // cancelling ctx aborts the exchange.
 func (p *hostConns) roundTrip(ctx context.Context, url string, hdr http.Header, body []byte, timeout time.Duration) (*http.Response, error) {
-	rest, ok := strings.CutPrefix(url, "http://")
-	if !ok {
-		rest, ok = strings.CutPrefix(url, "https://") // the pool's tls decides
-	}
-	if !ok {
-		return nil, fmt.Errorf("forward: unsupported URL %q", url)
-	}
-	addr, path := rest, "/"
-	if i := strings.IndexByte(rest, '/'); i >= 0 {
-		addr, path = rest[:i], rest[i:]
+	addr, path, err := splitHostURL(url)
+	if err != nil {
+		return nil, err
 	}
 	// net/http refuses header fields that would split the request; so do we.
 	for k, vs := range hdr {
@@ -214,6 +213,23 @@ func (p *hostConns) roundTrip(ctx context.Context, url string, hdr http.Header, 
 		resp.Body = &hostBody{ReadCloser: resp.Body, p: p, c: c, addr: addr, stop: stop, keep: !resp.Close}
 		return resp, nil
 	}
+}
+
+// splitHostURL splits "http://host:port/path" (or https: the pool's TLS
+// decides) into address and path.
+func splitHostURL(url string) (addr, path string, err error) {
+	rest, ok := strings.CutPrefix(url, "http://")
+	if !ok {
+		rest, ok = strings.CutPrefix(url, "https://")
+	}
+	if !ok {
+		return "", "", fmt.Errorf("forward: unsupported URL %q", url)
+	}
+	addr, path = rest, "/"
+	if i := strings.IndexByte(rest, '/'); i >= 0 {
+		addr, path = rest[:i], rest[i:]
+	}
+	return addr, path, nil
 }
 
 func appendRequestHead(b []byte, host, path string, hdr http.Header, bodyLen int) []byte {

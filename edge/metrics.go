@@ -78,6 +78,12 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 		gauge("shoal_edge_catalog_fallback_in_flight", "Catalog reads in flight for cache misses.", func() float64 { return float64(s.fb.inFlight.Load()) }),
 		counter("shoal_edge_catalog_fallback_rejected_total", "Catalog reads refused fast (cap full or breaker open).", func() float64 { return float64(s.fb.rejected.Load()) }),
 		breakerCollector{s: s},
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shoal_edge_host_forwards_total", ConstLabels: prometheus.Labels{"transport": "frames"},
+			Help: "Queries forwarded to object hosts, by transport: frames (multiplexed connections) or http (hosts that do not speak frames, or --host-transport http)."},
+			func() float64 { return float64(s.hosts.sentFrames.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shoal_edge_host_forwards_total", ConstLabels: prometheus.Labels{"transport": "http"},
+			Help: "Queries forwarded to object hosts, by transport: frames (multiplexed connections) or http (hosts that do not speak frames, or --host-transport http)."},
+			func() float64 { return float64(s.hosts.sentHTTP.Load()) }),
 	)
 	return m
 }

@@ -33,7 +33,11 @@ type Options struct {
 	// HostTLS is the edge's cluster certificate for calling object hosts
 	// (mutual TLS, internal/pki); nil: plain HTTP (insecure mode).
 	HostTLS *pki.Loader
-	Dir     string // holds routes.db, the bbolt route cache
+	// HostTransport is how queries reach object hosts: TransportFrames
+	// (default: multiplexed frame connections, HTTP for hosts that do not
+	// speak them) or TransportHTTP (an HTTP/1.1 exchange per query).
+	HostTransport string
+	Dir           string // holds routes.db, the bbolt route cache
 	Region  string // this edge's region (placement default); default "weur"
 
 	AdminToken  string           // bearer secret of the operator; "" disables the admin API
@@ -193,6 +197,11 @@ func New(o Options) (*Server, error) {
 		return nil, errors.New("edge: Dir is required")
 	}
 	setDefaults(&o)
+	if o.HostTransport != "" {
+		if err := o.Hosts.UseTransport(o.HostTransport); err != nil {
+			return nil, err
+		}
+	}
 	cache, err := OpenRouteCache(filepath.Join(o.Dir, "routes.db"), RouteCacheOptions{NegativeTTL: o.NegativeRouteTTL, Now: o.Now})
 	if err != nil {
 		return nil, err

@@ -238,6 +238,7 @@ type Host struct {
 	wg        sync.WaitGroup
 
 	tenant *tenantGuard // per-account admission, result budget (tenant.go)
+	frames *frameServer // the edges' multiplexed query connections (frames.go)
 }
 
 // object is one database's in-memory state. meta is replaced, never
@@ -308,6 +309,7 @@ func Open(cfg Config) (*Host, error) {
 		Name: "shoal_objecthost_alarms", Help: "Alarms raised (mass of orphan verdicts, databases the catalog lost); see /v1/status.",
 	}, func() float64 { return float64(len(h.Alarms())) }))
 	h.bufs.New = func() any { b := make([]byte, 0, 4096); return &b }
+	h.frames = newFrameServer(h)
 	h.tenant = newTenantGuard(cfg.Tenant, h.m.reg)
 	h.handles = newHandleCache(cfg.MaxOpen, h.openDB, func(n int) { h.m.openHandles.Set(float64(n)) })
 
@@ -365,6 +367,9 @@ func Open(cfg Config) (*Host, error) {
 func (h *Host) Close() error {
 	var err error
 	h.closeOnce.Do(func() {
+		// Queries in flight on frame connections finish first, as the
+		// HTTP server's shutdown lets its own finish before Close.
+		h.frames.shutdown(frameDrain)
 		h.jobMu.Lock() // no startJob between this and wg.Wait
 		h.closed.Store(true)
 		h.jobMu.Unlock()

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/shoaldb/shoal/internal/binding"
+	"github.com/shoaldb/shoal/internal/frame"
 	"github.com/shoaldb/shoal/internal/pki"
 	"github.com/shoaldb/shoal/internal/profiling"
 	v4 "github.com/shoaldb/shoal/internal/v4"
@@ -111,6 +112,13 @@ func (a *apiHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (a *apiHandler) serve(w *failRecorder, r *http.Request) {
 	if a.h.cfg.TLS != nil && !a.h.peerAllowed(w, r) {
+		return
+	}
+	if r.URL.Path == frame.UpgradePath && r.Method == http.MethodGet {
+		// An edge switching this connection to the multiplexed query
+		// transport (frames.go), authenticated above like any request.
+		w.route = frame.UpgradePath
+		a.h.frames.upgrade(w, r, a)
 		return
 	}
 	if r.Method == http.MethodPost {

@@ -36,7 +36,7 @@ func newEdgeCmd() *cobra.Command {
 func newEdgeServeCmd() *cobra.Command {
 	var (
 		httpAddr, dir, region, adminToken, bindingKey string
-		debugAddr                                     string
+		debugAddr, hostTransport                      string
 		bindingPrevious                               []string
 		catalog                                       []string
 		configPath, nodeID                            string
@@ -181,7 +181,7 @@ secrets come from the file; flags given explicitly win.`,
 				RateShare:      share,
 				AccountChanged: accountChanged,
 				Insights:       insights,
-				Catalog:        edge.RaftmetaCatalog{C: client}, Dir: dir, Region: region, HostTLS: tlsL,
+				Catalog:        edge.RaftmetaCatalog{C: client}, Dir: dir, Region: region, HostTLS: tlsL, HostTransport: hostTransport,
 				AdminToken: adminToken, BindingKeys: keys, TokenTTL: tokenTTL,
 				AccountRate:  edge.RateLimit{Rate: acctRate, Burst: int(2 * acctRate)},
 				DatabaseRate: edge.RateLimit{Rate: dbRate, Burst: int(2 * dbRate)},
@@ -233,6 +233,7 @@ secrets come from the file; flags given explicitly win.`,
 	f.StringVar(&httpAddr, "http-addr", "", "public HTTP bind address host:port")
 	f.StringVar(&debugAddr, "debug-addr", "", "listen address of /debug/pprof/ (Go profiles; mutual TLS and the operator role when TLS is on; cluster.hcl: edge_debug_addr); none: off")
 	f.StringVar(&dir, "dir", "", "data directory (the bbolt route cache)")
+	f.StringVar(&hostTransport, "host-transport", edge.TransportFrames, "how queries reach object hosts: frames (multiplexed connections; HTTP with hosts that do not speak them) or http (an HTTP/1.1 exchange per query)")
 	f.StringVar(&region, "region", "weur", "this edge's region: placement default (wnam, enam, weur, eeur, apac, oc)")
 	f.StringSliceVar(&catalog, "catalog", nil, "catalog (raftmeta) node HTTP addresses; stale reads are spread over all of them")
 	f.StringVar(&adminToken, "admin-token", "", "operator token for /admin/v1 (default $SHOAL_ADMIN_TOKEN)")

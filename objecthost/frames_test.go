@@ -1,0 +1,457 @@
+package objecthost
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/shoaldb/shoal/internal/frame"
+	"github.com/shoaldb/shoal/internal/pki"
+	v4 "github.com/shoaldb/shoal/internal/v4"
+)
+
+// frameClient is a bare client of the frame protocol, driving the host the
+// way an edge does, one frame at a time.
+type frameClient struct {
+	t     *testing.T
+	nc    net.Conn
+	rd    *frame.Reader
+	held  map[uint32][]heldFrame // frames read while waiting for another stream
+	ended map[uint32]bool
+}
+
+type heldFrame struct {
+	h frame.Header
+	p []byte
+}
+
+// upgradeFrames dials addr (through tlsCfg if set), asks for the upgrade
+// and returns the answer's status; the client when it is 101.
+func upgradeFrames(t *testing.T, addr string, tlsCfg *tls.Config) (*frameClient, int) {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	if tlsCfg != nil {
+		tc := tls.Client(nc, tlsCfg)
+		require.NoError(t, tc.Handshake())
+		nc = tc
+	}
+	t.Cleanup(func() { nc.Close() })
+	_, err = io.WriteString(nc, "GET /v1/frames HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: "+frame.Protocol+"\r\n\r\n")
+	require.NoError(t, err)
+	br := bufio.NewReader(nc)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil, resp.StatusCode
+	}
+	return &frameClient{t: t, nc: nc, rd: frame.NewReader(br), held: map[uint32][]heldFrame{}, ended: map[uint32]bool{}}, resp.StatusCode
+}
+
+func dialFrames(t *testing.T, srv *httptest.Server) *frameClient {
+	t.Helper()
+	c, status := upgradeFrames(t, srv.Listener.Addr().String(), nil)
+	require.Equal(t, http.StatusSwitchingProtocols, status)
+	return c
+}
+
+func (c *frameClient) write(b []byte) {
+	_, err := c.nc.Write(b)
+	require.NoError(c.t, err)
+}
+
+func (c *frameClient) request(id uint32, path string, d *db, hdr http.Header, body string) {
+	if hdr == nil {
+		hdr = http.Header{}
+	}
+	if d != nil {
+		hdr.Set(HeaderDatabase, d.uuid)
+		hdr.Set(HeaderAccount, d.account)
+	}
+	b, err := frame.AppendRequest(nil, id, path, hdr, []byte(body))
+	require.NoError(c.t, err)
+	c.write(b)
+}
+
+// next reads one frame (10 s at most: a hang fails the test).
+func (c *frameClient) next() (frame.Header, []byte, error) {
+	_ = c.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	h, p, err := c.rd.Next()
+	return h, bytes.Clone(p), err
+}
+
+// answer collects stream id's whole answer.
+func (c *frameClient) answer(id uint32) (int, http.Header, []byte) {
+	c.t.Helper()
+	status, var_hdr := 0, http.Header(nil)
+	var body []byte
+	for {
+		var h frame.Header
+		var p []byte
+		if q := c.held[id]; len(q) > 0 {
+			h, p, c.held[id] = q[0].h, q[0].p, q[1:]
+		} else {
+			var err error
+			h, p, err = c.next()
+			require.NoError(c.t, err)
+			if h.Stream != id {
+				c.held[h.Stream] = append(c.held[h.Stream], heldFrame{h, p})
+				continue
+			}
+		}
+		switch h.Type {
+		case frame.TypeResponse:
+			r, err := frame.ParseResponse(p)
+			require.NoError(c.t, err)
+			status, var_hdr = r.Status, r.Header
+			body = append(body, r.Chunk...)
+		case frame.TypeData:
+			body = append(body, p...)
+		default:
+			c.t.Fatalf("stream %d: frame type %d", id, h.Type)
+		}
+		if h.End() {
+			c.ended[id] = true
+			return status, var_hdr, body
+		}
+	}
+}
+
+// closed reports whether the host closed the connection (reading
+// returns an error, not a frame).
+func (c *frameClient) closed() bool {
+	for {
+		_, _, err := c.next()
+		if err != nil {
+			var ne net.Error
+			return !(errors.As(err, &ne) && ne.Timeout())
+		}
+	}
+}
+
+// httpAnswer does the same request over HTTP.
+func httpAnswer(t *testing.T, srv *httptest.Server, path string, d *db, hdr http.Header, body string) (int, http.Header, []byte) {
+	req, err := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(body))
+	require.NoError(t, err)
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	if d != nil {
+		req.Header.Set(HeaderDatabase, d.uuid)
+		req.Header.Set(HeaderAccount, d.account)
+	}
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, resp.Header, b
+}
+
+// withoutDuration drops the timings (meta.duration, meta.timings) from a v4
+// answer.
+func withoutDuration(t *testing.T, b []byte) string {
+	var v any
+	require.NoError(t, json.Unmarshal(b, &v), "%s", b)
+	var strip func(any)
+	strip = func(x any) {
+		switch x := x.(type) {
+		case map[string]any:
+			delete(x, "duration")
+			delete(x, "timings")
+			for _, y := range x {
+				strip(y)
+			}
+		case []any:
+			for _, y := range x {
+				strip(y)
+			}
+		}
+	}
+	strip(v)
+	out, _ := json.Marshal(v)
+	return string(out)
+}
+
+// TestFramesAnswerAsHTTP: every kind of query answer — results, SQL
+// errors, refusals of the body, the headers, the identity, the object —
+// is the same over frames as over HTTP: status, content type, envelope.
+func TestFramesAnswerAsHTTP(t *testing.T) {
+	th := newTestHost(t, func(c *Config) { c.MaxBodyBytes = 2000 })
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	_, err := th.Query(context.Background(), d.obj, d.id(), q("CREATE TABLE kv (k INTEGER PRIMARY KEY, v TEXT); INSERT INTO kv VALUES (1, 'one'), (2, 'two')"))
+	require.NoError(t, err)
+	other := newDB("acct")
+	query := "/v1/objects/" + d.obj + "/query"
+	cases := []struct {
+		name, path string
+		d          *db
+		hdr        http.Header
+		body       string
+	}{
+		{"select", query, &d, nil, `{"sql":"SELECT * FROM kv WHERE k = ?","params":[1]}`},
+		{"raw", "/v1/objects/" + d.obj + "/raw", &d, nil, `{"sql":"SELECT * FROM kv"}`},
+		{"sql error", query, &d, nil, `{"sql":"SELECT * FROM nope"}`},
+		{"bad json", query, &d, nil, `{"sql":`},
+		{"read-only write", query, &d, http.Header{HeaderReadOnly: {"1"}}, `{"sql":"INSERT INTO kv VALUES (3, 'three')"}`},
+		{"numbers header", query, &d, http.Header{HeaderNumbers: {"float"}}, `{"sql":"SELECT 1"}`},
+		{"body over the limit", query, &d, nil, `{"sql":"SELECT '` + strings.Repeat("x", 3000) + `'"}`},
+		{"wrong database", query, &db{obj: d.obj, uuid: other.uuid, account: d.account}, nil, `{"sql":"SELECT 1"}`},
+		{"unknown object", "/v1/objects/" + other.obj + "/query", &other, nil, `{"sql":"SELECT 1"}`},
+		{"bound without token", "/v1/bound/query", nil, nil, `{"sql":"SELECT 1"}`},
+	}
+	fc := dialFrames(t, srv)
+	for i, tc := range cases {
+		id := uint32(2*i + 1)
+		fc.request(id, tc.path, tc.d, tc.hdr.Clone(), tc.body)
+		fs, fh, fb := fc.answer(id)
+		hs, hh, hb := httpAnswer(t, srv, tc.path, tc.d, tc.hdr, tc.body)
+		assert.Equal(t, hs, fs, tc.name)
+		assert.Equal(t, hh.Get("Content-Type"), fh.Get("Content-Type"), tc.name)
+		assert.Equal(t, hh.Get("Retry-After"), fh.Get("Retry-After"), tc.name)
+		assert.Equal(t, withoutDuration(t, hb), withoutDuration(t, fb), tc.name)
+	}
+	// The write through frames happened once (the read-only one did not).
+	res, err := th.Query(context.Background(), d.obj, d.id(), q("SELECT count(*) AS n FROM kv"))
+	require.NoError(t, err)
+	assert.Contains(t, mustJSON(t, res), `"n":2`)
+}
+
+// TestFramesOnlyQueryRoutes: a stream to any other route is refused
+// without running it (over frames the host serves queries only).
+func TestFramesOnlyQueryRoutes(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	fc := dialFrames(t, srv)
+	fc.request(1, "/v1/objects/"+d.obj+"/init", nil, nil, mustJSON(t, d.init()))
+	status, _, body := fc.answer(1)
+	assert.Equal(t, http.StatusBadRequest, status, "%s", body)
+	_, err := th.Info(context.Background(), d.obj)
+	assert.ErrorIs(t, err, ErrNotFound, "init did not run")
+	fc.request(3, "/v1/objects/"+d.obj+"/query?x=1", &d, nil, `{"sql":"SELECT 1"}`)
+	status, _, _ = fc.answer(3)
+	assert.Equal(t, http.StatusBadRequest, status)
+}
+
+// TestFramesCancelledStreamDoesNotWedge: a query that would run forever is
+// reset by the edge; the host cancels it (its stream ends), and the
+// connection serves other queries throughout — answered while the first
+// still runs, so out of order.
+func TestFramesCancelledStreamDoesNotWedge(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	slow, fast := newDB("acct"), newDB("acct")
+	th.mustInit(t, slow)
+	th.mustInit(t, fast)
+	fc := dialFrames(t, srv)
+	fc.request(1, "/v1/objects/"+slow.obj+"/query", &slow, nil,
+		`{"sql":"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"}`)
+	for i := uint32(3); i < 13; i += 2 {
+		fc.request(i, "/v1/objects/"+fast.obj+"/query", &fast, nil, `{"sql":"SELECT 42 AS answer"}`)
+	}
+	for i := uint32(3); i < 13; i += 2 {
+		status, _, body := fc.answer(i)
+		require.Equal(t, http.StatusOK, status, "%s", body)
+		assert.Contains(t, string(body), `"answer":42`)
+	}
+	assert.False(t, fc.ended[1], "the endless query is still running")
+	conn := onlyConn(t, th.Host)
+	require.Eventually(t, func() bool { return streamCount(conn) == 1 }, 10*time.Second, 10*time.Millisecond)
+	fc.write(frame.AppendReset(nil, 1))
+	require.Eventually(t, func() bool { return streamCount(conn) == 0 }, 20*time.Second, 10*time.Millisecond,
+		"the reset stream's handler never ended: the query was not cancelled")
+	fc.request(13, "/v1/objects/"+slow.obj+"/query", &slow, nil, `{"sql":"SELECT 7 AS n"}`)
+	status, _, body := fc.answer(13)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	assert.Contains(t, string(body), `"n":7`)
+}
+
+func onlyConn(t *testing.T, h *Host) *frameConn {
+	t.Helper()
+	h.frames.mu.Lock()
+	defer h.frames.mu.Unlock()
+	require.Len(t, h.frames.conns, 1)
+	for c := range h.frames.conns {
+		return c
+	}
+	return nil
+}
+
+func streamCount(c *frameConn) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.streams)
+}
+
+// TestFramesProtocolErrorsCloseTheConnection: a peer's bad frames close
+// its connection, nothing else; the host goes on serving.
+func TestFramesProtocolErrorsCloseTheConnection(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	okReq, err := frame.AppendRequest(nil, 1, "/v1/objects/"+d.obj+"/query", http.Header{HeaderDatabase: {d.uuid}, HeaderAccount: {d.account}}, []byte(`{"sql":"SELECT 1"}`))
+	require.NoError(t, err)
+	bad := map[string][]byte{
+		"oversized frame":      append(frame.AppendHeader(nil, frame.Header{Len: frame.MaxPayload + 1, Type: frame.TypeData, Stream: 1}), make([]byte, 100)...),
+		"unknown type":         frame.AppendHeader(nil, frame.Header{Type: 42, Stream: 1}),
+		"data never opened":    frame.AppendData(nil, 9, []byte("x"), true),
+		"response from client": frame.AppendHeader(nil, frame.Header{Type: frame.TypeResponse, Stream: 1}),
+		"stream id reused":     append(bytes.Clone(okReq), okReq...),
+		"body past declared":   append(frame.AppendHeader(nil, frame.Header{Len: 10, Type: frame.TypeRequest, Flags: frame.FlagEnd, Stream: 1}), 0, 0, 0, 0, 0, 1, '/', 0, 0, 'x'),
+		"garbage":              []byte("GET / HTTP/1.1\r\n\r\n"),
+		"truncated request":    okReq[:len(okReq)-3],
+	}
+	for name, b := range bad {
+		fc := dialFrames(t, srv)
+		fc.write(b)
+		if name == "truncated request" {
+			fc.nc.(*net.TCPConn).CloseWrite()
+		}
+		assert.True(t, fc.closed(), name)
+	}
+	fc := dialFrames(t, srv)
+	fc.write(okReq)
+	status, _, body := fc.answer(1)
+	assert.Equal(t, http.StatusOK, status, "%s", body)
+}
+
+// TestFramesCloseDrains: Host.Close sends a GoAway naming the last
+// stream accepted, answers it (the host is open until it is), refuses —
+// without running — streams opened after, then closes the connection.
+func TestFramesCloseDrains(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	_, err := th.Query(context.Background(), d.obj, d.id(), q("CREATE TABLE t (x)"))
+	require.NoError(t, err)
+	fc := dialFrames(t, srv)
+	path := "/v1/objects/" + d.obj + "/query"
+	body := []byte(`{"sql":"INSERT INTO t VALUES (1)"}`)
+	// Stream 1's body is left incomplete: accepted, not yet running.
+	b, err := frame.AppendRequest(nil, 1, path, http.Header{HeaderDatabase: {d.uuid}, HeaderAccount: {d.account}}, body)
+	require.NoError(t, err)
+	head := b[:len(b)-len(body)]
+	head[5] = 0 // no FlagEnd
+	putLen(head, len(head)-frame.HeaderLen)
+	fc.write(head)
+	require.Eventually(t, func() bool { return streamCount(onlyConn(t, th.Host)) == 1 }, 10*time.Second, 10*time.Millisecond)
+
+	closed := make(chan error, 1)
+	go func() { closed <- th.Host.Close() }()
+	h, p, err := fc.next()
+	require.NoError(t, err)
+	require.Equal(t, frame.TypeGoAway, h.Type)
+	assert.Equal(t, uint32(1), frame.Uint32(p))
+	// Stream 3, after the GoAway: never run.
+	fc.request(3, path, &d, nil, `{"sql":"INSERT INTO t VALUES (3)"}`)
+	fc.write(frame.AppendData(nil, 1, body, true))
+	status, _, ans := fc.answer(1)
+	assert.Equal(t, http.StatusOK, status, "%s", ans)
+	assert.True(t, fc.closed(), "the connection closes once its streams are answered")
+	require.NoError(t, <-closed)
+	th.open(t)
+	res, err := th.Query(context.Background(), d.obj, d.id(), q("SELECT group_concat(x) AS xs FROM t"))
+	require.NoError(t, err)
+	assert.Contains(t, mustJSON(t, res), `"xs":"1"`, "stream 1 ran, stream 3 did not")
+	// A closed host refuses the upgrade (srv still serves the closed
+	// host's handler).
+	_, st := upgradeFrames(t, srv.Listener.Addr().String(), nil)
+	assert.Equal(t, http.StatusServiceUnavailable, st)
+}
+
+func putLen(b []byte, n int) { b[0], b[1], b[2], b[3] = byte(n>>24), byte(n>>16), byte(n>>8), byte(n) }
+
+// TestFramesWindow: a large answer is sent only as far as the window the
+// client granted; the rest follows its Window frames.
+func TestFramesWindow(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	fc := dialFrames(t, srv)
+	fc.request(1, "/v1/objects/"+d.obj+"/query", &d, nil, `{"sql":"SELECT hex(zeroblob(400000)) AS big"}`)
+	got := 0
+	var body []byte
+	for got < frame.InitialWindow {
+		h, p, err := fc.next()
+		require.NoError(t, err)
+		require.False(t, h.End(), "the answer is larger than the window")
+		if h.Type == frame.TypeResponse {
+			r, err := frame.ParseResponse(p)
+			require.NoError(t, err)
+			p = r.Chunk
+		}
+		got += len(p)
+		body = append(body, p...)
+	}
+	assert.Equal(t, frame.InitialWindow, got, "no more than the window before a Window frame")
+	_ = fc.nc.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	_, _, err := fc.rd.Next()
+	var ne net.Error
+	require.True(t, errors.As(err, &ne) && ne.Timeout(), "nothing past the window: %v", err)
+	fc.write(frame.AppendWindow(nil, 1, 1<<30))
+	for {
+		h, p, err := fc.next()
+		require.NoError(t, err)
+		body = append(body, p...)
+		if h.End() {
+			break
+		}
+	}
+	assert.Contains(t, string(body), strings.Repeat("00", 1000))
+	assert.True(t, json.Valid(body))
+}
+
+// TestFramesAuthenticated: with mutual TLS the upgrade is a request like
+// any other: a certificate without the edge (or operator) role is refused,
+// and streams on an edge's connection pass the same role check.
+func TestFramesAuthenticated(t *testing.T) {
+	dir := t.TempDir()
+	_, err := pki.InitCA(filepath.Join(dir, "ca"), "test", time.Hour)
+	require.NoError(t, err)
+	issue := func(node string, roles ...string) *pki.Loader {
+		f, err := pki.Issue(filepath.Join(dir, "ca"), dir, pki.IssueRequest{Node: node, Roles: roles, Validity: time.Hour}, false)
+		require.NoError(t, err)
+		l, err := pki.NewLoader(f)
+		require.NoError(t, err)
+		return l
+	}
+	hostTLS := issue("h1", pki.RoleHost)
+	th := newTestHost(t, func(c *Config) { c.TLS = hostTLS })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	hs := v4.NewServer(th.Handler(), v4.ServerOptions{})
+	go func() { _ = hs.ServeWrapped(ln, hostTLS.Listen) }()
+	t.Cleanup(func() { _ = hs.Close() })
+	d := newDB("acct")
+	th.mustInit(t, d)
+
+	_, status := upgradeFrames(t, ln.Addr().String(), issue("p1", pki.RolePipeline).ClientFor(pki.RoleHost))
+	assert.Equal(t, http.StatusForbidden, status)
+	fc, status := upgradeFrames(t, ln.Addr().String(), issue("e1", pki.RoleEdge).ClientFor(pki.RoleHost))
+	require.Equal(t, http.StatusSwitchingProtocols, status)
+	fc.request(1, "/v1/objects/"+d.obj+"/query", &d, nil, `{"sql":"SELECT 5 AS five"}`)
+	st, _, body := fc.answer(1)
+	assert.Equal(t, http.StatusOK, st, "%s", body)
+	assert.Contains(t, string(body), `"five":5`)
+}
