@@ -38,7 +38,7 @@ type Options struct {
 	// speak them) or TransportHTTP (an HTTP/1.1 exchange per query).
 	HostTransport string
 	Dir           string // holds routes.db, the bbolt route cache
-	Region  string // this edge's region (placement default); default "weur"
+	Region        string // this edge's region (placement default); default "weur"
 
 	AdminToken  string           // bearer secret of the operator; "" disables the admin API
 	BindingKeys *binding.Keyring // nil disables binding tokens
