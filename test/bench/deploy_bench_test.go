@@ -50,6 +50,9 @@ import (
 //   - point SELECT through the edge vs etcd serializable get
 //   - point SELECT straight to the object host (its internal API, mutual
 //     TLS, as the edge calls it) vs etcd serializable get
+//   - point SELECT through a second edge that forwards to the hosts over
+//     HTTP (--host-transport http) instead of its multiplexed frame
+//     connections: the A/B of the edge→host transport, same rounds
 //
 // The load generator is this process, in Go, for both systems, each
 // through its own production client, one client object shared by every
@@ -65,9 +68,9 @@ import (
 // (children listen on consecutive ports from there; default: free ports),
 // SHOAL_BENCH_PROFILE (a directory: CPU profiles of the Shoal processes in
 // the last round, through /debug/pprof), SHOAL_BENCH_PHASES (the Shoal paths
-// to run, comma-separated among raw, create, edge-select, host-select;
-// default all; the etcd paths they compare with run too, and the heartbeat
-// phases only with raw), SHOAL_BENCH_BASELINE_BIN (a second shoal binary,
+// to run, comma-separated among raw, create, edge-select,
+// edge-select-http, host-select; default all; the etcd paths they compare
+// with run too, and the heartbeat phases only with raw), SHOAL_BENCH_BASELINE_BIN (a second shoal binary,
 // e.g. built from main: a second cluster of it runs beside the first and
 // its paths, named "PATH@base", are measured in the same rounds, so a change
 // is compared with its baseline and with etcd in one run),
@@ -101,16 +104,16 @@ func TestDeployBench(t *testing.T) {
 	if profDir != "" {
 		require.NoError(t, os.MkdirAll(profDir, 0o755))
 	}
-	phases := map[string]bool{"raw": true, "create": true, "edge-select": true, "host-select": true}
+	phases := map[string]bool{"raw": true, "create": true, "edge-select": true, "edge-select-http": true, "host-select": true}
 	if s := os.Getenv("SHOAL_BENCH_PHASES"); s != "" {
 		phases = map[string]bool{}
 		for _, f := range strings.Split(s, ",") {
 			f = strings.TrimSpace(f)
 			switch f {
-			case "raw", "create", "edge-select", "host-select":
+			case "raw", "create", "edge-select", "edge-select-http", "host-select":
 				phases[f] = true
 			default:
-				t.Fatalf("SHOAL_BENCH_PHASES: unknown path %q (raw, create, edge-select, host-select)", f)
+				t.Fatalf("SHOAL_BENCH_PHASES: unknown path %q (raw, create, edge-select, edge-select-http, host-select)", f)
 			}
 		}
 	}
@@ -168,6 +171,10 @@ func TestDeployBench(t *testing.T) {
 			db := w.dbs[rng.IntN(len(w.dbs))]
 			return d.post(harness.Client(), d.edgeDB+"/"+db.UUID+"/query", map[string]string{"Authorization": w.bearer}, pointSelect(rng))
 		},
+		"edge-select-http": func(_ int, rng *rand.Rand) error {
+			db := w.dbs[rng.IntN(len(w.dbs))]
+			return d.post(harness.Client(), d.edgeHTTPDB+"/"+db.UUID+"/query", map[string]string{"Authorization": w.bearer}, pointSelect(rng))
+		},
 		"host-select": func(_ int, rng *rand.Rand) error {
 			db := w.dbs[rng.IntN(len(w.dbs))]
 			return d.post(d.hostHC, "https://"+db.HostAddress+"/v1/objects/"+db.ObjectID+"/query",
@@ -212,12 +219,22 @@ func TestDeployBench(t *testing.T) {
 		{"create", "create database through the edge vs etcd put", "etcd-put"},
 		{"edge-select", "point SELECT through the edge vs etcd serializable get", "etcd-get"},
 		{"host-select", "point SELECT straight to the object host vs etcd serializable get", "etcd-get"},
+		{"edge-select-http", "point SELECT through an edge forwarding over HTTP vs etcd get", "etcd-get"},
+		{"edge-select", "point SELECT through the edge: frames vs HTTP edge→host", "edge-select-http"},
+		{"edge-select", "point SELECT through the edge vs straight to the host", "host-select"},
 	}
 	var paths []struct{ name, label, base string }
 	var order []string
 	etcdUsed := map[string]bool{}
 	for _, p := range allPaths {
 		if !phases[p.name] {
+			continue
+		}
+		if !strings.HasPrefix(p.base, "etcd") {
+			// A comparison of two Shoal paths: both must run.
+			if phases[p.base] {
+				paths = append(paths, p)
+			}
 			continue
 		}
 		paths = append(paths, p)
@@ -247,7 +264,10 @@ func TestDeployBench(t *testing.T) {
 	for _, name := range order {
 		runClients(t, levels[len(levels)-1], 500*time.Millisecond, ops[name])
 	}
-	hb := newHeartbeatBench(t, d)
+	var hb *heartbeatBench
+	if phases["raw"] {
+		hb = newHeartbeatBench(t, d)
+	}
 	res := map[string]*phaseSeries{}
 	key := func(name string, n int) string { return fmt.Sprintf("%s/%d", name, n) }
 	// The edge's own account of each create step (its
@@ -310,8 +330,8 @@ func TestDeployBench(t *testing.T) {
 	}
 
 	t.Logf("separate processes on loopback, mutual TLS, fsync on; %d rounds of %s per phase, systems interleaved; %s", rounds, dur, machine())
-	t.Logf("CPU per operation (µs) from /proc/PID/stat: catalog = 3 voters, hosts = 3 object hosts, edge, etcd = 3 members, gen = this load generator")
-	t.Logf("%-66s %3s %8s %17s %8s %8s %17s | %6s %6s %6s %6s %6s | %s", "path", "n", "ops/s", "(min–max)", "p50 ms", "p99 ms", "ratio (min–max)", "cat", "hosts", "edge", "etcd", "gen", "load 1m")
+	t.Logf("CPU per operation (µs) from /proc/PID/stat: catalog = 3 voters, hosts = 3 object hosts, edge (frames to the hosts), edgeH = the edge forwarding over HTTP, etcd = 3 members, gen = this load generator")
+	t.Logf("%-66s %3s %8s %17s %8s %8s %17s | %6s %6s %6s %6s %6s %6s | %s", "path", "n", "ops/s", "(min–max)", "p50 ms", "p99 ms", "ratio (min–max)", "cat", "hosts", "edge", "edgeH", "etcd", "gen", "load 1m")
 	for _, n := range levels {
 		for _, p := range paths {
 			s, b := res[key(p.name, n)], res[key(p.base, n)]
@@ -488,13 +508,17 @@ type deployCluster struct {
 	cats    []*harness.Proc
 	hosts   []*harness.Proc
 	edge    *harness.Proc
+	edgeH   *harness.Proc // the edge forwarding over HTTP (--host-transport http)
 	catAddr []string
 	edgeURL string
-	debug   map[string]string // process name → address of its /debug/pprof
-	edgeDB  string            // the account's /d1/database URL, set by prepare
-	admin   string
-	raw     *raftmeta.Client // the raw-write client (edge + operator certificate)
-	hostHC  *http.Client     // to the hosts' internal API, with an edge's certificate
+	// edgeHTTPDB is edgeDB on edgeH.
+	edgeHTTPDB string
+	edgeHURL   string
+	debug      map[string]string // process name → address of its /debug/pprof
+	edgeDB     string            // the account's /d1/database URL, set by prepare
+	admin      string
+	raw        *raftmeta.Client // the raw-write client (edge + operator certificate)
+	hostHC     *http.Client     // to the hosts' internal API, with an edge's certificate
 }
 
 // deploySpec says how to start a deploy cluster: the binary (default this
@@ -558,6 +582,13 @@ func startDeployClusterSpec(t *testing.T, ports *portAlloc, s deploySpec) *deplo
 		"--region", "weur", "--catalog", catalog, "--admin-token", d.admin,
 		"--account-rate", "1000000", "--database-rate", "1000000", "--log-level", "warn"}, append(edgeArgs, d.pki.Args(t, eid, pki.RoleEdge)...)...)...)
 	harness.WaitHTTP200(t, d.edgeURL+"/healthz", 30*time.Second, "edge never healthy: %s", d.edge.Log)
+	edgeHAddr := ports.next()
+	d.edgeHURL = "http://" + edgeHAddr
+	d.debug["e2"] = ports.next()
+	d.edgeH = harness.StartProc(t, bin, "e2", append([]string{"edge", "serve", "--http-addr", edgeHAddr, "--debug-addr", d.debug["e2"], "--dir", filepath.Join(dir, "e2"),
+		"--region", "weur", "--catalog", catalog, "--admin-token", d.admin, "--host-transport", "http",
+		"--account-rate", "1000000", "--database-rate", "1000000", "--log-level", "warn"}, d.pki.Args(t, "e2", pki.RoleEdge)...)...)
+	harness.WaitHTTP200(t, d.edgeHURL+"/healthz", 30*time.Second, "edge e2 never healthy: %s", d.edgeH.Log)
 
 	var err error
 	d.raw, err = raftmeta.NewClient(d.catAddr, raftmeta.WithCacheTTL(0), raftmeta.WithTLS(d.pki.Loader(t, "bench", pki.RoleEdge, pki.RoleOperator)))
@@ -595,6 +626,7 @@ func (d *deployCluster) prepare(t *testing.T, ecl *clientv3.Client, withEtcd boo
 	require.NoError(t, json.Unmarshal(a.Result, &tok))
 	w.bearer = "Bearer " + tok.Token
 	d.edgeDB = d.edgeURL + "/client/v4/accounts/bench/d1/database"
+	d.edgeHTTPDB = d.edgeHURL + "/client/v4/accounts/bench/d1/database"
 	fill := fmt.Sprintf(`{"batch":[{"sql":"CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT)"},{"sql":"WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < %d) INSERT INTO kv SELECT i, 'value-' || i FROM n"}]}`, benchRows)
 	for i := range benchDBs {
 		a := harness.Call(t, http.MethodPost, d.edgeDB, w.bearer, map[string]any{"name": fmt.Sprintf("sel-%02d", i)})
@@ -748,7 +780,7 @@ func (d *deployCluster) groups(e *harness.EtcdCluster) []procGroup {
 		}
 		return out
 	}
-	return []procGroup{{"cat", pids(d.cats)}, {"hosts", pids(d.hosts)}, {"edge", pids([]*harness.Proc{d.edge})},
+	return []procGroup{{"cat", pids(d.cats)}, {"hosts", pids(d.hosts)}, {"edge", pids([]*harness.Proc{d.edge})}, {"edgeH", pids([]*harness.Proc{d.edgeH})},
 		{"etcd", pids(e.Procs)}, {"gen", []int{os.Getpid()}}}
 }
 
