@@ -638,6 +638,14 @@ func (d *deployCluster) prepare(t *testing.T, ecl *clientv3.Client, withEtcd boo
 		require.NoError(t, err)
 		w.dbs = append(w.dbs, row)
 	}
+	// The second edge learns the token and the routes one query at a time
+	// (64 clients at once on a cold edge would be refused as a token-check
+	// flood).
+	for _, db := range w.dbs {
+		require.Eventually(t, func() bool {
+			return d.post(harness.Client(), d.edgeHTTPDB+"/"+db.UUID+"/query", map[string]string{"Authorization": w.bearer}, []byte(`{"sql":"SELECT 1"}`)) == nil
+		}, 30*time.Second, 100*time.Millisecond, "edge e2 never served %s", db.UUID)
+	}
 	perHost := map[string]int{}
 	for _, db := range w.dbs {
 		perHost[db.HostID]++
