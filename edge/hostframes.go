@@ -296,31 +296,41 @@ var errNotAccepted = errors.New("object host closing: request not accepted")
 var errStreamReset = errors.New("object host reset the stream")
 
 func (c *frameConn) roundTrip(ctx context.Context, path string, hdr http.Header, body []byte, timeout time.Duration) (*http.Response, error) {
-	c.mu.Lock()
-	if c.err != nil || c.goAway || len(c.streams) >= frame.MaxStreams {
-		err := c.err
-		c.mu.Unlock()
-		if err == nil {
-			err = errNotAccepted
-		}
-		return nil, &errNotSent{err}
-	}
-	c.nextID++
-	st := &frameStream{c: c, id: c.nextID, wake: make(chan struct{}, 1)}
-	c.streams[st.id] = st
-	c.mu.Unlock()
-
-	var encErr error
+	st := &frameStream{c: c, wake: make(chan struct{}, 1)}
+	var encErr, refused error
+	// The stream ID is chosen inside Send, under the writer's lock, so IDs
+	// reach the wire in increasing order (the host requires it, and its
+	// GoAway's "last accepted" depends on it); the stream is registered
+	// before its frames can be written, so no answer finds it missing.
+	// Lock order: the writer's, then c.mu.
 	start, queued, err := c.wr.Send(func(b []byte) []byte {
+		c.mu.Lock()
+		if c.err != nil || c.goAway || len(c.streams) >= frame.MaxStreams {
+			refused = c.err
+			if refused == nil {
+				refused = errNotAccepted
+			}
+			c.mu.Unlock()
+			return b
+		}
+		c.nextID++
+		st.id = c.nextID
+		c.streams[st.id] = st
+		c.mu.Unlock()
 		b, encErr = frame.AppendRequest(b, st.id, path, hdr, body)
+		if encErr != nil {
+			c.mu.Lock()
+			delete(c.streams, st.id)
+			c.mu.Unlock()
+		}
 		return b
 	})
-	if encErr != nil {
-		c.forget(st, false)
+	switch {
+	case encErr != nil:
 		return nil, fmt.Errorf("forward: %w", encErr) // the same on any connection: not retried
-	}
-	if !queued {
-		c.forget(st, false)
+	case refused != nil:
+		return nil, &errNotSent{refused}
+	case !queued:
 		return nil, &errNotSent{err}
 	}
 	st.start = start
@@ -474,17 +484,22 @@ func (c *frameConn) removeFromPool() {
 // die closes the connection; its streams fail (not sent, if their frames
 // never reached the connection or the host's GoAway refused them).
 func (c *frameConn) die(err error) {
+	if err == nil {
+		err = io.EOF
+	}
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
 		return
 	}
-	if err == nil {
-		err = io.EOF
-	}
-	c.err = err
+	c.err = err // no stream opens from here on
+	c.mu.Unlock()
+	// The writer's lock is taken outside c.mu (Send's encoder takes c.mu
+	// under it).
 	c.wr.Fail(err)
-	c.handed = c.wr.Handed()
+	handed := c.wr.Handed()
+	c.mu.Lock()
+	c.handed = handed
 	for id, st := range c.streams {
 		delete(c.streams, id)
 		switch {

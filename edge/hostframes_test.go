@@ -139,6 +139,7 @@ func (c *scriptedConn) frames(br *bufio.Reader) {
 	rd := frame.NewReader(br)
 	bodies := map[uint32][]byte{}
 	reqs := map[uint32]frame.Request{}
+	var maxID uint32
 	for {
 		h, p, err := rd.Next()
 		if err != nil {
@@ -148,6 +149,12 @@ func (c *scriptedConn) frames(br *bufio.Reader) {
 		case frame.TypeRequest:
 			req, err := frame.ParseRequest(p)
 			require.NoError(c.h.t, err)
+			if h.Stream <= maxID {
+				// A real host closes the connection (protocol error).
+				c.h.t.Errorf("stream %d after stream %d: IDs must increase on the wire", h.Stream, maxID)
+				return
+			}
+			maxID = h.Stream
 			reqs[h.Stream], bodies[h.Stream] = req, append([]byte(nil), req.Chunk...)
 		case frame.TypeData:
 			bodies[h.Stream] = append(bodies[h.Stream], p...)
@@ -190,8 +197,9 @@ func TestFramesConcurrentOutOfOrder(t *testing.T) {
 	})
 	hc := NewHostClient(10 * time.Second)
 	defer hc.Close()
+	const clients = 128
 	var wg sync.WaitGroup
-	for g := 0; g < 32; g++ {
+	for g := 0; g < clients; g++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -208,7 +216,7 @@ func TestFramesConcurrentOutOfOrder(t *testing.T) {
 	}
 	wg.Wait()
 	assert.Equal(t, int32(1), fh.upgrades.Load(), "one connection carried them all")
-	assert.Equal(t, int64(32*50), hc.sentFrames.Load())
+	assert.Equal(t, int64(clients*50), hc.sentFrames.Load())
 	assert.Zero(t, hc.sentHTTP.Load())
 }
 
