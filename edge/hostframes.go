@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/shoaldb/shoal/internal/frame"
@@ -255,13 +256,17 @@ type frameConn struct {
 	handed  uint64 // the writer's Handed() when it died
 	goAway  bool   // the host is closing: no new streams
 	lastOK  uint32 // the GoAway's last accepted stream
+	retired bool   // silent past a request's deadline: no new streams
 	removed bool
+
+	lastRead atomic.Int64 // unix nanoseconds of the last frame read
 }
 
 type frameStream struct {
 	c     *frameConn
 	id    uint32
 	start uint64 // the writer's offset of its request (set before waiting)
+	sent  int64  // unix nanoseconds when it was opened
 	wake  chan struct{}
 
 	// Under c.mu.
@@ -282,7 +287,7 @@ func (c *frameConn) start() { go c.readLoop() }
 func (c *frameConn) available() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.err == nil && !c.goAway && len(c.streams) < frame.MaxStreams && c.nextID < 1<<31
+	return c.err == nil && !c.goAway && !c.retired && len(c.streams) < frame.MaxStreams && c.nextID < 1<<31
 }
 
 // errConnLost: the connection failed with a request on it, which may have
@@ -296,7 +301,7 @@ var errNotAccepted = errors.New("object host closing: request not accepted")
 var errStreamReset = errors.New("object host reset the stream")
 
 func (c *frameConn) roundTrip(ctx context.Context, path string, hdr http.Header, body []byte, timeout time.Duration) (*http.Response, error) {
-	st := &frameStream{c: c, wake: make(chan struct{}, 1)}
+	st := &frameStream{c: c, wake: make(chan struct{}, 1), sent: time.Now().UnixNano()}
 	var encErr, refused error
 	// The stream ID is chosen inside Send, under the writer's lock, so IDs
 	// reach the wire in increasing order (the host requires it, and its
@@ -305,7 +310,7 @@ func (c *frameConn) roundTrip(ctx context.Context, path string, hdr http.Header,
 	// Lock order: the writer's, then c.mu.
 	start, queued, err := c.wr.Send(func(b []byte) []byte {
 		c.mu.Lock()
-		if c.err != nil || c.goAway || len(c.streams) >= frame.MaxStreams {
+		if c.err != nil || c.goAway || c.retired || len(c.streams) >= frame.MaxStreams {
 			refused = c.err
 			if refused == nil {
 				refused = errNotAccepted
@@ -365,7 +370,7 @@ func (c *frameConn) forget(st *frameStream, reset bool) {
 	_, open := c.streams[st.id]
 	delete(c.streams, st.id)
 	alive := c.err == nil
-	idle := c.goAway && len(c.streams) == 0
+	idle := (c.goAway || c.retired) && len(c.streams) == 0
 	c.mu.Unlock()
 	if open && reset && alive {
 		_, _, _ = c.wr.Send(func(b []byte) []byte { return frame.AppendReset(b, st.id) })
@@ -386,6 +391,7 @@ func (c *frameConn) read() error {
 		if err != nil {
 			return err
 		}
+		c.lastRead.Store(time.Now().UnixNano())
 		switch h.Type {
 		case frame.TypeResponse, frame.TypeData:
 			if err := c.deliver(h, p); err != nil {
@@ -515,6 +521,26 @@ func (c *frameConn) die(err error) {
 	c.removeFromPool()
 }
 
+// retireIfSilent stops opening streams on a connection that has not
+// delivered a single frame since a request that has now timed out was
+// sent: the host may be gone without a word (a partition, a frozen
+// machine), which only TCP keepalive would notice, minutes later. New
+// queries dial a new connection; the ones in flight keep their own
+// deadlines, and the connection closes when they are done.
+func (c *frameConn) retireIfSilent(since int64) {
+	if c.lastRead.Load() >= since {
+		return
+	}
+	c.mu.Lock()
+	c.retired = true
+	idle := len(c.streams) == 0
+	c.mu.Unlock()
+	c.removeFromPool()
+	if idle {
+		c.die(errors.New("object host silent"))
+	}
+}
+
 // frameBody is a stream's answer body; it also waits for the head.
 type frameBody struct {
 	st      *frameStream
@@ -558,6 +584,7 @@ func (b *frameBody) wait(ready func() bool) error {
 		case <-b.ctx.Done():
 			return b.ctx.Err()
 		case <-b.t.C:
+			c.retireIfSilent(st.sent)
 			return fmt.Errorf("object host did not answer within %s: %w", b.timeout, os.ErrDeadlineExceeded)
 		}
 	}

@@ -291,6 +291,7 @@ func TestFramesCancelledRequest(t *testing.T) {
 	_, ans, err = forwardTo(context.Background(), hc2, fh.addr(), "after deadline")
 	require.NoError(t, err)
 	assert.Contains(t, ans, "after deadline")
+	assert.Equal(t, int32(3), fh.upgrades.Load(), "a connection silent past a deadline takes no new queries")
 }
 
 var errDeadline = os.ErrDeadlineExceeded
