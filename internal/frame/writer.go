@@ -3,6 +3,7 @@ package frame
 import (
 	"errors"
 	"io"
+	"runtime"
 	"sync"
 )
 
@@ -65,6 +66,15 @@ func (w *Writer) Send(enc func([]byte) []byte) (start uint64, queued bool, err e
 		return start, true, nil
 	}
 	w.writing = true
+	if n0 == 0 {
+		// Alone in the queue: let the goroutines that are ready run
+		// first, so that the frames they are about to send (on a busy
+		// process, many) go out in this write instead of one each. With
+		// nothing else ready this returns at once.
+		w.mu.Unlock()
+		runtime.Gosched()
+		w.mu.Lock()
+	}
 	for len(w.buf) > 0 && w.err == nil {
 		out := w.buf
 		w.buf = w.spare[:0]
