@@ -45,13 +45,20 @@ import (
 // journal; a file keeps the write(2) in the figure). The other variants
 // run the edge with logging discarded, like the deploy benchmark's
 // --log-level warn.
+//
+// "…-http" forwards over one HTTP/1.1 exchange per query
+// (--host-transport http) instead of the multiplexed frame connection:
+// the A/B of the edge→host transport when nothing runs concurrently (no
+// batching to gain, one goroutine hand-over more per answer).
 func BenchmarkSerialEdgeCPU(b *testing.B) {
-	b.Run("plain", func(b *testing.B) { serialEdgeCPU(b, false, false) })
-	b.Run("mtls", func(b *testing.B) { serialEdgeCPU(b, true, false) })
-	b.Run("mtls+accesslog", func(b *testing.B) { serialEdgeCPU(b, true, true) })
+	b.Run("plain", func(b *testing.B) { serialEdgeCPU(b, false, false, edge.TransportFrames) })
+	b.Run("mtls", func(b *testing.B) { serialEdgeCPU(b, true, false, edge.TransportFrames) })
+	b.Run("mtls+accesslog", func(b *testing.B) { serialEdgeCPU(b, true, true, edge.TransportFrames) })
+	b.Run("plain-http", func(b *testing.B) { serialEdgeCPU(b, false, false, edge.TransportHTTP) })
+	b.Run("mtls-http", func(b *testing.B) { serialEdgeCPU(b, true, false, edge.TransportHTTP) })
 }
 
-func serialEdgeCPU(b *testing.B, mtls, accessLog bool) {
+func serialEdgeCPU(b *testing.B, mtls, accessLog bool, transport string) {
 	quiet := slog.New(slog.DiscardHandler)
 	edgeLog := quiet
 	if accessLog {
@@ -99,7 +106,7 @@ func serialEdgeCPU(b *testing.B, mtls, accessLog bool) {
 	}
 	defer hs.Close()
 	srv, err := edge.New(edge.Options{Catalog: edge.RaftmetaCatalog{C: cl}, Dir: b.TempDir(), Region: "weur",
-		AdminToken: "bench-admin", BindingKeys: keys, Logger: edgeLog, HostTLS: edgeTLS,
+		AdminToken: "bench-admin", BindingKeys: keys, Logger: edgeLog, HostTLS: edgeTLS, HostTransport: transport,
 		AccountRate: edge.RateLimit{Rate: 1e6, Burst: 1e6}, DatabaseRate: edge.RateLimit{Rate: 1e6, Burst: 1e6}})
 	require.NoError(b, err)
 	defer srv.Close()
