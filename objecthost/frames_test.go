@@ -409,6 +409,20 @@ func TestFramesWindow(t *testing.T) {
 	_, _, err := fc.rd.Next()
 	var ne net.Error
 	require.True(t, errors.As(err, &ne) && ne.Timeout(), "nothing past the window: %v", err)
+	// A grant smaller than a frame: exactly that much more comes.
+	fc.write(frame.AppendWindow(nil, 1, 1000))
+	more := 0
+	for more < 1000 {
+		h, p, err := fc.next()
+		require.NoError(t, err)
+		require.Equal(t, frame.TypeData, h.Type)
+		more += len(p)
+		body = append(body, p...)
+	}
+	assert.Equal(t, 1000, more)
+	_ = fc.nc.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	_, _, err = fc.rd.Next()
+	require.True(t, errors.As(err, &ne) && ne.Timeout(), "nothing past the window: %v", err)
 	fc.write(frame.AppendWindow(nil, 1, 1<<30))
 	for {
 		h, p, err := fc.next()
