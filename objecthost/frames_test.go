@@ -469,3 +469,39 @@ func TestFramesAuthenticated(t *testing.T) {
 	assert.Equal(t, http.StatusOK, st, "%s", body)
 	assert.Contains(t, string(body), `"five":5`)
 }
+
+// FuzzFrameConn sends arbitrary bytes on an upgraded connection to a real
+// host: whatever they are, the host answers or closes that connection —
+// it never crashes, never hangs the connection past the peer's end, and
+// goes on serving others.
+func FuzzFrameConn(f *testing.F) {
+	h, err := Open(Config{ID: "fuzz", Dir: f.TempDir(), Manual: true})
+	require.NoError(f, err)
+	defer h.Close()
+	srv := httptest.NewServer(h.Handler())
+	defer srv.Close()
+	d := newDB("acct")
+	_, err = h.Init(context.Background(), d.obj, d.init())
+	require.NoError(f, err)
+	hdr := http.Header{HeaderDatabase: {d.uuid}, HeaderAccount: {d.account}}
+	req, _ := frame.AppendRequest(nil, 1, "/v1/objects/"+d.obj+"/query", hdr, []byte(`{"sql":"SELECT 1"}`))
+	f.Add(req)
+	long, _ := frame.AppendRequest(nil, 3, "/v1/objects/"+d.obj+"/raw", hdr, bytes.Repeat([]byte(" "), frame.MaxPayload+10))
+	f.Add(append(append(bytes.Clone(req), long...), frame.AppendReset(nil, 3)...))
+	f.Add(append(frame.AppendWindow(nil, 1, 5), frame.AppendData(nil, 1, []byte("x"), true)...))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fc, status := upgradeFrames(t, srv.Listener.Addr().String(), nil)
+		require.Equal(t, http.StatusSwitchingProtocols, status)
+		_, _ = fc.nc.Write(b)
+		_ = fc.nc.(*net.TCPConn).CloseWrite()
+		_ = fc.nc.SetReadDeadline(time.Now().Add(20 * time.Second))
+		for {
+			if _, _, err := fc.rd.Next(); err != nil {
+				var ne net.Error
+				require.False(t, errors.As(err, &ne) && ne.Timeout(), "the host kept the connection after the peer's end")
+				break
+			}
+		}
+		fc.nc.Close()
+	})
+}
