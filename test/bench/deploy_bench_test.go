@@ -582,13 +582,18 @@ func startDeployClusterSpec(t *testing.T, ports *portAlloc, s deploySpec) *deplo
 		"--region", "weur", "--catalog", catalog, "--admin-token", d.admin,
 		"--account-rate", "1000000", "--database-rate", "1000000", "--log-level", "warn"}, append(edgeArgs, d.pki.Args(t, eid, pki.RoleEdge)...)...)...)
 	harness.WaitHTTP200(t, d.edgeURL+"/healthz", 30*time.Second, "edge never healthy: %s", d.edge.Log)
-	edgeHAddr := ports.next()
-	d.edgeHURL = "http://" + edgeHAddr
-	d.debug["e2"] = ports.next()
-	d.edgeH = harness.StartProc(t, bin, "e2", append([]string{"edge", "serve", "--http-addr", edgeHAddr, "--debug-addr", d.debug["e2"], "--dir", filepath.Join(dir, "e2"),
-		"--region", "weur", "--catalog", catalog, "--admin-token", d.admin, "--host-transport", "http",
-		"--account-rate", "1000000", "--database-rate", "1000000", "--log-level", "warn"}, d.pki.Args(t, "e2", pki.RoleEdge)...)...)
-	harness.WaitHTTP200(t, d.edgeHURL+"/healthz", 30*time.Second, "edge e2 never healthy: %s", d.edgeH.Log)
+	if prefix == "" {
+		// The transport A/B: a second edge of this build forwarding over
+		// HTTP (not in a baseline cluster, whose binary may predate the
+		// flag).
+		edgeHAddr := ports.next()
+		d.edgeHURL = "http://" + edgeHAddr
+		d.debug["e2"] = ports.next()
+		d.edgeH = harness.StartProc(t, bin, "e2", append([]string{"edge", "serve", "--http-addr", edgeHAddr, "--debug-addr", d.debug["e2"], "--dir", filepath.Join(dir, "e2"),
+			"--region", "weur", "--catalog", catalog, "--admin-token", d.admin, "--host-transport", "http",
+			"--account-rate", "1000000", "--database-rate", "1000000", "--log-level", "warn"}, d.pki.Args(t, "e2", pki.RoleEdge)...)...)
+		harness.WaitHTTP200(t, d.edgeHURL+"/healthz", 30*time.Second, "edge e2 never healthy: %s", d.edgeH.Log)
+	}
 
 	var err error
 	d.raw, err = raftmeta.NewClient(d.catAddr, raftmeta.WithCacheTTL(0), raftmeta.WithTLS(d.pki.Loader(t, "bench", pki.RoleEdge, pki.RoleOperator)))
@@ -642,6 +647,9 @@ func (d *deployCluster) prepare(t *testing.T, ecl *clientv3.Client, withEtcd boo
 	// (64 clients at once on a cold edge would be refused as a token-check
 	// flood).
 	for _, db := range w.dbs {
+		if d.edgeH == nil {
+			break
+		}
 		require.Eventually(t, func() bool {
 			return d.post(harness.Client(), d.edgeHTTPDB+"/"+db.UUID+"/query", map[string]string{"Authorization": w.bearer}, []byte(`{"sql":"SELECT 1"}`)) == nil
 		}, 30*time.Second, 100*time.Millisecond, "edge e2 never served %s", db.UUID)
@@ -788,8 +796,16 @@ func (d *deployCluster) groups(e *harness.EtcdCluster) []procGroup {
 		}
 		return out
 	}
-	return []procGroup{{"cat", pids(d.cats)}, {"hosts", pids(d.hosts)}, {"edge", pids([]*harness.Proc{d.edge})}, {"edgeH", pids([]*harness.Proc{d.edgeH})},
+	return []procGroup{{"cat", pids(d.cats)}, {"hosts", pids(d.hosts)}, {"edge", pids([]*harness.Proc{d.edge})}, {"edgeH", pids(procList(d.edgeH))},
 		{"etcd", pids(e.Procs)}, {"gen", []int{os.Getpid()}}}
+}
+
+// procList is p as a list, empty for nil.
+func procList(p *harness.Proc) []*harness.Proc {
+	if p == nil {
+		return nil
+	}
+	return []*harness.Proc{p}
 }
 
 // cpuTicks is the user+system CPU of pid in clock ticks (100 per second on
