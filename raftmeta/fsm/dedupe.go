@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"hash/fnv"
+	"sync/atomic"
 )
 
 // dedupe remembers recently applied request IDs and their results, in
@@ -38,9 +39,37 @@ type dedupe struct {
 	// all pointer-free, so the garbage collector never walks them. (With a
 	// map of pointers, 3 replicas' 100,000+ entries made each GC mark phase
 	// take 15–47 ms and every in-flight create wait for it: the p99 at 64
-	// clients was those pauses.)
-	chunks    [][]byte
+	// clients was those pauses.) The chunks' bytes are outside the Go heap
+	// (allocChunk): on the heap, up to ~100 MB of them made GOGC=400 let
+	// the heap grow to ~5× that before collecting.
+	chunks    []*chunk
+	used      int    // bytes filled in the last chunk
 	chunkBase uint32 // chunk number of chunks[0]
+}
+
+// chunk is one block of IDs and results. Its memory may be outside the Go
+// heap and is freed explicitly when the last reference goes: one held by
+// the live structure until prune passes it, one by each snapshot view
+// until the view is released. mem is never resliced after creation, so a
+// view may read it while apply appends past what the view knows.
+type chunk struct {
+	mem     []byte
+	offHeap bool
+	refs    atomic.Int32
+}
+
+func newChunk(n int) *chunk {
+	c := &chunk{}
+	c.mem, c.offHeap = allocChunk(n)
+	c.refs.Store(1)
+	return c
+}
+
+func (c *chunk) unref() {
+	if c.refs.Add(-1) == 0 {
+		freeChunk(c.mem, c.offHeap)
+		c.mem = nil
+	}
 }
 
 // reqRec is one remembered command (pointer-free).
@@ -75,7 +104,7 @@ func dedupeKey(id string) [16]byte {
 }
 
 func (d *dedupe) bytes(r *reqRec) (id, result []byte) {
-	c := d.chunks[r.chunk-d.chunkBase]
+	c := d.chunks[r.chunk-d.chunkBase].mem
 	return c[r.off : r.off+r.idLen], c[r.off+r.idLen : r.off+r.idLen+r.resLn]
 }
 
@@ -98,14 +127,16 @@ func (d *dedupe) get(id string) *reqEntry {
 // (a command re-sent after its first answer expired is applied again).
 func (d *dedupe) put(e *reqEntry) {
 	need := len(e.id) + len(e.result)
-	if len(d.chunks) == 0 || cap(d.chunks[len(d.chunks)-1])-len(d.chunks[len(d.chunks)-1]) < need {
-		d.chunks = append(d.chunks, make([]byte, 0, max(dedupeChunk, need)))
+	if len(d.chunks) == 0 || len(d.chunks[len(d.chunks)-1].mem)-d.used < need {
+		d.chunks = append(d.chunks, newChunk(max(dedupeChunk, need)))
+		d.used = 0
 	}
 	ci := len(d.chunks) - 1
-	c := d.chunks[ci]
-	off := len(c)
-	c = append(append(c, e.id...), e.result...)
-	d.chunks[ci] = c
+	c := d.chunks[ci].mem
+	off := d.used
+	copy(c[off:], e.id)
+	copy(c[off+len(e.id):], e.result)
+	d.used += need
 	key := dedupeKey(e.id)
 	d.m[key] = d.seq0 + uint64(len(d.q))
 	d.q = append(d.q, reqRec{key: key, index: e.index, ts: e.ts, chunk: d.chunkBase + uint32(ci),
@@ -134,6 +165,9 @@ func (d *dedupe) prune(tsMin int64, idxMax uint64) {
 		keep = min(keep, d.q[d.head].chunk-d.chunkBase)
 	}
 	if keep > 0 {
+		for _, c := range d.chunks[:keep] {
+			c.unref()
+		}
 		clear(d.chunks[:keep])
 		d.chunks = d.chunks[keep:]
 		d.chunkBase += keep
@@ -151,17 +185,39 @@ func (d *dedupe) prune(tsMin int64, idxMax uint64) {
 // taken in O(chunks): the records are shared, not copied, because the live
 // structure never writes a record it has already published (put appends
 // past the view's end, prune only moves head, compaction copies into a new
-// array), and the chunks are append-only and stay alive while referenced.
-// So Persist can read the view from another goroutine while apply goes on.
+// array), and the chunks are append-only and stay allocated while a view
+// holds a reference. So Persist can read the view from another goroutine
+// while apply goes on. The view must be released (release) exactly once.
 type dedupeView struct {
 	q         []reqRec
-	chunks    [][]byte
+	chunks    []*chunk
 	chunkBase uint32
 }
 
 func (d *dedupe) view() dedupeView {
+	for _, c := range d.chunks {
+		c.refs.Add(1)
+	}
 	return dedupeView{q: d.q[d.head:len(d.q):len(d.q)],
-		chunks: append([][]byte(nil), d.chunks...), chunkBase: d.chunkBase}
+		chunks: append([]*chunk(nil), d.chunks...), chunkBase: d.chunkBase}
+}
+
+// release drops the view's references to its chunks.
+func (v *dedupeView) release() {
+	for _, c := range v.chunks {
+		c.unref()
+	}
+	v.chunks, v.q = nil, nil
+}
+
+// free releases every chunk of a dedupe no longer used (replaced by a
+// restore, or the FSM closed). Apply goroutine (or exclusive owner) only.
+func (d *dedupe) free() {
+	for _, c := range d.chunks {
+		c.unref()
+	}
+	d.chunks, d.q, d.m = nil, nil, map[[16]byte]uint64{}
+	d.head, d.used = 0, 0
 }
 
 // each calls fn for every entry in log order. Writing them in order with
@@ -169,7 +225,7 @@ func (d *dedupe) view() dedupeView {
 func (v dedupeView) each(fn func(id string, index uint64, ts int64, result []byte) error) error {
 	for i := range v.q {
 		r := &v.q[i]
-		c := v.chunks[r.chunk-v.chunkBase]
+		c := v.chunks[r.chunk-v.chunkBase].mem
 		id, res := c[r.off:r.off+r.idLen], c[r.off+r.idLen:r.off+r.idLen+r.resLn]
 		if err := fn(string(id), r.index, r.ts, res); err != nil {
 			return err
@@ -223,17 +279,21 @@ func (f *FSM) loadDedupe(ctx context.Context) error {
 		)
 		if err := rows.Scan(&e.id, &idx, &e.ts, &e.result); err != nil {
 			rows.Close()
+			d.free()
 			return fmt.Errorf("load request ids: %w", err)
 		}
 		e.index = uint64(idx)
 		d.put(&e)
 	}
 	if err := rows.Close(); err != nil {
+		d.free()
 		return fmt.Errorf("load request ids: %w", err)
 	}
 	if _, err := f.wconn.ExecContext(ctx, `DELETE FROM requests`); err != nil {
+		d.free()
 		return fmt.Errorf("load request ids: %w", err)
 	}
+	f.dd.free()
 	f.dd = d
 	return nil
 }

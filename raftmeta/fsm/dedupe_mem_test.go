@@ -95,6 +95,55 @@ func TestDedupeMatchesModel(t *testing.T) {
 	}))
 	require.Equal(t, before, after)
 	require.Contains(t, after, fmt.Sprintf("rid-777/778/778/%d", len(big)))
+
+	// The view held every chunk it saw; releasing it frees the ones the
+	// live structure pruned meanwhile, and only those.
+	held := append([]*chunk(nil), v.chunks...)
+	live := map[*chunk]bool{}
+	for _, c := range d.chunks {
+		live[c] = true
+	}
+	v.release()
+	for _, c := range held {
+		if live[c] {
+			require.NotNil(t, c.mem, "a chunk the live structure still uses stays allocated")
+			require.Equal(t, int32(1), c.refs.Load())
+		} else {
+			require.Nil(t, c.mem, "a pruned chunk is freed once the last view lets go")
+		}
+	}
+	d.free()
+	for c := range live {
+		require.Nil(t, c.mem)
+	}
+}
+
+// A view keeps the chunks it references allocated while the live structure
+// prunes them (off the heap, reading freed memory would fault, not just
+// read stale bytes); the last reference frees them.
+func TestDedupeViewPinsChunks(t *testing.T) {
+	d := newDedupe()
+	res := strings.Repeat("r", 1000)
+	for i := range 3000 { // ~3 MB: several chunks
+		d.put(&reqEntry{id: fmt.Sprintf("id-%d", i), index: uint64(i + 1), ts: int64(i + 1), result: []byte(res)})
+	}
+	require.Greater(t, len(d.chunks), 2)
+	first := d.chunks[0]
+	v := d.view()
+	d.prune(1<<62, 0) // everything expires; the last chunk stays (being filled)
+	require.Equal(t, 0, d.len())
+	require.NotNil(t, first.mem, "pinned by the view")
+	n := 0
+	require.NoError(t, v.each(func(id string, _ uint64, _ int64, result []byte) error {
+		require.Equal(t, fmt.Sprintf("id-%d", n), id)
+		require.Equal(t, res, string(result))
+		n++
+		return nil
+	}))
+	require.Equal(t, 3000, n)
+	v.release()
+	require.Nil(t, first.mem, "freed with the last reference")
+	d.free()
 }
 
 // Thousands of remembered IDs travel through a snapshot in both modes (the

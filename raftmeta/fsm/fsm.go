@@ -267,6 +267,7 @@ func (f *FSM) Close() error {
 		return nil
 	}
 	f.closed = true
+	f.dd.free() // no Apply after Close: Raft has shut down
 	return f.closeHandles()
 }
 

@@ -221,6 +221,7 @@ func (s *snapshot) Release() {
 	s.once.Do(func() {
 		s.conn.ExecContext(context.Background(), `ROLLBACK`) //nolint:errcheck // ends a read txn; the conn is closed next
 		s.conn.Close()
+		s.requests.release()
 		s.f.mu.RUnlock()
 	})
 }

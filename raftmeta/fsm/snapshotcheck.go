@@ -101,6 +101,7 @@ func trialLoad(ctx context.Context, path string) error {
 	if err := f.loadDedupe(ctx); err != nil {
 		return notLoading(err)
 	}
+	f.dd.free()
 	return nil
 }
 

@@ -547,21 +547,9 @@ func startDeployClusterSpec(t *testing.T, ports *portAlloc, s deploySpec) *deplo
 	dir := t.TempDir()
 	d := &deployCluster{pki: harness.NewPKI(t), admin: "bench-admin-token", debug: map[string]string{}}
 	ops := d.pki.HTTPClient(t, "ops", pki.RoleOperator)
-	for i := range 3 {
-		id := fmt.Sprintf("%sc%d", prefix, i+1)
-		addr := ports.next()
-		args := []string{"raftmeta", "serve", "--id", id, "--dir", filepath.Join(dir, id), "--raft-addr", ports.next(),
-			"--http-addr", addr, "--log-level", "warn"}
-		if i == 0 {
-			args = append(args, "--bootstrap")
-		} else {
-			args = append(args, "--join", d.catAddr[0])
-		}
-		p := harness.StartProc(t, bin, id, append(args, d.pki.Args(t, id, pki.RoleCatalog)...)...)
-		harness.WaitHTTP200With(t, ops, "https://"+addr+"/readyz", 30*time.Second, "catalog %s never ready: %s", id, p.Log)
-		d.cats = append(d.cats, p)
-		d.catAddr = append(d.catAddr, addr)
-		d.debug[id] = addr
+	d.cats, d.catAddr = startCatalogVoters(t, bin, dir, d.pki, ports, prefix)
+	for i, addr := range d.catAddr {
+		d.debug[d.cats[i].Name] = addr
 	}
 	catalog := strings.Join(d.catAddr, ",")
 	for i := range 3 {
@@ -606,6 +594,32 @@ func startDeployClusterSpec(t *testing.T, ports *portAlloc, s deploySpec) *deplo
 		return err == nil && len(hs) == 3
 	}, 30*time.Second, 50*time.Millisecond, "object hosts never registered")
 	return d
+}
+
+// startCatalogVoters starts three `shoal raftmeta serve` voters
+// PREFIXc1…PREFIXc3 as separate processes with mutual TLS (the first
+// bootstraps, the others join it) in dir/PREFIXc1… and returns them once
+// each is ready, with their HTTP addresses.
+func startCatalogVoters(t *testing.T, bin, dir string, p *harness.PKI, ports *portAlloc, prefix string) ([]*harness.Proc, []string) {
+	ops := p.HTTPClient(t, "ops", pki.RoleOperator)
+	var procs []*harness.Proc
+	var addrs []string
+	for i := range 3 {
+		id := fmt.Sprintf("%sc%d", prefix, i+1)
+		addr := ports.next()
+		args := []string{"raftmeta", "serve", "--id", id, "--dir", filepath.Join(dir, id), "--raft-addr", ports.next(),
+			"--http-addr", addr, "--log-level", "warn"}
+		if i == 0 {
+			args = append(args, "--bootstrap")
+		} else {
+			args = append(args, "--join", addrs[0])
+		}
+		proc := harness.StartProc(t, bin, id, append(args, p.Args(t, id, pki.RoleCatalog)...)...)
+		harness.WaitHTTP200With(t, ops, "https://"+addr+"/readyz", 30*time.Second, "catalog %s never ready: %s", id, proc.Log)
+		procs = append(procs, proc)
+		addrs = append(addrs, addr)
+	}
+	return procs, addrs
 }
 
 // workload is what the SELECTs read: benchDBs databases of one account
