@@ -69,6 +69,18 @@ func heartbeatFixture(b testing.TB) (*FSM, []string) {
 //	SHOAL_BENCH_HB_DBS=1000000 go test ./raftmeta/fsm -run XXX -bench Heartbeat -benchtime 200000x
 func BenchmarkHeartbeat(b *testing.B) {
 	f, uuids := heartbeatFixture(b)
+	for _, v := range []struct {
+		name string
+		hb   func(context.Context, []string) (HeartbeatAnswer, error)
+	}{
+		{"joined", func(ctx context.Context, u []string) (HeartbeatAnswer, error) { return heartbeatV1(ctx, f, u) }},
+		{"now", f.Heartbeat},
+	} {
+		b.Run(v.name, func(b *testing.B) { benchHeartbeat(b, uuids, v.hb) })
+	}
+}
+
+func benchHeartbeat(b *testing.B, uuids []string, hb func(context.Context, []string) (HeartbeatAnswer, error)) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(1, 2))
 	const chunk = 5000
@@ -79,7 +91,7 @@ func BenchmarkHeartbeat(b *testing.B) {
 		for i := range batch {
 			batch[i] = uuids[rng.IntN(len(uuids))]
 		}
-		ans, err := f.Heartbeat(ctx, batch)
+		ans, err := hb(ctx, batch)
 		if err != nil {
 			b.Fatal(err)
 		}
