@@ -3,7 +3,8 @@
 // object hosts and an edge as separate processes over mutual TLS — against a
 // 3-member etcd in the same run (TestDeployBench), the edge against in-process SQLite
 // (TestEdgeBench), catalog creates on three `shoal raftmeta serve`
-// processes (TestRaftmetaBenchProcesses), the background plane's query-path
+// processes (TestRaftmetaBenchProcesses), the catalog's memory, restart
+// and background CPU at a million databases (TestCatalogScaleBench), the background plane's query-path
 // cost and burst lag (TestBenchPipeline*, BenchmarkHostRecordUsage) and the
 // limiter's figures (TestFigure*). Each harness skips unless SHOAL_BENCH is
 // set (the limiter figures: SHOAL_BENCH=1), so `make test` only compiles
