@@ -99,58 +99,99 @@ func (hh *hostHistory) sweepDeletedArchives(ctx context.Context, h *Host) (Delet
 	}
 	sort.Strings(uuids)
 	now := h.now()
-	var due []string
+	v, err := hh.judgeDeletedArchives(ctx, h, uuids, "confirm_deleted_archives", func(u string) { hh.removeAreas(h, byUUID[u]) })
+	rep.Asked, rep.Unknown, rep.Live, rep.NotDue, rep.Due = v.asked, v.unknown, v.live, v.notDue, len(v.due)
+	if err != nil {
+		return rep, fmt.Errorf("confirming deleted databases' archives: %w", err)
+	}
+	limit := max(hh.cfg.DeletedArchiveMassFloor, int(hh.cfg.DeletedArchiveMassFraction*float64(known+rep.Areas)))
+	if hh.massHeld(h, "mass_archive_deletes", v.due, limit, now, 2*hh.cfg.SweepInterval,
+		fmt.Sprintf("%d databases known here", known+rep.Areas)) {
+		rep.Held = len(v.due)
+		return rep, nil
+	}
+	rep.Deleted, rep.Objects, rep.Failures, err = hh.deleteArchives(ctx, h, v.due, func(u string) { hh.removeAreas(h, byUUID[u]) })
+	return rep, err
+}
+
+// archiveVerdicts sorts databases by the catalog leader's answer.
+type archiveVerdicts struct {
+	asked, unknown, live, notDue int
+	due                          []string // deleted longer than their retention ago
+}
+
+// judgeDeletedArchives asks the catalog on a linearizable read, in
+// heartbeat batches, about uuids, and sorts them: unknown (kept), live
+// (kept; onLive is called for each), deleted within the tier's retention
+// (kept), due. label names the catalog calls in the metrics.
+func (hh *hostHistory) judgeDeletedArchives(ctx context.Context, h *Host, uuids []string, label string, onLive func(string)) (archiveVerdicts, error) {
+	var v archiveVerdicts
+	now := h.now()
 	for start := 0; start < len(uuids); start += fsm.MaxHeartbeatBatch {
 		batch := uuids[start:min(len(uuids), start+fsm.MaxHeartbeatBatch)]
 		cctx, cancel := context.WithTimeout(ctx, h.cfg.CatalogTimeout)
 		ans, err := h.cfg.Catalog.ConfirmHeartbeat(cctx, batch)
 		cancel()
 		if err != nil {
-			h.m.catalogCalls.WithLabelValues("confirm_deleted_archives", "error").Inc()
-			return rep, fmt.Errorf("confirming deleted databases' archives: %w", err)
+			h.m.catalogCalls.WithLabelValues(label, "error").Inc()
+			return v, err
 		}
-		h.m.catalogCalls.WithLabelValues("confirm_deleted_archives", "ok").Inc()
-		rep.Asked += len(batch)
+		h.m.catalogCalls.WithLabelValues(label, "ok").Inc()
+		v.asked += len(batch)
 		for _, st := range ans.Databases {
 			switch {
 			case !st.Known:
-				rep.Unknown++
+				v.unknown++
 			case st.State != fsm.StateDeleted:
-				rep.Live++
-				hh.removeAreas(h, byUUID[st.UUID])
+				v.live++
+				if onLive != nil {
+					onLive(st.UUID)
+				}
 			case st.DeletedAt == 0 || now.Sub(time.Unix(0, st.DeletedAt)) < hh.deletedRetention(ans.Accounts[st.AccountID]):
-				rep.NotDue++
+				v.notDue++
 			default:
-				due = append(due, st.UUID)
+				v.due = append(v.due, st.UUID)
 			}
 		}
 	}
-	rep.Due = len(due)
-	limit := max(hh.cfg.DeletedArchiveMassFloor, int(hh.cfg.DeletedArchiveMassFraction*float64(known+rep.Areas)))
-	if len(due) > limit {
-		rep.Held = len(due)
-		msg := fmt.Sprintf("%d deleted databases' archives are due for deletion in one pass (limit %d, %d databases known here); none deleted. if that is expected, raise deleted_archive_mass_floor in cluster.hcl's archive block", len(due), limit, known+rep.Areas)
-		h.alarms.raiseFor("mass_archive_deletes", now, len(due), due, 2*hh.cfg.SweepInterval, msg)
-		h.log.Error("mass of deleted databases' archives due; deleting none", "due", len(due), "limit", limit, "sample", due[:min(5, len(due))])
-		return rep, nil
+	return v, nil
+}
+
+// massHeld applies a pass's brake: more due than limit raises alarm kind
+// (none deleted) and reports true; otherwise it clears the alarm.
+func (hh *hostHistory) massHeld(h *Host, kind string, due []string, limit int, now time.Time, ttl time.Duration, scope string) bool {
+	if len(due) <= limit {
+		h.alarms.clear(kind)
+		return false
 	}
-	h.alarms.clear("mass_archive_deletes")
+	msg := fmt.Sprintf("%d deleted databases' archives are due for deletion in one pass (limit %d, %s); none deleted. if that is expected, raise deleted_archive_mass_floor in cluster.hcl's archive block", len(due), limit, scope)
+	h.alarms.raiseFor(kind, now, len(due), due, ttl, msg)
+	h.log.Error("mass of deleted databases' archives due; deleting none", "alarm", kind, "due", len(due), "limit", limit, "sample", due[:min(5, len(due))])
+	return true
+}
+
+// deleteArchives deletes each due database's archive (DeleteAll: the
+// checkpoint), then calls after for it; a failure is counted and retried
+// at the next pass.
+func (hh *hostHistory) deleteArchives(ctx context.Context, h *Host, due []string, after func(string)) (deleted, objects, failures int, err error) {
 	for _, u := range due {
 		if ctx.Err() != nil {
-			return rep, ctx.Err()
+			return deleted, objects, failures, ctx.Err()
 		}
 		n, err := hh.archive.DeleteAll(ctx, u)
-		rep.Objects += n
+		objects += n
 		if err != nil {
-			rep.Failures++
+			failures++
 			h.log.Warn("deleting a deleted database's archive failed; retried next pass", "database", u, "objects_deleted", n, "err", err)
 			continue
 		}
-		rep.Deleted++
+		deleted++
 		h.log.Info("archive of a deleted database deleted (retention over)", "database", u, "objects", n)
-		hh.removeAreas(h, byUUID[u])
+		if after != nil {
+			after(u)
+		}
 	}
-	return rep, nil
+	return deleted, objects, failures, nil
 }
 
 // liveObjects: the objects of this host that are not deleted, their
@@ -287,54 +328,17 @@ func (hh *hostHistory) sweepBucketArchives(ctx context.Context, h *Host) (Bucket
 		return rep, err
 	}
 	rep.Listed = len(uuids)
-	now := h.now()
-	var due []string
-	for start := 0; start < len(uuids); start += fsm.MaxHeartbeatBatch {
-		batch := uuids[start:min(len(uuids), start+fsm.MaxHeartbeatBatch)]
-		cctx, cancel := context.WithTimeout(ctx, h.cfg.CatalogTimeout)
-		ans, err := h.cfg.Catalog.ConfirmHeartbeat(cctx, batch)
-		cancel()
-		if err != nil {
-			h.m.catalogCalls.WithLabelValues("confirm_bucket_archives", "error").Inc()
-			return rep, fmt.Errorf("confirming the archive's databases: %w", err)
-		}
-		h.m.catalogCalls.WithLabelValues("confirm_bucket_archives", "ok").Inc()
-		for _, st := range ans.Databases {
-			switch {
-			case !st.Known:
-				rep.Unknown++
-			case st.State != fsm.StateDeleted:
-				rep.Live++
-			case st.DeletedAt == 0 || now.Sub(time.Unix(0, st.DeletedAt)) < hh.deletedRetention(ans.Accounts[st.AccountID]):
-				rep.NotDue++
-			default:
-				due = append(due, st.UUID)
-			}
-		}
+	v, err := hh.judgeDeletedArchives(ctx, h, uuids, "confirm_bucket_archives", nil)
+	rep.Unknown, rep.Live, rep.NotDue, rep.Due = v.unknown, v.live, v.notDue, len(v.due)
+	if err != nil {
+		return rep, fmt.Errorf("confirming the archive's databases: %w", err)
 	}
-	rep.Due = len(due)
 	limit := max(hh.cfg.DeletedArchiveMassFloor, int(hh.cfg.DeletedArchiveMassFraction*float64(len(uuids))))
-	if len(due) > limit {
-		rep.Held = len(due)
-		msg := fmt.Sprintf("%d deleted databases' archives are due for deletion in one bucket-wide pass (limit %d, %d databases in the archive); none deleted. if that is expected, raise deleted_archive_mass_floor in cluster.hcl's archive block", len(due), limit, len(uuids))
-		h.alarms.raiseFor("mass_bucket_archive_deletes", now, len(due), due, 2*hh.cfg.BucketSweepInterval, msg)
-		h.log.Error("mass of deleted databases' archives due in the bucket-wide pass; deleting none", "due", len(due), "limit", limit, "sample", due[:min(5, len(due))])
+	if hh.massHeld(h, "mass_bucket_archive_deletes", v.due, limit, h.now(), 2*hh.cfg.BucketSweepInterval,
+		fmt.Sprintf("%d databases in the archive, bucket-wide pass", len(uuids))) {
+		rep.Held = len(v.due)
 		return rep, nil
 	}
-	h.alarms.clear("mass_bucket_archive_deletes")
-	for _, u := range due {
-		if ctx.Err() != nil {
-			return rep, ctx.Err()
-		}
-		n, err := hh.archive.DeleteAll(ctx, u)
-		rep.Objects += n
-		if err != nil {
-			rep.Failures++
-			h.log.Warn("deleting a deleted database's archive failed; retried next pass", "database", u, "objects_deleted", n, "err", err)
-			continue
-		}
-		rep.Deleted++
-		h.log.Info("archive of a deleted database deleted by the bucket-wide pass (retention over)", "database", u, "objects", n)
-	}
-	return rep, nil
+	rep.Deleted, rep.Objects, rep.Failures, err = hh.deleteArchives(ctx, h, v.due, nil)
+	return rep, err
 }
