@@ -36,10 +36,10 @@ func (r RaftmetaCatalog) CreateDatabase(ctx context.Context, cmd fsm.CreateDatab
 
 var _ BatchCreator = RaftmetaCatalog{}
 
-// CreateDatabases is BatchCreator: the creates in one request, each its own
-// command (raftmeta.Client.CreateDatabases).
-func (r RaftmetaCatalog) CreateDatabases(ctx context.Context, cmds []fsm.CreateDatabase) ([]fsm.Database, []error) {
-	return r.C.CreateDatabases(ctx, cmds)
+// CreateDatabasesAs is BatchCreator: the creates in one request, each its
+// own command with its own audit record (raftmeta.Client.CreateDatabasesAs).
+func (r RaftmetaCatalog) CreateDatabasesAs(ctx context.Context, cmds []fsm.CreateDatabase, audits []*fsm.Audit) ([]fsm.Database, []error) {
+	return r.C.CreateDatabasesAs(ctx, cmds, audits)
 }
 
 func (r RaftmetaCatalog) DeleteDatabase(ctx context.Context, cmd fsm.DeleteDatabase) (fsm.Database, error) {

@@ -43,14 +43,25 @@ import (
 // i-th result and error answering cmds[i] exactly as CreateDatabase would
 // have (a refusal is an fsm sentinel; any other error leaves that create's
 // outcome unknown). raftmeta.Client has it (RaftmetaCatalog passes it on).
+//
+// audits[i] is the audit record (who asked, from where) of cmds[i]'s
+// request: the creates of one batch come from different requests, so the
+// batch's context carries none.
 type BatchCreator interface {
-	CreateDatabases(ctx context.Context, cmds []fsm.CreateDatabase) ([]fsm.Database, []error)
+	CreateDatabasesAs(ctx context.Context, cmds []fsm.CreateDatabase, audits []*fsm.Audit) ([]fsm.Database, []error)
+}
+
+// auditedCreate is one create in the catalog batcher, with the audit
+// record of the request it came from.
+type auditedCreate struct {
+	cmd   fsm.CreateDatabase
+	audit *fsm.Audit
 }
 
 // createBatching holds the batchers of the create flow: one for the
 // catalog, one per host address for inits and for confirms.
 type createBatching struct {
-	catalog  *batcher[fsm.CreateDatabase, fsm.Database] // nil: one request per create
+	catalog  *batcher[auditedCreate, fsm.Database] // nil: one request per create
 	routes   *batcher[Route, bool]                      // nil: one cache transaction per create
 	maxBatch int                                        // ≤ 0: no host batching either
 	inflight int
@@ -95,7 +106,15 @@ func (s *Server) initCreateBatching() {
 			return stored, fill(len(rs), err)
 		})
 	if bc, ok := s.catalog.(BatchCreator); ok {
-		b.catalog = newBatcher(s.bgCtx, &b.wg, b.maxBatch, b.inflight, 3*s.o.CatalogTimeout, bc.CreateDatabases)
+		b.catalog = newBatcher(s.bgCtx, &b.wg, b.maxBatch, b.inflight, 3*s.o.CatalogTimeout,
+			func(ctx context.Context, items []auditedCreate) ([]fsm.Database, []error) {
+				cmds := make([]fsm.CreateDatabase, len(items))
+				audits := make([]*fsm.Audit, len(items))
+				for i, it := range items {
+					cmds[i], audits[i] = it.cmd, it.audit
+				}
+				return bc.CreateDatabasesAs(ctx, cmds, audits)
+			})
 		b.catalog.observe = func(n int) { s.m.batchCatalog.Observe(float64(n)) }
 	}
 }
@@ -114,7 +133,11 @@ func (s *Server) createCatalogWrite(ctx context.Context, cmd fsm.CreateDatabase)
 		})
 		return d, err
 	}
-	d, err := s.cb.catalog.do(ctx, cmd)
+	item := auditedCreate{cmd: cmd}
+	if a, ok := fsm.AuditFrom(ctx); ok {
+		item.audit = &a
+	}
+	d, err := s.cb.catalog.do(ctx, item)
 	if err != nil && !isCatalogRefusal(err) && !errors.Is(err, ErrUnavailable) {
 		err = fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}

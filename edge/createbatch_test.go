@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,13 +24,15 @@ type batchCatalog struct {
 	*fakeCatalog
 	gate chan struct{}
 
-	bmu   sync.Mutex
-	sizes []int
+	bmu    sync.Mutex
+	sizes  []int
+	audits []*fsm.Audit // of every create batched, in order
 }
 
-func (c *batchCatalog) CreateDatabases(ctx context.Context, cmds []fsm.CreateDatabase) ([]fsm.Database, []error) {
+func (c *batchCatalog) CreateDatabasesAs(ctx context.Context, cmds []fsm.CreateDatabase, audits []*fsm.Audit) ([]fsm.Database, []error) {
 	c.bmu.Lock()
 	c.sizes = append(c.sizes, len(cmds))
+	c.audits = append(c.audits, audits...)
 	gate := c.gate
 	c.bmu.Unlock()
 	if gate != nil {
@@ -116,6 +119,22 @@ func TestCreateBatchMixedRefusals(t *testing.T) {
 	assert.Equal(t, []int{ok, 400*10000 + v4.CodeNameTaken}, codes(0, 1), "one of the two creates of one name")
 	assert.Equal(t, []int{ok, 400*10000 + v4.CodeDatabaseLimit}, codes(2, 3), "one create fits under acct-b's limit")
 	assert.Equal(t, 200, answers[4].Status, "%s", answers[4].Raw)
+
+	// Each batched create carries its own request's audit record (the
+	// batch is sent on a context of its own): the token that asked.
+	bc.bmu.Lock()
+	audits := append([]*fsm.Audit(nil), bc.audits...)
+	bc.bmu.Unlock()
+	require.Len(t, audits, 1+len(reqs))
+	actors := map[string]int{}
+	for _, a := range audits {
+		require.NotNil(t, a, "a batched create without its audit record")
+		actors[a.Actor]++
+	}
+	assert.Len(t, actors, 2, "two tokens asked: %v", actors)
+	for actor := range actors {
+		assert.True(t, strings.HasPrefix(actor, "token:"), actor)
+	}
 
 	a := e.call("GET", dbPath(acctA), tokA, nil)
 	assert.EqualValues(t, 3, a.ResultInfo.TotalCount) // first, same, other

@@ -413,12 +413,29 @@ func isRetryableWrite(err error) bool {
 // request ID and outcome — a refusal of one (name taken, the account's
 // limit, …) leaves the others unaffected. The i-th Database and error
 // answer cmds[i].
+//
+// Every command carries the audit record of ctx (fsm.WithAudit), as
+// CreateDatabase does; CreateDatabasesAs gives each its own.
 func (c *Client) CreateDatabases(ctx context.Context, cmds []fsm.CreateDatabase) ([]fsm.Database, []error) {
+	var audits []*fsm.Audit
+	if a, ok := fsm.AuditFrom(ctx); ok {
+		audits = make([]*fsm.Audit, len(cmds))
+		for i := range audits {
+			audits[i] = &a
+		}
+	}
+	return c.CreateDatabasesAs(ctx, cmds, audits)
+}
+
+// CreateDatabasesAs is CreateDatabases with the audit record of each
+// create (who asked, from where) given per command: the creates of one
+// batch come from different requests. audits[i] (nil, or audits shorter
+// than cmds: none) goes with cmds[i]; the audit of ctx is not used.
+func (c *Client) CreateDatabasesAs(ctx context.Context, cmds []fsm.CreateDatabase, audits []*fsm.Audit) ([]fsm.Database, []error) {
 	out := make([]fsm.Database, len(cmds))
 	errs := make([]error, len(cmds))
 	batch := make([]fsm.Command, 0, len(cmds))
 	idx := make([]int, 0, len(cmds))
-	audit, hasAudit := fsm.AuditFrom(ctx)
 	now := c.now().UnixNano()
 	for i, d := range cmds {
 		cmd, err := fsm.NewCommand(fsm.CmdCreateDatabase, c.newID(), now, d)
@@ -426,8 +443,8 @@ func (c *Client) CreateDatabases(ctx context.Context, cmds []fsm.CreateDatabase)
 			errs[i] = err
 			continue
 		}
-		if hasAudit {
-			a := audit
+		if i < len(audits) && audits[i] != nil {
+			a := *audits[i]
 			cmd.Audit = &a
 		}
 		batch = append(batch, cmd)
