@@ -62,8 +62,8 @@ type auditedCreate struct {
 // catalog, one per host address for inits and for confirms.
 type createBatching struct {
 	catalog  *batcher[auditedCreate, fsm.Database] // nil: one request per create
-	routes   *batcher[Route, bool]                      // nil: one cache transaction per create
-	maxBatch int                                        // ≤ 0: no host batching either
+	routes   *batcher[Route, bool]                 // nil: one cache transaction per create
+	maxBatch int                                   // ≤ 0: no host batching either
 	inflight int
 
 	mu          sync.Mutex
