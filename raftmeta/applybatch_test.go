@@ -152,3 +152,36 @@ func TestApplyBatchFallsBackOnOlderNodes(t *testing.T) {
 	require.NoError(t, errs[2])
 	assert.EqualValues(t, 3, singles.Load())
 }
+
+// Bad batches are refused whole with a clear error and apply nothing:
+// malformed JSON, no commands, more than MaxApplyBatch, an unknown field.
+func TestApplyBatchRefusesBadRequests(t *testing.T) {
+	tc := newTestCluster(t, 1, nil)
+	leader := tc.waitLeader()
+	post := func(body string) (int, string) {
+		t.Helper()
+		resp, err := http.Post("http://"+leader.HTTPAddr()+"/v1/apply-batch", "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var out struct {
+			Error wireError `json:"error"`
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+		return resp.StatusCode, out.Error.Message
+	}
+	acct, err := json.Marshal(cmd(t, fsm.CmdCreateAccount, newAccount("acct", 1000)))
+	require.NoError(t, err)
+	many := strings.TrimSuffix(strings.Repeat(string(acct)+",", MaxApplyBatch+1), ",")
+	for name, body := range map[string]string{
+		"malformed":     `{"commands":[`,
+		"empty":         `{"commands":[]}`,
+		"too many":      `{"commands":[` + many + `]}`,
+		"unknown field": `{"commands":[],"extra":1}`,
+	} {
+		status, msg := post(body)
+		assert.Equal(t, http.StatusBadRequest, status, "%s: %s", name, msg)
+		assert.NotEmpty(t, msg, name)
+	}
+	_, err = leader.cat.Account(context.Background(), "acct")
+	assert.ErrorIs(t, err, fsm.ErrAccountNotFound, "nothing applied")
+}
