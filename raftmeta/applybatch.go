@@ -304,13 +304,7 @@ func (c *Client) applyBatch(ctx context.Context, cmds []fsm.Command) ([]fsm.Resu
 	var lastErr error
 	var order []string
 	for attempt := 0; attempt < c.attempts && len(pending) > 0; attempt++ {
-		target := c.Leader()
-		if target == "" {
-			if len(order) == 0 {
-				order = c.nodes.order("", true)
-			}
-			target, order = order[0], order[1:]
-		}
+		target := c.writeTarget(&order)
 		sub := make([]fsm.Command, len(pending))
 		for j, i := range pending {
 			sub[j] = cmds[i]
@@ -324,11 +318,7 @@ func (c *Client) applyBatch(ctx context.Context, cmds []fsm.Command) ([]fsm.Resu
 		}
 		var out ApplyBatchResponse
 		resp, err := c.do(ctx, c.writeTO, http.MethodPost, target, "/v1/apply-batch", body, &out)
-		if resp != nil {
-			if l := resp.Header.Get(headerLeader); l != "" {
-				c.setLeader(l)
-			}
-		}
+		c.noteLeader(resp)
 		if err == nil && len(out.Items) != len(sub) {
 			err = fmt.Errorf("%w: %w: %s answered %d items for %d commands", ErrUnavailable, errTransport, target, len(out.Items), len(sub))
 		}
@@ -347,24 +337,17 @@ func (c *Client) applyBatch(ctx context.Context, cmds []fsm.Command) ([]fsm.Resu
 			return res, errs
 		}
 		if err != nil {
-			var nl *NotLeaderError
-			switch {
-			case errors.As(err, &nl):
-				if nl.Leader != "" && nl.Leader != target {
-					c.setLeader(nl.Leader)
-					lastErr = err
-					continue // follow the hint at once
-				}
-				c.dropLeader(target)
-			case errors.Is(err, ErrUnavailable):
-				c.dropLeader(target)
-			default:
+			retryNow, nodeErr := c.writeFailed(err, target)
+			if !nodeErr {
 				for _, i := range pending { // a refusal of the whole request
 					errs[i] = err
 				}
 				return res, errs
 			}
 			lastErr = err
+			if retryNow {
+				continue // follow the leader hint at once
+			}
 		} else {
 			var next []int
 			for j, i := range pending {
@@ -388,14 +371,7 @@ func (c *Client) applyBatch(ctx context.Context, cmds []fsm.Command) ([]fsm.Resu
 		}
 	}
 	for _, i := range pending {
-		switch {
-		case ctx.Err() != nil:
-			errs[i] = fmt.Errorf("%w: %v (last error: %v)", ErrUnavailable, ctx.Err(), lastErr)
-		case errors.Is(lastErr, ErrUnavailable):
-			errs[i] = lastErr
-		default:
-			errs[i] = fmt.Errorf("%w: %v", ErrUnavailable, lastErr)
-		}
+		errs[i] = writeGaveUp(ctx, lastErr)
 	}
 	return res, errs
 }

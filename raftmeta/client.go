@@ -237,38 +237,21 @@ func (c *Client) Apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error)
 	var lastErr error
 	var order []string // rotation through the nodes when the leader is unknown
 	for attempt := 0; attempt < c.attempts; attempt++ {
-		target := c.Leader()
-		if target == "" {
-			if len(order) == 0 {
-				order = c.nodes.order("", true)
-			}
-			target, order = order[0], order[1:]
-		}
+		target := c.writeTarget(&order)
 		var out ApplyResponse
 		resp, err := c.do(ctx, c.writeTO, http.MethodPost, target, "/v1/apply", body, &out)
-		if resp != nil {
-			if l := resp.Header.Get(headerLeader); l != "" {
-				c.setLeader(l)
-			}
-		}
+		c.noteLeader(resp)
 		if err == nil {
 			return out.Result, nil
 		}
-		var nl *NotLeaderError
-		switch {
-		case errors.As(err, &nl):
-			if nl.Leader != "" && nl.Leader != target {
-				c.setLeader(nl.Leader)
-				lastErr = err
-				continue // follow the hint at once
-			}
-			c.dropLeader(target)
-		case errors.Is(err, ErrUnavailable):
-			c.dropLeader(target)
-		default:
+		retryNow, nodeErr := c.writeFailed(err, target)
+		if !nodeErr {
 			return out.Result, err // a catalog refusal or a bad request
 		}
 		lastErr = err
+		if retryNow {
+			continue // follow the leader hint at once
+		}
 		if ctx.Err() != nil {
 			break
 		}
@@ -276,13 +259,63 @@ func (c *Client) Apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error)
 			break
 		}
 	}
+	return fsm.Result{}, writeGaveUp(ctx, lastErr)
+}
+
+// writeTarget is where a write goes next: the known leader, else the next
+// node of a rotation (order, refilled when used up).
+func (c *Client) writeTarget(order *[]string) string {
+	if target := c.Leader(); target != "" {
+		return target
+	}
+	if len(*order) == 0 {
+		*order = c.nodes.order("", true)
+	}
+	target := (*order)[0]
+	*order = (*order)[1:]
+	return target
+}
+
+// noteLeader learns the leader a node's answer names.
+func (c *Client) noteLeader(resp *http.Response) {
+	if resp != nil {
+		if l := resp.Header.Get(headerLeader); l != "" {
+			c.setLeader(l)
+		}
+	}
+}
+
+// writeFailed handles a write's failure at target. nodeErr: the node could
+// not take it (not the leader, unavailable) and the write may be retried;
+// otherwise err is the catalog's answer (a refusal, a bad request).
+// retryNow: target named another leader, to be tried at once.
+func (c *Client) writeFailed(err error, target string) (retryNow, nodeErr bool) {
+	var nl *NotLeaderError
+	switch {
+	case errors.As(err, &nl):
+		if nl.Leader != "" && nl.Leader != target {
+			c.setLeader(nl.Leader)
+			return true, true
+		}
+		c.dropLeader(target)
+	case errors.Is(err, ErrUnavailable):
+		c.dropLeader(target)
+	default:
+		return false, false
+	}
+	return false, true
+}
+
+// writeGaveUp is the error of a write whose attempts ran out (or ctx
+// ended): always ErrUnavailable, the outcome unknown.
+func writeGaveUp(ctx context.Context, lastErr error) error {
 	if ctx.Err() != nil {
-		return fsm.Result{}, fmt.Errorf("%w: %v (last error: %v)", ErrUnavailable, ctx.Err(), lastErr)
+		return fmt.Errorf("%w: %v (last error: %v)", ErrUnavailable, ctx.Err(), lastErr)
 	}
 	if errors.Is(lastErr, ErrUnavailable) {
-		return fsm.Result{}, lastErr
+		return lastErr
 	}
-	return fsm.Result{}, fmt.Errorf("%w: %v", ErrUnavailable, lastErr)
+	return fmt.Errorf("%w: %v", ErrUnavailable, lastErr)
 }
 
 // apply proposes one command of type t with body and decodes Result.Value
