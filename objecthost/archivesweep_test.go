@@ -50,7 +50,7 @@ func TestDeletedArchivesSwept(t *testing.T) {
 	ctx := context.Background()
 	store := s3Archive(t)
 	th := hbHost(t, func(c *Config) {
-		c.History = &HistoryConfig{Store: store, Shipper: history.ShipperOptions{MaxLag: 50 * time.Millisecond}, SweepInterval: -1}
+		c.History = sweepHistory(store)
 	})
 	th.cat.setAccount(fsm.Account{ID: "paid", Tier: fsm.TierPaid})
 	th.cat.setAccount(fsm.Account{ID: "free", Tier: fsm.TierFree})
@@ -63,11 +63,7 @@ func TestDeletedArchivesSwept(t *testing.T) {
 		th.exec(t, d, "INSERT INTO t(v) VALUES ('x')")
 		th.archivedUpTo(t, d)
 	}
-	objects := func(d db) int {
-		keys, err := store.List(ctx, d.uuid+"/")
-		require.NoError(t, err)
-		return len(keys)
-	}
+	objects := func(d db) int { return archivedObjects(t, store, d) }
 	for _, d := range all {
 		require.NotZero(t, objects(d), "archived")
 	}
@@ -83,7 +79,7 @@ func TestDeletedArchivesSwept(t *testing.T) {
 	}
 	for _, d := range []db{paid, free} {
 		th.cat.mu.Lock()
-		th.cat.dbs[d.uuid] = fsm.HeartbeatState{UUID: d.uuid, Known: true, State: fsm.StateDeleted, AccountID: d.account, RoutingGeneration: 2, DeletedAt: deletedAt.UnixNano()}
+		th.cat.dbs[d.uuid] = deletedState(d, deletedAt.UnixNano())
 		th.cat.mu.Unlock()
 	}
 	th.cat.setObject(moved.uuid, moved.account, newObjectID(), 2)
@@ -213,7 +209,7 @@ func TestStagingFormerLayoutMigrated(t *testing.T) {
 	ctx := context.Background()
 	store := s3Archive(t)
 	th := hbHost(t, func(c *Config) {
-		c.History = &HistoryConfig{Store: store, Shipper: history.ShipperOptions{MaxLag: 50 * time.Millisecond}, SweepInterval: -1}
+		c.History = sweepHistory(store)
 	})
 	d := newDB("a")
 	th.mustInit(t, d)
@@ -250,7 +246,7 @@ func TestBucketSweepDeletedArchives(t *testing.T) {
 	ctx := context.Background()
 	store := s3Archive(t)
 	hist := func(c *Config) {
-		c.History = &HistoryConfig{Store: store, Shipper: history.ShipperOptions{MaxLag: 50 * time.Millisecond}, SweepInterval: -1}
+		c.History = sweepHistory(store)
 	}
 	// Host "host-0" archives four databases, then is lost with its disk.
 	lost := hbHost(t, func(c *Config) { c.ID = "host-0"; hist(c) })
@@ -275,17 +271,13 @@ func TestBucketSweepDeletedArchives(t *testing.T) {
 	deletedAt := th.clock.Now().UnixNano()
 	th.cat.mu.Lock()
 	for _, d := range []db{paid, free1, free2} {
-		th.cat.dbs[d.uuid] = fsm.HeartbeatState{UUID: d.uuid, Known: true, State: fsm.StateDeleted, AccountID: d.account, RoutingGeneration: 2, DeletedAt: deletedAt}
+		th.cat.dbs[d.uuid] = deletedState(d, deletedAt)
 	}
 	// host-0 is still listed active (nobody declared it lost yet): it is
 	// the coordinator, and this host does nothing.
 	th.cat.hostList = []fsm.Host{{ID: "host-1", State: fsm.HostStateActive}, {ID: "host-0", State: fsm.HostStateActive}}
 	th.cat.mu.Unlock()
-	objects := func(d db) int {
-		keys, err := store.List(ctx, d.uuid+"/")
-		require.NoError(t, err)
-		return len(keys)
-	}
+	objects := func(d db) int { return archivedObjects(t, store, d) }
 	all := []db{paid, free1, free2, unknown, live}
 	counts := map[string]int{}
 	for _, d := range all {
@@ -354,7 +346,7 @@ func TestBucketSweepRetention(t *testing.T) {
 	ctx := context.Background()
 	store := s3Archive(t)
 	th := hbHost(t, func(c *Config) {
-		c.History = &HistoryConfig{Store: store, Shipper: history.ShipperOptions{MaxLag: 50 * time.Millisecond}, SweepInterval: -1}
+		c.History = sweepHistory(store)
 	})
 	th.cat.setAccount(fsm.Account{ID: "paid", Tier: fsm.TierPaid})
 	th.cat.setAccount(fsm.Account{ID: "free", Tier: fsm.TierFree})
@@ -368,15 +360,11 @@ func TestBucketSweepRetention(t *testing.T) {
 	}
 	th.cat.mu.Lock()
 	for _, d := range []db{paid, free} {
-		th.cat.dbs[d.uuid] = fsm.HeartbeatState{UUID: d.uuid, Known: true, State: fsm.StateDeleted, AccountID: d.account, RoutingGeneration: 2, DeletedAt: th.clock.Now().UnixNano()}
+		th.cat.dbs[d.uuid] = deletedState(d, th.clock.Now().UnixNano())
 	}
 	th.cat.hostList = []fsm.Host{{ID: "host-1", State: fsm.HostStateActive}}
 	th.cat.mu.Unlock()
-	objects := func(d db) int {
-		keys, err := store.List(ctx, d.uuid+"/")
-		require.NoError(t, err)
-		return len(keys)
-	}
+	objects := func(d db) int { return archivedObjects(t, store, d) }
 	pass := func() BucketArchiveReport {
 		t.Helper()
 		rep, err := th.hist.sweepBucketArchives(ctx, th.Host)
@@ -394,4 +382,23 @@ func TestBucketSweepRetention(t *testing.T) {
 	rep := pass()
 	assert.Equal(t, 1, rep.Deleted)
 	assert.Zero(t, objects(paid))
+}
+
+// sweepHistory is a host's history into store for the sweep tests: quick
+// shipping, no background sweeps (the tests run the passes).
+func sweepHistory(store history.Store) *HistoryConfig {
+	return &HistoryConfig{Store: store, Shipper: history.ShipperOptions{MaxLag: 50 * time.Millisecond}, SweepInterval: -1}
+}
+
+// deletedState is d as the catalog answers it once deleted at (Unix ns).
+func deletedState(d db, at int64) fsm.HeartbeatState {
+	return fsm.HeartbeatState{UUID: d.uuid, Known: true, State: fsm.StateDeleted, AccountID: d.account, RoutingGeneration: 2, DeletedAt: at}
+}
+
+// archivedObjects counts d's objects in the archive.
+func archivedObjects(t *testing.T, store history.Store, d db) int {
+	t.Helper()
+	keys, err := store.List(context.Background(), d.uuid+"/")
+	require.NoError(t, err)
+	return len(keys)
 }
