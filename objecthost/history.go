@@ -643,6 +643,7 @@ func (h *Host) Restore(ctx context.Context, objectID, bookmark, timestamp string
 	hh.mu.Lock()
 	hh.restores[objectID] = append(hh.restores[objectID], now)
 	hh.mu.Unlock()
+	h.noteStoredSize(o, m) // the restored file's size, the same measure a write publishes
 	h.log.Info("database restored", "db", key, "object", objectID, "to", history.MakeBookmark(key, target), "previous", history.MakeBookmark(key, previous))
 	nb := string(history.MakeBookmark(key, restored))
 	return RestoreResult{

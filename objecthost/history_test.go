@@ -340,3 +340,34 @@ func TestArchivedServesAfterRestart(t *testing.T) {
 	_, err = th.Query(ctx, d.obj, d.id(), q("INSERT INTO t VALUES (2)"))
 	require.NoError(t, err, "a write after the restart")
 }
+
+// A restore replaces the file whole: the host publishes the restored
+// database's size (the measure a write publishes), or the catalog keeps
+// the size from before the restore until the next write.
+func TestRestorePublishesSize(t *testing.T) {
+	ctx := context.Background()
+	th := newTestHost(t, func(c *Config) {
+		store, err := history.NewDirStore(t.TempDir())
+		require.NoError(t, err)
+		c.History = &HistoryConfig{Store: store, Shipper: history.ShipperOptions{MaxLag: 100 * time.Millisecond}}
+	})
+	d := newDB("acct")
+	th.mustInit(t, d)
+	th.exec(t, d, "CREATE TABLE t (x INTEGER PRIMARY KEY, y)")
+	small, err := th.Info(ctx, d.obj)
+	require.NoError(t, err)
+	b, err := th.Bookmark(ctx, d.obj, "", 0)
+	require.NoError(t, err)
+	th.clock.Advance(time.Minute)
+	th.exec(t, d, "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 30) INSERT INTO t (y) SELECT randomblob(3000) FROM n")
+	sizes := th.sink.Sizes()
+	require.Greater(t, sizes[len(sizes)-1].SizeBytes, small.FileSize, "the write grew it")
+
+	_, err = th.Restore(ctx, d.obj, b.Bookmark, "", 0)
+	require.NoError(t, err)
+	sizes = th.sink.Sizes()
+	assert.Equal(t, small.FileSize, sizes[len(sizes)-1].SizeBytes, "the restored size is published")
+	info, err := th.Info(ctx, d.obj)
+	require.NoError(t, err)
+	assert.Equal(t, small.FileSize, info.FileSize, "and is what a GET measures")
+}

@@ -2,8 +2,10 @@ package objecthost
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -249,11 +251,12 @@ type object struct {
 	mu         sync.Mutex
 	meta       atomic.Pointer[Meta]
 	gone       bool         // swept or failed init: re-look-up (guarded by mu)
-	size       atomic.Int64 // last known file size in bytes
+	size       atomic.Int64 // last known size in bytes (sqlexec's UsedBytes: pages in use)
 	routeDirty atomic.Bool  // last route publication failed: next heartbeat retries
 	sizeMu     sync.Mutex   // orders size measurements with their sequence numbers
 
 	sizeRepublished atomic.Bool // size published again since this start (sizerepublish.go)
+	sizeUnknown     atomic.Bool // the header could not be trusted at the start: measure by opening (sizerepublish.go)
 }
 
 // accountState is what heartbeats taught the host about an account.
@@ -317,7 +320,9 @@ func Open(cfg Config) (*Host, error) {
 	err = ix.load(func(m *Meta) error {
 		o := &object{}
 		o.meta.Store(m)
-		if size := fileSize(h.path(m.ObjectID)); size > 0 {
+		if size, ok := storedUsedBytes(h.path(m.ObjectID)); !ok {
+			o.sizeUnknown.Store(true)
+		} else if size > 0 {
 			o.size.Store(size)
 			h.totalBytes.Add(size)
 		}
@@ -466,16 +471,43 @@ func (h *Host) lookup(objectID string) (*object, *Meta, error) {
 	return o, m, nil
 }
 
-// fileSize is a database's bytes on disk (file plus WAL, as sqlexec's Size
-// counts them); 0 when it was never created.
-func fileSize(p string) int64 {
-	var n int64
-	for _, f := range []string{p, p + "-wal"} {
-		if fi, err := os.Stat(f); err == nil {
-			n += fi.Size()
-		}
+// storedUsedBytes is a closed database file's size as sqlexec's UsedBytes
+// measures it — (page count − freelist count) × page size — read from the
+// file's 100-byte header without opening it, so a start with a million
+// databases stays a stat and a read each. ok is false when the header
+// cannot be trusted: a WAL longer than its own header may hold newer pages
+// (page 1 among them), or the in-header page count is stale (a writer that
+// did not maintain it left version-valid-for behind the change counter).
+// A database never created is 0, true.
+func storedUsedBytes(p string) (int64, bool) {
+	if fi, err := os.Stat(p + "-wal"); err == nil && fi.Size() > 32 {
+		return 0, false
 	}
-	return n
+	f, err := os.Open(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, true
+	}
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	var hdr [100]byte
+	if n, err := io.ReadFull(f, hdr[:]); err != nil {
+		return 0, n == 0 && errors.Is(err, io.EOF) // an empty file holds nothing
+	}
+	if string(hdr[:16]) != "SQLite format 3\x00" {
+		return 0, false
+	}
+	pageSize := int64(binary.BigEndian.Uint16(hdr[16:18]))
+	if pageSize == 1 {
+		pageSize = 65536
+	}
+	pages := int64(binary.BigEndian.Uint32(hdr[28:32]))
+	free := int64(binary.BigEndian.Uint32(hdr[36:40]))
+	if pageSize < 512 || pages == 0 || free > pages || binary.BigEndian.Uint32(hdr[24:28]) != binary.BigEndian.Uint32(hdr[92:96]) {
+		return 0, false
+	}
+	return (pages - free) * pageSize, true
 }
 
 func validObjectID(id string) bool {
@@ -751,7 +783,7 @@ func (h *Host) Info(ctx context.Context, objectID string) (ObjectInfo, error) {
 		return ObjectInfo{}, fmt.Errorf("open database: %w", err)
 	}
 	defer h.handles.release(hd)
-	if info.FileSize, err = hd.db.Size(); err != nil {
+	if info.FileSize, err = hd.db.UsedBytes(); err != nil {
 		return ObjectInfo{}, err
 	}
 	n, err := hd.db.NumTables()

@@ -180,10 +180,8 @@ func (h *Host) restoreInto(ctx context.Context, objectID, dstKey string, src Res
 		}
 		return "", false, fmt.Errorf("restore from the archive: %w", err)
 	}
-	if size := fileSize(path); size > 0 {
-		if o, m, err := h.lookup(objectID); err == nil {
-			h.noteSize(o, m, func() int64 { return size })
-		}
+	if o, m, err := h.lookup(objectID); err == nil {
+		h.noteStoredSize(o, m)
 	}
 	return string(history.MakeBookmark(src.DatabaseUUID, p)), false, nil
 }

@@ -66,6 +66,9 @@ func (h *Host) RepublishSizes(ctx context.Context, rate int) int {
 // any later one). Deleted, swept and never-written objects have no size to
 // publish: a swept object's 0 was recorded by the sweep.
 func (h *Host) republishSize(o *object) bool {
+	if o.sizeUnknown.Load() {
+		h.measureOpen(o)
+	}
 	o.sizeMu.Lock()
 	defer o.sizeMu.Unlock()
 	m := o.meta.Load()
@@ -104,4 +107,39 @@ func (h *Host) republishSizeOnBeat(o *object) {
 	if h.republishSize(o) {
 		h.m.sizesRepublished.Inc()
 	}
+}
+
+// noteStoredSize records o's size after its file was replaced whole (a
+// restore from the archive, in place or onto this host): from the file's
+// header, or — when the header cannot be trusted — at the object's next
+// republication, by opening it.
+func (h *Host) noteStoredSize(o *object, m *Meta) {
+	size, ok := storedUsedBytes(h.path(m.ObjectID))
+	if !ok {
+		o.sizeUnknown.Store(true)
+		return
+	}
+	h.noteSize(o, m, func() int64 { return size })
+}
+
+// measureOpen measures o's size by opening the database (its WAL replayed
+// by SQLite) when its header could not be trusted, and records it.
+func (h *Host) measureOpen(o *object) {
+	m := o.meta.Load()
+	if m == nil || m.deleted() {
+		return
+	}
+	hd, err := h.handles.acquire(m.ObjectID)
+	if err != nil {
+		h.log.Warn("size unknown: the database did not open", "object", m.ObjectID, "err", err)
+		return
+	}
+	defer h.handles.release(hd)
+	size, err := hd.db.UsedBytes()
+	if err != nil {
+		h.log.Warn("size unknown: the database could not be measured", "object", m.ObjectID, "err", err)
+		return
+	}
+	o.sizeUnknown.Store(false)
+	h.noteSize(o, m, func() int64 { return size })
 }

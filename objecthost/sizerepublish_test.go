@@ -2,6 +2,8 @@ package objecthost
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,9 +27,9 @@ func TestSizesRepublishedAfterRestart(t *testing.T) {
 		_, err = th.Query(ctx, d.obj, d.id(), q("INSERT INTO t (y) VALUES (1), (2), (3)"))
 		require.NoError(t, err)
 	}
+	sent := th.sink.Sizes()
 	_, err := th.Delete(ctx, gone.obj, 0)
 	require.NoError(t, err)
-	sent := th.sink.Sizes()
 	require.NotEmpty(t, sent)
 	lastSeq := sent[len(sent)-1].Seq
 
@@ -47,7 +49,7 @@ func TestSizesRepublishedAfterRestart(t *testing.T) {
 	e := got[0]
 	assert.Equal(t, live.uuid, e.DatabaseUUID)
 	assert.Equal(t, "acct", e.AccountID)
-	assert.Equal(t, fileSize(th.path(live.obj)), e.SizeBytes, "the size of the file the host holds")
+	assert.Equal(t, sent[len(sent)-1].SizeBytes, e.SizeBytes, "the size its last write published: one measure") // live's insert came last but for the delete's 0
 	assert.Greater(t, e.Seq, lastSeq, "a fresh sequence: consumers keep the highest")
 
 	th.beat()
@@ -102,4 +104,82 @@ func TestSizesRepublishedWithoutCatalog(t *testing.T) {
 	th.open(t)
 	require.Eventually(t, func() bool { return len(th.sink.Sizes()) == 1 }, time.Minute, 10*time.Millisecond)
 	assert.Equal(t, d.uuid, th.sink.Sizes()[0].DatabaseUUID)
+}
+
+// A database's size is one measure wherever the host takes it — after a
+// write (size_after), at a GET, from the file's header at a start, and by
+// opening the database when the header cannot be trusted (a WAL left by a
+// crash) — so the catalog's figure never depends on which came last.
+// Deleted rows leave free pages, which make the file longer than the pages
+// in use: file + WAL would differ.
+func TestSizeIsOneMeasure(t *testing.T) {
+	ctx := context.Background()
+	th := hbHost(t, nil)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	th.exec(t, d, "CREATE TABLE t (x INTEGER PRIMARY KEY, y)")
+	th.exec(t, d, "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 40) INSERT INTO t (y) SELECT randomblob(3000) FROM n")
+	res, err := th.Query(ctx, d.obj, d.id(), q("DELETE FROM t WHERE x > 10"))
+	require.NoError(t, err)
+	written := res[0].Meta.SizeAfter
+	require.Positive(t, written)
+	sent := th.sink.Sizes()
+	require.Equal(t, written, sent[len(sent)-1].SizeBytes, "a write publishes its size_after")
+
+	info, err := th.Info(ctx, d.obj)
+	require.NoError(t, err)
+	assert.Equal(t, written, info.FileSize, "a GET measures the same")
+	assert.Len(t, th.sink.Sizes(), len(sent), "and so publishes nothing new")
+
+	// A crash: the file and a WAL holding the latest frames, as a kill -9
+	// leaves them. Copied while the host has the database open.
+	th.exec(t, d, "UPDATE t SET y = randomblob(10) WHERE x = 1")
+	res, err = th.Query(ctx, d.obj, d.id(), q("SELECT 1"))
+	require.NoError(t, err)
+	info, err = th.Info(ctx, d.obj)
+	require.NoError(t, err)
+	want := info.FileSize
+	path := th.path(d.obj)
+	wal, err := os.ReadFile(path + "-wal")
+	require.NoError(t, err)
+	require.Greater(t, len(wal), 32, "the WAL holds frames")
+	file, err := os.ReadFile(path)
+	require.NoError(t, err)
+	_, trusted := storedUsedBytes(path)
+	assert.False(t, trusted, "a WAL with frames: the header is not to be trusted")
+
+	require.NoError(t, th.Host.Close())
+	size, ok := storedUsedBytes(path)
+	require.True(t, ok, "a clean close leaves a header to trust")
+	assert.Equal(t, want, size, "the header gives the measure SQLite gives")
+
+	require.NoError(t, os.WriteFile(path, file, 0o644))
+	require.NoError(t, os.WriteFile(path+"-wal", wal, 0o644))
+	_ = os.Remove(path + "-shm")
+	th.sink = &MemSink{}
+	th.cfg.Usage, th.cfg.Sizes, th.cfg.Routes = th.sink, th.sink, th.sink
+	th.open(t)
+	th.cat.setObject(d.uuid, "acct", d.obj, 1)
+	th.beat()
+	got := th.sink.Sizes()
+	require.NotEmpty(t, got, "the size is published after the crash")
+	assert.Equal(t, want, got[len(got)-1].SizeBytes, "measured by opening, WAL replayed: the same measure")
+	_ = res
+}
+
+func TestStoredUsedBytesRefusesWhatItCannotTrust(t *testing.T) {
+	dir := t.TempDir()
+	size, ok := storedUsedBytes(dir + "/absent")
+	assert.True(t, ok)
+	assert.Zero(t, size, "never created: nothing stored")
+	require.NoError(t, os.WriteFile(dir+"/empty", nil, 0o644))
+	size, ok = storedUsedBytes(dir + "/empty")
+	assert.True(t, ok)
+	assert.Zero(t, size)
+	require.NoError(t, os.WriteFile(dir+"/junk", []byte(strings.Repeat("x", 200)), 0o644))
+	_, ok = storedUsedBytes(dir + "/junk")
+	assert.False(t, ok, "not a SQLite header")
+	require.NoError(t, os.WriteFile(dir+"/short", []byte("SQLite format 3\x00"), 0o644))
+	_, ok = storedUsedBytes(dir + "/short")
+	assert.False(t, ok, "a truncated header")
 }

@@ -1103,6 +1103,13 @@ func (c *conn) exec(rq reqCtx, cs *cstmt, params []param, raw bool, st *reqState
 // (page_count - freelist_count) times the page size, so a DROP shrinks it
 // although the file keeps its length until VACUUM.
 func (c *conn) usedBytes() (int64, error) {
+	if c.pageSize == 0 { // a reader: shoal_configure reads the page size for the writer only
+		ps, err := c.queryInt("PRAGMA page_size")
+		if err != nil {
+			return 0, err
+		}
+		c.pageSize = ps
+	}
 	pages, err := c.internalStmt("PRAGMA page_count")
 	if err != nil {
 		return 0, err

@@ -122,6 +122,12 @@ func Open(path string, opts Options) (*DB, error) {
 	return db, nil
 }
 
+// SizeHint is the database's size in bytes as its writer last measured it
+// (UsedBytes after its latest write), 0 before any measurement. Two writes'
+// results may reach their callers in either order; this is always the
+// newer measurement.
+func (db *DB) SizeHint() int64 { return db.sizeHint.Load() }
+
 // Execute runs req as one transaction and returns one result per statement
 // executed. Every failure is an *Error (or ErrClosed) and leaves the
 // database as it was. SQL holding a NUL or invalid UTF-8 is refused
@@ -129,12 +135,6 @@ func Open(path string, opts Options) (*DB, error) {
 // the NUL and silently drop the rest of the request. The request is
 // bounded by Limits.QueryTimeout and by ctx; either ending interrupts
 // SQLite and rolls back.
-// SizeHint is the database's size in bytes as its writer last measured it
-// (page_count × page_size after its latest write), 0 before any
-// measurement. Two writes' results may reach their callers in either order;
-// this is always the newer measurement.
-func (db *DB) SizeHint() int64 { return db.sizeHint.Load() }
-
 func (db *DB) Execute(ctx context.Context, req Request) ([]StatementResult, error) {
 	if len(req.Statements) == 0 {
 		return nil, invalidf("no statements")
@@ -352,24 +352,44 @@ func (db *DB) Size() (int64, error) {
 // tables are excluded; FTS5 shadow tables count (they are real tables).
 func (db *DB) NumTables() (int, error) {
 	var n int64
-	fn := func(c *conn) error {
+	err := db.inspect(func(c *conn) error {
 		var err error
 		n, err = c.queryInt(`SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite\_%' ESCAPE '\' AND name NOT LIKE '\_cf\_%' ESCAPE '\' AND name NOT LIKE '\_shoal\_%' ESCAPE '\'`)
 		return err
-	}
+	})
+	return int(n), err
+}
+
+// UsedBytes is the database's size as D1's size_after counts it: its pages
+// less its free pages, times the page size (a DROP shrinks it although the
+// file keeps its length until VACUUM; the WAL is not counted). It is the
+// one measure the host publishes for storage accounting.
+func (db *DB) UsedBytes() (int64, error) {
+	var n int64
+	err := db.inspect(func(c *conn) error {
+		var err error
+		n, err = c.usedBytes()
+		return err
+	})
+	return n, err
+}
+
+// inspect runs a read-only fn on a reader connection, or on the writer
+// when the database has no readers or fn needs it.
+func (db *DB) inspect(fn func(c *conn) error) error {
 	rq := newReqCtx(context.Background(), db.lim.QueryTimeout)
 	if db.readers != nil {
 		_, err := db.read(rq, nil, fn, false)
 		if !errors.Is(err, errNeedWriter) {
-			return int(n), err
+			return err
 		}
 	}
 	j := &job{rq: rq, done: make(chan struct{}), fn: fn}
 	if err := db.enqueue(j); err != nil {
-		return 0, err
+		return err
 	}
 	<-j.done
-	return int(n), j.err
+	return j.err
 }
 
 // Close stops accepting requests, interrupts running ones (they fail and

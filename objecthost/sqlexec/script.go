@@ -49,7 +49,7 @@ type ScriptResult struct {
 	RowsRead    int64 // D1's rows_read, summed over the statements
 	RowsWritten int64 // D1's rows_written (rows + index entries), summed
 	Changes     int64 // sqlite3_changes, summed
-	SizeAfter   int64 // database bytes after the COMMIT (page_count × page_size)
+	SizeAfter   int64 // database bytes after the COMMIT ((page_count − freelist_count) × page_size, as a request's size_after)
 }
 
 // ScriptError is an ExecScript failure. Nothing of the script was kept.
@@ -268,9 +268,9 @@ func (db *DB) script(c *conn, sj *scriptJob) (res ScriptResult, err error) {
 	}
 	committed = true
 	db.commits.Add(1)
-	if pages, err := c.queryInt("PRAGMA page_count"); err == nil {
-		res.SizeAfter = pages * c.pageSize
-		c.sizeHint.Store(res.SizeAfter)
+	if size, err := c.usedBytes(); err == nil { // the measure a request's size_after uses
+		res.SizeAfter = size
+		c.sizeHint.Store(size)
 	}
 	if opt.Progress != nil && res.Statements%opt.ProgressEvery != 0 {
 		opt.Progress(res.Statements)

@@ -273,3 +273,36 @@ func OrphansConverged(objs []Object, catalog map[string]CatalogRow, accounts map
 	sort.Strings(r.Violations)
 	return r
 }
+
+// UsedBytes is the object's size as its host publishes it — the pages in
+// use, (page_count − freelist_count) × page_size, sqlexec's size_after —
+// read from a copy of its file with its WAL (the host must be down): what
+// it holds after a kill -9, WAL replayed. An object never opened has no
+// file: 0, no error.
+func UsedBytes(o Object) (int64, error) {
+	if _, err := os.Stat(o.Path); os.IsNotExist(err) {
+		return 0, nil
+	}
+	tmp, err := os.MkdirTemp("", "shoal-size-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(tmp)
+	dst := filepath.Join(tmp, "copy.db")
+	for _, suffix := range []string{"", "-wal"} {
+		if err := copyFile(o.Path+suffix, dst+suffix); err != nil && !(suffix != "" && os.IsNotExist(err)) {
+			return 0, err
+		}
+	}
+	db, err := sql.Open("sqlite3", "file:"+dst)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	var n int64
+	err = db.QueryRow("SELECT (p.page_count - f.freelist_count) * s.page_size FROM pragma_page_count() p, pragma_freelist_count() f, pragma_page_size() s").Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("%s/%s: %w", o.Host, o.ObjectID, err)
+	}
+	return n, nil
+}
