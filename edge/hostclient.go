@@ -151,6 +151,41 @@ func (c *HostClient) Close() {
 }
 
 func (c *HostClient) call(ctx context.Context, addr, method, path string, rt *Route, body any, out any) error {
+	return c.callOnce(ctx, addr, method, path, rt, body, out, false)
+}
+
+// againAfter are the pauses before callAgain's further attempts.
+var againAfter = []time.Duration{100 * time.Millisecond, 400 * time.Millisecond, 1600 * time.Millisecond}
+
+// callAgain is call for a request whose repetition has the effect of one
+// (a delete or a confirm names the routing generation; the host applies it
+// once and answers a repeat the same). A host that is restarting — the
+// pooled connection to it dead, its port not listening yet, a 503 while it
+// loads — gets the request again after each pause of againAfter, within
+// ctx; an answer other than 503 is final. The request also carries an
+// empty Idempotency-Key so net/http itself resends it on a fresh
+// connection when a reused keep-alive one fails before any answer. Without
+// this the edge's delete notice to a host restarted a few seconds before
+// was lost, and the host learned the delete from its next heartbeat
+// (robustness suite: ~2 s instead of ~1 ms, docs/reliability.md).
+func (c *HostClient) callAgain(ctx context.Context, addr, method, path string, rt *Route, body any, out any) error {
+	err := c.callOnce(ctx, addr, method, path, rt, body, out, true)
+	for _, wait := range againAfter {
+		var he *HostError
+		if err == nil || (errors.As(err, &he) && he.Status != http.StatusServiceUnavailable) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		err = c.callOnce(ctx, addr, method, path, rt, body, out, true)
+	}
+	return err
+}
+
+func (c *HostClient) callOnce(ctx context.Context, addr, method, path string, rt *Route, body any, out any, idempotent bool) error {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -164,6 +199,9 @@ func (c *HostClient) call(ctx context.Context, addr, method, path string, rt *Ro
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if idempotent {
+		req.Header["Idempotency-Key"] = nil // net/http: safe to resend; not sent
+	}
 	if rt != nil {
 		setRouteHeaders(req.Header, *rt)
 	}
@@ -223,14 +261,14 @@ func (c *HostClient) Init(ctx context.Context, addr, objectID string, in InitReq
 
 // Confirm tells the object its database exists (create step 7, best effort).
 func (c *HostClient) Confirm(ctx context.Context, rt Route) error {
-	return c.call(ctx, rt.HostAddress, http.MethodPost, "/v1/objects/"+rt.ObjectID+"/confirm", &rt,
+	return c.callAgain(ctx, rt.HostAddress, http.MethodPost, "/v1/objects/"+rt.ObjectID+"/confirm", &rt,
 		map[string]int64{"routing_generation": rt.Generation}, nil)
 }
 
 // Delete tells the object its database is deleted (best effort; heartbeats
 // are the backstop).
 func (c *HostClient) Delete(ctx context.Context, rt Route) error {
-	return c.call(ctx, rt.HostAddress, http.MethodPost, "/v1/objects/"+rt.ObjectID+"/delete", &rt,
+	return c.callAgain(ctx, rt.HostAddress, http.MethodPost, "/v1/objects/"+rt.ObjectID+"/delete", &rt,
 		map[string]int64{"routing_generation": rt.Generation}, nil)
 }
 
