@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -504,4 +505,34 @@ func FuzzFrameConn(f *testing.F) {
 		}
 		fc.nc.Close()
 	})
+}
+
+// frameWorkers counts the goroutines running frameServer.worker.
+func frameWorkers() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return strings.Count(string(buf), "objecthost.(*frameServer).worker(")
+}
+
+// TestFramesWorkersOutliveStreamsAndStopOnClose: streams run on worker
+// goroutines that wait for the next stream once theirs is answered (so
+// their grown stacks are reused), and Host.Close stops the waiting ones.
+func TestFramesWorkersOutliveStreamsAndStopOnClose(t *testing.T) {
+	before := frameWorkers()
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	fc := dialFrames(t, srv)
+	for i := uint32(1); i < 40; i += 2 {
+		fc.request(i, "/v1/objects/"+d.obj+"/query", &d, nil, `{"sql":"SELECT 42 AS answer"}`)
+		status, _, body := fc.answer(i)
+		require.Equal(t, http.StatusOK, status, "%s", body)
+	}
+	require.Eventually(t, func() bool { return th.Host.frames.idle.Load() >= 1 }, 10*time.Second, time.Millisecond,
+		"no worker waits for the next stream")
+	assert.LessOrEqual(t, frameWorkers()-before, 2, "20 streams one after another reuse their worker")
+	require.NoError(t, th.Host.Close())
+	require.Eventually(t, func() bool { return frameWorkers() == before }, 10*time.Second, 10*time.Millisecond,
+		"workers still running after Close")
 }
