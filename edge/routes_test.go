@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -237,4 +238,12 @@ func TestRouteCacheMemoFollowsEveryWrite(t *testing.T) {
 	rc.remember(old, epoch)
 	got, _ = get()
 	assert.Equal(t, "o2", got.ObjectID, "a read older than a write is not remembered")
+}
+
+// DESIGN.md states the memo's bound.
+func TestRouteMemoBoundAsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("DESIGN.md")
+	require.NoError(t, err)
+	assert.Contains(t, string(doc), "an in-memory memo of up to 32,768 live routes")
+	assert.Equal(t, 32768, defaultMaxMemo)
 }

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -535,4 +536,12 @@ func TestFramesWorkersOutliveStreamsAndStopOnClose(t *testing.T) {
 	require.NoError(t, th.Host.Close())
 	require.Eventually(t, func() bool { return frameWorkers() == before }, 10*time.Second, 10*time.Millisecond,
 		"workers still running after Close")
+}
+
+// DESIGN.md states how many workers wait.
+func TestFrameWorkersAsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("DESIGN.md")
+	require.NoError(t, err)
+	assert.Contains(t, string(doc), "(up to 256 wait,")
+	assert.Equal(t, 256, maxIdleWorkers)
 }
