@@ -25,6 +25,10 @@ const (
 	HeaderAccount    = "X-Shoal-Account"
 	HeaderGeneration = "X-Shoal-Generation"
 	HeaderRequestID  = "X-Request-ID"
+	// headerRequestIDCanonical is HeaderRequestID in canonical form, for setting and
+	// reading it on the query path without canonicalising (one allocation
+	// each) on every request.
+	headerRequestIDCanonical = "X-Request-Id"
 	// HeaderNumbers ("exact" or "js": integers beyond ±2^53 as D1 renders
 	// them) is passed from the client to the object host, which checks it.
 	HeaderNumbers = "Shoal-Numbers"

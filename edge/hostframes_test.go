@@ -458,3 +458,9 @@ func TestFramesDialRefusedIsNeverSent(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, neverSent(err), "%v", err)
 }
+
+// The query path sets and reads X-Request-ID by its canonical key
+// directly (no canonicalisation per request): the constant must be it.
+func TestRequestIDHeaderKeyIsCanonical(t *testing.T) {
+	assert.Equal(t, http.CanonicalHeaderKey(HeaderRequestID), headerRequestIDCanonical)
+}

@@ -171,7 +171,7 @@ func (s *Server) forwardQuery(r *http.Request, rt Route, kind string, body []byt
 	if readOnly {
 		h.Set(HeaderReadOnly, "1")
 	}
-	h.Set(HeaderRequestID, requestIDFrom(r.Context()))
+	h[headerRequestIDCanonical] = []string{requestIDFrom(r.Context())}
 	if v := r.Header.Get(HeaderNumbers); v != "" {
 		h.Set(HeaderNumbers, v)
 	}
@@ -277,7 +277,7 @@ func (s *Server) serveBound(w http.ResponseWriter, r *http.Request, kind, tok st
 	h := make(http.Header, 6)
 	setRouteHeaders(h, Route{DatabaseUUID: c.DatabaseUUID, AccountID: c.AccountID, Generation: c.Generation})
 	binding.SetHeader(h, tok)
-	h.Set(HeaderRequestID, requestIDFrom(r.Context()))
+	h[headerRequestIDCanonical] = []string{requestIDFrom(r.Context())}
 	if v := r.Header.Get(HeaderNumbers); v != "" {
 		h.Set(HeaderNumbers, v)
 	}

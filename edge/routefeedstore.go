@@ -130,6 +130,11 @@ func (c *RouteCache) applyFeed(topic string, partition int32, entries []feedEntr
 		}
 		return tb.Put(feedPartitionKey(partition), binary.BigEndian.AppendUint64(nil, uint64(next)))
 	})
+	uuids := make([]string, len(entries))
+	for i, e := range entries {
+		uuids[i] = e.route.DatabaseUUID
+	}
+	c.forget(false, uuids...)
 	if err != nil {
 		return 0, 0, fmt.Errorf("route feed apply: %w", err)
 	}

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -162,4 +163,87 @@ func TestRouteCacheExpireDeleted(t *testing.T) {
 	n, err = c.ExpireDeleted(7*24*time.Hour, 100)
 	require.NoError(t, err)
 	assert.Zero(t, n)
+}
+
+// TestRouteCacheMemoFollowsEveryWrite: a route remembered in memory by a
+// lookup is never answered after a write changed it in the file — for
+// each kind of write (Put, PutMany, Invalidate, the route feed, the
+// expiry of deleted routes, Purge) — and a route read from the file
+// before a write committed is not remembered.
+func TestRouteCacheMemoFollowsEveryWrite(t *testing.T) {
+	c := newTestClock()
+	rc := openTestCache(t, c)
+	get := func() (Route, lookupResult) { return rc.Get(u1) }
+	prime := func(r Route) {
+		t.Helper()
+		require.NoError(t, rc.Purge())
+		_, err := rc.Put(r)
+		require.NoError(t, err)
+		got, res := get()
+		require.Equal(t, cacheHit, res)
+		require.Equal(t, r, got)
+		got, res = get() // now from memory
+		require.Equal(t, cacheHit, res)
+		require.Equal(t, r, got)
+	}
+
+	prime(route(1, "o1", "active"))
+	_, err := rc.Put(route(2, "o2", "active"))
+	require.NoError(t, err)
+	got, _ := get()
+	assert.Equal(t, "o2", got.ObjectID, "Put")
+
+	prime(route(1, "o1", "active"))
+	_, err = rc.PutMany([]Route{route(3, "o3", "active")})
+	require.NoError(t, err)
+	got, _ = get()
+	assert.Equal(t, "o3", got.ObjectID, "PutMany")
+
+	prime(route(1, "o1", "active"))
+	require.NoError(t, rc.Invalidate(u1, 1))
+	_, res := get()
+	assert.Equal(t, cacheMiss, res, "Invalidate")
+
+	prime(route(1, "o1", "active"))
+	_, _, err = rc.applyFeed("routes", 0, []feedEntry{{route: route(1, "o1", "deleted"), tombstone: true}}, 1)
+	require.NoError(t, err)
+	got, res = get()
+	assert.Equal(t, cacheHit, res)
+	assert.Equal(t, "deleted", got.State, "route feed")
+
+	prime(route(1, "o1", "deleted"))
+	c.Advance(8 * 24 * time.Hour)
+	n, err := rc.ExpireDeleted(7*24*time.Hour, 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	_, res = get()
+	assert.Equal(t, cacheMiss, res, "ExpireDeleted")
+
+	prime(route(1, "o1", "active"))
+	require.NoError(t, rc.Purge())
+	_, res = get()
+	assert.Equal(t, cacheMiss, res, "Purge")
+
+	// A lookup that read the file before a write committed (here: its
+	// epoch is from before the Put) may not remember what it read.
+	require.NoError(t, rc.Purge())
+	old := route(1, "o1", "active")
+	_, err = rc.Put(old)
+	require.NoError(t, err)
+	rc.memoMu.RLock()
+	epoch := rc.memoEpoch
+	rc.memoMu.RUnlock()
+	_, err = rc.Put(route(2, "o2", "active"))
+	require.NoError(t, err)
+	rc.remember(old, epoch)
+	got, _ = get()
+	assert.Equal(t, "o2", got.ObjectID, "a read older than a write is not remembered")
+}
+
+// DESIGN.md states the memo's bound.
+func TestRouteMemoBoundAsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("DESIGN.md")
+	require.NoError(t, err)
+	assert.Contains(t, string(doc), "an in-memory memo of up to 32,768 live routes")
+	assert.Equal(t, 32768, defaultMaxMemo)
 }

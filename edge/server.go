@@ -593,7 +593,7 @@ type reqInfo struct {
 // variables of the hand-matched query path.
 func (s *Server) serveWithVars(w http.ResponseWriter, r *http.Request, acct, db string, h http.Handler) {
 	info := &reqInfo{id: incomingRequestID(r), vars: true, account: acct, database: db}
-	w.Header().Set(HeaderRequestID, info.id)
+	w.Header()[headerRequestIDCanonical] = []string{info.id}
 	h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, info)))
 }
 
@@ -602,13 +602,16 @@ func (s *Server) serveWithVars(w http.ResponseWriter, r *http.Request, acct, db 
 func (s *Server) requestID(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info := &reqInfo{id: incomingRequestID(r)}
-		w.Header().Set(HeaderRequestID, info.id)
+		w.Header()[headerRequestIDCanonical] = []string{info.id}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, info)))
 	})
 }
 
 func incomingRequestID(r *http.Request) string {
-	id := r.Header.Get(HeaderRequestID)
+	var id string
+	if v := r.Header[headerRequestIDCanonical]; len(v) > 0 {
+		id = v[0]
+	}
 	if !saneRequestID(id) {
 		id = uuid.NewString()
 	}

@@ -15,6 +15,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/shoaldb/shoal/internal/frame"
@@ -31,8 +32,14 @@ import (
 // way (POST /v1/objects/{id}/query|raw, /v1/bound/query|raw).
 //
 // Each connection has one reading goroutine; each stream runs its handler
-// on a goroutine of its own, and its answer is queued on the connection's
-// frame.Writer, which batches answers finishing together into one write.
+// on a worker goroutine of its own (never queued behind another stream),
+// and its answer is queued on the connection's frame.Writer, which batches
+// answers finishing together into one write. Workers outlive their stream
+// and wait for the next (up to maxIdleWorkers wait, shared by every
+// connection): a fresh goroutine per stream started on a small stack and
+// grew it through the handler and SQLite on every query (runtime.newstack
+// and copystack were ~15% of the host's CPU on this path in the deploy
+// benchmark's profile); a worker keeps its grown stack between streams.
 //
 // Hijacked connections are not the HTTP server's any more: its Shutdown
 // neither waits for them nor closes them. Host.Close drains them first
@@ -45,8 +52,17 @@ type frameServer struct {
 	mu     sync.Mutex
 	conns  map[*frameConn]struct{}
 	closed bool
-	wg     sync.WaitGroup // connections' readers and streams' handlers
+	wg     sync.WaitGroup // connections' readers, streams' handlers and workers
+
+	work     chan *frameStream // idle workers receive here (unbuffered: never queues)
+	idle     atomic.Int32      // workers waiting on work (approximately)
+	stop     chan struct{}     // closed by shutdown: idle workers exit
+	stopOnce sync.Once
 }
+
+// maxIdleWorkers bounds the workers kept waiting for a stream; a worker
+// finishing while that many wait exits.
+const maxIdleWorkers = 256
 
 // frameDrain bounds how long Close waits for streams in flight (the HTTP
 // listener's shutdown allows them the same).
@@ -57,7 +73,39 @@ const frameDrain = 30 * time.Second
 const frameWriteTimeout = 30 * time.Second
 
 func newFrameServer(h *Host) *frameServer {
-	return &frameServer{h: h, conns: map[*frameConn]struct{}{}}
+	return &frameServer{h: h, conns: map[*frameConn]struct{}{}, work: make(chan *frameStream), stop: make(chan struct{})}
+}
+
+// dispatch runs st on an idle worker, or on a new one when none waits.
+// Called by a connection's reader (counted in wg, so wg.Add is safe while
+// shutdown waits).
+func (s *frameServer) dispatch(st *frameStream) {
+	select {
+	case s.work <- st:
+	default:
+		s.wg.Add(1)
+		go s.worker(st)
+	}
+}
+
+// worker runs streams until it finds maxIdleWorkers others waiting, or the
+// server stops.
+func (s *frameServer) worker(st *frameStream) {
+	defer s.wg.Done()
+	for {
+		st.run()
+		if s.idle.Add(1) > maxIdleWorkers {
+			s.idle.Add(-1)
+			return
+		}
+		select {
+		case st = <-s.work:
+			s.idle.Add(-1)
+		case <-s.stop:
+			s.idle.Add(-1)
+			return
+		}
+	}
 }
 
 // upgrade answers GET /v1/frames: 101 and the connection becomes a frame
@@ -131,6 +179,7 @@ func (s *frameServer) shutdown(timeout time.Duration) {
 	}
 	s.mu.Lock()
 	s.closed = true
+	s.stopOnce.Do(func() { close(s.stop) })
 	conns := make([]*frameConn, 0, len(s.conns))
 	for c := range s.conns {
 		conns = append(conns, c)
@@ -333,7 +382,7 @@ func (st *frameStream) addBody(p []byte, end bool, max int) error {
 	st.ctx, st.cancel = context.WithCancel(c.ctx)
 	c.s.wg.Add(1)
 	c.mu.Unlock()
-	go st.run()
+	c.s.dispatch(st)
 	return nil
 }
 

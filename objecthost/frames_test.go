@@ -11,7 +11,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -504,4 +506,42 @@ func FuzzFrameConn(f *testing.F) {
 		}
 		fc.nc.Close()
 	})
+}
+
+// frameWorkers counts the goroutines running frameServer.worker.
+func frameWorkers() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return strings.Count(string(buf), "objecthost.(*frameServer).worker(")
+}
+
+// TestFramesWorkersOutliveStreamsAndStopOnClose: streams run on worker
+// goroutines that wait for the next stream once theirs is answered (so
+// their grown stacks are reused), and Host.Close stops the waiting ones.
+func TestFramesWorkersOutliveStreamsAndStopOnClose(t *testing.T) {
+	before := frameWorkers()
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	fc := dialFrames(t, srv)
+	for i := uint32(1); i < 40; i += 2 {
+		fc.request(i, "/v1/objects/"+d.obj+"/query", &d, nil, `{"sql":"SELECT 42 AS answer"}`)
+		status, _, body := fc.answer(i)
+		require.Equal(t, http.StatusOK, status, "%s", body)
+	}
+	require.Eventually(t, func() bool { return th.Host.frames.idle.Load() >= 1 }, 10*time.Second, time.Millisecond,
+		"no worker waits for the next stream")
+	assert.LessOrEqual(t, frameWorkers()-before, 2, "20 streams one after another reuse their worker")
+	require.NoError(t, th.Host.Close())
+	require.Eventually(t, func() bool { return frameWorkers() == before }, 10*time.Second, 10*time.Millisecond,
+		"workers still running after Close")
+}
+
+// DESIGN.md states how many workers wait.
+func TestFrameWorkersAsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("DESIGN.md")
+	require.NoError(t, err)
+	assert.Contains(t, string(doc), "(up to 256 wait,")
+	assert.Equal(t, 256, maxIdleWorkers)
 }

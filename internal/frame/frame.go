@@ -230,10 +230,13 @@ func parseHeaderBlock(p []byte) (http.Header, []byte, error) {
 		return nil, nil, protoErr("%d header fields", n)
 	}
 	hdr := make(http.Header, n)
-	for range n {
+	// One backing array for the values: a field's first value is a
+	// one-element slice of it (as net/textproto does), not an allocation.
+	vals := make([]string, n)
+	for i := range n {
 		var k, v string
 		var err error
-		if k, p, err = string16(p); err != nil {
+		if k, p, err = name16(p); err != nil {
 			return nil, nil, err
 		}
 		if v, p, err = string16(p); err != nil {
@@ -243,9 +246,52 @@ func parseHeaderBlock(p []byte) (http.Header, []byte, error) {
 			return nil, nil, protoErr("invalid header field")
 		}
 		k = textproto.CanonicalMIMEHeaderKey(k)
-		hdr[k] = append(hdr[k], v)
+		if vv, ok := hdr[k]; ok {
+			hdr[k] = append(vv, v)
+		} else {
+			vals[i] = v
+			hdr[k] = vals[i : i+1 : i+1]
+		}
 	}
 	return hdr, p, nil
+}
+
+// name16 is string16 for a header name: the names the edge and the host
+// send on every stream come back as constants instead of a new string
+// each (any other name is copied as string16 does).
+func name16(p []byte) (string, []byte, error) {
+	if len(p) < 2 {
+		return "", nil, protoErr("short string")
+	}
+	n := int(binary.BigEndian.Uint16(p))
+	if len(p) < 2+n {
+		return "", nil, protoErr("string past the frame")
+	}
+	b := p[2 : 2+n]
+	var k string
+	switch string(b) { // no allocation: the compiler compares in place
+	case "Content-Type":
+		k = "Content-Type"
+	case "X-Shoal-Database":
+		k = "X-Shoal-Database"
+	case "X-Shoal-Account":
+		k = "X-Shoal-Account"
+	case "X-Shoal-Generation":
+		k = "X-Shoal-Generation"
+	case "X-Request-Id":
+		k = "X-Request-Id"
+	case "X-Shoal-Read-Only":
+		k = "X-Shoal-Read-Only"
+	case "Shoal-Numbers":
+		k = "Shoal-Numbers"
+	case "Authorization":
+		k = "Authorization"
+	case "Retry-After":
+		k = "Retry-After"
+	default:
+		k = string(b)
+	}
+	return k, p[2+n:], nil
 }
 
 func string16(p []byte) (string, []byte, error) {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -32,7 +33,9 @@ type ServerOptions struct {
 	// WriteTimeout and WriteChunk: the client must take WriteChunk bytes
 	// (default 64 KiB) of an answer within every WriteTimeout (default
 	// 30 s), or the connection is closed: a client that stops reading
-	// cannot hold a handler forever.
+	// cannot hold a handler forever. (A write may start with a deadline
+	// set by an earlier one, up to WriteTimeout/32 closer: it is not
+	// moved on every write.)
 	WriteTimeout time.Duration
 	WriteChunk   int
 	// IdleTimeout closes keep-alive connections idle this long (default
@@ -200,6 +203,27 @@ func (l *listener) Accept() (net.Conn, error) {
 type conn struct {
 	net.Conn
 	o *ServerOptions
+	// wdl is the write deadline write last set (Unix nanoseconds; 0: none
+	// or set by someone else): a deadline still at least
+	// WriteTimeout-writeSlack away is left as it is instead of being moved
+	// on every write (each move is a lock and a timer update in the
+	// runtime's poller, several per request).
+	wdl atomic.Int64
+}
+
+// writeSlack: a write may run with a deadline up to WriteTimeout/32
+// closer than WriteTimeout (29 s of a 30 s timeout), set by an earlier
+// write.
+func writeSlack(timeout time.Duration) time.Duration { return timeout / 32 }
+
+func (c *conn) SetWriteDeadline(t time.Time) error {
+	c.wdl.Store(0)
+	return c.Conn.SetWriteDeadline(t)
+}
+
+func (c *conn) SetDeadline(t time.Time) error {
+	c.wdl.Store(0)
+	return c.Conn.SetDeadline(t)
 }
 
 // cannedHeaders is what net/http writes after the status line of the
@@ -219,7 +243,8 @@ func (c *conn) Write(p []byte) (int, error) {
 	return c.write(p)
 }
 
-// write writes p in chunks, each with its own deadline.
+// write writes p in chunks, each with a deadline WriteTimeout away (less
+// at most writeSlack, see conn.wdl).
 func (c *conn) write(p []byte) (int, error) {
 	n := 0
 	for len(p) > 0 {
@@ -227,7 +252,12 @@ func (c *conn) write(p []byte) (int, error) {
 		if len(chunk) > c.o.WriteChunk {
 			chunk = chunk[:c.o.WriteChunk]
 		}
-		_ = c.Conn.SetWriteDeadline(time.Now().Add(c.o.WriteTimeout))
+		now := time.Now()
+		if d := c.wdl.Load(); d == 0 || time.Duration(d-now.UnixNano()) < c.o.WriteTimeout-writeSlack(c.o.WriteTimeout) {
+			dl := now.Add(c.o.WriteTimeout)
+			_ = c.Conn.SetWriteDeadline(dl)
+			c.wdl.Store(dl.UnixNano())
+		}
 		m, err := c.Conn.Write(chunk)
 		n += m
 		if err != nil {
