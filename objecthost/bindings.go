@@ -144,7 +144,7 @@ func (h *Host) RevokeBindings(ctx context.Context, objectID string, id Identity,
 	if err := h.ix.put(&n); err != nil {
 		return BindingState{}, err
 	}
-	o.meta.Store(&n)
+	h.setMeta(o, &n)
 	what := "token " + rev.TokenID
 	if rev.All {
 		what = fmt.Sprintf("all (epoch %d)", n.BindingEpoch)

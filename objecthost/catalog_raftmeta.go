@@ -2,6 +2,7 @@ package objecthost
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/shoaldb/shoal/raftmeta"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
@@ -21,6 +22,7 @@ var (
 	_ Catalog           = RaftmetaCatalog{}
 	_ AccountReader     = RaftmetaCatalog{}
 	_ RelocationCatalog = RaftmetaCatalog{}
+	_ DigestCatalog     = RaftmetaCatalog{}
 )
 
 // Account reads an account from a follower through the client's cache
@@ -34,6 +36,17 @@ func (a RaftmetaCatalog) Heartbeat(ctx context.Context, uuids []string) (fsm.Hea
 	// Followers first: heartbeats are the bulk of the catalog's read load
 	// (every database every 30 s), and the leader also serves every write.
 	return a.C.Heartbeat(ctx, uuids, raftmeta.ReadOptions{Consistency: raftmeta.Stale, PreferFollowers: true})
+}
+
+// HeartbeatDigests is DigestCatalog, served like Heartbeat (stale,
+// followers first). A node of an older build answers the route 404:
+// ErrDigestsUnsupported.
+func (a RaftmetaCatalog) HeartbeatDigests(ctx context.Context, q fsm.DigestQuery) (fsm.DigestAnswer, error) {
+	ans, err := a.C.HeartbeatDigests(ctx, q, raftmeta.ReadOptions{Consistency: raftmeta.Stale, PreferFollowers: true})
+	if raftmeta.IsDigestsUnsupported(err) {
+		return ans, fmt.Errorf("%w: %v", ErrDigestsUnsupported, err)
+	}
+	return ans, err
 }
 
 func (a RaftmetaCatalog) ConfirmHeartbeat(ctx context.Context, uuids []string) (fsm.HeartbeatAnswer, error) {

@@ -127,6 +127,12 @@ type HeartbeatReport struct {
 	Superseded      int // retired: the catalog names a newer object on another host (lost-host recovery)
 	LeftoversKilled int // unconfirmed objects of a relocation that never committed, fenced and deleted
 	OlderHeld       int // confirmed objects the catalog names an older object for: kept (alarm)
+
+	// Digest heartbeats (digests.go).
+	DigestCalls   int // digest calls made (one per pass, more only for over HeartbeatBatch accounts)
+	DigestBuckets int // bucket digests sent
+	DigestDiffer  int // buckets the catalog answered different: their due objects went per database
+	DigestMatched int // due objects answered by an equal bucket: no per-database lookup
 }
 
 // RunHeartbeats sends every due heartbeat, in chunks of HeartbeatBatch UUIDs
@@ -148,6 +154,11 @@ func (h *Host) RunHeartbeats(ctx context.Context) HeartbeatReport {
 	}
 	now := h.now()
 	ids := h.sched.popDue(now)
+	// Bucket digests first: the due objects of buckets the catalog holds
+	// exactly as the host does need no per-database lookup; the rest (and
+	// everything, when the digest call fails or the catalog does not know
+	// it) go through the per-database heartbeat below.
+	ids = h.digestPass(ctx, ids, now, &rep)
 	var orphans []*object
 	for start := 0; start < len(ids); start += h.cfg.HeartbeatBatch {
 		if ctx.Err() != nil {
@@ -308,7 +319,7 @@ func (h *Host) repairRoutes(ctx context.Context, objs []*object, gens map[*objec
 			return 0
 		}
 		for i, o := range changedObjs {
-			o.meta.Store(changed[i])
+			h.setMeta(o, changed[i])
 		}
 	}
 	for _, o := range live {

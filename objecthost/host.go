@@ -43,6 +43,9 @@ type Config struct {
 	HeartbeatInterval time.Duration // default 30 s
 	HeartbeatTick     time.Duration // how often due heartbeats are sent (default 1 s)
 	HeartbeatBatch    int           // UUIDs per catalog call (default 5,000; the catalog accepts up to 10,000)
+	// HeartbeatDigestsOff sends per-database heartbeats only, never bucket
+	// digests (digests.go), even to a catalog that supports them.
+	HeartbeatDigestsOff bool
 	HeartbeatRetry    time.Duration // retry delay after a failed catalog call (default 5 s)
 	CreationGrace     time.Duration // unknown-to-catalog orphans die after this age (default 2 min)
 	// A heartbeat pass whose confirmed orphans number more than
@@ -210,6 +213,10 @@ type Host struct {
 	hist    *hostHistory // nil: history off
 	m       *metrics
 	sched   *schedule
+	digests hostDigests // per-bucket digests of the active objects (digests.go)
+	// digestOffUntil: Unix ns before which heartbeats are per-database
+	// only (the catalog answered ErrDigestsUnsupported).
+	digestOffUntil atomic.Int64
 
 	mu      sync.RWMutex
 	objects map[string]*object  // object ID → object (placeholders have nil meta)
@@ -319,7 +326,7 @@ func Open(cfg Config) (*Host, error) {
 	now := h.now()
 	err = ix.load(func(m *Meta) error {
 		o := &object{}
-		o.meta.Store(m)
+		h.setMeta(o, m)
 		if size, ok := storedUsedBytes(h.path(m.ObjectID)); !ok {
 			o.sizeUnknown.Store(true)
 		} else if size > 0 {
@@ -619,7 +626,7 @@ func (h *Host) Init(ctx context.Context, objectID string, req InitRequest) (Obje
 			h.mu.Unlock()
 			return ObjectInfo{}, err
 		}
-		o.meta.Store(m)
+		h.setMeta(o, m)
 		o.mu.Unlock()
 		h.active.Add(1)
 		h.scheduleFirst(m, h.now())
@@ -661,7 +668,7 @@ func (h *Host) Confirm(ctx context.Context, objectID string, gen int64) (ObjectI
 		if err := h.ix.putLazy(&n); err != nil {
 			return ObjectInfo{}, err
 		}
-		o.meta.Store(&n)
+		h.setMeta(o, &n)
 		m = &n
 	}
 	h.publishLocked(ctx, o, m)
@@ -732,7 +739,7 @@ func (h *Host) markDeleted(ctx context.Context, objs []*object, gen int64, reaso
 	}
 	h.mu.Lock()
 	for i, o := range changedObjs {
-		o.meta.Store(changed[i])
+		h.setMeta(o, changed[i])
 		h.deleted[changed[i].ObjectID] = struct{}{}
 	}
 	h.mu.Unlock()

@@ -116,7 +116,7 @@ func (h *Host) finishRestoreInit(ctx context.Context, objectID string, start tim
 		o.mu.Unlock()
 		return ObjectInfo{}, err
 	}
-	o.meta.Store(&n)
+	h.setMeta(o, &n)
 	o.mu.Unlock()
 	h.log.Info("database restored into a new object", "database", n.DatabaseUUID, "object", objectID,
 		"from", src.DatabaseUUID, "at", restored, "empty", empty)

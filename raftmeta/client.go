@@ -717,6 +717,28 @@ func (c *Client) Hosts(ctx context.Context, o ReadOptions) ([]fsm.Host, error) {
 	return out, err
 }
 
+// HeartbeatDigests asks which of a host's bucket digests differ from the
+// catalog's, and for the accounts it names (fsm.DigestQuery). Never cached.
+// A node of a build without the call answers a not_found *fsm.Error
+// (IsDigestsUnsupported).
+func (c *Client) HeartbeatDigests(ctx context.Context, q fsm.DigestQuery, o ReadOptions) (fsm.DigestAnswer, error) {
+	body, err := json.Marshal(q)
+	if err != nil {
+		return fsm.DigestAnswer{}, err
+	}
+	var out fsm.DigestAnswer
+	err = c.read(ctx, "", http.MethodPost, "/v1/heartbeat/digests", nil, body, o, &out)
+	return out, err
+}
+
+// IsDigestsUnsupported reports the answer of a catalog node whose build has
+// no /v1/heartbeat/digests (the route's 404): the caller sends per-database
+// heartbeats instead. The route itself never answers not_found.
+func IsDigestsUnsupported(err error) bool {
+	var fe *fsm.Error
+	return errors.As(err, &fe) && fe.Code == fsm.CodeNotFound
+}
+
 // Heartbeat answers a host's batch. It is never cached: batches differ per
 // host and per round, so an entry would not be shared.
 func (c *Client) Heartbeat(ctx context.Context, uuids []string, o ReadOptions) (fsm.HeartbeatAnswer, error) {

@@ -43,6 +43,7 @@ func (n *Node) handler() http.Handler {
 	r.Handle("/v1/hosts", n.allow(n.handleHosts, readers...)).Methods(http.MethodGet)
 	r.Handle("/v1/hosts/{id}/databases", n.allow(n.handleHostDatabases, pki.RoleEdge, pki.RoleOperator, pki.RoleCatalog)).Methods(http.MethodGet)
 	r.Handle("/v1/heartbeat", n.allow(n.handleHeartbeat, pki.RoleHost, pki.RoleOperator, pki.RoleCatalog)).Methods(http.MethodPost)
+	r.Handle("/v1/heartbeat/digests", n.allow(n.handleHeartbeatDigests, pki.RoleHost, pki.RoleOperator, pki.RoleCatalog)).Methods(http.MethodPost)
 	r.Handle("/v1/audit", n.allow(n.handleAudit, pki.RoleOperator, pki.RoleEdge, pki.RoleCatalog)).Methods(http.MethodGet)
 	r.Handle("/v1/storage/{kind}", n.allow(n.handleStorage, pki.RolePipeline, pki.RoleOperator, pki.RoleCatalog)).Methods(http.MethodGet) // http_stats.go
 
@@ -405,6 +406,25 @@ func (n *Node) handleHeartbeat(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	n.serveRead(w, r, func(ctx context.Context) (any, error) { return n.cat.Heartbeat(ctx, hb.UUIDs) })
+}
+
+// handleHeartbeatDigests answers a host's bucket digests (fsm.DigestQuery →
+// fsm.DigestAnswer): which buckets differ from the catalog's for that host,
+// and the accounts asked about. Served like /v1/heartbeat (stale reads from
+// followers are the hosts' default). A node of an older build answers the
+// route 404 not_found, and the host falls back to per-database heartbeats;
+// this route never answers not_found itself.
+func (n *Node) handleHeartbeatDigests(w http.ResponseWriter, r *http.Request) {
+	var q fsm.DigestQuery
+	if err := decodeBody(w, r, &q); err != nil {
+		n.writeErr(w, err)
+		return
+	}
+	if err := q.Validate(); err != nil {
+		n.writeErr(w, err)
+		return
+	}
+	n.serveRead(w, r, func(ctx context.Context) (any, error) { return n.cat.HeartbeatDigests(ctx, q) })
 }
 
 // BootstrapRequest lists the initial membership (empty: this node alone).

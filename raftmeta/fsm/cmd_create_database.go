@@ -104,6 +104,11 @@ func applyCreateDatabase(f *FSM, ctx context.Context, c *Command, st *createData
 		b.Jurisdiction, b.ReadReplication, c.Time); err != nil {
 		return nil, err
 	}
+	// A new database is active at generation 1 on its host: its heartbeat
+	// digest goes in with the row (hbdigest.go).
+	if err := f.digestAdd(ctx, b.HostID, b.UUID, b.ObjectID, 1, +1); err != nil {
+		return nil, err
+	}
 	// The account's active count is bumped once per run of consecutive
 	// creates (flushActive), not once per create.
 	f.activeDelta[b.AccountID]++

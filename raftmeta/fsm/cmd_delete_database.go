@@ -43,6 +43,10 @@ func applyDeleteDatabase(f *FSM, ctx context.Context, c *Command, st *deleteData
 	if _, err := exec(ctx, st.delete, d.UUID, c.Time); err != nil {
 		return nil, err
 	}
+	// No longer active: out of its host's heartbeat digest (hbdigest.go).
+	if err := f.digestAdd(ctx, d.HostID, d.UUID, d.ObjectID, d.RoutingGeneration, -1); err != nil {
+		return nil, err
+	}
 	if _, err := exec(ctx, f.stmts.accountIncr, d.AccountID, -1); err != nil {
 		return nil, err
 	}

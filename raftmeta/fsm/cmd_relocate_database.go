@@ -94,5 +94,13 @@ func applyRelocateDatabase(f *FSM, ctx context.Context, _ *Command, st *relocate
 	if _, err := exec(ctx, st.move, b.UUID, b.ObjectID, b.HostID, region); err != nil {
 		return nil, err
 	}
+	// Out of the old host's heartbeat digest, into the new host's at the
+	// new object and generation (hbdigest.go).
+	if err := f.digestAdd(ctx, d.HostID, d.UUID, d.ObjectID, d.RoutingGeneration, -1); err != nil {
+		return nil, err
+	}
+	if err := f.digestAdd(ctx, b.HostID, d.UUID, b.ObjectID, d.RoutingGeneration+1, +1); err != nil {
+		return nil, err
+	}
 	return f.getDatabase(ctx, b.UUID)
 }

@@ -189,4 +189,6 @@ func checkInvariants(t testing.TB, f *FSM) {
 		COALESCE((SELECT storage_bytes FROM account_database_stats s WHERE s.account_id = a.id), 0) +
 		COALESCE((SELECT SUM(delta) FROM account_database_stats_changes c WHERE c.account_id = a.id), 0) !=
 		COALESCE((SELECT SUM(size_bytes) FROM database_stats s WHERE s.account_id = a.id), 0)`), "storage arithmetic")
+	// host_digests is exactly what the databases table implies.
+	assert.NoError(t, checkHostDigests(context.Background(), f.rdb), "host digests")
 }

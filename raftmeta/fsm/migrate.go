@@ -86,6 +86,14 @@ func migrateFile(ctx context.Context, path string) error {
 			return fail(err)
 		}
 	}
+	// Version 4's host_digests is derived from databases: an older catalog
+	// gets it computed here, in the same transaction (every replica
+	// migrating the same snapshot writes the same rows).
+	if from < 4 {
+		if err := rebuildHostDigests(ctx, tx); err != nil {
+			return fail(err)
+		}
+	}
 	r, err := tx.ExecContext(ctx, `UPDATE meta SET value = ? WHERE key = 'schema_version'`, schemaVersion)
 	if err != nil {
 		return fail(err)

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -36,9 +38,10 @@ func readTestdata(t testing.TB, name string) []byte {
 }
 
 // migratedV1Dump is the Dump the version-1 catalog must have once migrated
-// to the current version: the same rows, schema_version 3, database_stats
-// with seq 0 (2), tokens with scope edit, no databases and no expiry, and
-// an empty audit log (3).
+// to the current version: the same rows, schema_version 4, database_stats
+// with seq 0 (2), tokens with scope edit, no databases and no expiry, an
+// empty audit log (3), and the heartbeat digests of its active databases
+// (4), computed here from the dump's databases section.
 func migratedV1Dump(t testing.TB) string {
 	t.Helper()
 	lines := strings.Split(string(readTestdata(t, v1Dump)), "\n")
@@ -46,7 +49,7 @@ func migratedV1Dump(t testing.TB) string {
 	for i, l := range lines {
 		switch {
 		case l == `"schema_version"|"1"`:
-			lines[i] = `"schema_version"|"3"`
+			lines[i] = `"schema_version"|"4"`
 		case strings.HasPrefix(l, "## database_stats "):
 			section = "stats"
 			lines[i] = strings.TrimSuffix(l, ")") + ", seq)"
@@ -62,7 +65,61 @@ func migratedV1Dump(t testing.TB) string {
 		}
 	}
 	out := strings.TrimSuffix(strings.Join(lines, "\n"), "\n")
-	return out + "\n## audit_log (id, time, type, actor, source, account_id, subject, detail)\n"
+	out += "\n## audit_log (id, time, type, actor, source, account_id, subject, detail)\n"
+	return out + "## host_digests (host_id, bucket, digest, count)\n" + v1DumpDigests(t, lines)
+}
+
+// v1DumpDigests renders the host_digests rows the databases section of a
+// dump implies (independently of the FSM's SQL), in (host, bucket) order.
+func v1DumpDigests(t testing.TB, lines []string) string {
+	t.Helper()
+	type key struct {
+		host   string
+		bucket int
+	}
+	acc := map[key][2]int64{}
+	in := false
+	for _, l := range lines {
+		if strings.HasPrefix(l, "## ") {
+			in = strings.HasPrefix(l, "## databases ")
+			if in {
+				require.Equal(t, "## databases (id, uuid, account_id, name, object_id, host_id, region, jurisdiction, read_replication, state, created_at, deleted_at, routing_generation)", l)
+			}
+			continue
+		}
+		if !in || l == "" {
+			continue
+		}
+		f := strings.Split(l, "|")
+		require.Len(t, f, 13, l)
+		uq := func(s string) string { v, err := strconv.Unquote(s); require.NoError(t, err); return v }
+		if uq(f[9]) != StateActive {
+			continue
+		}
+		gen, err := strconv.ParseInt(f[12], 10, 64)
+		require.NoError(t, err)
+		k := key{uq(f[5]), DigestBucket(uq(f[1]))}
+		v := acc[k]
+		v[0] ^= DigestOf(uq(f[1]), uq(f[4]), gen)
+		v[1]++
+		acc[k] = v
+	}
+	require.NotEmpty(t, acc, "the v1 catalog has active databases")
+	keys := make([]key, 0, len(acc))
+	for k := range acc {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].host != keys[j].host {
+			return keys[i].host < keys[j].host
+		}
+		return keys[i].bucket < keys[j].bucket
+	})
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%q|%d|%d|%d\n", k.host, k.bucket, acc[k][0], acc[k][1])
+	}
+	return b.String()
 }
 
 func TestSchemaVersionIsMigrationCount(t *testing.T) {
@@ -130,7 +187,7 @@ func TestRestoreVersion1Snapshot(t *testing.T) {
 	g := newFSM(t)
 	require.NoError(t, restoreBytes(g, snap2))
 	assert.Equal(t, dump(t, f), dump(t, g))
-	assert.Contains(t, dump(t, g), `"schema_version"|"3"`)
+	assert.Contains(t, dump(t, g), `"schema_version"|"4"`)
 }
 
 // TestMigrateRefusesAMismatchedOldCatalog: a file claiming version 1 whose
@@ -161,8 +218,8 @@ func TestMigrateRefusesAMismatchedOldCatalog(t *testing.T) {
 			`not a catalog of schema version "1" (missing: index databases_active_list)`},
 		"no stats table": {edit(`DROP TABLE database_stats`),
 			`not a catalog of schema version "1" (missing: table database_stats, trigger database_stats_delete`},
-		"version 4": {edit(`UPDATE meta SET value = '4' WHERE key = 'schema_version'`),
-			`catalog schema version "4" unsupported (this build restores version "3", and migrates versions 1 to 2)`},
+		"version 5": {edit(`UPDATE meta SET value = '5' WHERE key = 'schema_version'`),
+			`catalog schema version "5" unsupported (this build restores version "4", and migrates versions 1 to 3)`},
 	}
 	f := newFSM(t)
 	d := newDriver(t, f)

@@ -257,29 +257,7 @@ func (f *FSM) Heartbeat(ctx context.Context, uuids []string) (HeartbeatAnswer, e
 		if len(accts) == 0 {
 			return nil
 		}
-		alist, err := json.Marshal(accts)
-		if err != nil {
-			return err
-		}
-		arows, err := tx.QueryContext(ctx, `SELECT a.id, a.name, a.tier, a.max_databases, a.max_storage_bytes,
-			a.max_database_bytes, a.rows_read_per_day, a.rows_written_per_day, a.heartbeat_interval_ms,
-			a.active_databases, COALESCE(s.storage_bytes, 0), a.created_at
-			FROM json_each(?) j JOIN accounts a ON a.id = j.value
-			LEFT JOIN account_database_stats s ON s.account_id = a.id`, string(alist))
-		if err != nil {
-			return err
-		}
-		defer arows.Close()
-		for arows.Next() {
-			var a Account
-			if err := arows.Scan(&a.ID, &a.Name, &a.Tier, &a.Limits.MaxDatabases, &a.Limits.MaxStorageBytes,
-				&a.Limits.MaxDatabaseBytes, &a.Limits.RowsReadPerDay, &a.Limits.RowsWrittenPerDay,
-				&a.Limits.HeartbeatIntervalMs, &a.ActiveDatabases, &a.StorageBytes, &a.CreatedAt); err != nil {
-				return err
-			}
-			ans.Accounts[a.ID] = a
-		}
-		return arows.Err()
+		return readAccounts(ctx, tx, accts, ans.Accounts)
 	})
 	if err != nil {
 		return ans, err

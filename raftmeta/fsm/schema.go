@@ -3,7 +3,7 @@ package fsm
 // schemaVersion is stored in meta and checked by Restore: a snapshot of an
 // older version is migrated (see migrations), one of a newer or unknown
 // version is refused rather than half-understood.
-const schemaVersion = "3"
+const schemaVersion = "4"
 
 // migrations[i] moves a catalog from schema version i+1 to version i+2;
 // len(migrations)+1 is schemaVersion. A fresh catalog is schema (version 1)
@@ -47,6 +47,17 @@ var migrations = []string{
 		detail      TEXT NOT NULL
 	);
 	CREATE INDEX audit_log_account ON audit_log (account_id, id);`,
+	// 3 → 4: heartbeat digests (hbdigest.go): per (host, bucket) the XOR of
+	// DigestOf over the active databases placed there, and their count. A
+	// derived table: migrateFile rebuilds it from databases in the
+	// migration's transaction; commands keep it in step after that.
+	`CREATE TABLE host_digests (
+		host_id  TEXT NOT NULL,
+		bucket   INTEGER NOT NULL,
+		digest   INTEGER NOT NULL,
+		count    INTEGER NOT NULL,
+		PRIMARY KEY (host_id, bucket)
+	) WITHOUT ROWID;`,
 }
 
 // currentSchema is the SQL that builds a catalog of schemaVersion.
@@ -214,6 +225,7 @@ func dumpTables() []struct{ name, order string } {
 		{"account_database_stats", "account_id"},
 		{"requests", "request_id"},
 		{"audit_log", "id"},
+		{"host_digests", "host_id, bucket"},
 	}
 }
 

@@ -173,6 +173,9 @@ func checkCatalogFile(ctx context.Context, path string, integrity bool) (uint64,
 		if err := columnTypeCheck(ctx, db); err != nil {
 			return 0, err
 		}
+		if err := checkHostDigests(ctx, db); err != nil {
+			return 0, err
+		}
 	}
 	return applied, nil
 }

@@ -104,6 +104,8 @@ func TestCheckSnapshotAndRestoreRefuseWithReasons(t *testing.T) {
 		{"index dropped", "missing: index databases_active_list", edit(`DROP INDEX databases_active_list`), false},
 		{"version", `catalog schema version "0" unsupported`, edit(`UPDATE meta SET value = '0' WHERE key = 'schema_version'`), false},
 		{"bad applied index", "parse applied index", edit(`UPDATE meta SET value = 'x' WHERE key = 'applied_index'`), false},
+		{"host digest edited", `host digests do not match the databases table (host "h1"`, edit(`UPDATE host_digests SET digest = digest + 1 WHERE (host_id, bucket) = (SELECT host_id, bucket FROM host_digests LIMIT 1)`), true},
+		{"host digest missing", "host digests do not match the databases table (", edit(`DELETE FROM host_digests WHERE bucket = (SELECT MIN(bucket) FROM host_digests)`), true},
 		{"not null broken", "SQLite integrity check failed", edit(`PRAGMA ignore_check_constraints = ON; PRAGMA writable_schema = ON;
 			UPDATE sqlite_schema SET sql = replace(sql, 'name                   TEXT NOT NULL', 'name                   TEXT') WHERE name = 'accounts';
 			PRAGMA writable_schema = RESET;

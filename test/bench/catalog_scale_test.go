@@ -93,6 +93,7 @@ func TestCatalogScaleBench(t *testing.T) {
 	require.Nil(t, fail.Load(), "creating accounts")
 
 	uuids := make([]string, n)
+	objects := make([]string, n)
 	var done atomic.Int64
 	stop := make(chan struct{})
 	go func() { // progress, so a long fill shows its rate
@@ -115,14 +116,14 @@ func TestCatalogScaleBench(t *testing.T) {
 		if fail.Load() != nil {
 			return
 		}
-		u := ids.New()
+		u, obj := ids.New(), ids.New()
 		_, err := cl.CreateDatabase(ctx, fsm.CreateDatabase{UUID: u, AccountID: acct(i % accounts), Name: fmt.Sprintf("db-%07d", i),
-			ObjectID: ids.New(), HostID: fmt.Sprintf("h%d", i%hosts+1), Region: "weur", ReadReplication: fsm.ReadReplicationDisabled})
+			ObjectID: obj, HostID: fmt.Sprintf("h%d", i%hosts+1), Region: "weur", ReadReplication: fsm.ReadReplicationDisabled})
 		if err != nil {
 			fail.CompareAndSwap(nil, err)
 			return
 		}
-		uuids[i] = u
+		uuids[i], objects[i] = u, obj
 		done.Add(1)
 	})
 	close(stop)
@@ -154,21 +155,29 @@ func TestCatalogScaleBench(t *testing.T) {
 	time.Sleep(idle)
 	s.logCPU(t, fmt.Sprintf("idle, no traffic, %s", idle), cpu, idle, 0)
 
-	// Heartbeats of every database at the default interval.
-	hb := newScaleHeartbeats(t, s, uuids, hosts)
-	cpu, self0 = s.cpuEach(t), selfCPU()
-	var wait func()
-	if profDir != "" {
-		wait = s.cpuProfiles(t, profDir, "cpu-heartbeats", idle)
+	// Heartbeats of every database at the default interval, per database
+	// (as hosts without digests send them) and with bucket digests, in
+	// alternating phases of idle each (SHOAL_BENCH_HB_MODES, _ROUNDS).
+	modes := strings.Split(envStr("SHOAL_BENCH_HB_MODES", "perdb,digest"), ",")
+	rounds := envInt(t, "SHOAL_BENCH_HB_ROUNDS", 1)
+	hb := newScaleHeartbeats(t, s, uuids, objects, accounts, hosts)
+	for r := range rounds {
+		for _, mode := range modes {
+			cpu, self0 = s.cpuEach(t), selfCPU()
+			var wait func()
+			if profDir != "" {
+				wait = s.cpuProfiles(t, profDir, fmt.Sprintf("cpu-heartbeats-%s-%d", mode, r), idle)
+			}
+			st := hb.run(t, idle, mode)
+			if wait != nil {
+				wait()
+			}
+			s.logCPU(t, fmt.Sprintf("round %d, %s heartbeats of %d databases every %s (%d hosts, chunks of %d), %s", r+1, mode, n, scaleHBInterval, hosts, scaleHBChunk, idle), cpu, idle, st.dbs, leader)
+			t.Logf("heartbeats (%s): %d calls, %d DB-heartbeats (%.0f/s), %d per-database lookups, %d buckets sent, %d differing, %d unknown, %d failed calls, %d late ticks (a tick's calls took over 1 s), call p50 %.1f ms p99 %.1f ms; hosts (load generator) %.3f core; load %s",
+				mode, st.calls, st.dbs, float64(st.dbs)/idle.Seconds(), st.lookups, st.buckets, st.differ, st.unknown, st.failed, st.late, harness.Millis(st.lat.Pct(0.5)), harness.Millis(st.lat.Pct(0.99)),
+				(selfCPU()-self0).Seconds()/idle.Seconds(), loadAvg())
+		}
 	}
-	st := hb.run(t, idle)
-	if wait != nil {
-		wait()
-	}
-	s.logCPU(t, fmt.Sprintf("heartbeats of %d databases every %s (%d hosts, chunks of %d), %s", n, scaleHBInterval, hosts, scaleHBChunk, idle), cpu, idle, st.dbs)
-	t.Logf("heartbeats: %d calls, %d DB-heartbeats (%.0f/s), %d unknown, %d failed calls, %d late ticks (a tick's calls took over 1 s), call p50 %.1f ms p99 %.1f ms; load generator %.2f core",
-		st.calls, st.dbs, float64(st.dbs)/idle.Seconds(), st.unknown, st.failed, st.late, harness.Millis(st.lat.Pct(0.5)), harness.Millis(st.lat.Pct(0.99)),
-		(selfCPU()-self0).Seconds()/idle.Seconds())
 	s.report(t, "after the heartbeats", n, leader)
 
 	// Restarts: a follower, then the leader.
@@ -217,7 +226,7 @@ func (s *scaleCluster) cpuEach(t *testing.T) []int64 {
 
 // logCPU reports each node's CPU since before (clock ticks), in cores, and
 // per DB-heartbeat when dbs > 0.
-func (s *scaleCluster) logCPU(t *testing.T, what string, before []int64, d time.Duration, dbs int64) {
+func (s *scaleCluster) logCPU(t *testing.T, what string, before []int64, d time.Duration, dbs int64, leader ...int) {
 	after := s.cpuEach(t)
 	var parts []string
 	var total float64
@@ -229,6 +238,9 @@ func (s *scaleCluster) logCPU(t *testing.T, what string, before []int64, d time.
 	per := ""
 	if dbs > 0 {
 		per = fmt.Sprintf("; %.2f µs of catalog CPU per DB-heartbeat", total*d.Seconds()*1e6/float64(dbs))
+	}
+	if len(leader) > 0 && leader[0] >= 0 && total > 0 {
+		per += fmt.Sprintf("; leader %s carries %.0f%%", s.cats[leader[0]].Name, 100*float64(after[leader[0]]-before[leader[0]])/100/d.Seconds()/total)
 	}
 	t.Logf("CPU, %s: %.3f cores in total (%s)%s; load %s", what, total, strings.Join(parts, ", "), per, loadAvg())
 }
@@ -422,23 +434,45 @@ const (
 )
 
 // scaleHeartbeats stands for the object hosts: each owns the databases
-// placed on it and, every tick, sends the ones due in that tick in chunks,
-// one call after another, as objecthost.Host.RunHeartbeats does, through
-// the hosts' catalog adapter.
+// placed on it and, every tick, sends the ones due in that tick, one call
+// after another, as objecthost.Host.RunHeartbeats does, through the hosts'
+// catalog adapter. Mode "perdb": the due UUIDs in chunks (hosts without
+// digests). Mode "digest": one call with the digests of the buckets the due
+// databases fall in (each host keeps them over all its databases, as
+// objecthost/digests.go does) and their accounts, then per-database calls
+// for the due databases of the buckets answered different.
 type scaleHeartbeats struct {
-	hosts [][]string // per host: its UUIDs; the ones due in tick k are those with index%ticks == k%ticks
-	cats  []objecthost.RaftmetaCatalog
+	hosts    [][]int // per host: indexes of its databases; the ones due in tick k are those at position%ticks == k%ticks
+	uuids    []string
+	accounts []string // per database
+	digests  [][fsm.DigestBuckets]fsm.BucketDigest
+	cats     []objecthost.RaftmetaCatalog
 }
 
 type scaleHBStats struct {
-	calls, dbs, unknown, failed, late int64
-	lat                               *harness.Latencies
+	calls, dbs, lookups, buckets, differ, unknown, failed, late int64
+	lat                                                     *harness.Latencies
 }
 
-func newScaleHeartbeats(t *testing.T, s *scaleCluster, uuids []string, hosts int) *scaleHeartbeats {
-	h := &scaleHeartbeats{hosts: make([][]string, hosts)}
+func envStr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func newScaleHeartbeats(t *testing.T, s *scaleCluster, uuids, objects []string, accounts, hosts int) *scaleHeartbeats {
+	h := &scaleHeartbeats{hosts: make([][]int, hosts), uuids: uuids, accounts: make([]string, len(uuids)),
+		digests: make([][fsm.DigestBuckets]fsm.BucketDigest, hosts)}
 	for i, u := range uuids {
-		h.hosts[i%hosts] = append(h.hosts[i%hosts], u)
+		hi := i % hosts
+		h.hosts[hi] = append(h.hosts[hi], i)
+		h.accounts[i] = fmt.Sprintf("acct-%04d", i%accounts)
+		b := fsm.DigestBucket(u)
+		d := &h.digests[hi][b]
+		d.Bucket = b
+		d.Digest ^= fsm.DigestOf(u, objects[i], 1)
+		d.Count++
 	}
 	for i := range hosts {
 		cl, err := raftmeta.NewClient(s.addrs, raftmeta.WithTLS(s.pki.Loader(t, fmt.Sprintf("h%d", i+1), pki.RoleHost)))
@@ -449,7 +483,7 @@ func newScaleHeartbeats(t *testing.T, s *scaleCluster, uuids []string, hosts int
 	return h
 }
 
-func (h *scaleHeartbeats) run(t *testing.T, d time.Duration) scaleHBStats {
+func (h *scaleHeartbeats) run(t *testing.T, d time.Duration, mode string) scaleHBStats {
 	st := scaleHBStats{lat: &harness.Latencies{}}
 	ticks := int(scaleHBInterval / scaleHBTick)
 	var wg sync.WaitGroup
@@ -458,20 +492,7 @@ func (h *scaleHeartbeats) run(t *testing.T, d time.Duration) scaleHBStats {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for k := 0; ; k++ {
-				at := start.Add(time.Duration(k) * scaleHBTick)
-				if at.Sub(start) >= d {
-					return
-				}
-				if w := time.Until(at); w > 0 {
-					time.Sleep(w)
-				} else if w < -scaleHBTick {
-					atomic.AddInt64(&st.late, 1)
-				}
-				var due []string
-				for j := k % ticks; j < len(own); j += ticks {
-					due = append(due, own[j])
-				}
+			perDB := func(due []string) {
 				for c := 0; c < len(due); c += scaleHBChunk {
 					chunk := due[c:min(c+scaleHBChunk, len(due))]
 					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -484,12 +505,73 @@ func (h *scaleHeartbeats) run(t *testing.T, d time.Duration) scaleHBStats {
 						atomic.AddInt64(&st.failed, 1)
 						continue
 					}
-					atomic.AddInt64(&st.dbs, int64(len(chunk)))
+					atomic.AddInt64(&st.lookups, int64(len(chunk)))
 					for _, db := range ans.Databases {
 						if !db.Known {
 							atomic.AddInt64(&st.unknown, 1)
 						}
 					}
+				}
+			}
+			for k := 0; ; k++ {
+				at := start.Add(time.Duration(k) * scaleHBTick)
+				if at.Sub(start) >= d {
+					return
+				}
+				if w := time.Until(at); w > 0 {
+					time.Sleep(w)
+				} else if w < -scaleHBTick {
+					atomic.AddInt64(&st.late, 1)
+				}
+				var due []int
+				for j := k % ticks; j < len(own); j += ticks {
+					due = append(due, own[j])
+				}
+				atomic.AddInt64(&st.dbs, int64(len(due)))
+				if mode != "digest" {
+					uu := make([]string, len(due))
+					for j, i := range due {
+						uu[j] = h.uuids[i]
+					}
+					perDB(uu)
+					continue
+				}
+				q := fsm.DigestQuery{HostID: fmt.Sprintf("h%d", hi+1)}
+				inQ, seen := map[int]bool{}, map[string]bool{}
+				for _, i := range due {
+					if b := fsm.DigestBucket(h.uuids[i]); !inQ[b] {
+						inQ[b] = true
+						q.Buckets = append(q.Buckets, h.digests[hi][b])
+					}
+					if a := h.accounts[i]; !seen[a] {
+						seen[a] = true
+						q.Accounts = append(q.Accounts, a)
+					}
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				t0 := time.Now()
+				ans, err := h.cats[hi].HeartbeatDigests(ctx, q)
+				cancel()
+				st.lat.Add(time.Since(t0))
+				atomic.AddInt64(&st.calls, 1)
+				if err != nil {
+					atomic.AddInt64(&st.failed, 1)
+					continue
+				}
+				atomic.AddInt64(&st.buckets, int64(len(q.Buckets)))
+				atomic.AddInt64(&st.differ, int64(len(ans.Differ)))
+				if len(ans.Differ) > 0 {
+					diff := map[int]bool{}
+					for _, b := range ans.Differ {
+						diff[b] = true
+					}
+					var uu []string
+					for _, i := range due {
+						if diff[fsm.DigestBucket(h.uuids[i])] {
+							uu = append(uu, h.uuids[i])
+						}
+					}
+					perDB(uu)
 				}
 			}
 		}()
