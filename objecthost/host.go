@@ -46,8 +46,8 @@ type Config struct {
 	// HeartbeatDigestsOff sends per-database heartbeats only, never bucket
 	// digests (digests.go), even to a catalog that supports them.
 	HeartbeatDigestsOff bool
-	HeartbeatRetry    time.Duration // retry delay after a failed catalog call (default 5 s)
-	CreationGrace     time.Duration // unknown-to-catalog orphans die after this age (default 2 min)
+	HeartbeatRetry      time.Duration // retry delay after a failed catalog call (default 5 s)
+	CreationGrace       time.Duration // unknown-to-catalog orphans die after this age (default 2 min)
 	// A heartbeat pass whose confirmed orphans number more than
 	// max(OrphanMassFloor, OrphanMassFraction × databases sent) deletes none
 	// of them and raises the mass-orphan alarm (defaults 10 and 0.01).

@@ -55,7 +55,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		openHandles: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shoal_objecthost_open_handles", Help: "Database handles held open by the LRU."}),
 		queueDepth:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "shoal_objecthost_queue_depth", Help: "Queries in flight on this host."}),
 		heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shoal_objecthost_heartbeats_total", Help: "Heartbeat outcomes per database (ok, orphan_killed, route_repaired, deleted, error, skipped).",
+			Name: "shoal_objecthost_heartbeats_total", Help: "Heartbeat outcomes per database (ok, digest_ok: answered by an equal bucket digest, orphan_killed, route_repaired, deleted, error, skipped).",
 		}, []string{"outcome"}),
 		catalogCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shoal_objecthost_catalog_calls_total", Help: "Catalog calls by method and outcome.",

@@ -163,3 +163,85 @@ func TestObjectHostHeartbeatsAgainstRealCatalog(t *testing.T) {
 }
 
 func mustJSON(v any) string { b, _ := json.Marshal(v); return string(b) }
+
+// heartbeatOutcome reads shoal_objecthost_heartbeats_total{outcome}.
+func heartbeatOutcome(t *testing.T, h *objecthost.Host, outcome string) float64 {
+	mfs, err := h.Registry().Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "shoal_objecthost_heartbeats_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == outcome {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestObjectHostDigestHeartbeatsAgainstRealCatalog: against a real 3-node
+// Raft catalog, a host whose databases are all settled heartbeats them by
+// bucket digests (no per-database lookups while nothing changes), and
+// still learns, through the per-database heartbeat of the bucket that
+// differs, a delete it was not told about, and retires an object whose
+// database was relocated to another host.
+func TestObjectHostDigestHeartbeatsAgainstRealCatalog(t *testing.T) {
+	ctx := context.Background()
+	cl := startCatalog3(t)
+	acct, err := cl.CreateAccount(ctx, fsm.CreateAccount{ID: "acct-dg", Name: "dg", Tier: "paid",
+		Limits: fsm.Limits{MaxDatabases: 1000, MaxStorageBytes: 1 << 40, MaxDatabaseBytes: 1 << 30}})
+	require.NoError(t, err)
+	_, err = cl.RegisterHost(ctx, fsm.RegisterHost{ID: "other-host", Address: "127.0.0.1:2", Region: "weur", State: fsm.HostStateActive})
+	require.NoError(t, err)
+	h := openHeartbeatingHost(t, t.TempDir(), cl)
+	defer h.Close()
+
+	type dbRef struct{ obj, uuid string }
+	var dbs []dbRef
+	for i := 0; i < 40; i++ {
+		d := dbRef{randomObjectID(t), uuid.NewString()}
+		_, err := h.Init(ctx, d.obj, objecthost.InitRequest{DatabaseUUID: d.uuid, AccountID: acct.ID, Name: fmt.Sprintf("d%d", i), RoutingGeneration: 1})
+		require.NoError(t, err)
+		_, err = cl.CreateDatabase(ctx, fsm.CreateDatabase{UUID: d.uuid, AccountID: acct.ID, Name: fmt.Sprintf("d%d", i), ObjectID: d.obj,
+			HostID: "hb-host", Region: "weur"})
+		require.NoError(t, err)
+		_, err = h.Confirm(ctx, d.obj, 1)
+		require.NoError(t, err)
+		dbs = append(dbs, d)
+	}
+	// Every database answered by digests for a while (several intervals).
+	require.Eventually(t, func() bool { return heartbeatOutcome(t, h, "digest_ok") >= 3*40 },
+		10*time.Second, 50*time.Millisecond, "no digest heartbeats")
+	perDB := heartbeatOutcome(t, h, "ok")
+	time.Sleep(time.Second)
+	assert.Equal(t, perDB, heartbeatOutcome(t, h, "ok"), "no per-database heartbeat while nothing changes")
+
+	// Deleted in the catalog only: learned through its heartbeat.
+	doomed := dbs[3]
+	_, err = cl.DeleteDatabase(ctx, acct.ID, doomed.uuid)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return objState(t, h, doomed.obj) == fsm.StateDeleted },
+		10*time.Second, 50*time.Millisecond, "catalog-deleted database still active on its host")
+
+	// Relocated to another host: this host's object is retired.
+	moved := dbs[7]
+	_, err = cl.RelocateDatabase(ctx, fsm.RelocateDatabase{UUID: moved.uuid, FromObjectID: moved.obj,
+		ObjectID: randomObjectID(t), HostID: "other-host"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return objState(t, h, moved.obj) == fsm.StateDeleted },
+		10*time.Second, 50*time.Millisecond, "superseded object not retired")
+
+	// The rest are still active and served.
+	for _, d := range dbs {
+		if d == doomed || d == moved {
+			continue
+		}
+		require.Equal(t, fsm.StateActive, objState(t, h, d.obj))
+	}
+	require.NoError(t, selectOne(h, dbs[0].obj, dbs[0].uuid, acct.ID))
+}
+

@@ -451,7 +451,7 @@ type scaleHeartbeats struct {
 
 type scaleHBStats struct {
 	calls, dbs, lookups, buckets, differ, unknown, failed, late int64
-	lat                                                     *harness.Latencies
+	lat                                                         *harness.Latencies
 }
 
 func envStr(name, def string) string {
