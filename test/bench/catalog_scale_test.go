@@ -39,9 +39,13 @@ import (
 //   - the catalog file, Raft log and snapshot sizes on disk;
 //   - idle CPU of the three over SHOAL_BENCH_IDLE_SECONDS with no traffic,
 //     then with every database heartbeating at the hosts' default interval
-//     (30 s, chunks of 5,000 UUIDs per call, one call after another per host
-//     each 1 s tick, through objecthost.RaftmetaCatalog: stale reads,
-//     followers first, as `shoal objecthost serve` sends them);
+//     (30 s, 1 s tick, through objecthost.RaftmetaCatalog: stale reads,
+//     followers first, as `shoal objecthost serve` sends them), in phases
+//     of SHOAL_BENCH_IDLE_SECONDS per mode of SHOAL_BENCH_HB_MODES
+//     ("perdb,digest": per-database chunks of 5,000 UUIDs, as hosts without
+//     digests send them, then bucket digests, as they do now), repeated
+//     SHOAL_BENCH_HB_ROUNDS times (1), with each node's CPU and the
+//     leader's share;
 //   - time to restart a follower and then the leader (kill -9, start the
 //     same command) to serving: /readyz, a linearizable read and a write
 //     through that node, each timed from the process start.
@@ -49,7 +53,9 @@ import (
 // Knobs: SHOAL_BENCH_DATABASES (default 1,000,000), SHOAL_BENCH_ACCOUNTS
 // (1,000), SHOAL_BENCH_WORKERS (fill clients, 64), SHOAL_BENCH_IDLE_SECONDS
 // (60), SHOAL_BENCH_HOSTS (heartbeating hosts, 3), SHOAL_BENCH_PORT_BASE
-// (consecutive ports for the children), SHOAL_BENCH_PROFILE (a directory:
+// (consecutive ports for the children), SHOAL_BENCH_HB_MODES, SHOAL_BENCH_HB_ROUNDS
+// (above; "perdb" alone against a binary without digests, e.g. SHOAL_TEST_BIN
+// of main's), SHOAL_BENCH_PROFILE (a directory:
 // heap profiles of each node after the fill and CPU profiles during the
 // heartbeat phase, through /debug/pprof). Run with:
 //
