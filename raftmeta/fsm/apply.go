@@ -100,6 +100,9 @@ func (f *FSM) finishTx(ctx context.Context, applied uint64) error {
 	if err := f.flushActive(ctx); err != nil {
 		return err
 	}
+	if err := f.flushDigests(ctx); err != nil {
+		return err
+	}
 	f.dd.prune(f.dedupeThresholds(applied))
 	if _, err := s.metaSet.ExecContext(ctx, "applied_index", strconv.FormatUint(applied, 10)); err != nil {
 		return err
@@ -174,6 +177,7 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 		return res, &fatalError{err}
 	}
 	var value any
+	f.digestCmd = f.digestCmd[:0]
 	switch { // the body is decoded already on the fast paths
 	case fast:
 		value, err = f.run(ctx, &cmd, &pre)
@@ -203,6 +207,11 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 			return res, &fatalError{err}
 		}
 		res.Value = b
+	}
+	if res.Err == nil {
+		f.keepDigests()
+	} else {
+		f.digestCmd = f.digestCmd[:0] // a refusal's digest changes go with its savepoint
 	}
 	if _, err := s.release.ExecContext(ctx); err != nil {
 		return res, &fatalError{err}

@@ -106,9 +106,7 @@ func applyCreateDatabase(f *FSM, ctx context.Context, c *Command, st *createData
 	}
 	// A new database is active at generation 1 on its host: its heartbeat
 	// digest goes in with the row (hbdigest.go).
-	if err := f.digestAdd(ctx, b.HostID, b.UUID, b.ObjectID, 1, +1); err != nil {
-		return nil, err
-	}
+	f.digestAdd(b.HostID, b.UUID, b.ObjectID, 1, +1)
 	// The account's active count is bumped once per run of consecutive
 	// creates (flushActive), not once per create.
 	f.activeDelta[b.AccountID]++

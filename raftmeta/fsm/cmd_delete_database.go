@@ -44,9 +44,7 @@ func applyDeleteDatabase(f *FSM, ctx context.Context, c *Command, st *deleteData
 		return nil, err
 	}
 	// No longer active: out of its host's heartbeat digest (hbdigest.go).
-	if err := f.digestAdd(ctx, d.HostID, d.UUID, d.ObjectID, d.RoutingGeneration, -1); err != nil {
-		return nil, err
-	}
+	f.digestAdd(d.HostID, d.UUID, d.ObjectID, d.RoutingGeneration, -1)
 	if _, err := exec(ctx, f.stmts.accountIncr, d.AccountID, -1); err != nil {
 		return nil, err
 	}

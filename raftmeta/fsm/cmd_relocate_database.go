@@ -96,11 +96,7 @@ func applyRelocateDatabase(f *FSM, ctx context.Context, _ *Command, st *relocate
 	}
 	// Out of the old host's heartbeat digest, into the new host's at the
 	// new object and generation (hbdigest.go).
-	if err := f.digestAdd(ctx, d.HostID, d.UUID, d.ObjectID, d.RoutingGeneration, -1); err != nil {
-		return nil, err
-	}
-	if err := f.digestAdd(ctx, b.HostID, d.UUID, b.ObjectID, d.RoutingGeneration+1, +1); err != nil {
-		return nil, err
-	}
+	f.digestAdd(d.HostID, d.UUID, d.ObjectID, d.RoutingGeneration, -1)
+	f.digestAdd(b.HostID, d.UUID, b.ObjectID, d.RoutingGeneration+1, +1)
 	return f.getDatabase(ctx, b.UUID)
 }

@@ -85,6 +85,10 @@ type FSM struct {
 	// activeDelta holds creates not yet added to accounts.active_databases
 	// (apply goroutine only; see flushActive). Empty between batches.
 	activeDelta map[string]int64
+	// digestCmd: the running command's host_digests changes; digestBatch:
+	// the batch's, written by finishTx (hbdigest.go).
+	digestCmd   []digestChange
+	digestBatch map[digestKey]digestDelta
 }
 
 var (

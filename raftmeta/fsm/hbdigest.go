@@ -3,10 +3,8 @@ package fsm
 import (
 	"context"
 	"database/sql"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"sort"
 )
 
@@ -60,25 +58,39 @@ func mix64(x uint64) uint64 {
 // a new digest call (hosts of the other build would see every bucket
 // differ, which is safe but costs today's per-database heartbeats).
 func DigestBucket(uuid string) int {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("bucket\x00"))
-	_, _ = h.Write([]byte(uuid))
-	return int(mix64(h.Sum64()) % DigestBuckets)
+	h := fnvString(fnvOffset, "bucket\x00")
+	return int(mix64(fnvString(h, uuid)) % DigestBuckets)
 }
+
+// FNV-1a, 64-bit, over strings without converting them to []byte (the
+// create path runs this for every database: no allocation).
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+func fnvString(h uint64, s string) uint64 {
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= fnvPrime
+	}
+	return h
+}
+
+func fnvByte(h uint64, b byte) uint64 { return (h ^ uint64(b)) * fnvPrime }
 
 // DigestOf is one active database's contribution to its bucket's digest:
 // a 63-bit hash of its UUID, object and routing generation. The state is
 // implicit (only active databases are counted), and so is the host (the
 // digest is per host).
 func DigestOf(uuid, objectID string, generation int64) int64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(uuid))
-	_, _ = h.Write([]byte{0})
-	_, _ = h.Write([]byte(objectID))
-	var g [9]byte
-	binary.BigEndian.PutUint64(g[1:], uint64(generation))
-	_, _ = h.Write(g[:])
-	return int64(mix64(h.Sum64()) & digestMask)
+	h := fnvByte(fnvString(fnvOffset, uuid), 0)
+	h = fnvString(h, objectID)
+	h = fnvByte(h, 0)
+	for i := 56; i >= 0; i -= 8 {
+		h = fnvByte(h, byte(uint64(generation)>>i))
+	}
+	return int64(mix64(h) & digestMask)
 }
 
 // BucketDigest is one bucket's digest and count, as a host computed it over
@@ -237,31 +249,102 @@ func readAccounts(ctx context.Context, tx *sql.Tx, ids []string, out map[string]
 	return arows.Err()
 }
 
-// digestStmts maintain host_digests on the write connection.
+// digestStmts write a batch's digest changes on the write connection.
 type digestStmts struct {
 	add, prune *sql.Stmt
 }
 
 func prepareDigestStmts(p *preparer) digestStmts {
 	return digestStmts{
-		// XOR written as (a | b) - (a & b): SQLite has no XOR operator, and
-		// with 63-bit operands neither side overflows.
-		add: p.prep(`INSERT INTO host_digests (host_id, bucket, digest, count) VALUES (?1, ?2, ?3, ?4)
-			ON CONFLICT (host_id, bucket) DO UPDATE SET digest = (digest | ?3) - (digest & ?3), count = count + ?4`),
-		prune: p.prep(`DELETE FROM host_digests WHERE host_id = ?1 AND bucket = ?2 AND count = 0`),
+		// One statement per batch for every (host, bucket) it changed:
+		// ?1 is [[host, bucket, digest, count], …]. XOR written as
+		// (a | b) - (a & b): SQLite has no XOR operator, and with 63-bit
+		// operands neither side overflows. (WHERE true: SQLite's parser
+		// needs it between a SELECT and ON CONFLICT.)
+		add: p.prep(`INSERT INTO host_digests (host_id, bucket, digest, count)
+			SELECT value->>0, value->>1, value->>2, value->>3 FROM json_each(?1) WHERE true
+			ON CONFLICT (host_id, bucket) DO UPDATE SET
+			digest = (digest | excluded.digest) - (digest & excluded.digest), count = count + excluded.count`),
+		// An emptied bucket has no row, as in a rebuilt table.
+		prune: p.prep(`DELETE FROM host_digests WHERE count = 0 AND (host_id, bucket) IN
+			(SELECT value->>0, value->>1 FROM json_each(?1))`),
 	}
 }
 
-// digestAdd puts an active database's contribution into its host's bucket
-// (sign +1) or takes it out (sign −1). Callers run it in the savepoint of
-// the command that changes the row, so a refused command undoes both.
-func (f *FSM) digestAdd(ctx context.Context, hostID, uuid, objectID string, generation int64, sign int) error {
-	b := DigestBucket(uuid)
-	if _, err := exec(ctx, f.stmts.digest.add, hostID, b, DigestOf(uuid, objectID, generation), sign); err != nil {
+type digestKey struct {
+	host   string
+	bucket int
+}
+
+type digestDelta struct{ digest, count int64 }
+
+// digestAdd records that an active database's contribution goes into its
+// host's bucket (sign +1) or out of it (−1). The change is staged with the
+// command (digestCmd): applyOne keeps it only if the command is not
+// refused, and finishTx writes the batch's sum in one statement (one
+// upsert per create cost ~7 µs of FSM CPU, ~20% of a create's). XOR and
+// sums commute, so the rows written depend only on the commands applied,
+// not on how Raft batched them.
+func (f *FSM) digestAdd(hostID, uuid, objectID string, generation int64, sign int64) {
+	f.digestCmd = append(f.digestCmd, digestChange{digestKey{hostID, DigestBucket(uuid)},
+		digestDelta{DigestOf(uuid, objectID, generation), sign}})
+}
+
+type digestChange struct {
+	key digestKey
+	d   digestDelta
+}
+
+// keepDigests merges the command's staged changes into the batch's.
+func (f *FSM) keepDigests() {
+	if len(f.digestCmd) == 0 {
+		return
+	}
+	if f.digestBatch == nil {
+		f.digestBatch = map[digestKey]digestDelta{}
+	}
+	for _, c := range f.digestCmd {
+		d := f.digestBatch[c.key]
+		d.digest ^= c.d.digest
+		d.count += c.d.count
+		f.digestBatch[c.key] = d
+	}
+	f.digestCmd = f.digestCmd[:0]
+}
+
+// flushDigests writes the batch's digest changes (inside its transaction,
+// before the commit that is its checkpoint).
+func (f *FSM) flushDigests(ctx context.Context) error {
+	if len(f.digestBatch) == 0 {
+		return nil
+	}
+	rows := make([][4]any, 0, len(f.digestBatch))
+	var emptied [][2]any
+	for k, d := range f.digestBatch {
+		if d.digest == 0 && d.count == 0 {
+			continue // created and deleted in one batch
+		}
+		rows = append(rows, [4]any{k.host, k.bucket, d.digest, d.count})
+		if d.count < 0 {
+			emptied = append(emptied, [2]any{k.host, k.bucket})
+		}
+	}
+	clear(f.digestBatch)
+	if len(rows) == 0 {
+		return nil
+	}
+	b, err := json.Marshal(rows)
+	if err != nil {
 		return err
 	}
-	if sign < 0 { // an empty bucket has no row, as in a rebuilt table
-		if _, err := exec(ctx, f.stmts.digest.prune, hostID, b); err != nil {
+	if _, err := exec(ctx, f.stmts.digest.add, string(b)); err != nil {
+		return err
+	}
+	if len(emptied) > 0 {
+		if b, err = json.Marshal(emptied); err != nil {
+			return err
+		}
+		if _, err := exec(ctx, f.stmts.digest.prune, string(b)); err != nil {
 			return err
 		}
 	}
