@@ -244,4 +244,3 @@ func TestObjectHostDigestHeartbeatsAgainstRealCatalog(t *testing.T) {
 	}
 	require.NoError(t, selectOne(h, dbs[0].obj, dbs[0].uuid, acct.ID))
 }
-
