@@ -43,8 +43,12 @@ import (
 // and every ratio is taken within one round. Paths, each at 16 and 64
 // clients:
 //
-//   - raw catalog write: raftmeta.Client.CreateDatabase (POST /v1/apply,
-//     one catalog row through Raft) vs etcd put
+//   - raw catalog write: raftmeta.Client.CreateDatabase (one catalog row
+//     through Raft; the client sends concurrent writes together through
+//     POST /v1/apply-batch, raftmeta/coalesce.go) vs etcd put, and the
+//     same through a client sending one POST /v1/apply per write
+//     (raw-single; what main's client does, and what a baseline cluster's
+//     raw@base client does)
 //   - create database end to end through the edge (host init, catalog
 //     write, route cache) vs etcd put
 //   - point SELECT through the edge vs etcd serializable get
@@ -256,17 +260,15 @@ func TestDeployBench(t *testing.T) {
 		}
 	}
 
-	groups := d.groups(etcd)
 	leaderStart := d.raw.Leader()
-	var baseGroups []procGroup
-	if base != nil {
-		baseGroups = base.groups(etcd)
-	}
+	// Each phase's CPU groups, taken when it starts: catL is the leader
+	// the raw client last learned (it follows a change of leader from the
+	// next write's answer on).
 	groupsFor := func(name string) []procGroup {
 		if strings.HasSuffix(name, "@base") {
-			return baseGroups
+			return base.groups(etcd)
 		}
-		return groups
+		return d.groups(etcd)
 	}
 	// Warm-up: connections, caches, the Go runtime's heaps; not counted.
 	for _, name := range order {
@@ -347,7 +349,7 @@ func TestDeployBench(t *testing.T) {
 	}
 
 	t.Logf("separate processes on loopback, mutual TLS, fsync on; %d rounds of %s per phase, systems interleaved; %s", rounds, dur, machine())
-	t.Logf("CPU per operation (µs) from /proc/PID/stat: catalog = 3 voters (catL the leader, catF its two followers; leader %s at the start, %s at the end), hosts = 3 object hosts, edge (frames to the hosts), edgeH = the edge forwarding over HTTP, etcd = 3 members, gen = this load generator", leaderStart, d.raw.Leader())
+	t.Logf("CPU per operation (µs) from /proc/PID/stat: catalog = 3 voters (catL the leader at each phase's start, catF its two followers; leader %s at the start, %s at the end), hosts = 3 object hosts, edge (frames to the hosts), edgeH = the edge forwarding over HTTP, etcd = 3 members, gen = this load generator", leaderStart, d.raw.Leader())
 	t.Logf("%-66s %3s %8s %17s %8s %8s %17s | %6s %6s %6s %6s %6s %6s %6s %6s | %s", "path", "n", "ops/s", "(min–max)", "p50 ms", "p99 ms", "ratio (min–max)", "cat", "catL", "catF", "hosts", "edge", "edgeH", "etcd", "gen", "load 1m")
 	for _, n := range levels {
 		for _, p := range paths {
