@@ -45,7 +45,10 @@ type Client struct {
 	writes   *coalescer  // nil: every Apply is its own request (coalesce.go)
 
 	// bg is the context of work the client does for several callers at
-	// once (coalesced sends), ended by Close; wg counts its goroutines.
+	// once (coalesced sends), ended by Close (which puts a fresh one in
+	// its place: a client used after Close still works, as before write
+	// coalescing); wg counts its goroutines.
+	bgMu     sync.Mutex
 	bg       context.Context
 	bgCancel context.CancelFunc
 	wg       sync.WaitGroup
@@ -169,11 +172,24 @@ func NewClient(addrs []string, opts ...ClientOption) (*Client, error) {
 
 // Close ends the writes the client is still sending for callers (their
 // outcome is then unknown, ErrUnavailable), waits for its goroutines and
-// releases idle connections.
+// releases idle connections. The client stays usable (Close used to only
+// release connections, and some callers keep using it). Writes in flight
+// when Close is called end with it; a write that starts while Close runs
+// is not the client's to wait for (call Close once writers are done).
 func (c *Client) Close() {
+	c.bgMu.Lock()
 	c.bgCancel()
+	c.bg, c.bgCancel = context.WithCancel(context.Background())
+	c.bgMu.Unlock()
 	c.wg.Wait()
 	c.hc.CloseIdleConnections()
+}
+
+// sendContext is the context coalesced sends run under (see bg).
+func (c *Client) sendContext() context.Context {
+	c.bgMu.Lock()
+	defer c.bgMu.Unlock()
+	return c.bg
 }
 
 // Leader returns the cached leader address ("" when unknown).

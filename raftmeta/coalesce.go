@@ -103,6 +103,7 @@ func (q *coalescer) do(ctx context.Context, body []byte) (fsm.Result, error) {
 	if q.inflight < q.maxInflight {
 		q.inflight++
 		batch = q.takeLocked()
+		q.c.wg.Add(1) // the slot is work Close waits for, on any goroutine
 	}
 	q.mu.Unlock()
 	if batch != nil {
@@ -122,6 +123,7 @@ func (q *coalescer) do(ctx context.Context, body []byte) (fsm.Result, error) {
 			}()
 		}
 		q.mu.Unlock()
+		q.c.wg.Done()
 	}
 	select {
 	case <-w.done:
@@ -170,7 +172,7 @@ func (q *coalescer) takeLocked() []*queuedWrite {
 // node lacking /v1/apply-batch was seen recently, goes through /v1/apply.
 func (q *coalescer) send(batch []*queuedWrite) {
 	c := q.c
-	ctx, cancel := context.WithTimeout(c.bg, c.sendBound())
+	ctx, cancel := context.WithTimeout(c.sendContext(), c.sendBound())
 	defer cancel()
 	q.mu.Lock()
 	single := len(batch) == 1 || time.Now().Before(q.unsupported)

@@ -258,3 +258,40 @@ func encoded(t *testing.T, v any) []byte {
 	writeJSON(rec, 200, v)
 	return rec.Body.Bytes()
 }
+
+// Close ends the coalesced writes still in flight (outcome unknown:
+// ErrUnavailable), waits for the client's goroutines, and leaves the client
+// usable: a write after Close is sent as any other.
+func TestClientCloseEndsCoalescedWritesAndStaysUsable(t *testing.T) {
+	tc := newTestCluster(t, 1, nil)
+	leader := tc.waitLeader()
+	ctx := context.Background()
+	_, err := leader.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("acct", 1000)))
+	require.NoError(t, err)
+	g := newGatedProxy(t, leader, false)
+	cl, err := NewClient([]string{g.addr()}, WithCacheTTL(0), WithWriteBatching(MaxApplyBatch, 1))
+	require.NoError(t, err)
+	defer cl.Close()
+
+	held := make(chan error, 1)
+	go func() { // takes the slot; the proxy holds its request
+		_, err := cl.CreateDatabase(ctx, newDB("acct"))
+		held <- err
+	}()
+	require.Eventually(t, func() bool { return g.singles.Load() == 1 }, 10*time.Second, time.Millisecond)
+	closed := make(chan struct{})
+	go func() {
+		cl.Close()
+		close(closed)
+	}()
+	select {
+	case err := <-held:
+		require.ErrorIs(t, err, ErrUnavailable)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not end the write in flight")
+	}
+	<-closed
+	g.open()
+	_, err = cl.CreateDatabase(ctx, newDB("acct"))
+	require.NoError(t, err, "a client used after Close still writes")
+}
