@@ -109,8 +109,13 @@ func (q *coalescer) do(ctx context.Context, body []byte) (fsm.Result, error) {
 	if batch != nil {
 		// A free slot: send now on this goroutine (no hand-over). Calls
 		// that queued meanwhile go on in a goroutine, so this caller can
-		// return as soon as its own answer is in.
-		q.send(batch)
+		// return as soon as its own answer is in. A send of this call alone
+		// is also bounded by its ctx, as every write was before coalescing.
+		var own context.Context
+		if len(batch) == 1 && batch[0] == w {
+			own = ctx
+		}
+		q.send(own, batch)
 		q.mu.Lock()
 		if len(q.queue) == 0 {
 			q.inflight--
@@ -137,7 +142,7 @@ func (q *coalescer) do(ctx context.Context, body []byte) (fsm.Result, error) {
 // empty; then it frees its slot.
 func (q *coalescer) drain(batch []*queuedWrite) {
 	for {
-		q.send(batch)
+		q.send(nil, batch)
 		q.mu.Lock()
 		if len(q.queue) == 0 {
 			q.inflight--
@@ -170,10 +175,16 @@ func (q *coalescer) takeLocked() []*queuedWrite {
 
 // send delivers one batch's outcomes. A batch of one, or any batch while a
 // node lacking /v1/apply-batch was seen recently, goes through /v1/apply.
-func (q *coalescer) send(batch []*queuedWrite) {
+// The send runs under the client's context, and under own as well when it
+// is its only caller's (own: that caller's ctx; nil otherwise).
+func (q *coalescer) send(own context.Context, batch []*queuedWrite) {
 	c := q.c
 	ctx, cancel := context.WithTimeout(c.sendContext(), c.sendBound())
 	defer cancel()
+	if own != nil {
+		stop := context.AfterFunc(own, cancel)
+		defer stop()
+	}
 	q.mu.Lock()
 	single := len(batch) == 1 || time.Now().Before(q.unsupported)
 	q.mu.Unlock()

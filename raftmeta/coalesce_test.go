@@ -295,3 +295,36 @@ func TestClientCloseEndsCoalescedWritesAndStaysUsable(t *testing.T) {
 	_, err = cl.CreateDatabase(ctx, newDB("acct"))
 	require.NoError(t, err, "a client used after Close still writes")
 }
+
+// A write sent alone (the client was idle) is bounded by its caller's
+// context, as every write was before coalescing: cancelling it ends the
+// request, even while the node has not answered.
+func TestClientLoneWriteEndsWithItsContext(t *testing.T) {
+	tc := newTestCluster(t, 1, nil)
+	leader := tc.waitLeader()
+	ctx := context.Background()
+	_, err := leader.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("acct", 1000)))
+	require.NoError(t, err)
+	g := newGatedProxy(t, leader, false)
+	cl, err := NewClient([]string{g.addr()}, WithCacheTTL(0), WithWriteBatching(MaxApplyBatch, 1))
+	require.NoError(t, err)
+	defer cl.Close()
+
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := cl.CreateDatabase(wctx, newDB("acct"))
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return g.singles.Load() == 1 }, 10*time.Second, time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, ErrUnavailable)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the write ignored its caller's cancellation")
+	}
+	g.open()
+	_, err = cl.CreateDatabase(ctx, newDB("acct"))
+	require.NoError(t, err)
+}
