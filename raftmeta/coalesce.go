@@ -38,9 +38,10 @@ import (
 // nodes apply them identically.
 //
 // A caller whose ctx ends while its command is queued or in flight gets
-// ErrUnavailable (outcome unknown, as for a lost answer); the send itself
-// runs under the client's context (ended by Close) with its own bound, so
-// one impatient caller never fails the others' commands.
+// ErrUnavailable (outcome unknown, as for a lost answer); a batch runs
+// under the client's context (ended by Close) with its own bound, so one
+// impatient caller never fails the others' commands, and a write sent alone
+// also under its caller's ctx, as before coalescing.
 
 const (
 	// defaultCoalesceInflight is the number of sends in flight at once
