@@ -160,7 +160,12 @@ func (n *Node) propose(ctx context.Context, cmd fsm.Command) (raft.ApplyFuture, 
 // await waits for a proposal and returns its FSM result (a refusal as the
 // error too).
 func (n *Node) await(f raft.ApplyFuture, start time.Time) (fsm.Result, error) {
-	if err := n.awaitFuture(f); err != nil {
+	return n.outcome(f, n.awaitFuture(f), start)
+}
+
+// outcome is the result of a finished proposal f whose Error() was err.
+func (n *Node) outcome(f raft.ApplyFuture, err error, start time.Time) (fsm.Result, error) {
+	if err != nil {
 		if errors.Is(err, raft.ErrRaftShutdown) {
 			return fsm.Result{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}

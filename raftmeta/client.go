@@ -42,6 +42,16 @@ type Client struct {
 	newID    func() string
 	cache    *staleCache // nil: no cache
 	scheme   string      // "https" with WithTLS
+	writes   *coalescer  // nil: every Apply is its own request (coalesce.go)
+
+	// bg is the context of work the client does for several callers at
+	// once (coalesced sends), ended by Close (which puts a fresh one in
+	// its place: a client used after Close still works, as before write
+	// coalescing); wg counts its goroutines.
+	bgMu     sync.Mutex
+	bg       context.Context
+	bgCancel context.CancelFunc
+	wg       sync.WaitGroup
 
 	mu     sync.Mutex
 	leader string
@@ -62,6 +72,9 @@ type clientConfig struct {
 	demoteFor  time.Duration
 	hedge      time.Duration
 	tls        *pki.Loader
+
+	coalesceBatch, coalesceInflight int
+	coalesceSet                     bool
 }
 
 // ClientOption configures a Client.
@@ -147,11 +160,37 @@ func NewClient(addrs []string, opts ...ClientOption) (*Client, error) {
 	if cfg.ttl > 0 {
 		c.cache = newStaleCache(cfg.ttl, cfg.maxEntries, cfg.now)
 	}
+	c.bg, c.bgCancel = context.WithCancel(context.Background())
+	if !cfg.coalesceSet {
+		cfg.coalesceBatch, cfg.coalesceInflight = MaxApplyBatch, defaultCoalesceInflight
+	}
+	if cfg.coalesceInflight > 0 {
+		c.writes = newCoalescer(c, cfg.coalesceBatch, cfg.coalesceInflight)
+	}
 	return c, nil
 }
 
-// Close releases idle connections.
-func (c *Client) Close() { c.hc.CloseIdleConnections() }
+// Close ends the writes the client is still sending for callers (their
+// outcome is then unknown, ErrUnavailable), waits for its goroutines and
+// releases idle connections. The client stays usable (Close used to only
+// release connections, and some callers keep using it). Writes in flight
+// when Close is called end with it; a write that starts while Close runs
+// is not the client's to wait for (call Close once writers are done).
+func (c *Client) Close() {
+	c.bgMu.Lock()
+	c.bgCancel()
+	c.bg, c.bgCancel = context.WithCancel(context.Background())
+	c.bgMu.Unlock()
+	c.wg.Wait()
+	c.hc.CloseIdleConnections()
+}
+
+// sendContext is the context coalesced sends run under (see bg).
+func (c *Client) sendContext() context.Context {
+	c.bgMu.Lock()
+	defer c.bgMu.Unlock()
+	return c.bg
+}
 
 // Leader returns the cached leader address ("" when unknown).
 func (c *Client) Leader() string {
@@ -220,7 +259,23 @@ func (c *Client) doOnce(ctx context.Context, method, addr, path string, body []b
 
 // Apply proposes a command and returns its result. The request ID (filled
 // when empty) is kept across retries so the command applies at most once.
+// Concurrent calls share requests (coalesce.go, WithWriteBatching); each
+// command keeps its own entry, result and refusal.
 func (c *Client) Apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
+	c.fillCommand(&cmd)
+	body, err := json.Marshal(cmd)
+	if err != nil {
+		return fsm.Result{}, err
+	}
+	if c.writes != nil {
+		return c.writes.do(ctx, body)
+	}
+	return c.applySingle(ctx, body)
+}
+
+// fillCommand gives cmd a request ID, the proposer's time and the command
+// version when it has none.
+func (c *Client) fillCommand(cmd *fsm.Command) {
 	if cmd.RequestID == "" {
 		cmd.RequestID = c.newID()
 	}
@@ -230,10 +285,11 @@ func (c *Client) Apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error)
 	if cmd.Version == 0 {
 		cmd.Version = fsm.CommandVersion
 	}
-	body, err := json.Marshal(cmd)
-	if err != nil {
-		return fsm.Result{}, err
-	}
+}
+
+// applySingle sends one command (its JSON) through POST /v1/apply, with
+// the client's retries.
+func (c *Client) applySingle(ctx context.Context, body []byte) (fsm.Result, error) {
 	var lastErr error
 	var order []string // rotation through the nodes when the leader is unknown
 	for attempt := 0; attempt < c.attempts; attempt++ {

@@ -174,7 +174,7 @@ func (n *Node) handleApply(w http.ResponseWriter, r *http.Request) {
 		n.writeErr(w, err)
 		return
 	}
-	writeJSON(w, 200, ApplyResponse{Result: res, Node: n.cfg.ID})
+	writeApplyResponse(w, ApplyResponse{Result: res, Node: n.cfg.ID})
 }
 
 func (n *Node) handleReadIndex(w http.ResponseWriter, r *http.Request) {

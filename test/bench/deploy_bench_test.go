@@ -43,8 +43,12 @@ import (
 // and every ratio is taken within one round. Paths, each at 16 and 64
 // clients:
 //
-//   - raw catalog write: raftmeta.Client.CreateDatabase (POST /v1/apply,
-//     one catalog row through Raft) vs etcd put
+//   - raw catalog write: raftmeta.Client.CreateDatabase (one catalog row
+//     through Raft; the client sends concurrent writes together through
+//     POST /v1/apply-batch, raftmeta/coalesce.go) vs etcd put, and the
+//     same through a client sending one POST /v1/apply per write
+//     (raw-single; what main's client does, and what a baseline cluster's
+//     raw@base client does)
 //   - create database end to end through the edge (host init, catalog
 //     write, route cache) vs etcd put
 //   - point SELECT through the edge vs etcd serializable get
@@ -163,6 +167,12 @@ func TestDeployBench(t *testing.T) {
 			}
 			return err
 		},
+		"raw-single": func(_ int, _ *rand.Rand) error {
+			_, err := d.rawSingle.CreateDatabase(ctx, fsm.CreateDatabase{UUID: ids.New(), AccountID: rawAccount,
+				Name: fmt.Sprintf("raw-%d", seq.Add(1)), ObjectID: ids.New(), HostID: "raw", Region: "weur",
+				ReadReplication: fsm.ReadReplicationDisabled})
+			return err
+		},
 		"create": func(_ int, _ *rand.Rand) error {
 			return d.post(harness.Client(), d.edgeDB, map[string]string{"Authorization": w.bearer},
 				[]byte(fmt.Sprintf(`{"name":"c-%d"}`, seq.Add(1))))
@@ -215,7 +225,8 @@ func TestDeployBench(t *testing.T) {
 	}
 	// Shoal's paths and the etcd path each is compared with.
 	allPaths := []struct{ name, label, base string }{
-		{"raw", "raw catalog write (/v1/apply) vs etcd put", "etcd-put"},
+		{"raw", "raw catalog write (Client.Apply) vs etcd put", "etcd-put"},
+		{"raw-single", "raw catalog write, one /v1/apply per write, vs etcd put", "etcd-put"},
 		{"create", "create database through the edge vs etcd put", "etcd-put"},
 		{"edge-select", "point SELECT through the edge vs etcd serializable get", "etcd-get"},
 		{"host-select", "point SELECT straight to the object host vs etcd serializable get", "etcd-get"},
@@ -227,7 +238,7 @@ func TestDeployBench(t *testing.T) {
 	var order []string
 	etcdUsed := map[string]bool{}
 	for _, p := range allPaths {
-		if !phases[p.name] {
+		if !phases[p.name] && !(p.name == "raw-single" && phases["raw"]) {
 			continue
 		}
 		if !strings.HasPrefix(p.base, "etcd") {
@@ -239,7 +250,7 @@ func TestDeployBench(t *testing.T) {
 		}
 		paths = append(paths, p)
 		order = append(order, p.name)
-		if base != nil {
+		if base != nil && p.name != "raw-single" { // raw@base is the single-request client already
 			paths = append(paths, struct{ name, label, base string }{p.name + "@base", p.label + " [baseline binary]", p.base})
 			order = append(order, p.name+"@base")
 		}
@@ -249,16 +260,15 @@ func TestDeployBench(t *testing.T) {
 		}
 	}
 
-	groups := d.groups(etcd)
-	var baseGroups []procGroup
-	if base != nil {
-		baseGroups = base.groups(etcd)
-	}
+	leaderStart := d.raw.Leader()
+	// Each phase's CPU groups, taken when it starts: catL is the leader
+	// the raw client last learned (it follows a change of leader from the
+	// next write's answer on).
 	groupsFor := func(name string) []procGroup {
 		if strings.HasSuffix(name, "@base") {
-			return baseGroups
+			return base.groups(etcd)
 		}
-		return groups
+		return d.groups(etcd)
 	}
 	// Warm-up: connections, caches, the Go runtime's heaps; not counted.
 	for _, name := range order {
@@ -305,8 +315,17 @@ func TestDeployBench(t *testing.T) {
 				if strings.HasPrefix(name, "create") {
 					before = clusterFor(name).edgeCreateMetrics(t)
 				}
+				var fsmBefore [2]float64
+				if strings.HasPrefix(name, "raw") {
+					fsmBefore = clusterFor(name).leaderBatches(t)
+				}
 				s.add(t, groupsFor(name), n, dur, ops[name])
 				stop()
+				if strings.HasPrefix(name, "raw") {
+					after := clusterFor(name).leaderBatches(t)
+					s.fsmEntries += after[0] - fsmBefore[0]
+					s.fsmBatches += after[1] - fsmBefore[1]
+				}
 				if before != nil {
 					after := clusterFor(name).edgeCreateMetrics(t)
 					acc := steps[key(name, n)]
@@ -330,8 +349,8 @@ func TestDeployBench(t *testing.T) {
 	}
 
 	t.Logf("separate processes on loopback, mutual TLS, fsync on; %d rounds of %s per phase, systems interleaved; %s", rounds, dur, machine())
-	t.Logf("CPU per operation (µs) from /proc/PID/stat: catalog = 3 voters, hosts = 3 object hosts, edge (frames to the hosts), edgeH = the edge forwarding over HTTP, etcd = 3 members, gen = this load generator")
-	t.Logf("%-66s %3s %8s %17s %8s %8s %17s | %6s %6s %6s %6s %6s %6s | %s", "path", "n", "ops/s", "(min–max)", "p50 ms", "p99 ms", "ratio (min–max)", "cat", "hosts", "edge", "edgeH", "etcd", "gen", "load 1m")
+	t.Logf("CPU per operation (µs) from /proc/PID/stat: catalog = 3 voters (catL the leader at each phase's start, catF its two followers; leader %s at the start, %s at the end), hosts = 3 object hosts, edge (frames to the hosts), edgeH = the edge forwarding over HTTP, etcd = 3 members, gen = this load generator", leaderStart, d.raw.Leader())
+	t.Logf("%-66s %3s %8s %17s %8s %8s %17s | %6s %6s %6s %6s %6s %6s %6s %6s | %s", "path", "n", "ops/s", "(min–max)", "p50 ms", "p99 ms", "ratio (min–max)", "cat", "catL", "catF", "hosts", "edge", "edgeH", "etcd", "gen", "load 1m")
 	for _, n := range levels {
 		for _, p := range paths {
 			s, b := res[key(p.name, n)], res[key(p.base, n)]
@@ -346,6 +365,13 @@ func TestDeployBench(t *testing.T) {
 	}
 	if phases["raw"] {
 		hb.report(t)
+		for _, n := range levels {
+			for _, name := range []string{"raw", "raw-single", "raw@base"} {
+				if s := res[key(name, n)]; s != nil && s.fsmBatches > 0 {
+					t.Logf("%-12s %3d entries per FSM batch on the leader (shoal_raftmeta_fsm_batch_entries): %.1f", name, n, s.fsmEntries/s.fsmBatches)
+				}
+			}
+		}
 	}
 	for _, n := range levels {
 		for _, name := range []string{"create", "create@base"} {
@@ -363,6 +389,10 @@ func TestDeployBench(t *testing.T) {
 				}
 				s, b := res[key(p.name, n)], res[key(p.name+"@base", n)]
 				t.Logf("%-66s %3d this build vs baseline: %s", p.name, n, s.row(b))
+				if p.name == "raw" {
+					// The nodes' change alone: both send one request per write.
+					t.Logf("%-66s %3d this build vs baseline: %s", "raw-single (one /v1/apply per write)", n, res[key("raw-single", n)].row(b))
+				}
 			}
 		}
 	}
@@ -518,6 +548,7 @@ type deployCluster struct {
 	edgeDB     string            // the account's /d1/database URL, set by prepare
 	admin      string
 	raw        *raftmeta.Client // the raw-write client (edge + operator certificate)
+	rawSingle  *raftmeta.Client // the same without write coalescing
 	hostHC     *http.Client     // to the hosts' internal API, with an edge's certificate
 }
 
@@ -583,10 +614,24 @@ func startDeployClusterSpec(t *testing.T, ports *portAlloc, s deploySpec) *deplo
 		harness.WaitHTTP200(t, d.edgeHURL+"/healthz", 30*time.Second, "edge e2 never healthy: %s", d.edgeH.Log)
 	}
 
+	// The raw writes' clients: d.raw as this build's client is by default
+	// (concurrent writes share requests, raftmeta/coalesce.go); d.rawSingle
+	// one request per write, as main's client sends them. A baseline
+	// cluster's raw client is the single one: "raw@base" is main's client
+	// against main's nodes.
+	rawOpts := []raftmeta.ClientOption{raftmeta.WithCacheTTL(0), raftmeta.WithTLS(d.pki.Loader(t, "bench", pki.RoleEdge, pki.RoleOperator))}
+	single := append(rawOpts[:len(rawOpts):len(rawOpts)], raftmeta.WithWriteBatching(0, 0))
 	var err error
-	d.raw, err = raftmeta.NewClient(d.catAddr, raftmeta.WithCacheTTL(0), raftmeta.WithTLS(d.pki.Loader(t, "bench", pki.RoleEdge, pki.RoleOperator)))
+	d.rawSingle, err = raftmeta.NewClient(d.catAddr, single...)
 	require.NoError(t, err)
-	t.Cleanup(d.raw.Close)
+	t.Cleanup(d.rawSingle.Close)
+	if prefix == "" {
+		d.raw, err = raftmeta.NewClient(d.catAddr, rawOpts...)
+		require.NoError(t, err)
+		t.Cleanup(d.raw.Close)
+	} else {
+		d.raw = d.rawSingle
+	}
 	d.hostHC = &http.Client{Timeout: 30 * time.Second, Transport: d.pki.Loader(t, "bench", pki.RoleEdge, pki.RoleOperator).
 		Transport(&http.Transport{MaxIdleConnsPerHost: 256}, pki.RoleHost)}
 	require.Eventually(t, func() bool {
@@ -774,6 +819,29 @@ func (d *deployCluster) edgeCreateMetrics(t *testing.T) map[string]float64 {
 	return out
 }
 
+// leaderBatches reads the sum and count of the catalog leader's FSM batch
+// sizes (shoal_raftmeta_fsm_batch_entries) from its /metrics: how many
+// entries each FSM transaction applied. The leader is the raw client's.
+func (d *deployCluster) leaderBatches(t *testing.T) [2]float64 {
+	ops := d.pki.HTTPClient(t, "ops", pki.RoleOperator)
+	resp, err := ops.Get("https://" + d.raw.Leader() + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var out [2]float64
+	for _, line := range strings.Split(string(b), "\n") {
+		for i, name := range []string{"shoal_raftmeta_fsm_batch_entries_sum ", "shoal_raftmeta_fsm_batch_entries_count "} {
+			if strings.HasPrefix(line, name) {
+				v, err := strconv.ParseFloat(strings.TrimPrefix(line, name), 64)
+				require.NoError(t, err)
+				out[i] = v
+			}
+		}
+	}
+	return out
+}
+
 // stepMeans formats mean time per create step and mean batch sizes.
 func stepMeans(m map[string]float64) string {
 	var b strings.Builder
@@ -810,7 +878,19 @@ func (d *deployCluster) groups(e *harness.EtcdCluster) []procGroup {
 		}
 		return out
 	}
-	return []procGroup{{"cat", pids(d.cats)}, {"hosts", pids(d.hosts)}, {"edge", pids([]*harness.Proc{d.edge})}, {"edgeH", pids(procList(d.edgeH))},
+	// The catalog's leader and followers separately as well (catL, catF):
+	// the leader carries the HTTP API and the proposals, the followers only
+	// Raft. The leader is the one the raw-write client learned from its
+	// writes (prepare's); leaderCheck says whether it stayed so.
+	var leader, followers []int
+	for i, p := range d.cats {
+		if d.catAddr[i] == d.raw.Leader() {
+			leader = append(leader, p.Cmd.Process.Pid)
+		} else {
+			followers = append(followers, p.Cmd.Process.Pid)
+		}
+	}
+	return []procGroup{{"cat", pids(d.cats)}, {"catL", leader}, {"catF", followers}, {"hosts", pids(d.hosts)}, {"edge", pids([]*harness.Proc{d.edge})}, {"edgeH", pids(procList(d.edgeH))},
 		{"etcd", pids(e.Procs)}, {"gen", []int{os.Getpid()}}}
 }
 
@@ -839,6 +919,8 @@ type phaseSeries struct {
 	lat   harness.Latencies // every round's, pooled
 	cpu   [][]float64       // per round: µs per op per group
 	load  []float64         // 1-minute load average at each round's start
+	// raw writes: the leader's FSM entries and batches over every round
+	fsmEntries, fsmBatches float64
 }
 
 func (s *phaseSeries) add(t *testing.T, groups []procGroup, n int, dur time.Duration, op func(int, *rand.Rand) error) {
