@@ -48,6 +48,12 @@ type CaptureOptions struct {
 	// were appended to a log that had nothing unshipped: the Shipper uses it
 	// to learn that a database has work (Shipper.Notify).
 	OnAppend func(c *Capturer)
+	// Reopen, when set, is the Reopen of the previous Capturer of this
+	// database and staging name, closed cleanly in this process since the
+	// area was last touched by anything else: NewCapturer starts from it
+	// instead of recovering the staging area from disk (see Reopen for
+	// when a caller must drop it). Ignored if it names another area.
+	Reopen *Reopen
 
 	// captureDelay, tests only: the capture goroutine sleeps this long
 	// before each batch, so that capture lags behind the commits.
@@ -127,6 +133,8 @@ type Capturer struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	loopDone chan struct{}
+	// closedClean: Close ran and every step of it succeeded (Reopen).
+	closedClean bool
 	// batchWindow: how long capture lets commits gather after the first
 	// one (captureBatchWindow; tests may change it before Attach).
 	batchWindow time.Duration
@@ -152,6 +160,9 @@ type Capturer struct {
 	walRestarts  atomic.Int64 // new WAL salts followed
 	generations  atomic.Int64 // generations started by this capturer
 	retired      atomic.Bool  // closed; the shipper drops it once shipped
+	attached     atomic.Bool  // attach succeeded (not a SealForShipping capturer)
+	hadPending   atomic.Bool  // Shipper.Add found files to ship (or could not list)
+	reopened     bool         // started from CaptureOptions.Reopen (set before Attach)
 	recovered    *recovered   // staging state read by NewCapturer, used once by attach
 }
 
@@ -212,6 +223,18 @@ func NewCapturer(key, dbPath string, opts CaptureOptions) (*Capturer, error) {
 	c.cond.L = &c.mu
 	if dbPath == "" {
 		return c, nil // staging only (SealForShipping): no file to finish a restore into
+	}
+	if opts.Reopen != nil {
+		// Closed cleanly in this process: no crash left anything to
+		// recover, no restore is pending (the host drops a Reopen before
+		// restoring), the area is what the previous capturer left.
+		used, err := c.useReopen(opts.Reopen)
+		if err != nil {
+			return nil, err
+		}
+		if used {
+			return c, nil
+		}
 	}
 	if err := c.finishRestore(); err != nil {
 		return nil, err
@@ -300,6 +323,7 @@ func (c *Capturer) attach(w sqlexec.HookConn) error {
 	c.capPos = c.pos
 	c.running = true // the goroutine starts with the first commit to capture
 	c.mu.Unlock()
+	c.attached.Store(true)
 	return nil
 }
 
@@ -916,6 +940,13 @@ func (c *Capturer) Close() error {
 				err = cerr
 			}
 		}
+	}
+	if err == nil && c.walF != nil {
+		// Attached, flushed (or the log is not settled and cleanTip says
+		// no), sealed, closed: the next open may skip the recovery.
+		c.mu.Lock()
+		c.closedClean = true
+		c.mu.Unlock()
 	}
 	return err
 }
