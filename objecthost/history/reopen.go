@@ -112,3 +112,7 @@ func (c *Capturer) useReopen(r *Reopen) (bool, error) {
 	c.reopened = true
 	return true, nil
 }
+
+// Reopened reports whether this capturer started from a Reopen (no
+// staging recovery ran).
+func (c *Capturer) Reopened() bool { return c.reopened }
