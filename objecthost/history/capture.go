@@ -105,6 +105,9 @@ type Capturer struct {
 	hdrOK     bool // hdr is the WAL header for pos's salts
 	buf, rec  []byte
 	genReason string // why the last generation was started
+	// cache: the last captured version of a few pages, the base of the
+	// next records' patches (record version 3; pageCache's invariant).
+	cache pageCache
 
 	// Writer goroutine only.
 	lastMx       int    // WALFrames at the last commit (0 after a full checkpoint, as SQLite's)
@@ -383,6 +386,7 @@ func (c *Capturer) newGeneration(afterUs int64, limit int) error {
 	}
 	c.pageSize, c.pos, c.last, c.restartOK = ps, pos, last, !walOK
 	c.hdr, c.hdrOK = h, walOK
+	c.cache.reset() // a new base: no record of this generation to patch against
 	c.bytesSince.Store(0)
 	c.snapTxid.Store(0)
 	c.snapTimeUs.Store(startUs)
@@ -685,6 +689,9 @@ func (c *Capturer) capture(h walHeader, limit int, entries []commitEntry) error 
 		c.pos = walStart(h)
 		c.walRestarts.Add(1)
 	}
+	if c.pageSize != h.pageSize {
+		c.cache.reset()
+	}
 	c.pageSize = h.pageSize
 	// What is in the staging file: rolled back to on a failed write.
 	okLast, okPos, okRestart := c.last, c.pos, c.restartOK
@@ -706,6 +713,9 @@ func (c *Capturer) capture(h walHeader, limit int, entries []commitEntry) error 
 		if err != nil {
 			c.last, c.pos, c.restartOK = okLast, okPos, okRestart
 			c.rec = c.rec[:0]
+			// The cache holds versions of records that are not in the log:
+			// the retry captures them again, patching against nothing.
+			c.cache.reset()
 			return fmt.Errorf("history: append: %w", err)
 		}
 		n := int64(len(c.rec))
@@ -733,7 +743,8 @@ func (c *Capturer) capture(h walHeader, limit int, entries []commitEntry) error 
 		}
 		rh := recordHeader{PageSize: uint32(h.pageSize), DBSize: tx.dbSize, PrevCRC: c.last.CRC, Txid: c.last.Txid + 1, TimeUs: t, WAL: tx.end}
 		batchStart := len(c.rec) == 0
-		c.rec, rh = encodeRecord(c.rec, rh, tx.pages)
+		c.rec, rh = encodeRecordWith(c.rec, rh, tx.pages, &c.cache)
+		c.cache.dropAbove(tx.dbSize) // pages the commit truncated away
 		if batchStart {
 			first = rh
 		}
