@@ -111,10 +111,11 @@ func NewShipper(store Store, opts ShipperOptions) *Shipper {
 func (s *Shipper) Add(c *Capturer) {
 	s.mu.Lock()
 	s.dbs[c] = &shipState{lastSnap: s.opts.Now()}
-	if c.reopened && c.generations.Load() == 0 {
+	if c.reopened && c.generations.Load() == 0 && !c.log.everAppended() {
 		// Started from a clean close in this process (CaptureOptions.
 		// Reopen) and wrote nothing at attach (no new generation, so no
-		// base snapshot): whatever the area still holds belongs to the
+		// base snapshot; no catch-up records, whose OnAppend came before
+		// c was known here): whatever the area still holds belongs to the
 		// capturer that closed, which the shipper keeps until it is
 		// shipped (Retire). Nothing to list; c becomes dirty when it
 		// appends (OnAppend → Notify).
