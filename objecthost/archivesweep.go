@@ -228,6 +228,9 @@ func (hh *hostHistory) removeAreas(h *Host, areas []history.StagingArea) {
 		if pending, err := history.StagingPending(hh.cfg.StagingDir, a); err != nil || pending {
 			continue
 		}
+		if a.Name != "" {
+			hh.forgetReopen(a.Name) // the area is going: its next open (if any) recovers
+		}
 		if err := history.RemoveStaging(hh.cfg.StagingDir, a); err != nil {
 			h.log.Warn("removing a staging area failed", "database", a.Key, "object", a.Name, "err", err)
 		}

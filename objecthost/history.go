@@ -71,8 +71,16 @@ type hostHistory struct {
 	caps      map[string]*history.Capturer // objectID → capturer of its open handle
 	restoring map[string]bool              // objectID → restore in progress: no open
 	restores  map[string][]time.Time       // objectID → recent restores (rate limit)
-	stop      context.CancelFunc
-	done      chan struct{}
+	// reopen: objectID → the staging state its last handle left when it
+	// closed cleanly in this process (history.Reopen), so the next open
+	// skips the staging recovery. Memory only: a process start has none
+	// and recovers every area from disk. Dropped before anything else
+	// touches the area (a restore, the archive sweep's removal); at most
+	// maxReopen entries (a dropped one only costs a recovery).
+	reopen map[string]history.Reopen
+
+	stop context.CancelFunc
+	done chan struct{}
 	// lastBucket: when the last bucket-wide pass ran (sweep goroutine
 	// only; zero: not yet, so the first sweep tick runs one).
 	lastBucket time.Time
@@ -121,6 +129,7 @@ func newHostHistory(h *Host, cfg HistoryConfig) (*hostHistory, error) {
 	hh := &hostHistory{
 		cfg: cfg, ship: history.NewShipper(cfg.Store, cfg.Shipper), archive: history.NewArchive(cfg.Store),
 		caps: map[string]*history.Capturer{}, restoring: map[string]bool{}, restores: map[string][]time.Time{},
+		reopen: map[string]history.Reopen{},
 	}
 	if err := os.MkdirAll(cfg.StagingDir, 0o755); err != nil {
 		return nil, fmt.Errorf("history staging dir: %w", err)
@@ -275,9 +284,13 @@ func (l *liveDB) Close() error {
 		if cerr := l.cap.Close(); err == nil {
 			err = cerr
 		}
+		r, clean := l.cap.Reopen()
 		l.hh.mu.Lock()
 		if l.hh.caps[l.id] == l.cap {
 			delete(l.hh.caps, l.id)
+		}
+		if clean && err == nil && !l.hh.restoring[l.id] {
+			l.hh.keepReopen(l.id, r)
 		}
 		l.hh.mu.Unlock()
 		l.hh.ship.Retire(l.cap) // ships what is left, then drops it
@@ -298,6 +311,14 @@ func (hh *hostHistory) open(h *Host, objectID, path string) (*liveDB, error) {
 		return nil, ErrRestoring
 	}
 	opts := history.CaptureOptions{StagingDir: hh.cfg.StagingDir, StagingName: objectID, OnAppend: hh.ship.Notify, Now: h.now}
+	hh.mu.Lock()
+	if r, ok := hh.reopen[objectID]; ok {
+		// Taken, not copied: the capturer opened now owns the area; only
+		// its own clean close hands a state back.
+		delete(hh.reopen, objectID)
+		opts.Reopen = &r
+	}
+	hh.mu.Unlock()
 	if hh.cfg.Archived {
 		opts.WaitArchived = hh.ship.WaitArchived
 	}
@@ -322,6 +343,28 @@ func (hh *hostHistory) open(h *Host, objectID, path string) (*liveDB, error) {
 	hh.caps[objectID] = c
 	hh.mu.Unlock()
 	return &liveDB{DB: db, cap: c, hh: hh, id: objectID}, nil
+}
+
+// maxReopen bounds hostHistory.reopen (a few hundred bytes each).
+const maxReopen = 1 << 16
+
+// keepReopen remembers objectID's clean staging state (hh.mu held).
+func (hh *hostHistory) keepReopen(objectID string, r history.Reopen) {
+	if _, ok := hh.reopen[objectID]; !ok && len(hh.reopen) >= maxReopen {
+		for id := range hh.reopen { // any one: it only costs a recovery
+			delete(hh.reopen, id)
+			break
+		}
+	}
+	hh.reopen[objectID] = r
+}
+
+// forgetReopen drops objectID's remembered staging state: something other
+// than its capturer is about to change the area.
+func (hh *hostHistory) forgetReopen(objectID string) {
+	hh.mu.Lock()
+	delete(hh.reopen, objectID)
+	hh.mu.Unlock()
 }
 
 // historyRoutes registers the time-travel endpoints (404 without history).
@@ -607,6 +650,9 @@ func (h *Host) Restore(ctx context.Context, objectID, bookmark, timestamp string
 	c := hh.caps[objectID]
 	hh.mu.Unlock()
 	<-h.handles.evict(objectID)
+	// The restore rewrites the staging area: the next open recovers it.
+	// (The closed handle did not keep a state: restoring is set.)
+	hh.forgetReopen(objectID)
 	if c == nil {
 		// Not open: open it once so its staging is recovered and sealed.
 		c, err = history.NewCapturer(key, h.path(objectID), history.CaptureOptions{StagingDir: hh.cfg.StagingDir, StagingName: objectID})

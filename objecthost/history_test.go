@@ -371,3 +371,65 @@ func TestRestorePublishesSize(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, small.FileSize, info.FileSize, "and is what a GET measures")
 }
+
+// TestColdReopenSkipsRecovery: a database whose handle was evicted after a
+// clean close reopens from the state its capturer left (no staging
+// recovery), its history goes on in the same generation without a gap,
+// a restart recovers from disk instead (the state is memory only), and a
+// restore drops it (the restored area is recovered at the next open).
+func TestColdReopenSkipsRecovery(t *testing.T) {
+	store, err := history.NewDirStore(t.TempDir())
+	require.NoError(t, err)
+	th := newTestHost(t, func(c *Config) {
+		c.History = &HistoryConfig{Store: store, SweepInterval: -1, Shipper: history.ShipperOptions{MaxLag: 100 * time.Millisecond}}
+	})
+	ctx := context.Background()
+	d := newDB("acct")
+	th.mustInit(t, d)
+	capOf := func() *history.Capturer {
+		th.hist.mu.Lock()
+		defer th.hist.mu.Unlock()
+		return th.hist.caps[d.obj]
+	}
+	evict := func() { <-th.handles.evict(d.obj) }
+	_, err = th.Query(ctx, d.obj, d.id(), q("CREATE TABLE t(v INTEGER)"))
+	require.NoError(t, err)
+	require.False(t, capOf().Reopened(), "the first open recovers")
+	for i := range 3 {
+		evict()
+		_, err = th.Query(ctx, d.obj, d.id(), q(fmt.Sprintf("INSERT INTO t VALUES (%d)", i)))
+		require.NoError(t, err)
+		assert.True(t, capOf().Reopened(), "open %d after a clean close: no recovery", i)
+	}
+	cur := capOf().Current()
+	assert.EqualValues(t, 4, cur.Txid, "one record per commit, same generation")
+
+	// A restart: the state is gone, the first open recovers from disk and
+	// proves continuity.
+	th.reopen(t)
+	_, err = th.Query(ctx, d.obj, d.id(), q("INSERT INTO t VALUES (10)"))
+	require.NoError(t, err)
+	assert.False(t, capOf().Reopened(), "after a restart: recovered from disk")
+	assert.Equal(t, cur.Gen, capOf().Current().Gen)
+	assert.Equal(t, cur.Txid+1, capOf().Current().Txid)
+	bm, err := th.Bookmark(ctx, d.obj, "", 0)
+	require.NoError(t, err)
+
+	// A restore rewrites the area: the next open must not start from a
+	// state the restore replaced.
+	evict()
+	_, err = th.Query(ctx, d.obj, d.id(), q("INSERT INTO t VALUES (11)"))
+	require.NoError(t, err)
+	_, err = th.Restore(ctx, d.obj, bm.Bookmark, "", 0)
+	require.NoError(t, err)
+	res, err := th.Query(ctx, d.obj, d.id(), q("SELECT count(*) AS n FROM t"))
+	require.NoError(t, err)
+	assert.False(t, capOf().Reopened(), "after a restore: recovered from disk")
+	assert.Contains(t, fmt.Sprint(res[0].Results), "[4]", "the state at the bookmark: 4 rows")
+	_, err = th.Query(ctx, d.obj, d.id(), q("INSERT INTO t VALUES (12)"))
+	require.NoError(t, err)
+	require.NoError(t, th.Host.Close())
+	vs, err := history.NewArchive(store).Verify(ctx, d.uuid)
+	require.NoError(t, err, "the archive's chains: no gap, no repeat")
+	assert.Equal(t, 2, vs.Generations)
+}

@@ -172,6 +172,7 @@ func (h *Host) restoreInto(ctx context.Context, objectID, dstKey string, src Res
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return "", false, fmt.Errorf("create shard dir: %w", err)
 	}
+	hh.forgetReopen(objectID) // a new object has none; never start from a state the restore replaces
 	if _, err := history.RestoreInto(ctx, hh.archive, src.DatabaseUUID, p, dstKey, path,
 		history.CaptureOptions{StagingDir: hh.cfg.StagingDir, StagingName: objectID, Now: h.now}); err != nil {
 		if errors.Is(err, history.ErrNoHistory) {

@@ -48,6 +48,12 @@ type CaptureOptions struct {
 	// were appended to a log that had nothing unshipped: the Shipper uses it
 	// to learn that a database has work (Shipper.Notify).
 	OnAppend func(c *Capturer)
+	// Reopen, when set, is the Reopen of the previous Capturer of this
+	// database and staging name, closed cleanly in this process since the
+	// area was last touched by anything else: NewCapturer starts from it
+	// instead of recovering the staging area from disk (see Reopen for
+	// when a caller must drop it). Ignored if it names another area.
+	Reopen *Reopen
 
 	// captureDelay, tests only: the capture goroutine sleeps this long
 	// before each batch, so that capture lags behind the commits.
@@ -99,6 +105,9 @@ type Capturer struct {
 	hdrOK     bool // hdr is the WAL header for pos's salts
 	buf, rec  []byte
 	genReason string // why the last generation was started
+	// cache: the last captured version of a few pages, the base of the
+	// next records' patches (record version 3; pageCache's invariant).
+	cache pageCache
 
 	// Writer goroutine only.
 	lastMx       int    // WALFrames at the last commit (0 after a full checkpoint, as SQLite's)
@@ -127,6 +136,8 @@ type Capturer struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	loopDone chan struct{}
+	// closedClean: Close ran and every step of it succeeded (Reopen).
+	closedClean bool
 	// batchWindow: how long capture lets commits gather after the first
 	// one (captureBatchWindow; tests may change it before Attach).
 	batchWindow time.Duration
@@ -152,6 +163,9 @@ type Capturer struct {
 	walRestarts  atomic.Int64 // new WAL salts followed
 	generations  atomic.Int64 // generations started by this capturer
 	retired      atomic.Bool  // closed; the shipper drops it once shipped
+	attached     atomic.Bool  // attach succeeded (not a SealForShipping capturer)
+	hadPending   atomic.Bool  // Shipper.Add found files to ship (or could not list)
+	reopened     bool         // started from CaptureOptions.Reopen (set before Attach)
 	recovered    *recovered   // staging state read by NewCapturer, used once by attach
 }
 
@@ -212,6 +226,18 @@ func NewCapturer(key, dbPath string, opts CaptureOptions) (*Capturer, error) {
 	c.cond.L = &c.mu
 	if dbPath == "" {
 		return c, nil // staging only (SealForShipping): no file to finish a restore into
+	}
+	if opts.Reopen != nil {
+		// Closed cleanly in this process: no crash left anything to
+		// recover, no restore is pending (the host drops a Reopen before
+		// restoring), the area is what the previous capturer left.
+		used, err := c.useReopen(opts.Reopen)
+		if err != nil {
+			return nil, err
+		}
+		if used {
+			return c, nil
+		}
 	}
 	if err := c.finishRestore(); err != nil {
 		return nil, err
@@ -300,6 +326,7 @@ func (c *Capturer) attach(w sqlexec.HookConn) error {
 	c.capPos = c.pos
 	c.running = true // the goroutine starts with the first commit to capture
 	c.mu.Unlock()
+	c.attached.Store(true)
 	return nil
 }
 
@@ -359,6 +386,7 @@ func (c *Capturer) newGeneration(afterUs int64, limit int) error {
 	}
 	c.pageSize, c.pos, c.last, c.restartOK = ps, pos, last, !walOK
 	c.hdr, c.hdrOK = h, walOK
+	c.cache.reset() // a new base: no record of this generation to patch against
 	c.bytesSince.Store(0)
 	c.snapTxid.Store(0)
 	c.snapTimeUs.Store(startUs)
@@ -661,6 +689,9 @@ func (c *Capturer) capture(h walHeader, limit int, entries []commitEntry) error 
 		c.pos = walStart(h)
 		c.walRestarts.Add(1)
 	}
+	if c.pageSize != h.pageSize {
+		c.cache.reset()
+	}
 	c.pageSize = h.pageSize
 	// What is in the staging file: rolled back to on a failed write.
 	okLast, okPos, okRestart := c.last, c.pos, c.restartOK
@@ -682,6 +713,9 @@ func (c *Capturer) capture(h walHeader, limit int, entries []commitEntry) error 
 		if err != nil {
 			c.last, c.pos, c.restartOK = okLast, okPos, okRestart
 			c.rec = c.rec[:0]
+			// The cache holds versions of records that are not in the log:
+			// the retry captures them again, patching against nothing.
+			c.cache.reset()
 			return fmt.Errorf("history: append: %w", err)
 		}
 		n := int64(len(c.rec))
@@ -709,7 +743,8 @@ func (c *Capturer) capture(h walHeader, limit int, entries []commitEntry) error 
 		}
 		rh := recordHeader{PageSize: uint32(h.pageSize), DBSize: tx.dbSize, PrevCRC: c.last.CRC, Txid: c.last.Txid + 1, TimeUs: t, WAL: tx.end}
 		batchStart := len(c.rec) == 0
-		c.rec, rh = encodeRecord(c.rec, rh, tx.pages)
+		c.rec, rh = encodeRecordWith(c.rec, rh, tx.pages, &c.cache)
+		c.cache.dropAbove(tx.dbSize) // pages the commit truncated away
 		if batchStart {
 			first = rh
 		}
@@ -916,6 +951,13 @@ func (c *Capturer) Close() error {
 				err = cerr
 			}
 		}
+	}
+	if err == nil && c.walF != nil {
+		// Attached, flushed (or the log is not settled and cleanTip says
+		// no), sealed, closed: the next open may skip the recovery.
+		c.mu.Lock()
+		c.closedClean = true
+		c.mu.Unlock()
 	}
 	return err
 }

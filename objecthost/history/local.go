@@ -51,6 +51,14 @@ type localLog struct {
 	// at that same txid rewrites the tip and must keep saying so, or a WAL
 	// restart after it would look like a gap at the next attach.
 	settled int64
+	// diskTip is the tip this log last wrote or read back, tipOK that the
+	// area on disk is exactly that tip and nothing newer (no open.seg
+	// with records, no sealed file past it): what recover would return.
+	// Any step that may leave more on disk clears tipOK (see cleanTip).
+	diskTip tip
+	tipOK   bool
+	// appended: appendBatch wrote records (ever, through this localLog).
+	appended bool
 }
 
 // tip is the small state file of a generation, written atomically (temp,
@@ -113,6 +121,7 @@ func (l *localLog) recover() (st tip, ok bool, err error) {
 		l.open.Close()
 		l.open, l.openBytes = nil, 0
 	}
+	l.tipOK = false
 	gens, err := l.generations()
 	if err != nil || len(gens) == 0 {
 		return tip{}, false, err
@@ -131,6 +140,9 @@ func (l *localLog) recover() (st tip, ok bool, err error) {
 	l.settled = -1
 	if st.Settled {
 		l.settled = int64(st.Last.Txid)
+		// Settled only survives recoverGen when the tip file is the newest
+		// state; with open.seg still there it is not all there is.
+		l.diskTip, l.tipOK = st, l.open == nil
 	}
 	return st, true, nil
 }
@@ -231,6 +243,7 @@ func (l *localLog) startGeneration(gen string, base snapHeader, write func(f *os
 	if err := l.sealLocked(); err != nil {
 		return err
 	}
+	l.tipOK = false
 	dir := l.genDir(gen)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -247,6 +260,7 @@ func (l *localLog) startGeneration(gen string, base snapHeader, write func(f *os
 	if st.Settled {
 		l.settled = int64(st.Last.Txid)
 	}
+	l.diskTip, l.tipOK = st, true
 	return nil
 }
 
@@ -271,6 +285,8 @@ func (l *localLog) appendBatch(rec []byte, first, last recordHeader) (became boo
 	if l.gen == "" {
 		return false, errors.New("history: no generation")
 	}
+	l.tipOK = false // records past the tip from here on
+	l.appended = true
 	if l.open == nil {
 		f, err := os.OpenFile(filepath.Join(l.genDir(l.gen), "open.seg"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
 		if err != nil {
@@ -353,14 +369,17 @@ func (l *localLog) sealLocked() error {
 		return err
 	}
 	dir := l.genDir(l.gen)
+	l.tipOK = false
 	// The tip first: once the segment is shipped and removed, it is what
 	// remembers the last record.
-	if err := writeTip(dir, tip{Gen: l.gen, Last: l.openLast, Settled: l.settled == int64(l.openLast.Txid)}); err != nil {
+	st := tip{Gen: l.gen, Last: l.openLast, Settled: l.settled == int64(l.openLast.Txid)}
+	if err := writeTip(dir, st); err != nil {
 		return err
 	}
 	err := sealFile(l.open, dir, l.openFirst, l.openLast)
 	if err == nil {
 		l.raiseSynced(l.openLast.Txid)
+		l.diskTip, l.tipOK = st, true // open.seg renamed: the tip is the newest state
 	}
 	l.open, l.openBytes = nil, 0
 	return err
@@ -411,11 +430,43 @@ func (l *localLog) settle(last recordHeader) error {
 		}
 		l.raiseSynced(l.openLast.Txid)
 	}
-	if err := writeTip(l.genDir(l.gen), tip{Gen: l.gen, Last: last, Settled: true}); err != nil {
+	st := tip{Gen: l.gen, Last: last, Settled: true}
+	if err := writeTip(l.genDir(l.gen), st); err != nil {
+		l.tipOK = false
 		return err
 	}
 	l.settled = int64(last.Txid)
+	if l.open == nil {
+		l.diskTip, l.tipOK = st, true
+	}
 	return nil
+}
+
+// cleanTip returns the tip when the area on disk holds exactly it and
+// nothing newer (no open segment; Settled at its last record): what
+// recover would return now. See Reopen.
+func (l *localLog) cleanTip() (tip, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := l.diskTip
+	if !l.tipOK || l.open != nil || l.gen == "" || t.Gen != l.gen || !t.Settled || t.Restore != "" || l.settled != int64(t.Last.Txid) {
+		return tip{}, false
+	}
+	return t, true
+}
+
+// adopt makes st (a cleanTip of an earlier localLog of this area) the
+// state, as recover would have (Reopen).
+func (l *localLog) adopt(st tip) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.open != nil {
+		l.open.Close()
+		l.open, l.openBytes = nil, 0
+	}
+	l.gen = st.Gen
+	l.settled = int64(st.Last.Txid)
+	l.diskTip, l.tipOK = st, true
 }
 
 func writeFileAtomic(path string, write func(f *os.File) error) error {
@@ -525,6 +576,13 @@ func (l *localLog) close() error {
 	err := l.open.Close()
 	l.open = nil
 	return err
+}
+
+// everAppended reports whether records were ever appended through l.
+func (l *localLog) everAppended() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.appended
 }
 
 // oldestUnshipped is the commit time (µs) of the oldest record not in the

@@ -244,6 +244,7 @@ func (a *Archive) build(ctx context.Context, db string, p Position, tmp string, 
 	st.BytesRead += snapSize(sh)
 	dbSize, timeUs, chain, next := sh.DBSize, sh.TimeUs, sh.ChainCRC, sh.Txid+1
 	ps := int64(sh.PageSize)
+	var scratch []byte // a patched page (version 3 records)
 	for _, s := range g.segs {
 		if next > p.Txid {
 			break
@@ -268,7 +269,7 @@ func (a *Archive) build(ctx context.Context, db string, p Position, tmp string, 
 				return fmt.Errorf("%w: page size changed at record %d", ErrCorrupt, h.Txid)
 			}
 			for _, pg := range pages {
-				if _, err := f.WriteAt(pg.data, int64(pg.no-1)*ps); err != nil {
+				if err := applyPage(f, ps, pg, &scratch); err != nil {
 					return err
 				}
 			}

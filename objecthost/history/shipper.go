@@ -111,10 +111,24 @@ func NewShipper(store Store, opts ShipperOptions) *Shipper {
 func (s *Shipper) Add(c *Capturer) {
 	s.mu.Lock()
 	s.dbs[c] = &shipState{lastSnap: s.opts.Now()}
+	if c.reopened && c.generations.Load() == 0 && !c.log.everAppended() {
+		// Started from a clean close in this process (CaptureOptions.
+		// Reopen) and wrote nothing at attach (no new generation, so no
+		// base snapshot; no catch-up records, whose OnAppend came before
+		// c was known here): whatever the area still holds belongs to the
+		// capturer that closed, which the shipper keeps until it is
+		// shipped (Retire). Nothing to list; c becomes dirty when it
+		// appends (OnAppend → Notify).
+		s.mu.Unlock()
+		return
+	}
 	s.dirty[c] = struct{}{}
 	s.mu.Unlock()
-	if files, err := c.log.pending(c.key); err == nil && len(files) > 0 {
-		c.log.markUnshipped(s.opts.Now().UnixMicro())
+	if files, err := c.log.pending(c.key); err != nil || len(files) > 0 {
+		c.hadPending.Store(true)
+		if err == nil {
+			c.log.markUnshipped(s.opts.Now().UnixMicro())
+		}
 	}
 }
 
@@ -124,6 +138,19 @@ func (s *Shipper) Add(c *Capturer) {
 func (s *Shipper) Retire(c *Capturer) {
 	c.retired.Store(true)
 	s.mu.Lock()
+	if c.attached.Load() && !c.hadPending.Load() && c.generations.Load() == 0 && !c.log.everAppended() {
+		// A read-only session: the capturer never appended a record
+		// (so its close sealed nothing), started no generation (no base
+		// snapshot), and Add found nothing pending (or skipped the
+		// listing because the area belongs to an earlier capturer still
+		// in the shipper's hands). Nothing of its own to ship: dropped
+		// without a listing of its area, so a cold open's close does not
+		// cost the shipper a directory scan.
+		delete(s.dbs, c)
+		delete(s.dirty, c)
+		s.mu.Unlock()
+		return
+	}
 	if _, ok := s.dbs[c]; !ok {
 		s.dbs[c] = &shipState{lastSnap: s.opts.Now()}
 	}

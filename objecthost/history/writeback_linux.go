@@ -18,3 +18,13 @@ func startWriteback(f *os.File, off, n int64) {
 	const syncFileRangeWrite = 2
 	_, _, _ = syscall.Syscall6(syscall.SYS_SYNC_FILE_RANGE, f.Fd(), uintptr(off), uintptr(n), syncFileRangeWrite, 0, 0)
 }
+
+// fileLinks reads a file's link count (0 where the platform does not
+// say): for a directory, 2 + its subdirectories (Reopen's check that no
+// generation directory was added).
+func fileLinks(fi os.FileInfo) uint64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return uint64(st.Nlink)
+	}
+	return 0
+}

@@ -43,7 +43,11 @@ import (
 // as every host with an archive configured does).
 //
 // Knobs: SHOAL_BENCH_ROUNDS (default 6), SHOAL_BENCH_SECONDS (each phase,
-// default 3), SHOAL_BENCH_WORKERS (default 1,16), SHOAL_BENCH_PORT_BASE.
+// default 3), SHOAL_BENCH_WORKERS (default 1,16), SHOAL_BENCH_PORT_BASE,
+// SHOAL_BENCH_COLD_VARIANTS (off, on, or off,on: the default),
+// SHOAL_BENCH_BASELINE_BIN (a second shoal binary: its own cluster beside
+// this build's, phases alternating round by round, and the same-round
+// ratio of the cold rates printed).
 //
 //	SHOAL_BENCH=1 go test ./test/bench -run TestDeployColdQueryBench -v -count=1 -timeout 30m
 func TestDeployColdQueryBench(t *testing.T) {
@@ -61,50 +65,93 @@ func TestDeployColdQueryBench(t *testing.T) {
 		require.Positive(t, rounds, "SHOAL_BENCH_ROUNDS")
 	}
 	ports := newPortAlloc(t)
-	for _, archive := range []bool{false, true} {
+	variants := []bool{false, true}
+	switch v := os.Getenv("SHOAL_BENCH_COLD_VARIANTS"); v {
+	case "", "off,on":
+	case "off":
+		variants = []bool{false}
+	case "on":
+		variants = []bool{true}
+	default:
+		t.Fatalf("SHOAL_BENCH_COLD_VARIANTS: %q (off, on, off,on)", v)
+	}
+	baseBin := os.Getenv("SHOAL_BENCH_BASELINE_BIN")
+	if baseBin != "" {
+		baseBin, err = filepath.Abs(baseBin)
+		require.NoError(t, err)
+	}
+	for _, archive := range variants {
 		name := "history=off"
 		if archive {
 			name = "history=on"
 		}
 		t.Run(name, func(t *testing.T) {
-			var extra []string
-			if archive {
-				extra = []string{"--archive-dir", filepath.Join(t.TempDir(), "archive")}
+			// One cluster of this build and, with SHOAL_BENCH_BASELINE_BIN,
+			// one of the baseline binary beside it: their phases alternate
+			// round by round, so their ratio is a same-run figure.
+			type side struct {
+				label          string
+				groups         []procGroup
+				coldOp, warmOp func(int, *rand.Rand) error
+				sc, sw         []phaseSeries
 			}
-			d := startDeployClusterWith(t, ports, append([]string{"--max-open", strconv.Itoa(coldMaxOpen)}, extra...)...)
-			cold, warm, bearer := d.prepareCold(t)
-			hdr := map[string]string{"Authorization": bearer}
-			hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
-			groups := []procGroup{{"cat", procPids(d.cats)}, {"hosts", procPids(d.hosts)}, {"edge", procPids([]*harness.Proc{d.edge})},
-				{"gen", []int{os.Getpid()}}}
-			var next atomic.Uint64
-			coldOp := func(_ int, rng *rand.Rand) error {
-				u := cold[next.Add(1)%uint64(len(cold))]
-				return d.post(hc, d.edgeDB+"/"+u+"/query", hdr, pointSelect(rng))
+			start := func(label, bin, prefix string) *side {
+				var extra []string
+				if archive {
+					extra = []string{"--archive-dir", filepath.Join(t.TempDir(), "archive")}
+				}
+				d := startDeployClusterSpec(t, ports, deploySpec{bin: bin, prefix: prefix,
+					hostArgs: append([]string{"--max-open", strconv.Itoa(coldMaxOpen)}, extra...)})
+				cold, warm, bearer := d.prepareCold(t)
+				hdr := map[string]string{"Authorization": bearer}
+				hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+				var next atomic.Uint64
+				return &side{
+					label: label,
+					groups: []procGroup{{"cat", procPids(d.cats)}, {"hosts", procPids(d.hosts)}, {"edge", procPids([]*harness.Proc{d.edge})},
+						{"gen", []int{os.Getpid()}}},
+					coldOp: func(_ int, rng *rand.Rand) error {
+						u := cold[next.Add(1)%uint64(len(cold))]
+						return d.post(hc, d.edgeDB+"/"+u+"/query", hdr, pointSelect(rng))
+					},
+					warmOp: func(_ int, rng *rand.Rand) error {
+						return d.post(hc, d.edgeDB+"/"+warm[rng.IntN(len(warm))]+"/query", hdr, pointSelect(rng))
+					},
+					sc: make([]phaseSeries, len(levels)), sw: make([]phaseSeries, len(levels)),
+				}
 			}
-			warmOp := func(_ int, rng *rand.Rand) error {
-				return d.post(hc, d.edgeDB+"/"+warm[rng.IntN(len(warm))]+"/query", hdr, pointSelect(rng))
+			sides := []*side{start("this build", "", "")}
+			if baseBin != "" {
+				sides = append(sides, start("baseline", baseBin, "b"))
 			}
-			sc := make([]phaseSeries, len(levels))
-			sw := make([]phaseSeries, len(levels))
 			for r := range rounds {
 				for i, workers := range levels {
-					if r%2 == 0 {
-						sc[i].add(t, groups, workers, dur, coldOp)
-						sw[i].add(t, groups, workers, dur, warmOp)
-					} else {
-						sw[i].add(t, groups, workers, dur, warmOp)
-						sc[i].add(t, groups, workers, dur, coldOp)
+					for k := range sides {
+						sd := sides[(k+r)%len(sides)] // the first side alternates too
+						if r%2 == 0 {
+							sd.sc[i].add(t, sd.groups, workers, dur, sd.coldOp)
+							sd.sw[i].add(t, sd.groups, workers, dur, sd.warmOp)
+						} else {
+							sd.sw[i].add(t, sd.groups, workers, dur, sd.warmOp)
+							sd.sc[i].add(t, sd.groups, workers, dur, sd.coldOp)
+						}
 					}
 				}
 				t.Logf("round %d/%d done, load average %s", r+1, rounds, loadAvg())
 			}
-			t.Logf("%s; %d hosts keeping %d handles each, %d cold databases read round robin, %d warm; %d rounds of %s per phase; %s",
-				name, len(d.hosts), coldMaxOpen, len(cold), len(warm), rounds, dur, machine())
+			t.Logf("%s; %d hosts keeping %d handles each, %d cold databases read round robin, 6 warm; %d rounds of %s per phase; %s",
+				name, 3, coldMaxOpen, coldDBs, rounds, dur, machine())
 			t.Logf("%-46s %3s %8s %17s %8s %8s %17s %8s | %6s %6s %6s %6s | load 1m", "path", "n", "ops/s", "(min–max)", "p50 ms", "p99 ms", "cold/warm rate", "p99.9", "cat", "hosts", "edge", "gen")
-			for i, n := range levels {
-				t.Logf("%-46s %3d %s %8.2f | %s", "point SELECT through the edge, cold handle", n, sc[i].row(&sw[i]), harness.Millis(sc[i].lat.Pct(.999)), sc[i].cpuRow())
-				t.Logf("%-46s %3d %s %8.2f | %s", "point SELECT through the edge, warm handle", n, sw[i].row(nil), harness.Millis(sw[i].lat.Pct(.999)), sw[i].cpuRow())
+			for _, sd := range sides {
+				for i, n := range levels {
+					t.Logf("%-46s %3d %s %8.2f | %s", "cold handle, "+sd.label, n, sd.sc[i].row(&sd.sw[i]), harness.Millis(sd.sc[i].lat.Pct(.999)), sd.sc[i].cpuRow())
+					t.Logf("%-46s %3d %s %8.2f | %s", "warm handle, "+sd.label, n, sd.sw[i].row(nil), harness.Millis(sd.sw[i].lat.Pct(.999)), sd.sw[i].cpuRow())
+				}
+			}
+			if len(sides) == 2 {
+				for i, n := range levels {
+					t.Logf("%-46s %3d %s", "cold, this build / baseline (same rounds)", n, sides[0].sc[i].row(&sides[1].sc[i]))
+				}
 			}
 		})
 	}
