@@ -252,14 +252,14 @@ func finalWithout(f validate.Final, drop map[string]bool) validate.Final {
 // other check of the suite holds as in any schedule. Long: a kill -9 of a
 // catalog follower and of a host after the restore.
 //
-// `make fault` only: its short schedule takes ~100 s on these machines
+// `make fault` only: its short schedule takes 80–150 s on these machines
 // (cluster start, the schedule, the settle and the checks), not "well under
 // a minute", so `make test` leaves it out. SHOAL_FAULT=long (make fault)
 // runs the long schedule; any other non-empty SHOAL_FAULT (e.g. short) the
 // short one.
 func TestFaultCatalogRestoredFromOlderBackup(t *testing.T) {
 	if os.Getenv("SHOAL_FAULT") == "" {
-		t.Skip("make fault only (~100 s); SHOAL_FAULT=short runs its short schedule, SHOAL_FAULT=long its long one")
+		t.Skip("make fault only (80–150 s); SHOAL_FAULT=short runs its short schedule, SHOAL_FAULT=long its long one")
 	}
 	sched := scheduleOf(t)
 	if sched.long {
