@@ -171,6 +171,9 @@ func (h *Host) digestPass(ctx context.Context, ids []string, now time.Time, rep 
 		h.m.catalogCalls.WithLabelValues("heartbeat_digests", "ok").Inc()
 		h.applyAccounts(ans.Accounts)
 		if start == 0 {
+			// Before the matched buckets below republish: a restore
+			// seen here has every matching object publish its size.
+			h.noteCatalogRestores(ans.CatalogRestores)
 			rep.DigestBuckets += len(q.Buckets)
 			for _, b := range ans.Differ {
 				differ[b] = true

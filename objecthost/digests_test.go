@@ -327,3 +327,30 @@ func TestRaftmetaCatalogMapsAnOldNodesAnswer(t *testing.T) {
 	_, err = RaftmetaCatalog{C: cl}.HeartbeatDigests(context.Background(), fsm.DigestQuery{HostID: "host-1"})
 	assert.ErrorIs(t, err, ErrDigestsUnsupported)
 }
+
+// TestDigestAnswerCarriesCatalogRestores: a host whose buckets all match
+// sends no per-database heartbeat, so the catalog's restore count must
+// reach it in the digest answer — else, after a catalog restored from an
+// older backup, its databases would never republish their sizes and the
+// catalog would keep the backup's.
+func TestDigestAnswerCarriesCatalogRestores(t *testing.T) {
+	th, cat := digestHost(t, nil)
+	dbs := create(t, th, cat, 20)
+	for _, d := range dbs[:5] {
+		th.exec(t, d, "CREATE TABLE t (x)") // an empty file has no size to publish
+	}
+	runAll(th)
+	runAll(th) // every bucket matches from here on
+	before := len(th.sink.Sizes())
+
+	cat.must(fsm.CmdCatalogRestored, fsm.CatalogRestored{})
+	rep := runAll(th)
+	assert.Equal(t, 0, rep.Sent, "no per-database heartbeat: only the digest answer carried the restore")
+	assert.Equal(t, 20, rep.DigestMatched)
+	got := th.sink.Sizes()[before:]
+	assert.Len(t, got, 5, "every database with a size published it again after the restore")
+
+	rep = runAll(th)
+	assert.Len(t, th.sink.Sizes(), before+5, "once per restore")
+	assert.Equal(t, 20, rep.DigestMatched)
+}

@@ -212,6 +212,7 @@ func (h *Host) heartbeatChunk(ctx context.Context, ids []string, now time.Time, 
 	}
 	h.m.catalogCalls.WithLabelValues("heartbeat", "ok").Inc()
 	h.applyAccounts(ans.Accounts)
+	h.noteCatalogRestores(ans.CatalogRestores) // before apply: this answer's objects republish
 
 	var suspects, orphans, gone, repair, mismatched []*object
 	answered := make(map[*object]bool, len(ans.Databases))

@@ -66,6 +66,7 @@ type fakeCatalog struct {
 	hostList      []fsm.Host // what Hosts answers
 	fenceFail     bool       // FenceOrphans fails
 	accountReads  int        // Account calls (storage refresh)
+	restores      int64      // the catalog's restore count, in every answer
 }
 
 // seen returns how many heartbeats each UUID sent.
@@ -141,7 +142,7 @@ func (c *fakeCatalog) FenceOrphans(_ context.Context, _ string, uuids []string) 
 }
 
 func (c *fakeCatalog) answerLocked(uuids []string, stale bool) fsm.HeartbeatAnswer {
-	ans := fsm.HeartbeatAnswer{Accounts: map[string]fsm.Account{}}
+	ans := fsm.HeartbeatAnswer{Accounts: map[string]fsm.Account{}, CatalogRestores: c.restores}
 	for _, u := range uuids {
 		st, ok := c.dbs[u]
 		if !ok {

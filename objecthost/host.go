@@ -229,6 +229,10 @@ type Host struct {
 	// declaredLost: the catalog answered this host's registration with
 	// state "lost" (an operator declared it lost; relocated.go).
 	declaredLost atomic.Bool
+	// catalogRestores is 1 + the highest catalog restore count a
+	// heartbeat answer carried since the start (0: no answer yet;
+	// sizerepublish.go, noteCatalogRestores).
+	catalogRestores atomic.Int64
 
 	active     atomic.Int64 // objects in state active
 	totalBytes atomic.Int64 // sum of objects' last known sizes

@@ -28,6 +28,10 @@ func (p PipelineSinks) RecordUsage(e UsageEvent) {
 	p.Usage.Record(e.AccountID, e.DatabaseUUID, h, s, e.RowsRead, e.RowsWritten, e.Duration, e.Error)
 }
 
+// ResendSizes has the aggregator publish every database's latest size at
+// its next window, changed or not (sizeResender).
+func (p PipelineSinks) ResendSizes() { p.Sizes.ResendAll() }
+
 // RecordSize records the measured size with its sequence; a swept database
 // (size 0) is forgotten once its final size is on its way.
 func (p PipelineSinks) RecordSize(e SizeEvent) {

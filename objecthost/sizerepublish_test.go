@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -183,3 +184,51 @@ func TestStoredUsedBytesRefusesWhatItCannotTrust(t *testing.T) {
 	_, ok = storedUsedBytes(dir + "/short")
 	assert.False(t, ok, "a truncated header")
 }
+
+// A catalog restored from an older backup holds the backup's sizes
+// (database_stats went back with everything else), and a host publishes a
+// size only when it changes: the restore count a heartbeat answer carries
+// growing makes every database the catalog names current publish its size
+// again, once, at its next heartbeat. An answer with a lower count (a
+// follower behind the restore) changes nothing.
+func TestSizesRepublishedAfterCatalogRestore(t *testing.T) {
+	var resends atomic.Int32
+	th := hbHost(t, func(c *Config) { c.Sizes = resendCounter{c.Sizes.(*MemSink), &resends} })
+	d := newDB("acct")
+	th.mustInit(t, d)
+	th.exec(t, d, "CREATE TABLE t (x INTEGER PRIMARY KEY, y)")
+	th.exec(t, d, "INSERT INTO t (y) VALUES (randomblob(3000))")
+	th.cat.setObject(d.uuid, "acct", d.obj, 1)
+	th.cat.restores = 2 // restored twice before this host started
+	th.beat()
+	th.beat()
+	before := len(th.sink.Sizes())
+
+	require.Zero(t, resends.Load(), "no restore seen yet")
+	th.cat.restores = 3 // restored from a backup
+	th.beat()
+	assert.Equal(t, int32(1), resends.Load(), "a sink that sends only changed sizes is told to resend them")
+	got := th.sink.Sizes()[before:]
+	require.Len(t, got, 1, "the size published again after the restore: %+v", got)
+	assert.Equal(t, d.uuid, got[0].DatabaseUUID)
+	last := th.sink.Sizes()[before-1]
+	assert.Equal(t, last.SizeBytes, got[0].SizeBytes, "the size the host last measured")
+	assert.Greater(t, got[0].Seq, last.Seq, "a fresh sequence: consumers keep the highest")
+
+	th.beat()
+	th.cat.restores = 2 // a follower behind the restore answers
+	th.beat()
+	th.cat.restores = 3
+	th.beat()
+	assert.Len(t, th.sink.Sizes(), before+1, "once per restore, not at every heartbeat nor on a lagging answer")
+	assert.Equal(t, int32(1), resends.Load())
+}
+
+// resendCounter is a MemSink that counts ResendSizes (the pipeline
+// aggregator's sizeResender).
+type resendCounter struct {
+	*MemSink
+	n *atomic.Int32
+}
+
+func (r resendCounter) ResendSizes() { r.n.Add(1) }

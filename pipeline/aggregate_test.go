@@ -364,3 +364,26 @@ func TestUsageThroughKafkaExact(t *testing.T) {
 	assert.EqualValues(t, 20_000, queries)
 	t.Logf("20,000 records → %d usage events", n)
 }
+
+// ResendAll: the next window publishes every database's latest size,
+// unchanged ones included, once; the windows after it only changes again.
+func TestSizeAggregatorResendAll(t *testing.T) {
+	clk := newFakeClock()
+	pub := &recPub{}
+	a := NewSizeAggregator(pub, NewSequencer("h@1"), SizeConfig{Host: "h", Clock: clk, ResendInterval: time.Hour})
+	a.Record("acc", "db1", 100, 1)
+	a.Record("acc", "db2", 50, 1)
+	a.Flush()
+	require.Len(t, decodeSizes(t, pub.take()), 2)
+	a.Flush()
+	require.Empty(t, pub.take(), "unchanged: not sent again")
+
+	a.ResendAll()
+	a.Flush()
+	got := decodeSizes(t, pub.take())
+	require.Len(t, got, 2, "every database's latest size, unchanged ones included")
+	assert.EqualValues(t, 100, got["db1"].SizeBytes)
+	assert.EqualValues(t, 50, got["db2"].SizeBytes)
+	a.Flush()
+	assert.Empty(t, pub.take(), "once")
+}

@@ -48,6 +48,8 @@ type SizeAggregator struct {
 
 	flushMu    sync.Mutex
 	lastResend time.Time
+	// resendNow: the next window resends every database (ResendAll).
+	resendNow atomic.Bool
 
 	closed atomic.Bool
 	stop   chan struct{}
@@ -151,6 +153,13 @@ func (a *SizeAggregator) Record(account, database string, size, seq int64) {
 	s.mu.Unlock()
 }
 
+// ResendAll makes the next window publish every database's latest size,
+// as the periodic resend (ResendInterval) does, whether it changed or
+// not: for a host that learns the catalog's sizes went back to a backup's
+// (objecthost's noteCatalogRestores), since a size equal to the last one
+// sent is otherwise not sent again.
+func (a *SizeAggregator) ResendAll() { a.resendNow.Store(true) }
+
 // Forget drops database from the aggregator (after it was deleted and its
 // final size recorded, or moved away): a pending change is still
 // published first.
@@ -193,7 +202,7 @@ func (a *SizeAggregator) Flush() {
 	a.flushMu.Lock()
 	defer a.flushMu.Unlock()
 	now := a.cfg.Clock.Now()
-	resend := a.cfg.ResendInterval > 0 && now.Sub(a.lastResend) >= a.cfg.ResendInterval
+	resend := a.resendNow.Swap(false) || a.cfg.ResendInterval > 0 && now.Sub(a.lastResend) >= a.cfg.ResendInterval
 	if resend {
 		a.lastResend = now
 	}

@@ -36,7 +36,10 @@ var (
 )
 
 // commandRoles lists, per command type, the roles that may propose it
-// (besides catalog voters forwarding). A type missing here is refused.
+// (besides catalog voters forwarding). A type missing here is refused:
+// catalog_restored on purpose — only the leader's own restore proposes it
+// (Node.Restore), so no caller under mutual TLS can make hosts believe in
+// a restore (catalog voters forwarding aside).
 var commandRoles = map[fsm.CommandType][]string{
 	fsm.CmdCreateAccount:    {pki.RoleEdge, pki.RoleOperator},
 	fsm.CmdUpdateAccount:    {pki.RoleEdge, pki.RoleOperator},

@@ -329,10 +329,16 @@ func (n *Node) Restore(ctx context.Context, r io.Reader) error {
 	}
 	n.log.Info("catalog restored from a backup", "bytes", size, "backup_index", info.AppliedIndex)
 	// Raft ends a restore with its own no-op, which the catalog never sees;
-	// a catalog no-op moves the applied index past it for read-index waits.
-	cmd, _ := fsm.NewCommand(fsm.CmdNoop, ids.New(), n.cfg.Now().UnixNano(), struct{}{})
+	// a catalog command moves the applied index past it for read-index
+	// waits, and counts the restore (fsm.CmdCatalogRestored: heartbeat
+	// answers carry the count, and hosts seeing it grow republish their
+	// databases' sizes, which went back to the backup's). A crash between
+	// raft.Restore (the checkpoint) and this command leaves the restore
+	// done but uncounted; the command then fails and the operator runs the
+	// restore again (the same backup: same state), which counts it.
+	cmd, _ := fsm.NewCommand(fsm.CmdCatalogRestored, ids.New(), n.cfg.Now().UnixNano(), fsm.CatalogRestored{BackupIndex: int64(info.AppliedIndex)})
 	if _, err := n.applyLocal(ctx, cmd); err != nil {
-		return fmt.Errorf("restore applied, post-restore no-op failed: %w", err)
+		return fmt.Errorf("restore applied, post-restore marker failed (run the restore again): %w", err)
 	}
 	return nil
 }

@@ -159,4 +159,9 @@ type HeartbeatState struct {
 type HeartbeatAnswer struct {
 	Databases []HeartbeatState   `json:"databases"`
 	Accounts  map[string]Account `json:"accounts"`
+	// CatalogRestores is how many times the catalog was restored from a
+	// backup (CmdCatalogRestored), as of the answer: a host that sees it
+	// grow republishes its databases' sizes. 0 from a catalog never
+	// restored, or older than the field.
+	CatalogRestores int64 `json:"catalog_restores,omitempty"`
 }

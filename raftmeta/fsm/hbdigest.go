@@ -128,10 +128,13 @@ type DigestQuery struct {
 // DigestAnswer answers a DigestQuery: the buckets whose (digest, count)
 // differ from the catalog's for that host, in increasing order, and the
 // accounts asked about that exist (as in HeartbeatAnswer; an unknown account
-// is simply absent).
+// is simply absent). CatalogRestores is the catalog's restore count, as in
+// HeartbeatAnswer: a host whose buckets all match sends no per-database
+// heartbeat, and must still learn of a restore to republish its sizes.
 type DigestAnswer struct {
-	Differ   []int              `json:"differ"`
-	Accounts map[string]Account `json:"accounts"`
+	Differ          []int              `json:"differ"`
+	Accounts        map[string]Account `json:"accounts"`
+	CatalogRestores int64              `json:"catalog_restores,omitempty"`
 }
 
 // Validate checks a query's shape (the HTTP API answers invalid for it).
@@ -195,6 +198,10 @@ func (f *FSM) HeartbeatDigests(ctx context.Context, q DigestQuery) (DigestAnswer
 			}
 		}
 		sort.Ints(ans.Differ)
+		// One row per call: the restore count.
+		if ans.CatalogRestores, err = readCatalogRestores(ctx, tx.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = '`+catalogRestoresKey+`'`)); err != nil {
+			return err
+		}
 		return readAccounts(ctx, tx, q.Accounts, ans.Accounts)
 	})
 	return ans, err

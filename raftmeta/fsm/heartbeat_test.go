@@ -120,3 +120,32 @@ func heartbeatV1(ctx context.Context, f *FSM, uuids []string) (HeartbeatAnswer, 
 	})
 	return ans, err
 }
+
+// Heartbeat answers carry the catalog's restore count: 0 until a
+// catalog_restored command, then one more per command; a restore from a
+// backup (the FSM's Restore of a snapshot taken before) brings back the
+// count the backup held, and the next catalog_restored counts on from it.
+func TestHeartbeatCarriesCatalogRestores(t *testing.T) {
+	ctx := context.Background()
+	f := newFSM(t)
+	d := newDriver(t, f)
+	d.account("a1", 1000)
+	d.ok(CmdCreateDatabase, createDB(uuidN(1), "a1", "db-1"))
+	restores := func() int64 {
+		ans, err := f.Heartbeat(ctx, []string{uuidN(1)})
+		require.NoError(t, err)
+		return ans.CatalogRestores
+	}
+	require.Zero(t, restores(), "never restored")
+	backup := snapshotBytes(t, f)
+	r := d.ok(CmdCatalogRestored, CatalogRestored{BackupIndex: 7})
+	require.Equal(t, int64(1), decodeValue[CatalogRestoredResult](t, r).Restores)
+	require.Equal(t, int64(1), restores())
+	d.ok(CmdCatalogRestored, CatalogRestored{})
+	require.Equal(t, int64(2), restores())
+
+	require.NoError(t, restoreBytes(f, backup))
+	require.Zero(t, restores(), "the backup's count")
+	d.ok(CmdCatalogRestored, CatalogRestored{})
+	require.Equal(t, int64(1), restores())
+}

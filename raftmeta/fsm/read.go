@@ -254,6 +254,10 @@ func (f *FSM) Heartbeat(ctx context.Context, uuids []string) (HeartbeatAnswer, e
 		if n != len(states) {
 			return fmt.Errorf("heartbeat: %d rows for %d uuids", n, len(states))
 		}
+		// One row per call, not per database: the restore count.
+		if ans.CatalogRestores, err = readCatalogRestores(ctx, tx.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = '`+catalogRestoresKey+`'`)); err != nil {
+			return err
+		}
 		if len(accts) == 0 {
 			return nil
 		}

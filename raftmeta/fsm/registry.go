@@ -28,6 +28,7 @@ var commands = map[CommandType]commandSpec{
 	CmdSetDatabaseStats: setDatabaseStatsCommand,
 	CmdDrainStats:       drainStatsCommand,
 	CmdNoop:             noopCommand,
+	CmdCatalogRestored:  catalogRestoredCommand,
 	CmdClaimLimitNotice: claimLimitNoticeCommand,
 	CmdFenceOrphans:     fenceOrphansCommand,
 	CmdRelocateDatabase: relocateDatabaseCommand,

@@ -68,6 +68,11 @@ func randomFault(e *env, r *rand.Rand) failpoint.Failpoint {
 			choice{failpoint.ObjectStoreFaulty, func() failpoint.Failpoint { return e.objectStoreFaulty(faulty) }},
 			choice{failpoint.KillRestart, func() failpoint.Failpoint { return e.restoreDuringHostKill(stopStore) }})
 	}
+	// A catalog restore (an operator rewinding the catalog) at most once
+	// per schedule: the checks split the catalog's history at it.
+	if e.restore == nil {
+		choices = append(choices, choice{failpoint.CatalogRestore, e.catalogRestore})
+	}
 	if only := os.Getenv("SHOAL_FAULT_KINDS"); only != "" {
 		want := map[failpoint.Kind]bool{}
 		for _, k := range strings.Split(only, ",") {
@@ -78,6 +83,12 @@ func randomFault(e *env, r *rand.Rand) failpoint.Failpoint {
 			if want[c.kind] {
 				kept = append(kept, c)
 			}
+		}
+		if len(kept) == 0 && e.restore != nil && want[failpoint.CatalogRestore] {
+			// Only catalog-restore asked for, and this schedule has had
+			// its one: draw from every other kind.
+			e.t.Logf("catalog-restore already drawn in this schedule: drawing another kind")
+			kept = choices
 		}
 		require.NotEmpty(e.t, kept, "SHOAL_FAULT_KINDS=%s names no failpoint kind this topology has", only)
 		choices = kept

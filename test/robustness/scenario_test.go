@@ -222,6 +222,8 @@ type env struct {
 	storeOutages []validate.StoreOutage // what the hosts' archive status showed then
 	outage       *validate.StoreOutage  // the outage in progress (sampled by its failpoint)
 	limited      []limitedAccount       // the limiter's free-tier accounts
+	// restore is the schedule's catalog rewind (catalogRestore), or nil.
+	restore *validate.CatalogRestore
 }
 
 // limitedAccount is one free-tier account of the limiter's traffic.
@@ -281,6 +283,22 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	<-driven
 
 	final := observe(t, cl, e.hist, load)
+	// A catalog restore: what the hosts show an operator (read before
+	// the final kill), then the operator's second delete of the
+	// databases it brought back (after observe's probes of them).
+	var (
+		restoreSets validate.RestoreSets
+		excluded    map[string]bool // left to the restore's own checks
+		alarms      []validate.HostAlarms
+		redeleted   map[string]validate.Redelete
+	)
+	if e.restore != nil {
+		restoreSets = e.restore.Sets(e.hist.Ops())
+		excluded = restoreSets.Excluded()
+		t.Log(restoreSummary(e.restore, restoreSets))
+		alarms = e.restoreAlarms()
+		redeleted = e.redeleteResurrected(restoreSets, final)
+	}
 	billed, producers := e.usage()
 	storage, sizes, accountTotal := e.storageTotals(catalog, cl.Account(), final.Measured)
 	drained := e.archiveDrained()
@@ -291,8 +309,15 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	// orphans reported as not converged: seed 1796218103641371768).
 	held := e.heldOrphans()
 	objects, rows, finalChecks := e.hostState(catalog, cl.Account())
-	coverage := storageCoverage(objects, sizes, cl.Account())
-	byValue := sizesByValue(objects, sizes, accountTotal, final.Measured, cl.Account(), validate.UsedBytes)
+	// The databases a restore rewound are held by its own checks; the
+	// catalog's sizes of those it still lists (the backup's) stay in the
+	// account total.
+	var restored int64
+	for db := range excluded {
+		restored += sizes[db]
+	}
+	coverage := storageCoverage(objectsWithout(objects, excluded), sizes, cl.Account())
+	byValue := sizesByValue(objectsWithout(objects, excluded), sizes, accountTotal-restored, final.Measured, cl.Account(), validate.UsedBytes)
 	archiveStart := time.Now()
 	archived := e.archiveChecks(objects)
 	t.Logf("archive of %d objects verified and restored in %s", len(archived), time.Since(archiveStart).Round(time.Millisecond))
@@ -300,16 +325,25 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	ops := e.hist.Ops()
 	rep := e.rep
 	rep.Ops = ops
+	// Without a restore, excluded is empty and these see everything.
+	kept, keptObjs, keptRows, keptFinal := withoutDBs(ops, excluded), objectsWithout(objects, excluded), rowsWithout(rows, excluded), finalWithout(final, excluded)
 	rep.Results = append(rep.Results,
-		validate.AckedCreatesPresent(ops, final),
-		validate.AckedDeletesGone(ops, final),
+		validate.AckedCreatesPresent(kept, keptFinal),
+		validate.AckedDeletesGone(kept, keptFinal),
 		validate.AckedRowsReadable(ops, final),
-		validate.ListedQueryable(final),
+		validate.ListedQueryable(keptFinal),
 		validate.OneLiveObject(objects),
-		validate.OrphansConverged(objects, rows, map[string]bool{cl.Account(): true}, held),
-		validate.OrphansConvergedInTime(objects, rows, map[string]bool{cl.Account(): true}, ackedDeletes(ops), e.hist.Start(), e.faultWindows(), orphanBounds),
+		validate.OrphansConverged(keptObjs, keptRows, map[string]bool{cl.Account(): true}, held),
+		validate.OrphansConvergedInTime(keptObjs, keptRows, map[string]bool{cl.Account(): true}, ackedDeletes(kept), e.hist.Start(), e.faultWindows(), orphanBounds),
 		validate.IntegrityClean(append(e.integrityChecks(), finalChecks...)),
 		usage)
+	if e.restore != nil {
+		rep.Results = append(rep.Results,
+			validate.LostKept(ops, restoreSets, objects, rows, final.Listed, validate.FileValues),
+			validate.LostServed(restoreSets, final.Rows, final.Errors),
+			validate.LostAlarmed(restoreSets, objects, alarms),
+			validate.ResurrectedStayDeleted(restoreSets, objects, final, redeleted))
+	}
 	if len(e.cutOffs) > 0 {
 		rep.Results = append(rep.Results, validate.QueriesAvailableDuring(ops, e.cutOffs))
 	}
@@ -372,9 +406,21 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	bounded, nBounded := validate.BoundByHostKills(ops, liveHosts(objects), e.hostKills())
 	regRes, regInfo := validate.LinearizableWithin("register writes and reads through the edge", model.Register, validate.RegisterOperations(bounded), checkFor, maxCheckHeap())
 	regRes.Note = fmt.Sprintf("%d writes and restores of unknown outcome bounded by their host's kill", nBounded)
-	exRes, exInfo := validate.LinearizableWithin("database existence (create, delete, linearizable get and list)", model.Existence, validate.ExistenceOperations(ops), checkFor, maxCheckHeap())
-	rep.Results = append(rep.Results, regRes, exRes)
-	rep.Visuals = []report.Visualization{{Name: "register", Model: model.Register, Info: regInfo}, {Name: "existence", Model: model.Existence, Info: exInfo}}
+	rep.Visuals = []report.Visualization{{Name: "register", Model: model.Register, Info: regInfo}}
+	if e.restore == nil {
+		exRes, exInfo := validate.LinearizableWithin("database existence (create, delete, linearizable get and list)", model.Existence, validate.ExistenceOperations(ops), checkFor, maxCheckHeap())
+		rep.Results = append(rep.Results, regRes, exRes)
+		rep.Visuals = append(rep.Visuals, report.Visualization{Name: "existence", Model: model.Existence, Info: exInfo})
+	} else {
+		// The operator rewound the catalog: its history is checked on
+		// each side of the restore (validate.ExistenceOperationsSplit).
+		before, after := validate.ExistenceOperationsSplit(ops, *e.restore)
+		bRes, bInfo := validate.LinearizableWithin("database existence before the catalog restore", model.Existence, before, checkFor, maxCheckHeap())
+		aRes, aInfo := validate.LinearizableWithin("database existence after the catalog restore (from the backup's state)", model.ExistenceResumed, after, checkFor, maxCheckHeap())
+		rep.Results = append(rep.Results, regRes, bRes, aRes)
+		rep.Visuals = append(rep.Visuals, report.Visualization{Name: "existence-before-restore", Model: model.Existence, Info: bInfo},
+			report.Visualization{Name: "existence-after-restore", Model: model.ExistenceResumed, Info: aInfo})
+	}
 
 	t.Log("\n" + rep.Summary())
 	assertTrafficChecked(t, ops)
@@ -1287,14 +1333,18 @@ func (e *env) heldOrphans() map[string]int {
 			e.t.Errorf("%s status: %v", h.Name, err)
 			continue
 		}
-		var st struct {
-			Alarms []struct {
-				Kind      string `json:"kind"`
-				Databases int    `json:"databases"`
-			} `json:"alarms"`
+		// /v1/status answers in the v4 envelope: {"result": {…}}.
+		var env struct {
+			Result struct {
+				Alarms []struct {
+					Kind      string `json:"kind"`
+					Databases int    `json:"databases"`
+				} `json:"alarms"`
+			} `json:"result"`
 		}
-		err = json.NewDecoder(resp.Body).Decode(&st)
+		err = json.NewDecoder(resp.Body).Decode(&env)
 		resp.Body.Close()
+		st := env.Result
 		if err != nil {
 			e.t.Errorf("%s status: %v", h.Name, err)
 			continue

@@ -45,6 +45,11 @@ const (
 	// ObjectStoreFaulty: the store is up but answers every request 503
 	// SlowDown, or answers each one late; Param says which.
 	ObjectStoreFaulty Kind = "object-store-faulty"
+	// CatalogRestore: the catalog backed up (`shoal cluster backup`) at
+	// the injection, traffic for Duration, then the whole catalog restored
+	// from that older backup (`shoal cluster restore`) at the heal: an
+	// operator rewinding the catalog.
+	CatalogRestore Kind = "catalog-restore"
 )
 
 // Ways the object store goes down (ObjectStoreDown's Param).
@@ -63,7 +68,7 @@ const (
 // Kinds is every failpoint kind, in the order the README lists them.
 func Kinds() []Kind {
 	return []Kind{KillRestart, StopCont, PartitionNode, SplitBrain, OneWay, CatalogCutOff, FollowerLag, PacketLoss, Throttle, DiskFull, RoutePurge, LostCreate,
-		ConsumerStopped, ObjectStoreDown, ObjectStoreFaulty}
+		ConsumerStopped, ObjectStoreDown, ObjectStoreFaulty, CatalogRestore}
 }
 
 // Process is what KillRestart and StopCont need of a process

@@ -317,3 +317,61 @@ func partitionBy(key func(input any) string) func([]porcupine.Operation) [][]por
 		return out
 	}
 }
+
+// ExistenceResumed is Existence for the part of a history after the
+// catalog was restored from an older backup (`shoal cluster restore`): an
+// operator rewound the catalog, so a database's existence right after the
+// restore is whatever the backup held — which the history cannot tell —
+// and linearizability of the catalog's history across the restore cannot
+// hold. Each database starts unknown; its first operation in the
+// linearization decides the state it starts from (a get or a list
+// observes it; a create needs it absent; a delete answered "not found"
+// needs it absent, an acknowledged one present), and every later
+// operation is held to Existence's rules.
+var ExistenceResumed = porcupine.Model{
+	Partition: partitionBy(func(in any) string { return in.(ExistenceInput).DB }),
+	Init:      func() any { return resumedUnknown },
+	Step: func(state, input, output any) (bool, any) {
+		st := state.(resumedState)
+		out, _ := output.(ExistenceOutput)
+		op := input.(ExistenceInput).Op
+		if st == resumedUnknown {
+			switch op {
+			case Created:
+				return true, resumedExists
+			case Deleted:
+				return true, resumedAbsent
+			default:
+				if out.Found {
+					return true, resumedExists
+				}
+				return true, resumedAbsent
+			}
+		}
+		exists := st == resumedExists
+		ok, next := Existence.Step(exists, input, output)
+		if next.(bool) {
+			return ok, resumedExists
+		}
+		return ok, resumedAbsent
+	},
+	DescribeOperation: Existence.DescribeOperation,
+	DescribeState: func(state any) string {
+		switch state.(resumedState) {
+		case resumedUnknown:
+			return "as the backup left it"
+		case resumedExists:
+			return "exists"
+		}
+		return "absent"
+	},
+}
+
+// resumedState is ExistenceResumed's state.
+type resumedState int8
+
+const (
+	resumedUnknown resumedState = iota
+	resumedAbsent
+	resumedExists
+)

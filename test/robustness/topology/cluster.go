@@ -159,6 +159,11 @@ type Cluster struct {
 	// nil otherwise (pki.Loader's methods take nil as "no TLS").
 	tls     *pki.Loader
 	certDir string // where the members' certificates are (Options.TLS)
+	// bin is the shoal binary; cliSec the security flags of the test's
+	// own `shoal` commands (its certificate under Options.TLS, none
+	// otherwise): CLI.
+	bin    string
+	cliSec []string
 }
 
 // TLS is the test's own certificate loader (nil without Options.TLS).
@@ -169,7 +174,7 @@ func (c *Cluster) TLS() *pki.Loader { return c.tls }
 // Stop (members started so far are in the Cluster).
 func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 	o = o.withDefaults()
-	c := &Cluster{Net: net, Admin: o.Admin}
+	c := &Cluster{Net: net, Admin: o.Admin, bin: o.Bin}
 	// sec are a member's security flags: its certificate under
 	// Options.TLS, else --insecure.
 	sec := func(string, ...string) []string { return []string{"--insecure"} }
@@ -197,6 +202,7 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 		if c.tls, err = pki.NewLoader(f); err != nil {
 			return c, err
 		}
+		c.cliSec = []string{"--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key}
 		internal = &http.Client{Timeout: 2 * time.Second, Transport: c.tls.Transport(&http.Transport{})}
 	}
 	var env []string

@@ -187,6 +187,19 @@ func (l *Load) Live() []string {
 	return append([]string(nil), l.live...)
 }
 
+// Drop takes db off the live databases the generators write to and read
+// (e.g. before a scenario step deletes it).
+func (l *Load) Drop(db string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, d := range l.live {
+		if d == db {
+			l.live = append(l.live[:i], l.live[i+1:]...)
+			return
+		}
+	}
+}
+
 func (l *Load) pick(r *rand.Rand) (string, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
