@@ -295,11 +295,7 @@ func encodeRecord(dst []byte, h recordHeader, pages map[uint32][]byte) ([]byte, 
 // then drops the cached pages past h.DBSize (pageCache).
 func encodeRecordWith(dst []byte, h recordHeader, pages map[uint32][]byte, pc *pageCache) ([]byte, recordHeader) {
 	var small [16]uint32
-	nos := small[:0]
-	for no := range pages {
-		nos = append(nos, no)
-	}
-	slices.Sort(nos)
+	nos := sortedPageNos(small[:0], pages)
 	h.NPages = uint32(len(nos))
 	be := binary.BigEndian
 	rawp := rawPool.Get().(*[]byte)
@@ -343,11 +339,7 @@ func encodeRecordWith(dst []byte, h recordHeader, pages map[uint32][]byte, pc *p
 // tests check that they still read.
 func encodeRecordV2(dst []byte, h recordHeader, pages map[uint32][]byte) ([]byte, recordHeader) {
 	var small [16]uint32
-	nos := small[:0]
-	for no := range pages {
-		nos = append(nos, no)
-	}
-	slices.Sort(nos)
+	nos := sortedPageNos(small[:0], pages)
 	h.NPages = uint32(len(nos))
 	be := binary.BigEndian
 	var raw []byte
@@ -371,11 +363,7 @@ func encodeRecordV2(dst []byte, h recordHeader, pages map[uint32][]byte) ([]byte
 // written before version 2 hold these; tests check that they still read.
 func encodeRecordRaw(dst []byte, h recordHeader, pages map[uint32][]byte) ([]byte, recordHeader) {
 	var small [16]uint32
-	nos := small[:0]
-	for no := range pages {
-		nos = append(nos, no)
-	}
-	slices.Sort(nos)
+	nos := sortedPageNos(small[:0], pages)
 	h.NPages = uint32(len(nos))
 	start := len(dst)
 	var hb [recordHeaderSize]byte
@@ -585,4 +573,14 @@ func putRecordHeader(hb []byte, version uint32, h recordHeader) {
 	be.PutUint32(hb[48:], h.WAL.Frames)
 	be.PutUint32(hb[52:], h.WAL.Ck0)
 	be.PutUint32(hb[56:], h.WAL.Ck1)
+}
+
+// sortedPageNos appends the page numbers of pages to dst in increasing
+// order (the order every record version stores its pages in).
+func sortedPageNos(dst []uint32, pages map[uint32][]byte) []uint32 {
+	for no := range pages {
+		dst = append(dst, no)
+	}
+	slices.Sort(dst)
+	return dst
 }
