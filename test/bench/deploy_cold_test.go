@@ -47,7 +47,9 @@ import (
 // SHOAL_BENCH_COLD_VARIANTS (off, on, or off,on: the default),
 // SHOAL_BENCH_BASELINE_BIN (a second shoal binary: its own cluster beside
 // this build's, phases alternating round by round, and the same-round
-// ratio of the cold rates printed).
+// ratio of the cold rates printed), SHOAL_BENCH_PROFILE (a directory: CPU
+// profiles of this build's processes during the last round's cold phase
+// at the highest client count, DIR/cold-VARIANT-N-PROCESS.pb.gz).
 //
 //	SHOAL_BENCH=1 go test ./test/bench -run TestDeployColdQueryBench -v -count=1 -timeout 30m
 func TestDeployColdQueryBench(t *testing.T) {
@@ -75,6 +77,12 @@ func TestDeployColdQueryBench(t *testing.T) {
 	default:
 		t.Fatalf("SHOAL_BENCH_COLD_VARIANTS: %q (off, on, off,on)", v)
 	}
+	// SHOAL_BENCH_PROFILE=DIR: CPU profiles of this build's processes
+	// during the last round's cold phase at the highest client count.
+	profDir := os.Getenv("SHOAL_BENCH_PROFILE")
+	if profDir != "" {
+		require.NoError(t, os.MkdirAll(profDir, 0o755))
+	}
 	baseBin := os.Getenv("SHOAL_BENCH_BASELINE_BIN")
 	if baseBin != "" {
 		baseBin, err = filepath.Abs(baseBin)
@@ -91,6 +99,7 @@ func TestDeployColdQueryBench(t *testing.T) {
 			// round by round, so their ratio is a same-run figure.
 			type side struct {
 				label          string
+				d              *deployCluster
 				groups         []procGroup
 				coldOp, warmOp func(int, *rand.Rand) error
 				sc, sw         []phaseSeries
@@ -107,7 +116,7 @@ func TestDeployColdQueryBench(t *testing.T) {
 				hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 				var next atomic.Uint64
 				return &side{
-					label: label,
+					label: label, d: d,
 					groups: []procGroup{{"cat", procPids(d.cats)}, {"hosts", procPids(d.hosts)}, {"edge", procPids([]*harness.Proc{d.edge})},
 						{"gen", []int{os.Getpid()}}},
 					coldOp: func(_ int, rng *rand.Rand) error {
@@ -128,12 +137,20 @@ func TestDeployColdQueryBench(t *testing.T) {
 				for i, workers := range levels {
 					for k := range sides {
 						sd := sides[(k+r)%len(sides)] // the first side alternates too
+						cold := func() { sd.sc[i].add(t, sd.groups, workers, dur, sd.coldOp) }
+						if profDir != "" && k == 0 && r == rounds-1 && i == len(levels)-1 {
+							cold = func() {
+								wait := sd.d.profile(t, profDir, fmt.Sprintf("cold-%s-%d", name, workers), dur)
+								sd.sc[i].add(t, sd.groups, workers, dur, sd.coldOp)
+								wait()
+							}
+						}
 						if r%2 == 0 {
-							sd.sc[i].add(t, sd.groups, workers, dur, sd.coldOp)
+							cold()
 							sd.sw[i].add(t, sd.groups, workers, dur, sd.warmOp)
 						} else {
 							sd.sw[i].add(t, sd.groups, workers, dur, sd.warmOp)
-							sd.sc[i].add(t, sd.groups, workers, dur, sd.coldOp)
+							cold()
 						}
 					}
 				}
