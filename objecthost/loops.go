@@ -112,7 +112,8 @@ func (h *Host) ReportLoad(ctx context.Context) error {
 
 // Sweep physically removes deleted objects older than DeletedRetention:
 // their handle is closed (waiting for in-flight requests), their files are
-// removed, then their index rows in one commit. Checkpoint: the index
+// removed, then their index rows in one commit (a tombstone held as
+// resurrected keeps its row: resurrected.go). Checkpoint: the index
 // commit; a crash before it leaves deleted rows whose (already missing)
 // files the next sweep removes again. Returns how many objects were swept.
 func (h *Host) Sweep(ctx context.Context) (int, error) {
@@ -154,6 +155,12 @@ func (h *Host) Sweep(ctx context.Context) (int, error) {
 		}
 		if rmErr != nil {
 			h.log.Error("removing deleted database file failed; retrying next sweep", "object", id, "err", rmErr)
+			continue
+		}
+		if h.holdsTombstone(id) {
+			// A restored catalog lists its database active again: the
+			// files go on schedule, the record stays while the alarm
+			// names it (resurrected.go).
 			continue
 		}
 		ids = append(ids, id)

@@ -30,6 +30,11 @@ type Meta struct {
 	Confirmed         bool      `json:"confirmed"`
 	CreatedAt         time.Time `json:"created_at"`
 	DeletedAt         time.Time `json:"deleted_at,omitzero"`
+	// Superseded: deleted because the catalog named a newer object of the
+	// database on another host (relocated.go): its database lives on, so
+	// a restored catalog naming this object again is not a resurrection
+	// of a deleted database (resurrected.go).
+	Superseded bool `json:"superseded,omitempty"`
 	RoutingGeneration int64     `json:"routing_generation"`
 	Options           Options   `json:"options,omitzero"`
 	// Restoring is set from an init with RestoreFrom until the restored
