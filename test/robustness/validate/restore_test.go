@@ -117,3 +117,39 @@ func TestRestoreChecksCatchViolations(t *testing.T) {
 	assert.False(t, ResurrectedStayDeleted(s, live, back, map[string]Redelete{"gone": {Outcome: ok, FoundAfter: true}}).OK(), "still there after the second delete")
 	assert.False(t, ResurrectedStayDeleted(s, live, Final{}, redone).OK(), "not back in the catalog: the restore did not restore")
 }
+
+// ResurrectedAlarmed holds each host to naming exactly the deleted
+// databases the restored catalog lists again whose tombstone it holds.
+func TestResurrectedAlarmed(t *testing.T) {
+	s := RestoreSets{Resurrected: map[string]bool{"z1": true, "z2": true}, ResurrectedMaybe: map[string]bool{"z1": true, "z2": true, "z3": true}}
+	objs := []Object{
+		{Host: "h1", DatabaseUUID: "z1", State: "deleted"},
+		{Host: "h2", DatabaseUUID: "z2", State: "deleted"},
+		{Host: "h2", DatabaseUUID: "z3", State: "deleted"}, // across a call, not listed: not a zombie
+		{Host: "h1", DatabaseUUID: "live", State: "active"},
+		{Host: "h1", DatabaseUUID: "old", State: "deleted"},
+	}
+	f := Final{Listed: map[string]bool{"z1": true, "z2": true, "live": true}}
+	good := func() []HostAlarms {
+		return []HostAlarms{
+			{Host: "h1", ResurrectedAlarm: true, ResurrectedCount: 1, ResurrectedSample: []string{"z1"}, ResurrectedList: []string{"z1"}, ResurrectedGauge: 1, ResurrectedCLI: true},
+			{Host: "h2", ResurrectedAlarm: true, ResurrectedCount: 1, ResurrectedSample: []string{"z2"}, ResurrectedList: []string{"z2"}, ResurrectedGauge: 1, ResurrectedCLI: true},
+		}
+	}
+	cli := []string{"z1", "z2"}
+	assert.Empty(t, ResurrectedAlarmed(nil, s, objs, f, good(), cli).Violations)
+
+	missing := good()
+	missing[1] = HostAlarms{Host: "h2"}
+	assert.Len(t, ResurrectedAlarmed(nil, s, objs, f, missing, cli).Violations, 3, "not listed, no alarm, no CLI status")
+	extra := good()
+	extra[0].ResurrectedList = []string{"z1", "old"}
+	extra[0].ResurrectedCount, extra[0].ResurrectedGauge = 2, 2
+	assert.Len(t, ResurrectedAlarmed(nil, s, objs, f, extra, cli).Violations, 1, "names a database deleted before the backup")
+	assert.Empty(t, ResurrectedAlarmed([]traffic.Op{op(traffic.Delete, "old", 0, traffic.Unknown, 60, 70)}, s, objs, f, extra, cli).Violations,
+		"a delete of unknown outcome may have been after the backup")
+	assert.Len(t, ResurrectedAlarmed(nil, s, objs, f, good(), []string{"z1"}).Violations, 1, "the CLI misses one")
+
+	assert.Empty(t, ResurrectedAlarmCleared([]HostAlarms{{Host: "h1"}, {Host: "h2"}}).Violations)
+	assert.Len(t, ResurrectedAlarmCleared(good()).Violations, 2)
+}
