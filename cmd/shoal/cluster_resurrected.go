@@ -113,7 +113,8 @@ heartbeat interval).`,
 						rows[i].Catalog, rows[i].Error = v, e
 						continue
 					}
-					wctx, cancel := context.WithTimeout(ctx, *timeout)
+					// The audit log's row for the delete names the command.
+					wctx, cancel := context.WithTimeout(fsm.WithAudit(ctx, fsm.Audit{Actor: "operator", Source: "shoal cluster resurrected --delete"}), *timeout)
 					_, err := cl.DeleteDatabase(wctx, rows[i].AccountID, rows[i].DatabaseUUID)
 					cancel()
 					if err != nil && !errors.Is(err, fsm.ErrNotFound) {
