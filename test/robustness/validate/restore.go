@@ -37,7 +37,9 @@ type RestoreSets struct {
 	// active in it) whose delete was called after the backup returned and
 	// acknowledged before the restore was called — the restore makes them
 	// active in the catalog again. ResurrectedMaybe adds the acknowledged
-	// deletes overlapping either call.
+	// deletes overlapping either call, and the databases whose create
+	// overlapped the backup call (with a delete after the backup's point
+	// possible).
 	Resurrected, ResurrectedMaybe map[string]bool
 	// Deleted: databases with an acknowledged delete (any time).
 	Deleted map[string]bool
@@ -78,11 +80,17 @@ func (r CatalogRestore) Sets(ops []traffic.Op) RestoreSets {
 		}
 		s.Deleted[op.DB] = true
 		c, ok := created[op.DB]
-		if !ok || c.Return >= r.BackupCall || op.Return < r.BackupCall || op.Call > r.RestoreReturn {
+		// Possibly active in the backup (created before its point, deleted
+		// after it) and deleted before the restore's point. A create and
+		// delete both inside the backup call can straddle its point too:
+		// such a database comes back although the history never saw it
+		// active before the backup (found by the resurrected_databases
+		// check, 2026-12-03: the hosts named one this missed).
+		if !ok || c.Call > r.BackupReturn || op.Return < r.BackupCall || op.Call > r.RestoreReturn {
 			continue
 		}
 		s.ResurrectedMaybe[op.DB] = true
-		if op.Call >= r.BackupReturn && op.Return <= r.RestoreCall {
+		if c.Return < r.BackupCall && op.Call >= r.BackupReturn && op.Return <= r.RestoreCall {
 			s.Resurrected[op.DB] = true
 		}
 	}

@@ -26,13 +26,17 @@ func TestRestoreSets(t *testing.T) {
 		op(traffic.Delete, "gone", 0, ok, 60, 70), // deleted after the backup: back
 		op(traffic.Create, "dead", 0, ok, 0, 10),
 		op(traffic.Delete, "dead", 0, ok, 11, 12), // deleted before it
+		op(traffic.Create, "flash", 0, ok, 21, 23),
+		op(traffic.Delete, "flash", 0, ok, 24, 26), // both inside the backup call: may straddle its point
+		op(traffic.Create, "after", 0, ok, 31, 33),
+		op(traffic.Delete, "after", 0, ok, 34, 36), // both after the backup: gone with the restore
 	}
 	s := rewind.Sets(ops)
-	assert.Equal(t, map[string]bool{"new": true}, s.Lost)
-	assert.Equal(t, map[string]bool{"new": true, "edge": true}, s.LostMaybe)
+	assert.Equal(t, map[string]bool{"new": true, "after": true}, s.Lost)
+	assert.Equal(t, map[string]bool{"new": true, "edge": true, "flash": true, "after": true}, s.LostMaybe)
 	assert.Equal(t, map[string]bool{"gone": true}, s.Resurrected)
-	assert.Equal(t, map[string]bool{"gone": true}, s.ResurrectedMaybe)
-	assert.Equal(t, map[string]bool{"new": true, "edge": true, "gone": true}, s.Excluded())
+	assert.Equal(t, map[string]bool{"gone": true, "flash": true}, s.ResurrectedMaybe)
+	assert.Equal(t, map[string]bool{"new": true, "edge": true, "gone": true, "flash": true, "after": true}, s.Excluded())
 }
 
 // Across the restore the catalog's history is not linearizable (a
