@@ -159,8 +159,9 @@ func (h *Host) Sweep(ctx context.Context) (int, error) {
 		}
 		if h.holdsTombstone(id) {
 			// A restored catalog lists its database active again: the
-			// files go on schedule, the record stays while the alarm
-			// names it (resurrected.go).
+			// files go on schedule (size 0, as a sweep emits), the record
+			// stays while the alarm names it (resurrected.go).
+			h.zeroSize(o)
 			continue
 		}
 		ids = append(ids, id)
@@ -187,18 +188,22 @@ func (h *Host) Sweep(ctx context.Context) (int, error) {
 	}
 	h.mu.Unlock()
 	for _, o := range due {
-		if !o.gone {
-			continue
+		if o.gone {
+			h.zeroSize(o)
 		}
-		m := o.meta.Load()
-		o.sizeMu.Lock()
-		if old := o.size.Swap(0); old != 0 {
-			h.totalBytes.Add(-old)
-			h.cfg.Sizes.RecordSize(SizeEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, SizeBytes: 0, Seq: h.nextSizeSeq(), Time: h.now()})
-		}
-		o.sizeMu.Unlock()
 	}
 	h.m.lifecycle.WithLabelValues("swept").Add(float64(len(ids)))
 	h.refreshGauges()
 	return len(ids), nil
+}
+
+// zeroSize records that o's file is gone: its size 0, once.
+func (h *Host) zeroSize(o *object) {
+	m := o.meta.Load()
+	o.sizeMu.Lock()
+	defer o.sizeMu.Unlock()
+	if old := o.size.Swap(0); old != 0 {
+		h.totalBytes.Add(-old)
+		h.cfg.Sizes.RecordSize(SizeEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, SizeBytes: 0, Seq: h.nextSizeSeq(), Time: h.now()})
+	}
 }

@@ -50,8 +50,10 @@ import (
 //     HeartbeatInterval (linearizable, only those); the ones the catalog
 //     answers deleted or unknown (the operator deleted them again) leave
 //     the set, and the alarm clears when none is left. The sweep removes
-//     a held tombstone's files on schedule but keeps its index record, so
-//     the alarm cannot vanish by itself while the zombie is still listed.
+//     a held tombstone's files on schedule (publishing its size 0, as for
+//     any swept object: the catalog counted the backup's size against the
+//     account) but keeps its index record, so the alarm cannot vanish by
+//     itself while the zombie is still listed.
 //
 // A failed call changes nothing: the check (or re-check) is retried after
 // HeartbeatRetry. The checkpoint is nothing durable: the set lives in

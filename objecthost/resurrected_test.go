@@ -213,10 +213,15 @@ func TestResurrectedTombstoneOutlivesTheSweep(t *testing.T) {
 	th.clock.Advance(2 * time.Minute) // past the retention
 	require.Equal(t, []string{dbs[2].uuid}, resurrectedUUIDs(th))
 
+	sizes := len(th.sink.Sizes())
 	n, err := th.Sweep(context.Background())
 	require.NoError(t, err)
 	assert.Zero(t, n, "the record is kept")
 	assert.NoFileExists(t, th.path(dbs[2].obj), "the file went on schedule")
+	got := th.sink.Sizes()[sizes:]
+	require.Len(t, got, 1, "its size 0 published, as a sweep does")
+	assert.Equal(t, dbs[2].uuid, got[0].DatabaseUUID)
+	assert.Zero(t, got[0].SizeBytes)
 	info, err := th.Info(context.Background(), dbs[2].obj)
 	require.NoError(t, err)
 	assert.Equal(t, StateDeleted, info.State)
@@ -229,6 +234,7 @@ func TestResurrectedTombstoneOutlivesTheSweep(t *testing.T) {
 	n, err = th.Sweep(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
+	assert.Len(t, th.sink.Sizes(), sizes+1, "size 0 published once")
 }
 
 // TestResurrectedCheckFailureRetries: a failed linearizable read raises
