@@ -133,6 +133,10 @@ type HeartbeatReport struct {
 	DigestBuckets int // bucket digests sent
 	DigestDiffer  int // buckets the catalog answered different: their due objects went per database
 	DigestMatched int // due objects answered by an equal bucket: no per-database lookup
+
+	// Resurrection is the pass's check of deleted databases after a
+	// catalog restore (resurrected.go).
+	Resurrection ResurrectionReport
 }
 
 // RunHeartbeats sends every due heartbeat, in chunks of HeartbeatBatch UUIDs
@@ -169,6 +173,9 @@ func (h *Host) RunHeartbeats(ctx context.Context) HeartbeatReport {
 		orphans = append(orphans, h.heartbeatChunk(ctx, ids[start:end], now, &rep)...)
 	}
 	h.killOrphans(ctx, orphans, &rep)
+	// After a catalog restore: databases deleted here that it lists again
+	// (resurrected.go; nothing to do in the steady state).
+	rep.Resurrection = h.checkResurrected(ctx, now)
 	return rep
 }
 

@@ -233,6 +233,9 @@ type Host struct {
 	// heartbeat answer carried since the start (0: no answer yet;
 	// sizerepublish.go, noteCatalogRestores).
 	catalogRestores atomic.Int64
+	// resurrect: databases deleted here that a restored catalog lists
+	// active again (resurrected.go).
+	resurrect resurrection
 
 	active     atomic.Int64 // objects in state active
 	totalBytes atomic.Int64 // sum of objects' last known sizes
@@ -320,7 +323,7 @@ func Open(cfg Config) (*Host, error) {
 	}
 	h.ix = ix
 	h.m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "shoal_objecthost_alarms", Help: "Alarms raised (mass of orphan verdicts, databases the catalog lost); see /v1/status.",
+		Name: "shoal_objecthost_alarms", Help: "Alarms raised (mass of orphan verdicts, databases the catalog lost or lists again after their delete); see /v1/status.",
 	}, func() float64 { return float64(len(h.Alarms())) }))
 	h.bufs.New = func() any { b := make([]byte, 0, 4096); return &b }
 	h.frames = newFrameServer(h)
@@ -705,6 +708,12 @@ func (h *Host) Delete(ctx context.Context, objectID string, gen int64) (ObjectIn
 // returns the resulting metas (already deleted objects included, gone ones
 // left out).
 func (h *Host) markDeleted(ctx context.Context, objs []*object, gen int64, reason string) ([]*Meta, error) {
+	return h.markDeletedAs(ctx, objs, gen, reason, false)
+}
+
+// markDeletedAs is markDeleted, recording whether the objects were
+// superseded by a newer object elsewhere (Meta.Superseded).
+func (h *Host) markDeletedAs(ctx context.Context, objs []*object, gen int64, reason string, superseded bool) ([]*Meta, error) {
 	sortObjects(objs)
 	for _, o := range objs { // ordered locking: no deadlock between batches
 		o.mu.Lock()
@@ -730,6 +739,7 @@ func (h *Host) markDeleted(ctx context.Context, objs []*object, gen int64, reaso
 		n := *m
 		n.State = StateDeleted
 		n.DeletedAt = now
+		n.Superseded = superseded
 		n.RoutingGeneration = max(gen, m.RoutingGeneration)
 		changed = append(changed, &n)
 		changedObjs = append(changedObjs, o)

@@ -67,6 +67,9 @@ func (h *Host) Handler() http.Handler {
 	r.HandleFunc("/v1/status", func(w http.ResponseWriter, _ *http.Request) {
 		v4.WriteResult(w, h.Status())
 	}).Methods(http.MethodGet)
+	r.HandleFunc("/v1/resurrected", func(w http.ResponseWriter, _ *http.Request) {
+		v4.WriteResult(w, map[string]any{"databases": h.Resurrected()})
+	}).Methods(http.MethodGet)
 	r.Handle("/metrics", promhttp.HandlerFor(h.m.reg, promhttp.HandlerOpts{})).Methods(http.MethodGet)
 	// Go profiles: peerAllowed admits edges and operators, the profiling
 	// handler then only operators.

@@ -112,7 +112,8 @@ func (h *Host) ReportLoad(ctx context.Context) error {
 
 // Sweep physically removes deleted objects older than DeletedRetention:
 // their handle is closed (waiting for in-flight requests), their files are
-// removed, then their index rows in one commit. Checkpoint: the index
+// removed, then their index rows in one commit (a tombstone held as
+// resurrected keeps its row: resurrected.go). Checkpoint: the index
 // commit; a crash before it leaves deleted rows whose (already missing)
 // files the next sweep removes again. Returns how many objects were swept.
 func (h *Host) Sweep(ctx context.Context) (int, error) {
@@ -156,6 +157,13 @@ func (h *Host) Sweep(ctx context.Context) (int, error) {
 			h.log.Error("removing deleted database file failed; retrying next sweep", "object", id, "err", rmErr)
 			continue
 		}
+		if h.holdsTombstone(id) {
+			// A restored catalog lists its database active again: the
+			// files go on schedule (size 0, as a sweep emits), the record
+			// stays while the alarm names it (resurrected.go).
+			h.zeroSize(o)
+			continue
+		}
 		ids = append(ids, id)
 	}
 	if len(ids) == 0 {
@@ -180,18 +188,22 @@ func (h *Host) Sweep(ctx context.Context) (int, error) {
 	}
 	h.mu.Unlock()
 	for _, o := range due {
-		if !o.gone {
-			continue
+		if o.gone {
+			h.zeroSize(o)
 		}
-		m := o.meta.Load()
-		o.sizeMu.Lock()
-		if old := o.size.Swap(0); old != 0 {
-			h.totalBytes.Add(-old)
-			h.cfg.Sizes.RecordSize(SizeEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, SizeBytes: 0, Seq: h.nextSizeSeq(), Time: h.now()})
-		}
-		o.sizeMu.Unlock()
 	}
 	h.m.lifecycle.WithLabelValues("swept").Add(float64(len(ids)))
 	h.refreshGauges()
 	return len(ids), nil
+}
+
+// zeroSize records that o's file is gone: its size 0, once.
+func (h *Host) zeroSize(o *object) {
+	m := o.meta.Load()
+	o.sizeMu.Lock()
+	defer o.sizeMu.Unlock()
+	if old := o.size.Swap(0); old != 0 {
+		h.totalBytes.Add(-old)
+		h.cfg.Sizes.RecordSize(SizeEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, SizeBytes: 0, Seq: h.nextSizeSeq(), Time: h.now()})
+	}
 }

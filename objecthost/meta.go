@@ -20,18 +20,23 @@ type Options = event.InitOptions
 // published (a mutation stores a new *Meta), so readers may hold one
 // without locking.
 type Meta struct {
-	ObjectID          string    `json:"object_id"`
-	DatabaseUUID      string    `json:"database_uuid"`
-	AccountID         string    `json:"account_id"`
-	Name              string    `json:"name"`
-	Region            string    `json:"region,omitempty"`
-	Jurisdiction      string    `json:"jurisdiction,omitempty"`
-	State             string    `json:"state"`
-	Confirmed         bool      `json:"confirmed"`
-	CreatedAt         time.Time `json:"created_at"`
-	DeletedAt         time.Time `json:"deleted_at,omitzero"`
-	RoutingGeneration int64     `json:"routing_generation"`
-	Options           Options   `json:"options,omitzero"`
+	ObjectID     string    `json:"object_id"`
+	DatabaseUUID string    `json:"database_uuid"`
+	AccountID    string    `json:"account_id"`
+	Name         string    `json:"name"`
+	Region       string    `json:"region,omitempty"`
+	Jurisdiction string    `json:"jurisdiction,omitempty"`
+	State        string    `json:"state"`
+	Confirmed    bool      `json:"confirmed"`
+	CreatedAt    time.Time `json:"created_at"`
+	DeletedAt    time.Time `json:"deleted_at,omitzero"`
+	// Superseded: deleted because the catalog named a newer object of the
+	// database on another host (relocated.go): its database lives on, so
+	// a restored catalog naming this object again is not a resurrection
+	// of a deleted database (resurrected.go).
+	Superseded        bool    `json:"superseded,omitempty"`
+	RoutingGeneration int64   `json:"routing_generation"`
+	Options           Options `json:"options,omitzero"`
 	// Restoring is set from an init with RestoreFrom until the restored
 	// file is in place (restorefrom.go): the object cannot be opened
 	// meanwhile, and an init retry resumes the restore.

@@ -23,6 +23,7 @@ type metrics struct {
 
 	sizeRepublishPending prometheus.Gauge   // objects the restart pass has yet to visit
 	sizesRepublished     prometheus.Counter // sizes the restart pass recorded
+	resurrected          prometheus.Gauge   // databases deleted here the catalog lists active again
 
 	// queryOutcome holds the queries counter of each outcome label,
 	// resolved once: WithLabelValues hashes the label and locks the vector
@@ -80,6 +81,8 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Help: "Objects the size republication after start has yet to visit (0 once it is done)."}),
 		sizesRepublished: prometheus.NewCounter(prometheus.CounterOpts{Name: "shoal_objecthost_sizes_republished_total",
 			Help: "Database sizes published again by the pass after start (sizes a crash may have lost)."}),
+		resurrected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shoal_objecthost_resurrected_databases",
+			Help: "Databases deleted on this host that the catalog lists active again (a catalog restored from an older backup); see GET /v1/resurrected."}),
 	}
 	// The label values outcome() returns.
 	outcomes := []string{"ok", "sql_error", "not_found", "deleted", "wrong_host", "overloaded", "limit", "error"}
@@ -89,6 +92,6 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	}
 	m.reg.MustRegister(m.queries, m.latency, m.openHandles, m.queueDepth, m.heartbeats, m.catalogCalls,
 		m.bytesOnDisk, m.databases, m.lifecycle, m.indexCommits, m.initLatency, m.blocked,
-		m.sizeRepublishPending, m.sizesRepublished)
+		m.sizeRepublishPending, m.sizesRepublished, m.resurrected)
 	return m
 }

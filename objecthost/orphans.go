@@ -37,7 +37,7 @@ const alarmHold = 10 * time.Minute
 
 // Alarm is one raised alarm of a host.
 type Alarm struct {
-	Kind      string    `json:"kind"` // "mass_orphans" or "lost_databases"
+	Kind      string    `json:"kind"` // e.g. "mass_orphans", "lost_databases", "resurrected_databases"
 	Databases int       `json:"databases"`
 	Sample    []string  `json:"sample"` // a few database UUIDs
 	Message   string    `json:"message"`
@@ -96,6 +96,23 @@ func (s *alarmSet) raiseFor(kind string, now time.Time, n int, sample []string, 
 	a.TotalHeld += int64(n)
 }
 
+// set raises an alarm that states a condition rather than counts
+// verdicts: n databases now (a sample given), total as TotalHeld, visible
+// for hold after this pass unless cleared first (resurrected.go).
+func (s *alarmSet) set(kind string, now time.Time, n int, sample []string, hold time.Duration, msg string, total int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.alarms == nil {
+		s.alarms = map[string]*Alarm{}
+	}
+	a := s.alarms[kind]
+	if a == nil {
+		a = &Alarm{Kind: kind, RaisedAt: now}
+		s.alarms[kind] = a
+	}
+	a.Databases, a.Sample, a.Message, a.LastSeen, a.hold, a.TotalHeld = n, sample[:min(5, len(sample))], msg, now, hold, total
+}
+
 // clear drops an alarm (the condition that raised it is gone).
 func (s *alarmSet) clear(kind string) {
 	s.mu.Lock()
@@ -139,13 +156,16 @@ type HostStatus struct {
 	// DeclaredLost: the catalog answered the last registration with state
 	// "lost" (relocated.go).
 	DeclaredLost bool `json:"declared_lost,omitempty"`
+	// Resurrected: databases deleted here that the catalog lists active
+	// again (resurrected.go; the full list: GET /v1/resurrected).
+	Resurrected int `json:"resurrected_databases,omitempty"`
 }
 
 // Status returns the host's counts and alarms.
 func (h *Host) Status() HostStatus {
 	st := h.Stats()
 	return HostStatus{ID: h.cfg.ID, Address: h.cfg.Address, Active: st.Active, Deleted: st.Deleted, Bytes: st.Bytes,
-		Alarms: h.Alarms(), Scheduled: h.sched.len(), DeclaredLost: h.declaredLost.Load()}
+		Alarms: h.Alarms(), Scheduled: h.sched.len(), DeclaredLost: h.declaredLost.Load(), Resurrected: len(h.Resurrected())}
 }
 
 // confirmUnknown re-asks the catalog, linearizably, about databases a

@@ -94,9 +94,9 @@ func (h *Host) resolveMismatched(ctx context.Context, objs []*object, now time.T
 	for _, o := range superseded {
 		st := newer[o]
 		m := o.meta.Load()
-		if _, err := h.markDeleted(ctx, []*object{o}, 0, fmt.Sprintf(
+		if _, err := h.markDeletedAs(ctx, []*object{o}, 0, fmt.Sprintf(
 			"superseded: the catalog names object %s at routing generation %d (this object: %d); the database was relocated off this host (lost-host recovery)",
-			st.ObjectID, st.RoutingGeneration, m.RoutingGeneration)); err != nil {
+			st.ObjectID, st.RoutingGeneration, m.RoutingGeneration), true); err != nil {
 			h.log.Error("retiring a superseded object failed; retrying next beat", "object", m.ObjectID, "err", err)
 			continue
 		}

@@ -172,10 +172,18 @@ func (h *Host) noteCatalogRestores(n int64) {
 			continue
 		}
 		if seen == 0 {
-			return // the first answer since the start
+			// The first answer since the start: the start's pass
+			// publishes every size anyway. A catalog restored at some
+			// point (maybe while this host was down) gets its tombstones
+			// checked once (resurrected.go).
+			if n > 0 {
+				h.noteRestoreSeen()
+			}
+			return
 		}
 		break
 	}
+	h.noteRestoreSeen() // databases deleted since the backup are listed again (resurrected.go)
 	h.mu.Lock()
 	for _, o := range h.objects {
 		o.sizeRepublished.Store(false)

@@ -210,7 +210,7 @@ initial membership (list the node itself too).`,
 	}
 
 	cmd.AddCommand(bootstrap, join, remove, status, snapshot, backup, restore, newClusterHostCmd(&addr, &timeout, opTLS),
-		newClusterCACmd(), newClusterCertCmd(), newClusterAuditCmd(&addr, &timeout, opTLS))
+		newClusterCACmd(), newClusterCertCmd(), newClusterAuditCmd(&addr, &timeout, opTLS), newClusterResurrectedCmd(&addr, &timeout, opTLS))
 	return cmd
 }
 

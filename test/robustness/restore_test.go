@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -91,7 +92,8 @@ func (e *env) catalogRestore() failpoint.Failpoint {
 
 // restoreAlarms reads, for every object host, what an operator sees after
 // the restore: its /v1/status alarms, `shoal cluster status` (asked of the
-// leader), its heartbeat counter of lost_held verdicts, and its output.
+// leader), its heartbeat counter of lost_held verdicts, its output, and
+// its resurrected databases (GET /v1/resurrected, the gauge).
 func (e *env) restoreAlarms() []validate.HostAlarms {
 	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 	defer cancel()
@@ -108,6 +110,7 @@ func (e *env) restoreAlarms() []validate.HostAlarms {
 	for _, h := range e.c.Hosts {
 		a := validate.HostAlarms{Host: h.Name, Output: h.Output()}
 		a.CLI = strings.Contains(cli, "ALARM "+h.Name+" lost_databases")
+		a.ResurrectedCLI = strings.Contains(cli, "ALARM "+h.Name+" resurrected_databases")
 		resp, err := h.HTTP.Get(h.URL("/v1/status"))
 		if err != nil {
 			a.StatusError = err.Error()
@@ -131,15 +134,144 @@ func (e *env) restoreAlarms() []validate.HostAlarms {
 			a.StatusError = err.Error()
 		}
 		for _, al := range st.Alarms {
-			if al.Kind == "lost_databases" {
+			switch al.Kind {
+			case "lost_databases":
 				a.Alarm, a.Sample = true, al.Sample
 				e.t.Logf("%s: lost_databases, %d in the last pass, %d held since start, sample %v", h.Name, al.Databases, al.TotalHeld, al.Sample)
+			case "resurrected_databases":
+				a.ResurrectedAlarm, a.ResurrectedCount, a.ResurrectedSample = true, al.Databases, al.Sample
+				e.t.Logf("%s: resurrected_databases, %d databases, sample %v", h.Name, al.Databases, al.Sample)
 			}
 		}
 		a.LostHeld = scrapeLabeled(h, "shoal_objecthost_heartbeats_total", `outcome="lost_held"`)
+		e.readResurrected(h, &a)
 		out = append(out, a)
 	}
 	return out
+}
+
+// readResurrected fills a's resurrected list (GET /v1/resurrected) and
+// gauge from host h.
+func (e *env) readResurrected(h *topology.Member, a *validate.HostAlarms) {
+	a.ResurrectedGauge = scrapeGauge(h, "shoal_objecthost_resurrected_databases")
+	resp, err := h.HTTP.Get(h.URL("/v1/resurrected"))
+	if err != nil {
+		a.StatusError = err.Error()
+		return
+	}
+	defer resp.Body.Close()
+	var env struct {
+		Result struct {
+			Databases []struct {
+				DatabaseUUID string `json:"database_uuid"`
+			} `json:"databases"`
+		} `json:"result"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
+		a.StatusError = "GET /v1/resurrected: " + err.Error()
+		return
+	}
+	a.ResurrectedList = nil
+	for _, d := range env.Result.Databases {
+		a.ResurrectedList = append(a.ResurrectedList, d.DatabaseUUID)
+	}
+}
+
+// hostsResurrected reads every host's resurrected_databases alarm, list
+// and gauge (no CLI, no log): what ResurrectedAlarmCleared checks.
+func (e *env) hostsResurrected() []validate.HostAlarms {
+	var out []validate.HostAlarms
+	for _, h := range e.c.Hosts {
+		a := validate.HostAlarms{Host: h.Name}
+		resp, err := h.HTTP.Get(h.URL("/v1/status"))
+		if err != nil {
+			a.StatusError = err.Error()
+			out = append(out, a)
+			continue
+		}
+		var env struct {
+			Result struct {
+				Alarms []struct {
+					Kind      string   `json:"kind"`
+					Databases int      `json:"databases"`
+					Sample    []string `json:"sample"`
+				} `json:"alarms"`
+			} `json:"result"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
+			a.StatusError = err.Error()
+		}
+		resp.Body.Close()
+		for _, al := range env.Result.Alarms {
+			if al.Kind == "resurrected_databases" {
+				a.ResurrectedAlarm, a.ResurrectedCount, a.ResurrectedSample = true, al.Databases, al.Sample
+			}
+		}
+		e.readResurrected(h, &a)
+		out = append(out, a)
+	}
+	return out
+}
+
+// resurrectedCLI runs `shoal cluster resurrected --json` (with --delete
+// --yes when del) against the leader and answers its rows.
+func (e *env) resurrectedCLI(del bool) ([]resurrectedRow, error) {
+	ctx, cancel := context.WithTimeout(e.ctx, restoreWithin)
+	defer cancel()
+	l, err := e.c.Leader(ctx)
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"cluster", "resurrected", "--json", "--addr", l.Addr}
+	if del {
+		args = append(args, "--delete", "--yes")
+	}
+	out, err := e.c.CLI(ctx, args...)
+	e.t.Logf("shoal %s:\n%s", strings.Join(args, " "), out)
+	if err != nil {
+		return nil, err
+	}
+	var res struct {
+		Databases []resurrectedRow `json:"databases"`
+	}
+	i := strings.IndexByte(out, '{')
+	if i < 0 {
+		return nil, fmt.Errorf("shoal cluster resurrected --json printed no JSON")
+	}
+	if err := json.NewDecoder(strings.NewReader(out[i:])).Decode(&res); err != nil {
+		return nil, fmt.Errorf("shoal cluster resurrected --json: %w", err)
+	}
+	return res.Databases, nil
+}
+
+// resurrectedRow is a row of `shoal cluster resurrected --json`.
+type resurrectedRow struct {
+	Host         string `json:"host"`
+	DatabaseUUID string `json:"database_uuid"`
+	Catalog      string `json:"catalog"`
+	Deleted      bool   `json:"deleted"`
+	Error        string `json:"error"`
+}
+
+// scrapeGauge reads an unlabelled series of m's /metrics page (-1 if the
+// page cannot be read, 0 if the series is absent).
+func scrapeGauge(m *topology.Member, name string) float64 {
+	resp, err := m.HTTP.Get(m.URL("/metrics"))
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == name {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			return v
+		}
+	}
+	return 0
 }
 
 // scrapeLabeled reads one counter of m's /metrics page: the sample of name
@@ -165,30 +297,86 @@ func scrapeLabeled(m *topology.Member, name, label string) float64 {
 }
 
 // redeleteResurrected is the operator's remedy for the databases the
-// restore brought back although their delete had been acknowledged: each
-// one the final list shows is deleted again through the API (recorded, so
-// the existence model sees it), then read linearizably.
-func (e *env) redeleteResurrected(s validate.RestoreSets, f validate.Final) map[string]validate.Redelete {
+// restore brought back although their delete had been acknowledged: the
+// first one the final list shows is deleted again through the API (`shoal
+// d1 delete`'s request), the rest with `shoal cluster resurrected --delete
+// --yes` (each deletion it reports recorded as a delete spanning the
+// command, so the existence model sees it); then each is read
+// linearizably. It also answers what `shoal cluster resurrected` listed as
+// active before deleting anything.
+func (e *env) redeleteResurrected(s validate.RestoreSets, f validate.Final) (map[string]validate.Redelete, []string) {
 	out := map[string]validate.Redelete{}
-	i := 0
+	var listed []string
 	for db := range s.ResurrectedMaybe {
-		if !f.Listed[db] {
-			continue
+		if f.Listed[db] {
+			listed = append(listed, db)
 		}
+	}
+	sort.Strings(listed)
+	var active []string
+	rows, err := e.resurrectedCLI(false)
+	if err != nil {
+		e.t.Errorf("shoal cluster resurrected: %v", err)
+	}
+	for _, r := range rows {
+		if r.Catalog == "active" {
+			active = append(active, r.DatabaseUUID)
+		}
+	}
+	if len(listed) > 0 {
+		db := listed[0]
 		var op traffic.Op
 		deadline := time.Now().Add(settleFor)
 		for {
-			op = e.cl.Delete(e.ctx, finalClient, i%e.cl.Edges(), db)
+			op = e.cl.Delete(e.ctx, finalClient, 0, db)
 			if op.Outcome != traffic.Unknown || time.Now().After(deadline) {
 				break
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-		get := e.cl.LinGet(e.ctx, finalClient, db)
-		out[db] = validate.Redelete{Outcome: op.Outcome, Answer: op.Answer, FoundAfter: get.Outcome != traffic.OK || get.Found}
-		i++
+		out[db] = validate.Redelete{Outcome: op.Outcome, Answer: op.Answer}
 	}
-	return out
+	if len(listed) > 1 {
+		call := e.hist.Now()
+		rows, err := e.resurrectedCLI(true)
+		ret := e.hist.Now()
+		if err != nil {
+			e.t.Errorf("shoal cluster resurrected --delete: %v", err)
+		}
+		for _, r := range rows {
+			if !r.Deleted {
+				continue
+			}
+			op := e.hist.Add(traffic.Op{Client: finalClient, Kind: traffic.Delete, DB: r.DatabaseUUID, Call: call, Return: ret,
+				Outcome: traffic.OK, Answer: "shoal cluster resurrected --delete (host " + r.Host + ")"})
+			out[r.DatabaseUUID] = validate.Redelete{Outcome: op.Outcome, Answer: op.Answer}
+		}
+	}
+	for db, rd := range out {
+		get := e.cl.LinGet(e.ctx, finalClient, db)
+		rd.FoundAfter = get.Outcome != traffic.OK || get.Found
+		out[db] = rd
+	}
+	return out, active
+}
+
+// resurrectedCleared waits (up to settleFor) until no host names a
+// resurrected database any more, and answers what they showed last.
+func (e *env) resurrectedCleared() []validate.HostAlarms {
+	deadline := time.Now().Add(settleFor)
+	for {
+		hosts := e.hostsResurrected()
+		clear := true
+		for _, h := range hosts {
+			if h.StatusError != "" || h.ResurrectedAlarm || h.ResurrectedGauge != 0 || len(h.ResurrectedList) > 0 {
+				clear = false
+			}
+		}
+		if clear || time.Now().After(deadline) {
+			return hosts
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // withoutDBs returns ops minus those on the databases in drop.

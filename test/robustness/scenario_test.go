@@ -291,13 +291,16 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 		excluded    map[string]bool // left to the restore's own checks
 		alarms      []validate.HostAlarms
 		redeleted   map[string]validate.Redelete
+		cliActive   []string              // `shoal cluster resurrected` before the second delete
+		cleared     []validate.HostAlarms // the hosts' resurrected alarms after it
 	)
 	if e.restore != nil {
 		restoreSets = e.restore.Sets(e.hist.Ops())
 		excluded = restoreSets.Excluded()
 		t.Log(restoreSummary(e.restore, restoreSets))
 		alarms = e.restoreAlarms()
-		redeleted = e.redeleteResurrected(restoreSets, final)
+		redeleted, cliActive = e.redeleteResurrected(restoreSets, final)
+		cleared = e.resurrectedCleared()
 	}
 	billed, producers := e.usage()
 	storage, sizes, accountTotal := e.storageTotals(catalog, cl.Account(), final.Measured)
@@ -342,7 +345,9 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 			validate.LostKept(ops, restoreSets, objects, rows, final.Listed, validate.FileValues),
 			validate.LostServed(restoreSets, final.Rows, final.Errors),
 			validate.LostAlarmed(restoreSets, objects, alarms),
-			validate.ResurrectedStayDeleted(restoreSets, objects, final, redeleted))
+			validate.ResurrectedStayDeleted(restoreSets, objects, final, redeleted),
+			validate.ResurrectedAlarmed(ops, restoreSets, objects, final, alarms, cliActive),
+			validate.ResurrectedAlarmCleared(cleared))
 	}
 	if len(e.cutOffs) > 0 {
 		rep.Results = append(rep.Results, validate.QueriesAvailableDuring(ops, e.cutOffs))

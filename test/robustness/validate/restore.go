@@ -37,7 +37,9 @@ type RestoreSets struct {
 	// active in it) whose delete was called after the backup returned and
 	// acknowledged before the restore was called — the restore makes them
 	// active in the catalog again. ResurrectedMaybe adds the acknowledged
-	// deletes overlapping either call.
+	// deletes overlapping either call, and the databases whose create
+	// overlapped the backup call (with a delete after the backup's point
+	// possible).
 	Resurrected, ResurrectedMaybe map[string]bool
 	// Deleted: databases with an acknowledged delete (any time).
 	Deleted map[string]bool
@@ -78,11 +80,17 @@ func (r CatalogRestore) Sets(ops []traffic.Op) RestoreSets {
 		}
 		s.Deleted[op.DB] = true
 		c, ok := created[op.DB]
-		if !ok || c.Return >= r.BackupCall || op.Return < r.BackupCall || op.Call > r.RestoreReturn {
+		// Possibly active in the backup (created before its point, deleted
+		// after it) and deleted before the restore's point. A create and
+		// delete both inside the backup call can straddle its point too:
+		// such a database comes back although the history never saw it
+		// active before the backup (found by the resurrected_databases
+		// check, 2026-12-03: the hosts named one this missed).
+		if !ok || c.Call > r.BackupReturn || op.Return < r.BackupCall || op.Call > r.RestoreReturn {
 			continue
 		}
 		s.ResurrectedMaybe[op.DB] = true
-		if op.Call >= r.BackupReturn && op.Return <= r.RestoreCall {
+		if c.Return < r.BackupCall && op.Call >= r.BackupReturn && op.Return <= r.RestoreCall {
 			s.Resurrected[op.DB] = true
 		}
 	}
@@ -213,7 +221,9 @@ func LostServed(s RestoreSets, rows map[string]map[int64]bool, errs map[string]s
 // HostAlarms is what one object host showed about the restore once the
 // traffic stopped: its /v1/status lost_databases alarm (and its sample),
 // whether `shoal cluster status` named it, its lost_held heartbeat
-// counter, and its output (one log line per lost database per pass).
+// counter, and its output (one log line per lost database per pass); and
+// the same for resurrected_databases: the alarm (count, sample), its full
+// list (GET /v1/resurrected), the gauge and `shoal cluster status`.
 type HostAlarms struct {
 	Host        string
 	Alarm       bool
@@ -222,6 +232,13 @@ type HostAlarms struct {
 	LostHeld    float64
 	Output      string
 	StatusError string
+
+	ResurrectedAlarm  bool
+	ResurrectedCount  int      // the alarm's Databases
+	ResurrectedSample []string // the alarm's sample
+	ResurrectedList   []string // GET /v1/resurrected
+	ResurrectedGauge  float64  // shoal_objecthost_resurrected_databases (-1: unreadable)
+	ResurrectedCLI    bool     // `shoal cluster status` shows "ALARM <host> resurrected_databases"
 }
 
 // LostAlarmed: every host holding a live object of a database the restore
@@ -324,7 +341,7 @@ func ResurrectedStayDeleted(s RestoreSets, objs []Object, f Final, redeleted map
 			r.Violations = append(r.Violations, fmt.Sprintf("%s: still in the catalog after its second delete", db))
 		}
 	}
-	r.Note = fmt.Sprintf("%d deleted after the backup, %d across a call; %d listed again (zombies until deleted again: no host reports them, see README)", len(s.Resurrected), len(s.ResurrectedMaybe)-len(s.Resurrected), listed)
+	r.Note = fmt.Sprintf("%d deleted after the backup, %d across a call; %d listed again (zombies until deleted again: ResurrectedAlarmed holds the hosts to naming them)", len(s.Resurrected), len(s.ResurrectedMaybe)-len(s.Resurrected), listed)
 	sort.Strings(r.Violations)
 	return r
 }
@@ -335,4 +352,125 @@ type Redelete struct {
 	Outcome    traffic.Outcome
 	Answer     string
 	FoundAfter bool
+}
+
+// ResurrectedAlarmed: after the restore, every host names in its
+// resurrected_databases alarm exactly the databases that are listed again
+// although their delete was acknowledged after the backup
+// (ResurrectedMaybe, listed in the final observation) and whose deleted
+// object (tombstone) it holds — in /v1/status (count and sample), in GET
+// /v1/resurrected, in the gauge shoal_objecthost_resurrected_databases and
+// in `shoal cluster status` — and nothing else; a host holding none raises
+// none. cli is what `shoal cluster resurrected` listed as active: the same
+// set, across hosts. objs are the hosts' objects (read after the final
+// kill: a tombstone stays until the sweep, 24 h in the topology). A
+// database whose delete's outcome is unknown may have been deleted after
+// the backup too: naming it is allowed, not required.
+func ResurrectedAlarmed(ops []traffic.Op, s RestoreSets, objs []Object, f Final, hosts []HostAlarms, cli []string) Result {
+	r := Result{Check: "catalog restored from an older backup: the hosts raise resurrected_databases (status, /v1/resurrected, metrics, `shoal cluster status`, `shoal cluster resurrected`) for exactly the deleted databases it lists again"}
+	want := map[string]map[string]bool{} // host → databases
+	all := map[string]bool{}
+	maybe := map[string]bool{} // deleted with an unknown outcome: may be named
+	for _, op := range ops {
+		if op.Kind == traffic.Delete && op.Outcome == traffic.Unknown {
+			maybe[op.DB] = true
+		}
+	}
+	for _, o := range objs {
+		if o.Live() || !s.ResurrectedMaybe[o.DatabaseUUID] || !f.Listed[o.DatabaseUUID] {
+			continue
+		}
+		if want[o.Host] == nil {
+			want[o.Host] = map[string]bool{}
+		}
+		want[o.Host][o.DatabaseUUID] = true
+		all[o.DatabaseUUID] = true
+	}
+	for db := range s.ResurrectedMaybe {
+		if f.Listed[db] && !all[db] {
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: listed again after its delete, no host holds its tombstone", db))
+		}
+	}
+	named := 0
+	for _, h := range hosts {
+		r.Checked++
+		if h.StatusError != "" {
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: status: %s", h.Host, h.StatusError))
+			continue
+		}
+		w := want[h.Host]
+		got := map[string]bool{}
+		for _, db := range h.ResurrectedList {
+			got[db] = true
+		}
+		named += len(got)
+		for db := range w {
+			r.Checked++
+			if !got[db] {
+				r.Violations = append(r.Violations, fmt.Sprintf("%s: holds the tombstone of %s, listed again after its delete, not in GET /v1/resurrected", h.Host, db))
+			}
+		}
+		for db := range got {
+			if !w[db] && !maybe[db] {
+				r.Violations = append(r.Violations, fmt.Sprintf("%s: GET /v1/resurrected names %s, which is not a database deleted after the backup and listed again by the restored catalog on this host", h.Host, db))
+			}
+		}
+		for _, db := range h.ResurrectedSample {
+			if !w[db] && !maybe[db] {
+				r.Violations = append(r.Violations, fmt.Sprintf("%s: the resurrected_databases alarm's sample names %s, not one of its resurrected databases", h.Host, db))
+			}
+		}
+		if len(w) == 0 {
+			if len(got) == 0 && (h.ResurrectedAlarm || h.ResurrectedGauge != 0) {
+				r.Violations = append(r.Violations, fmt.Sprintf("%s: holds no resurrected database, alarm=%v gauge=%v", h.Host, h.ResurrectedAlarm, h.ResurrectedGauge))
+			}
+			continue
+		}
+		if !h.ResurrectedAlarm {
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: holds %d resurrected databases, no resurrected_databases alarm in /v1/status", h.Host, len(w)))
+		} else if h.ResurrectedCount != len(got) {
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: the alarm counts %d databases, its list has %d", h.Host, h.ResurrectedCount, len(got)))
+		}
+		if h.ResurrectedGauge != float64(len(got)) {
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: shoal_objecthost_resurrected_databases is %v, its list has %d", h.Host, h.ResurrectedGauge, len(got)))
+		}
+		if !h.ResurrectedCLI {
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: `shoal cluster status` shows no resurrected_databases alarm for it", h.Host))
+		}
+	}
+	got := map[string]bool{}
+	for _, db := range cli {
+		got[db] = true
+		if !all[db] && !maybe[db] {
+			r.Violations = append(r.Violations, fmt.Sprintf("`shoal cluster resurrected` lists %s as active, which is not a resurrected database", db))
+		}
+	}
+	for db := range all {
+		if !got[db] {
+			r.Violations = append(r.Violations, fmt.Sprintf("`shoal cluster resurrected` does not list %s as active", db))
+		}
+	}
+	r.Note = fmt.Sprintf("%d databases listed again after their delete, %d named by the hosts", len(all), named)
+	sort.Strings(r.Violations)
+	return r
+}
+
+// ResurrectedAlarmCleared: once the resurrected databases were deleted a
+// second time, every host's resurrected_databases alarm cleared and its
+// gauge went back to 0 (waited for up to a bound: the hosts re-check every
+// heartbeat interval). hosts is what they showed at the end of the wait.
+func ResurrectedAlarmCleared(hosts []HostAlarms) Result {
+	r := Result{Check: "catalog restored from an older backup: the resurrected_databases alarm clears once the databases are deleted again"}
+	for _, h := range hosts {
+		r.Checked++
+		switch {
+		case h.StatusError != "":
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: status: %s", h.Host, h.StatusError))
+		case h.ResurrectedAlarm || h.ResurrectedGauge != 0 || len(h.ResurrectedList) > 0:
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: after the second delete: alarm=%v (%d databases, sample %v), gauge %v, listed %v", h.Host,
+				h.ResurrectedAlarm, h.ResurrectedCount, h.ResurrectedSample, h.ResurrectedGauge, h.ResurrectedList))
+		}
+	}
+	sort.Strings(r.Violations)
+	return r
 }

@@ -26,13 +26,17 @@ func TestRestoreSets(t *testing.T) {
 		op(traffic.Delete, "gone", 0, ok, 60, 70), // deleted after the backup: back
 		op(traffic.Create, "dead", 0, ok, 0, 10),
 		op(traffic.Delete, "dead", 0, ok, 11, 12), // deleted before it
+		op(traffic.Create, "flash", 0, ok, 21, 23),
+		op(traffic.Delete, "flash", 0, ok, 24, 26), // both inside the backup call: may straddle its point
+		op(traffic.Create, "after", 0, ok, 31, 33),
+		op(traffic.Delete, "after", 0, ok, 34, 36), // both after the backup: gone with the restore
 	}
 	s := rewind.Sets(ops)
-	assert.Equal(t, map[string]bool{"new": true}, s.Lost)
-	assert.Equal(t, map[string]bool{"new": true, "edge": true}, s.LostMaybe)
+	assert.Equal(t, map[string]bool{"new": true, "after": true}, s.Lost)
+	assert.Equal(t, map[string]bool{"new": true, "edge": true, "flash": true, "after": true}, s.LostMaybe)
 	assert.Equal(t, map[string]bool{"gone": true}, s.Resurrected)
-	assert.Equal(t, map[string]bool{"gone": true}, s.ResurrectedMaybe)
-	assert.Equal(t, map[string]bool{"new": true, "edge": true, "gone": true}, s.Excluded())
+	assert.Equal(t, map[string]bool{"gone": true, "flash": true}, s.ResurrectedMaybe)
+	assert.Equal(t, map[string]bool{"new": true, "edge": true, "gone": true, "flash": true, "after": true}, s.Excluded())
 }
 
 // Across the restore the catalog's history is not linearizable (a
@@ -116,4 +120,40 @@ func TestRestoreChecksCatchViolations(t *testing.T) {
 	assert.False(t, ResurrectedStayDeleted(s, live, back, nil).OK(), "not deleted a second time")
 	assert.False(t, ResurrectedStayDeleted(s, live, back, map[string]Redelete{"gone": {Outcome: ok, FoundAfter: true}}).OK(), "still there after the second delete")
 	assert.False(t, ResurrectedStayDeleted(s, live, Final{}, redone).OK(), "not back in the catalog: the restore did not restore")
+}
+
+// ResurrectedAlarmed holds each host to naming exactly the deleted
+// databases the restored catalog lists again whose tombstone it holds.
+func TestResurrectedAlarmed(t *testing.T) {
+	s := RestoreSets{Resurrected: map[string]bool{"z1": true, "z2": true}, ResurrectedMaybe: map[string]bool{"z1": true, "z2": true, "z3": true}}
+	objs := []Object{
+		{Host: "h1", DatabaseUUID: "z1", State: "deleted"},
+		{Host: "h2", DatabaseUUID: "z2", State: "deleted"},
+		{Host: "h2", DatabaseUUID: "z3", State: "deleted"}, // across a call, not listed: not a zombie
+		{Host: "h1", DatabaseUUID: "live", State: "active"},
+		{Host: "h1", DatabaseUUID: "old", State: "deleted"},
+	}
+	f := Final{Listed: map[string]bool{"z1": true, "z2": true, "live": true}}
+	good := func() []HostAlarms {
+		return []HostAlarms{
+			{Host: "h1", ResurrectedAlarm: true, ResurrectedCount: 1, ResurrectedSample: []string{"z1"}, ResurrectedList: []string{"z1"}, ResurrectedGauge: 1, ResurrectedCLI: true},
+			{Host: "h2", ResurrectedAlarm: true, ResurrectedCount: 1, ResurrectedSample: []string{"z2"}, ResurrectedList: []string{"z2"}, ResurrectedGauge: 1, ResurrectedCLI: true},
+		}
+	}
+	cli := []string{"z1", "z2"}
+	assert.Empty(t, ResurrectedAlarmed(nil, s, objs, f, good(), cli).Violations)
+
+	missing := good()
+	missing[1] = HostAlarms{Host: "h2"}
+	assert.Len(t, ResurrectedAlarmed(nil, s, objs, f, missing, cli).Violations, 3, "not listed, no alarm, no CLI status")
+	extra := good()
+	extra[0].ResurrectedList = []string{"z1", "old"}
+	extra[0].ResurrectedCount, extra[0].ResurrectedGauge = 2, 2
+	assert.Len(t, ResurrectedAlarmed(nil, s, objs, f, extra, cli).Violations, 1, "names a database deleted before the backup")
+	assert.Empty(t, ResurrectedAlarmed([]traffic.Op{op(traffic.Delete, "old", 0, traffic.Unknown, 60, 70)}, s, objs, f, extra, cli).Violations,
+		"a delete of unknown outcome may have been after the backup")
+	assert.Len(t, ResurrectedAlarmed(nil, s, objs, f, good(), []string{"z1"}).Violations, 1, "the CLI misses one")
+
+	assert.Empty(t, ResurrectedAlarmCleared([]HostAlarms{{Host: "h1"}, {Host: "h2"}}).Violations)
+	assert.Len(t, ResurrectedAlarmCleared(good()).Violations, 2)
 }
