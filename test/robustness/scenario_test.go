@@ -239,7 +239,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	c := newCluster(t)
 	ctx := context.Background()
 	e := &env{t: t, ctx: ctx, c: c, sched: sched, hist: traffic.NewHistory(),
-		rep: &report.Report{Scenario: name, Seed: sched.load.Seed, Schedule: sched.name},
+		rep: &report.Report{Scenario: name, Seed: sched.load.Seed, Schedule: sched.name, Command: rerunCommand(name, sched)},
 		r:   rand.New(rand.NewPCG(sched.load.Seed, 0x57e9))}
 	catalog, err := c.CatalogClient()
 	require.NoError(t, err)
@@ -404,13 +404,15 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 		}
 	}
 	bounded, nBounded := validate.BoundByHostKills(ops, liveHosts(objects), e.hostKills())
-	regRes, regInfo := validate.LinearizableWithin("register writes and reads through the edge", model.Register, validate.RegisterOperations(bounded), checkFor, maxCheckHeap())
+	regOps := validate.RegisterOperations(bounded)
+	regRes, regInfo := validate.LinearizableWithin("register writes and reads through the edge", model.Register, regOps, checkFor, maxCheckHeap())
 	regRes.Note = fmt.Sprintf("%d writes and restores of unknown outcome bounded by their host's kill", nBounded)
-	rep.Visuals = []report.Visualization{{Name: "register", Model: model.Register, Info: regInfo}}
+	rep.Visuals = []report.Visualization{{Name: "register", Model: model.Register, Info: regInfo, Check: regRes.Check, Ops: regOps}}
 	if e.restore == nil {
-		exRes, exInfo := validate.LinearizableWithin("database existence (create, delete, linearizable get and list)", model.Existence, validate.ExistenceOperations(ops), checkFor, maxCheckHeap())
+		exOps := validate.ExistenceOperations(ops)
+		exRes, exInfo := validate.LinearizableWithin("database existence (create, delete, linearizable get and list)", model.Existence, exOps, checkFor, maxCheckHeap())
 		rep.Results = append(rep.Results, regRes, exRes)
-		rep.Visuals = append(rep.Visuals, report.Visualization{Name: "existence", Model: model.Existence, Info: exInfo})
+		rep.Visuals = append(rep.Visuals, report.Visualization{Name: "existence", Model: model.Existence, Info: exInfo, Check: exRes.Check, Ops: exOps})
 	} else {
 		// The operator rewound the catalog: its history is checked on
 		// each side of the restore (validate.ExistenceOperationsSplit).
@@ -418,8 +420,8 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 		bRes, bInfo := validate.LinearizableWithin("database existence before the catalog restore", model.Existence, before, checkFor, maxCheckHeap())
 		aRes, aInfo := validate.LinearizableWithin("database existence after the catalog restore (from the backup's state)", model.ExistenceResumed, after, checkFor, maxCheckHeap())
 		rep.Results = append(rep.Results, regRes, bRes, aRes)
-		rep.Visuals = append(rep.Visuals, report.Visualization{Name: "existence-before-restore", Model: model.Existence, Info: bInfo},
-			report.Visualization{Name: "existence-after-restore", Model: model.ExistenceResumed, Info: aInfo})
+		rep.Visuals = append(rep.Visuals, report.Visualization{Name: "existence-before-restore", Model: model.Existence, Info: bInfo, Check: bRes.Check, Ops: before},
+			report.Visualization{Name: "existence-after-restore", Model: model.ExistenceResumed, Info: aInfo, Check: aRes.Check, Ops: after})
 	}
 
 	t.Log("\n" + rep.Summary())
@@ -1615,6 +1617,26 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 		}
 	})
 	return f
+}
+
+// rerunCommand is the command that reruns the scenario name (a test, or
+// TestFaultRandomSchedules/<schedule>) with sched's seed and the knobs of
+// this run that change what it does (run as root, build.env loaded, from
+// the repository root).
+func rerunCommand(name string, sched schedule) string {
+	env := []string{fmt.Sprintf("SHOAL_ROBUSTNESS_SEED=%d", sched.load.Seed)}
+	for _, k := range []string{"SHOAL_FAULT", "SHOAL_FAULT_KINDS", "SHOAL_ROBUSTNESS_TLS"} {
+		if v := os.Getenv(k); v != "" {
+			env = append(env, k+"="+v)
+		}
+	}
+	test := name
+	if strings.HasPrefix(name, "TestFaultRandomSchedules/") {
+		// Schedule i's seed is the run's seed + i: rerun it as the first.
+		env = append(env, "SHOAL_FAULT_SCHEDULES=1")
+		test = "TestFaultRandomSchedules"
+	}
+	return fmt.Sprintf("%s go test -count=1 -run '^%s$' -v ./test/robustness/", strings.Join(env, " "), test)
 }
 
 // reportDir is where a run's report goes: $SHOAL_ROBUSTNESS_REPORT_DIR
