@@ -153,7 +153,7 @@ func (r *Report) stuckOps(v Visualization, byID map[int]int) []int {
 		return r.Ops[i].DB, int(id), true
 	}
 	type span struct {
-		id            int
+		id        int
 		call, ret int64
 	}
 	all := map[string][]span{}
