@@ -361,7 +361,11 @@ svg text{font:11px system-ui,sans-serif}
 	height := axisH + len(r.Injections)*faultH + 8 + len(lanes)*rowH + 8
 	b.WriteString("<h2>Timeline</h2>\n<p class=\"legend\">")
 	for _, o := range []traffic.Outcome{traffic.OK, traffic.NotFound, traffic.Refused, traffic.Failed, traffic.Unknown} {
-		fmt.Fprintf(&b, "<span><i class=\"%s\" style=\"background:%s\"></i>%s</span>", o, outcomeColour(o), o)
+		label := string(o)
+		if o == traffic.NotFound {
+			label = "not-found / limited"
+		}
+		fmt.Fprintf(&b, "<span><i class=\"%s\" style=\"background:%s\"></i>%s</span>", o, outcomeColour(o), label)
 	}
 	b.WriteString("<span><i style=\"border:1.5px solid #000\"></i>named by a violation (click: its details)</span>")
 	if len(r.Ops) > timelineDrawAll {
