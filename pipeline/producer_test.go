@@ -422,7 +422,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	assert.EqualValues(t, 2, p.Stats().Produced)
 	deadline := time.Now().Add(5 * time.Second)
 	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval: goroutines counted until they are gone (deadline above)
 	}
 	if n := runtime.NumGoroutine(); n > before {
 		buf := make([]byte, 1<<20)

@@ -159,7 +159,7 @@ func TestBatchesByCountAndTime(t *testing.T) {
 	before := len(calls)
 	for i := 0; i < 10; i++ {
 		p.produce(event.Size{DatabaseUUID: uuidN(5000 + i), SizeBytes: 1, Seq: 1})
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // pacing: sizes arriving 10 ms apart (real broker: no fake clock)
 	}
 	require.Eventually(t, func() bool { return c.Stats().Committed == 2510 }, 10*time.Second, 10*time.Millisecond)
 	_, calls, _ = cat.snapshot()

@@ -182,7 +182,7 @@ func (e *env) redeleteResurrected(s validate.RestoreSets, f validate.Final) map[
 			if op.Outcome != traffic.Unknown || time.Now().After(deadline) {
 				break
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // retry interval of an unknown-outcome delete
 		}
 		get := e.cl.LinGet(e.ctx, finalClient, db)
 		out[db] = validate.Redelete{Outcome: op.Outcome, Answer: op.Answer, FoundAfter: get.Outcome != traffic.OK || get.Found}

@@ -270,7 +270,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	go func() { defer loadDone.Done(); load.Run(loadCtx) }()
 	t.Cleanup(func() { stopLoad(); loadDone.Wait() })
 
-	time.Sleep(sched.warmup)
+	time.Sleep(sched.warmup) // warm-up: traffic before the first fault
 	steps(e)
 	stopLoad()
 	loadDone.Wait()
@@ -279,7 +279,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	// writers go on meanwhile (driveLimits), which touches nothing else.
 	driven := make(chan struct{})
 	go func() { defer close(driven); e.driveLimits() }()
-	time.Sleep(grace + 2*heartbeat)
+	time.Sleep(grace + 2*heartbeat) // real heartbeats and grace in real processes: no clock to inject across processes
 	<-driven
 
 	final := observe(t, cl, e.hist, load)
@@ -477,7 +477,7 @@ func (e *env) run(f failpoint.Failpoint) {
 	}
 	_, err := e.c.Leader(e.ctx)
 	require.NoError(e.t, err, "no catalog leader after %s", f)
-	time.Sleep(e.sched.gap)
+	time.Sleep(e.sched.gap) // the schedule's gap of plain traffic between faults
 }
 
 func (e *env) leader() *topology.Member {
@@ -853,7 +853,7 @@ func (e *env) storeRecovered(w validate.Window) {
 		if time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // poll interval of a wait for the condition above (the event itself)
 	}
 	e.mu.Lock()
 	e.storeOutages = append(e.storeOutages, *out)
@@ -918,9 +918,9 @@ func (e *env) restoreDuringHostKill(stopStore bool) failpoint.Failpoint {
 			}
 		}()
 		if stopStore {
-			time.Sleep(500 * time.Millisecond)
+			time.Sleep(500 * time.Millisecond) // the restore reaches the stopped store (it hangs there: no event to see)
 		} else {
-			time.Sleep(delay)
+			time.Sleep(delay) // the fault's moment: a few ms into the restore
 		}
 		err := h.Kill()
 		if err == nil {
@@ -967,7 +967,7 @@ func (e *env) storageTotals(catalog *raftmeta.Client, account string, measured m
 		if err == nil && total == sum && settled || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // poll interval of a wait for the condition above (the event itself)
 	}
 	switch {
 	case err != nil:
@@ -1117,7 +1117,7 @@ func (e *env) archiveDrained() validate.Result {
 			r.Violations = behind
 			return r
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // poll interval of a wait for the condition above (the event itself)
 	}
 }
 
@@ -1283,7 +1283,7 @@ func (e *env) usage() (map[string]int64, []validate.ProducerSeqs) {
 			}
 			break
 		}
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // poll interval of a wait for the condition above (the event itself)
 	}
 	return billed, producers
 }
@@ -1402,7 +1402,7 @@ func (e *env) hostState(catalog *raftmeta.Client, account string) ([]validate.Ob
 			if err == nil || errors.Is(err, fsm.ErrNotFound) || time.Now().After(deadline) {
 				break
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // retry interval until a definite answer
 		}
 		switch {
 		case err == nil:
@@ -1506,7 +1506,7 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 	var err error
 	deadline := time.Now().Add(settleFor)
 	for f.Listed, err = cl.List(ctx, 0); err != nil && time.Now().Before(deadline); f.Listed, err = cl.List(ctx, 0) {
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // retry interval until a definite answer
 	}
 	require.NoError(t, err, "final list")
 
@@ -1530,7 +1530,7 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 			if op.Outcome != traffic.Unknown || time.Now().After(deadline) {
 				return op
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // retry interval until a definite answer
 		}
 	}
 	var mu sync.Mutex
@@ -1554,7 +1554,7 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 			if out != traffic.Unknown || time.Now().After(deadline) {
 				break
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // retry interval until a definite answer
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -1581,7 +1581,7 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 			if out != traffic.Unknown || time.Now().After(deadline) {
 				break
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // retry interval until a definite answer
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -1613,7 +1613,7 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 			if out != traffic.Unknown || time.Now().After(deadline) {
 				return
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // retry interval until a definite answer
 		}
 	})
 	return f
@@ -1748,7 +1748,7 @@ func (e *env) driveLimits() {
 				if past {
 					return
 				}
-				time.Sleep(e.sched.load.Pace)
+				time.Sleep(e.sched.load.Pace) // pacing: the limited accounts' writers
 			}
 			e.t.Logf("free account %s (limit %d): not certainly over its limit, or its deadline not reached, 2 minutes after the load", la.Account, la.Limit)
 		}()
