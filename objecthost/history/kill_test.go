@@ -182,7 +182,7 @@ func killDuringShipping(t *testing.T, lag string) {
 		// moment in its first 450 ms, which may be while it opens.
 		killAcks, kill := 10+rng.IntN(50), time.Duration(0)
 		if r%4 == 3 {
-			killAcks, kill = 0, time.Duration(rng.IntN(450))*time.Millisecond
+			killAcks, kill = 0, time.Duration(1+rng.IntN(450))*time.Millisecond
 		}
 		start, gens, ack, started, lines := run("write", killAcks, kill)
 		for _, l := range lines {
