@@ -1,8 +1,10 @@
 // Package report writes what a robustness run did and found: the seed and
 // schedule to reproduce it, the faults on the history's clock, each check's
 // verdict, operation counts by kind and outcome, the full history (JSON
-// lines), porcupine's visualization of each linearizability check with the
-// faults drawn on it, and the tail of every process's output.
+// lines), a timeline page of faults and operations on one axis with the
+// violations linked to the operations they name (timeline.go), porcupine's
+// visualization of each linearizability check with the faults drawn on it,
+// and the tail of every process's output.
 package report
 
 import (
