@@ -132,10 +132,10 @@ func killDuringShipping(t *testing.T, lag string) {
 	// run starts a child; it is killed (SIGKILL) after killAcks
 	// acknowledged rows of its own, or, with killAcks 0, after kill (0:
 	// never). Counting acknowledgements rather than time makes every
-	// round write on a loaded machine too (a child that takes 600 ms to
-	// open was killed before its first row, and the run fell short of its
-	// 100 rows); the timed kills are the ones meant to land anywhere,
-	// opening included.
+	// round write on a loaded machine too (with kills 150–600 ms after
+	// the start, a slow open could leave a round no time to write, and
+	// under -race and load the run fell short of its 100 rows); the timed
+	// kills are the ones meant to land anywhere, opening included.
 	run := func(mode string, killAcks int, kill time.Duration) (start, gens, ack int, started bool, lines []string) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestKillChild$", "-test.count=1")
 		cmd.Env = append(os.Environ(), "HISTORY_CHILD_DIR="+dir, "HISTORY_CHILD_MODE="+mode, "HISTORY_CHILD_LAG="+lag)
