@@ -388,6 +388,7 @@ func (c *lostHostCluster) eventually(t *testing.T, uuid, sql string) harness.Ans
 	t.Helper()
 	var a harness.Answer
 	var err error
+	// The sleep is the retry interval of a D1 client (see above).
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if a, err = c.query(uuid, sql); err == nil && a.Status == http.StatusOK {
 			return a
