@@ -29,16 +29,17 @@ import (
 // lane with more than timelineDrawEach is drawn aggregated — the axis cut
 // into timelineBuckets columns, each coloured by the worst outcome called
 // in it, and neighbouring columns of one colour merged into one bar — with
-// failed and unknown operations still drawn one by one (the first
-// timelineDrawOdd of the page), and the operations a violation names
-// always drawn.
+// failed, unknown and slow (timelineSlow or longer) operations still drawn
+// one by one (the first timelineDrawOdd of the page), and the operations a
+// violation names always drawn.
 const (
 	timelineWidth    = 1400 // px of the time axis
 	timelineLabel    = 190  // px of the lane labels
 	timelineBuckets  = 700  // columns of an aggregated lane
 	timelineDrawAll  = 4000 // up to this many operations, every one is drawn
 	timelineDrawEach = 40   // past timelineDrawAll, a lane with more operations is aggregated
-	timelineDrawOdd  = 2000 // failed/unknown operations drawn one by one in aggregated lanes
+	timelineDrawOdd  = 2000 // failed, unknown and slow operations drawn one by one in aggregated lanes
+	timelineSlow     = time.Second
 	timelineNamedCap = 50   // operations linked per violation
 	timelineTableCap = 2000 // operations in the details table
 )
@@ -369,7 +370,7 @@ svg text{font:11px system-ui,sans-serif}
 	}
 	b.WriteString("<span><i style=\"border:1.5px solid #000\"></i>named by a violation (click: its details)</span>")
 	if len(r.Ops) > timelineDrawAll {
-		fmt.Fprintf(&b, "<span>Lanes with more than %d operations are aggregated: each column shows the worst outcome called in it, hover for counts; failed and unknown operations are drawn one by one (the first %d), and so is every operation a violation names.</span>", timelineDrawEach, timelineDrawOdd)
+		fmt.Fprintf(&b, "<span>Lanes with more than %d operations are aggregated: each column shows the worst outcome called in it, hover for counts; failed, unknown and slow (%s or longer) operations are drawn one by one (the first %d), and so is every operation a violation names.</span>", timelineDrawEach, timelineSlow, timelineDrawOdd)
 	}
 	b.WriteString("</p>\n")
 	fmt.Fprintf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n", timelineLabel+timelineWidth+10, height, timelineLabel+timelineWidth+10, height)
@@ -443,7 +444,7 @@ svg text{font:11px system-ui,sans-serif}
 
 // drawLane draws one lane: every operation as a call→return bar, or
 // aggregated columns plus the named operations and the odd ones (failed,
-// unknown) while *odd lasts.
+// unknown, slow) while *odd lasts.
 func (r *Report) drawLane(b *strings.Builder, l lane, y, h int, x func(time.Duration) float64, end time.Duration, highlighted map[int]bool, aggregate bool, odd *int) {
 	esc := html.EscapeString
 	fmt.Fprintf(b, "<g class=\"op-lane\" data-kind=\"%s\" data-client=\"%d\" data-ops=\"%d\"><text x=\"2\" y=\"%d\">%s c%d (%d)</text>\n",
@@ -514,7 +515,7 @@ func (r *Report) drawLane(b *strings.Builder, l lane, y, h int, x func(time.Dura
 		switch {
 		case highlighted[op.ID]:
 			bar(op)
-		case outcomeRank[op.Outcome] >= outcomeRank[traffic.Failed] && *odd > 0:
+		case (outcomeRank[op.Outcome] >= outcomeRank[traffic.Failed] || op.Return-op.Call >= timelineSlow) && *odd > 0:
 			*odd--
 			bar(op)
 		}

@@ -207,6 +207,8 @@ func TestTimelineScales(t *testing.T) {
 		}
 		ops = append(ops, op)
 	}
+	slow := &ops[777] // an acknowledged operation that took 3 s: drawn one by one in its aggregated lane
+	slow.Outcome, slow.Return = traffic.OK, slow.Call+3*time.Second
 	named := ops[12345]
 	r := &Report{Scenario: "scale", Seed: 1, Schedule: "long", Ops: ops,
 		Results:    []validate.Result{{Check: "rows", Checked: n, Violations: []string{fmt.Sprintf("%s: value %d acknowledged at %s, not in the table", named.DB, named.Value, named.Return.Round(time.Millisecond))}}},
@@ -216,6 +218,7 @@ func TestTimelineScales(t *testing.T) {
 	assert.Less(t, len(page), 4<<20, "the page stays under 4 MiB at 50,000 operations")
 	got := parseTimeline(t, page)
 	assert.True(t, got.AggregateOK, "busy lanes are aggregated")
+	assert.Contains(t, string(page), fmt.Sprintf(`data-op="%d"`, slow.ID), "a slow operation is drawn one by one")
 	assert.Equal(t, []string{fmt.Sprint(named.ID)}, got.NamedBars, "the operation the violation names is drawn and linked")
 	assert.Equal(t, []string{"op-" + fmt.Sprint(named.ID)}, got.NamedRows)
 	if dir := os.Getenv("SHOAL_TIMELINE_OUT"); dir != "" { // for a look in a browser
