@@ -191,7 +191,7 @@ func echo(c *scriptedConn, id uint32, req frame.Request, body []byte) {
 func TestFramesConcurrentOutOfOrder(t *testing.T) {
 	fh := newScriptedHost(t, func(c *scriptedConn, id uint32, req frame.Request, body []byte) {
 		go func() {
-			time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+			time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond) // deliberate: a random delay shuffles the order of the answers
 			echo(c, id, req, body)
 		}()
 	})

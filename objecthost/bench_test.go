@@ -91,7 +91,7 @@ func runFor(n int, d time.Duration, fn func(g int, i int) error) (float64, error
 			}
 		}(g)
 	}
-	time.Sleep(d)
+	time.Sleep(d) // the measured phase: the workers run for d
 	close(stop)
 	wg.Wait()
 	el := time.Since(start)

@@ -69,7 +69,7 @@ func waitImport(t *testing.T, srv *httptest.Server, d db, bookmark string) Impor
 			return st
 		}
 		require.True(t, time.Now().Before(deadline), "import never finished")
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval of a wait for the condition above (the event itself)
 	}
 }
 
@@ -230,7 +230,7 @@ func TestImportConcurrentQuery(t *testing.T) {
 		if st.Progress.Statements > 0 {
 			break
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // poll interval of a wait for the condition above (the event itself)
 	}
 	res := mustExec(t, th, d, "SELECT count(*) AS n FROM keep")
 	n, _ := res[0].Results.(sqlexec.Rows)[0].Get("n")

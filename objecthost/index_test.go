@@ -50,10 +50,10 @@ func TestIndexLazyAloneCommitsAfterDelay(t *testing.T) {
 		require.NoError(t, ix.putLazy(&Meta{ObjectID: "a", State: StateActive, Confirmed: true}))
 		synctest.Wait()
 		require.Nil(t, indexRecords(t, ix)["a"], "nothing commits a lazy record at once")
-		time.Sleep(ix.lazyDelay - time.Nanosecond)
+		time.Sleep(ix.lazyDelay - time.Nanosecond) // synctest's fake clock: no real time passes
 		synctest.Wait()
 		require.Nil(t, indexRecords(t, ix)["a"], "nor before lazyDelay")
-		time.Sleep(time.Nanosecond)
+		time.Sleep(time.Nanosecond) // synctest's fake clock: no real time passes
 		synctest.Wait()
 		require.NotNil(t, indexRecords(t, ix)["a"], "committed once lazyDelay passed")
 	})

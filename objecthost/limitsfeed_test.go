@@ -61,7 +61,7 @@ func eventually(t *testing.T, what string, cond func() bool) time.Duration {
 	start := time.Now()
 	for !cond() {
 		require.Less(t, time.Since(start), 20*time.Second, "timed out waiting: %s", what)
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // poll interval of a wait for the condition above (the event itself)
 	}
 	return time.Since(start)
 }

@@ -38,7 +38,7 @@ func TestCloseStopsBackgroundLoops(t *testing.T) {
 	// (testify's Eventually runs its condition in a goroutine: poll by hand.)
 	after := runtime.NumGoroutine()
 	for deadline := time.Now().Add(5 * time.Second); after > before && time.Now().Before(deadline); after = runtime.NumGoroutine() {
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval: goroutines counted until they are gone (deadline above)
 	}
 	assert.LessOrEqual(t, after, before, "goroutines leaked")
 	_, err = h.Query(context.Background(), d.obj, d.id(), q("SELECT 1"))

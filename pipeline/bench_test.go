@@ -34,7 +34,7 @@ func BenchmarkProducerThroughput(b *testing.B) {
 	for i := range b.N {
 		if i%1024 == 0 {
 			for p.directBytes.Load() > p.cfg.MaxBufferedBytes/2 {
-				time.Sleep(100 * time.Microsecond)
+				time.Sleep(100 * time.Microsecond) // backpressure: the benchmark waits for the buffer to drain
 			}
 		}
 		p.Publish(event.TopicUsage, keys[i%len(keys)], value)

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -64,19 +65,21 @@ func TestProducerBrokerKilledMidStreamReplays(t *testing.T) {
 		defer lf.Close()
 		copts = append(copts, kgo.WithLogger(kgo.BasicLogger(lf, kgo.LogLevelInfo, nil)))
 	}
+	// The stall is judged on the producer's clock (Config.Now): moved past
+	// StallTimeout by hand rather than slept past it.
+	clk := newFakeClock()
 	p := newProducer(t, Config{
 		Brokers: []string{addr}, SpillDir: t.TempDir(),
 		MaxBufferedBytes: 64 << 10, StallTimeout: 200 * time.Millisecond,
-		ClientOptions: copts,
+		ClientOptions: copts, Now: clk.Now,
 	})
 	tr := newTraffic("host-a@1", 16)
 
 	tr.publish(p, 3000)
-	b.Close() // mid-stream: some of those are still in flight
-	for range 10 {
-		tr.publish(p, 500)
-		time.Sleep(50 * time.Millisecond) // past StallTimeout in total
-	}
+	b.Close()          // mid-stream: some of those are still in flight
+	tr.publish(p, 500) // outstanding: nothing acknowledges them now
+	clk.Advance(time.Second)
+	tr.publish(p, 500)
 	require.Eventually(t, func() bool { return p.Stats().SpilledRecords > 0 }, 10*time.Second, 10*time.Millisecond)
 	st := p.Stats()
 	assert.True(t, st.Spilling)
@@ -400,6 +403,30 @@ func TestEnsureTopicsIdempotent(t *testing.T) {
 	assert.ErrorIs(t, EnsureTopics(done, p.Client(), TopicSpec{Name: "late", Partitions: 1, ReplicationFactor: -1}), context.Canceled)
 }
 
+// With records outstanding and nothing acknowledged, the producer spills
+// once StallTimeout has passed on its clock, and not before: the stall
+// path alone (buffers far larger than the records), on a fake clock.
+func TestProducerSpillsOnlyPastStallTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := ln.Addr().String()
+	ln.Close() // nothing listens: every record stays outstanding
+	clk := newFakeClock()
+	p := newProducer(t, Config{Brokers: []string{dead}, SpillDir: t.TempDir(), Now: clk.Now,
+		MaxBufferedBytes: 64 << 20, MaxBufferedRecords: 1 << 20, StallTimeout: 5 * time.Second})
+	tr := newTraffic("host-s@1", 4)
+	tr.publish(p, 10)
+	clk.Advance(5 * time.Second) // at the timeout, not past it
+	tr.publish(p, 10)
+	assert.False(t, p.Stats().Spilling, "spilling before StallTimeout passed")
+	assert.Zero(t, p.Stats().SpilledRecords)
+	clk.Advance(time.Millisecond)
+	tr.publish(p, 10)
+	assert.True(t, p.Stats().Spilling, "not spilling past StallTimeout with nothing acknowledged")
+	require.Eventually(t, func() bool { return p.Stats().SpilledRecords >= 10 }, time.Minute, 5*time.Millisecond, "the records after the stall go to the spill")
+	require.Zero(t, tr.dropped)
+}
+
 // Close of the producer and the aggregators leaves no goroutine behind.
 func TestCloseLeavesNoGoroutines(t *testing.T) {
 	b := startBroker(t, "", "")
@@ -422,7 +449,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	assert.EqualValues(t, 2, p.Stats().Produced)
 	deadline := time.Now().Add(5 * time.Second)
 	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval: goroutines counted until they are gone (deadline above)
 	}
 	if n := runtime.NumGoroutine(); n > before {
 		buf := make([]byte, 1<<20)

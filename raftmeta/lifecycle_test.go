@@ -56,7 +56,7 @@ func assertEventually(cond func() bool, d time.Duration) bool {
 		if cond() {
 			return true
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval of a wait for the condition above (the event itself)
 	}
 	return cond()
 }

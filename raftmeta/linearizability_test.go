@@ -92,7 +92,7 @@ func TestLinearizableReadsAndWritesAcrossLeaderKill(t *testing.T) {
 			}
 		}(w)
 	}
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // pacing: the clients record history before the failover
 	old := tc.waitLeader()
 	killedAt := now()
 	require.NoError(t, old.Close())
@@ -101,7 +101,7 @@ func TestLinearizableReadsAndWritesAcrossLeaderKill(t *testing.T) {
 	// asserted, only that the history spans the failover).
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // poll interval: until the history spans the failover
 		var afterW, afterR int
 		mu.Lock()
 		for _, op := range history {

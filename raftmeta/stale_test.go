@@ -145,12 +145,15 @@ func TestRestartedFollowerServesStaleReadsOnlyCaughtUp(t *testing.T) {
 	}
 	f := tc.restart(fi)
 	// Every stale read the restarted node serves knows every database.
-	deadline := time.Now().Add(10 * time.Second)
+	// It refuses until it has caught up: poll until it has served 20 (no
+	// deadline of our own — a node that never catches up hangs the test
+	// until go test's -timeout, which names it, instead of failing on a
+	// loaded machine that is merely slow).
 	served := 0
-	for served < 20 && time.Now().Before(deadline) {
+	for served < 20 {
 		if _, err := f.ReadBarrier(ctx, StaleRead()); err != nil {
 			require.True(t, errors.Is(err, ErrTooStale) || errors.Is(err, ErrNotReady), "%v", err)
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // polling the replay's progress
 			continue
 		}
 		ans, err := f.FSM().Heartbeat(ctx, uuids)
@@ -160,7 +163,6 @@ func TestRestartedFollowerServesStaleReadsOnlyCaughtUp(t *testing.T) {
 		}
 		served++
 	}
-	require.Equal(t, 20, served)
 	ok, why := f.Ready()
 	assert.True(t, ok, why)
 }
@@ -204,7 +206,13 @@ func TestClientDemotesHungNodeAndSpreadsStaleReads(t *testing.T) {
 	}()
 
 	addrs := append([]string{ln.Addr().String()}, tc.addrs()...)
-	cl, err := NewClient(addrs, WithCacheTTL(0), WithAttemptTimeouts(200*time.Millisecond, time.Second), WithDemotion(time.Minute))
+	// The attempt timeouts are what the hung node costs, once; they are
+	// long enough (2 s, 5 s) that a real node slowed by a loaded machine is
+	// not taken for hung too (at 200 ms it was, under load 20–38). Hedging
+	// is off for the same reason: a real node outrun by a 50 ms hedge is
+	// demoted like a hung one, and with every node demoted the hung one
+	// could come first again.
+	cl, err := NewClient(addrs, WithCacheTTL(0), WithHedge(0), WithAttemptTimeouts(2*time.Second, 5*time.Second), WithDemotion(time.Minute))
 	require.NoError(t, err)
 	defer cl.Close()
 	for i := 0; i < 60; i++ {
@@ -214,7 +222,7 @@ func TestClientDemotesHungNodeAndSpreadsStaleReads(t *testing.T) {
 	assert.LessOrEqual(t, accepted.Load(), int64(1), "the hung node is tried once, then demoted")
 
 	// Writes with no known leader rotate past the hung node too.
-	cl2, err := NewClient(addrs, WithCacheTTL(0), WithAttemptTimeouts(200*time.Millisecond, 300*time.Millisecond), WithDemotion(time.Minute))
+	cl2, err := NewClient(addrs, WithCacheTTL(0), WithAttemptTimeouts(2*time.Second, 5*time.Second), WithDemotion(time.Minute))
 	require.NoError(t, err)
 	defer cl2.Close()
 	_, err = cl2.CreateDatabase(ctx, newDB("acct"))

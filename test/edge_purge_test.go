@@ -161,7 +161,7 @@ func createPurgeDatabases(t *testing.T, c *harness.E2ECluster, acct, bearer stri
 						}
 					}
 					last = fmt.Sprintf("%d %s %v", st, body, err)
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(50 * time.Millisecond) // retry interval (a client's backoff against real processes)
 				}
 				if uuids[i] == "" {
 					errs <- fmt.Errorf("create %d: %s", i, last)
@@ -263,7 +263,7 @@ func runPurgeScenario(t *testing.T, c *harness.E2ECluster, e *purgeEdge, acct, b
 					if err == nil && st != http.StatusServiceUnavailable {
 						break // only the retryable refusal is retried: a 404 here is a bug
 					}
-					time.Sleep(10 * time.Millisecond)
+					time.Sleep(10 * time.Millisecond) // retry interval (a client's backoff against real processes)
 				}
 				if err != nil || st != 200 {
 					warmErr <- fmt.Sprintf("warm %s: %d %s %v", uuids[i], st, raw, err)
@@ -329,7 +329,7 @@ func runPurgeScenario(t *testing.T, c *harness.E2ECluster, e *purgeEdge, acct, b
 				st, raw, hdr, err := purgePost(base+uuids[rng.IntN(len(uuids))]+"/query", bearer, query)
 				record(st, raw, hdr, err)
 				if st == 503 {
-					time.Sleep(10 * time.Millisecond)
+					time.Sleep(10 * time.Millisecond) // a client's backoff on 503 (load generator)
 				}
 			}
 		}(w)
@@ -409,12 +409,12 @@ func runPurgeScenario(t *testing.T, c *harness.E2ECluster, e *purgeEdge, acct, b
 	}()
 
 	// Phases. The purge goes through the operator's endpoint.
-	time.Sleep(sc.before)
+	time.Sleep(sc.before) // phase duration: traffic before the purge (a measurement)
 	a := harness.Call(t, http.MethodPost, e.url+"/admin/v1/routes/purge", "Bearer "+c.Admin, nil)
 	purgedAt := time.Now()
 	require.Equal(t, 200, a.Status, "%s", a.Raw)
 	for {
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // sampling interval of the recovery measurement
 		since := time.Since(purgedAt)
 		if !res.refilled && e.srv.Routes().Len() == len(uuids) {
 			res.refilled, res.refillAfter = true, since
@@ -424,7 +424,7 @@ func runPurgeScenario(t *testing.T, c *harness.E2ECluster, e *purgeEdge, acct, b
 		}
 	}
 	ok0, total0 := okTotal.Load(), okTotal.Load()+ffTotal.Load()+badTotal.Load()
-	time.Sleep(sc.final)
+	time.Sleep(sc.final) // phase duration: traffic after recovery (a measurement)
 	res.finalOK = okTotal.Load() - ok0
 	res.finalTotal = okTotal.Load() + ffTotal.Load() + badTotal.Load() - total0
 

@@ -356,7 +356,7 @@ func (s *limiterSystem) perHost(t *testing.T, a sysAccount, sql string, start ti
 					mu.Unlock()
 					return
 				}
-				time.Sleep(sysProbePeriod)
+				time.Sleep(sysProbePeriod) // poll interval of a probe against real processes
 			}
 			t.Errorf("%s: %s on %s not within %s; last answer %d %s", what, a.name, h, sysWaitBound, last.Status, last.Raw)
 		}()
@@ -441,7 +441,7 @@ func TestLimiterSystem(t *testing.T) {
 				paidFail = append(paidFail, fmt.Sprintf("%d %s", ans.Status, ans.Raw))
 			}
 			paidMu.Unlock()
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // pacing: a load generator against real processes
 		}
 	}()
 

@@ -131,7 +131,7 @@ func (c *limitsCluster) waitFor(t *testing.T, db limitsDB, sql string, start tim
 		if last = c.query(t, db, sql); done(last) {
 			return time.Since(start)
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // poll interval of a wait for the condition above (the event itself)
 	}
 	t.Fatalf("%s: not within 30 s; last answer %d %s", what, last.Status, last.Raw)
 	return 0
@@ -191,7 +191,7 @@ func TestRowLimitFlagRefusesThroughEdge(t *testing.T) {
 		if first.Status != http.StatusServiceUnavailable && first.Status != http.StatusBadGateway && first.Status != http.StatusInternalServerError {
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // retry interval while the host restarts
 	}
 	assert.True(t, rowLimited(first), "after a restart the account is still refused: %d %s", first.Status, first.Raw)
 	ok = c.query(t, other, "SELECT count(*) FROM t")

@@ -296,17 +296,17 @@ func TestLostHostDefaultDurabilityAndReturn(t *testing.T) {
 				writes = append(writes, wr)
 				mu.Unlock()
 				if err != nil || a.Status != http.StatusOK {
-					time.Sleep(20 * time.Millisecond)
+					time.Sleep(20 * time.Millisecond) // a writer's backoff after a failure (load generator)
 				}
 			}
 		}(w)
 	}
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // load before the kill (real processes)
 	h1 := c.hosts["h1"]
 	h1.Signal(9)
 	killedAt := time.Now()
 	<-h1.Exited
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // writes after the kill reach the dead host (real processes)
 	stop.Store(true)
 	wg.Wait()
 
@@ -388,6 +388,7 @@ func (c *lostHostCluster) eventually(t *testing.T, uuid, sql string) harness.Ans
 	t.Helper()
 	var a harness.Answer
 	var err error
+	// The sleep is the retry interval of a D1 client (see above).
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if a, err = c.query(uuid, sql); err == nil && a.Status == http.StatusOK {
 			return a

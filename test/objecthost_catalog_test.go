@@ -216,8 +216,12 @@ func TestObjectHostDigestHeartbeatsAgainstRealCatalog(t *testing.T) {
 	// Every database answered by digests for a while (several intervals).
 	require.Eventually(t, func() bool { return heartbeatOutcome(t, h, "digest_ok") >= 3*40 },
 		10*time.Second, 50*time.Millisecond, "no digest heartbeats")
-	perDB := heartbeatOutcome(t, h, "ok")
-	time.Sleep(time.Second)
+	// Two more rounds of digests for every database (counted, not timed:
+	// on a loaded machine a second of sleep may hold none), and no
+	// per-database heartbeat among them.
+	perDB, digests := heartbeatOutcome(t, h, "ok"), heartbeatOutcome(t, h, "digest_ok")
+	require.Eventually(t, func() bool { return heartbeatOutcome(t, h, "digest_ok") >= digests+2*40 },
+		time.Minute, 50*time.Millisecond, "digest heartbeats stopped")
 	assert.Equal(t, perDB, heartbeatOutcome(t, h, "ok"), "no per-database heartbeat while nothing changes")
 
 	// Deleted in the catalog only: learned through its heartbeat.

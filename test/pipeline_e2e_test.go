@@ -107,7 +107,7 @@ func (w *pipelineTraffic) run(workers int, stop <-chan struct{}) (wait func()) {
 				} else {
 					w.query(db, "SELECT count(*), sum(v) FROM t WHERE v > "+strconv.Itoa(rng.IntN(50)))
 				}
-				time.Sleep(2 * time.Millisecond)
+				time.Sleep(2 * time.Millisecond) // pacing: a load generator against real processes
 			}
 		}()
 	}
@@ -149,7 +149,7 @@ func TestPipelineUsageExactThroughFaults(t *testing.T) {
 	wait := w.run(4, stop)
 	phase := func(what string, d time.Duration) {
 		t.Logf("%s: %s", time.Now().Format(time.TimeOnly), what)
-		time.Sleep(d)
+		time.Sleep(d) // phase duration under load (real processes)
 	}
 	phase("healthy", 3*time.Second)
 
@@ -225,7 +225,7 @@ func TestPipelineUsageExactThroughFaults(t *testing.T) {
 		t.Errorf("ClickHouse totals never matched what the edge answered:\nwant %+v\n got %+v", want, last)
 	}
 	// Still exact a moment later: nothing arrives twice after the fact.
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // a window for a late duplicate to show (an absence: nothing to wait on)
 	assert.Equal(t, want, got(), "totals moved after they matched")
 
 	// Storage: the sizes the hosts measured reached the catalog's account

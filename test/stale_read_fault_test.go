@@ -264,7 +264,7 @@ func (w *faultTraffic) settle(what string, call func() (harness.Answer, error)) 
 		w.mu.Lock()
 		w.retries++
 		w.mu.Unlock()
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // a client's retry interval (load generator)
 	}
 }
 
@@ -460,7 +460,7 @@ func TestFaultCatalogRestartsLoseNoDatabase(t *testing.T) {
 	require.NotEmpty(t, w.dbs, "no create succeeded: %s", w.summary())
 	// Past the grace period: from now on the hosts delete what the catalog
 	// tells them it does not know.
-	time.Sleep(faultGrace + 2*faultHeartbeat)
+	time.Sleep(faultGrace + 2*faultHeartbeat) // real heartbeats and grace in real processes: no clock to inject across processes
 	pass := 0
 	w.checkAll(t, pass, "after the creation grace")
 	t.Logf("orphan kills before any fault: %v", c.orphanKills(t))
@@ -492,7 +492,7 @@ func TestFaultCatalogRestartsLoseNoDatabase(t *testing.T) {
 			restarts++
 			harness.WaitReady(t, c.catAddr[victim])
 			ready := time.Since(restarted)
-			time.Sleep(2 * faultHeartbeat)
+			time.Sleep(2 * faultHeartbeat) // two real heartbeats of the hosts pass with the restarted node
 			pass++
 			w.checkAll(t, pass, fmt.Sprintf("round %d, kill -9 of the %s %s (ready %s after its restart)",
 				round, role, c.cat[victim].Name, ready.Round(time.Millisecond)))
@@ -500,7 +500,7 @@ func TestFaultCatalogRestartsLoseNoDatabase(t *testing.T) {
 	}
 	stop()
 	// The databases created during the restarts pass their grace too.
-	time.Sleep(faultGrace + 2*faultHeartbeat)
+	time.Sleep(faultGrace + 2*faultHeartbeat) // real heartbeats and grace in real processes: no clock to inject across processes
 	pass++
 	w.checkAll(t, pass, "at the end")
 	w.checkObjects(t)
@@ -605,7 +605,7 @@ func TestFaultHungFollowerKeepsControlPlaneUp(t *testing.T) {
 	hung := c.cat[firstListed]
 	hung.Signal(syscall.SIGSTOP)
 	wait := w.controlPlaneLoad("hung", time.Now().Add(sched.stoppedFor))
-	time.Sleep(sched.stoppedFor)
+	time.Sleep(sched.stoppedFor) // fault duration: the node stays SIGSTOPped
 	hung.Signal(syscall.SIGCONT)
 	stopped := wait()
 	t.Logf("first-listed follower %s stopped for %s: %s", hung.Name, sched.stoppedFor, stopped.report())
@@ -634,7 +634,7 @@ func TestFaultFreshTokenWorksOnEveryEdgeAtOnce(t *testing.T) {
 	var examples []string
 	for i := range sched.freshTokens {
 		lagging.Signal(syscall.SIGSTOP)
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // fault duration: the lagging node stopped before each create
 		a := harness.Call(t, http.MethodPost, c.edgeURL[0]+"/admin/v1/accounts", "Bearer "+c.admin, map[string]any{"name": fmt.Sprintf("fresh-%d", i), "tier": "paid"})
 		require.Equal(t, http.StatusOK, a.Status, "%s", a.Raw)
 		var acct struct{ ID string }

@@ -164,7 +164,7 @@ func TestCrossAccountMatrix(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(a.Result, &exp))
 	for i := 0; i < 100 && exp.Status != "complete"; i++ {
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll interval: the polling export, as a user polls
 		a = harness.Call(t, "POST", pathOf(acctA)+"/"+dbA.UUID+"/export", bearerA, map[string]any{"output_format": "polling", "current_bookmark": exp.AtBookmark})
 		require.Equal(t, 200, a.Status, "%s", a.Raw)
 		require.NoError(t, json.Unmarshal(a.Result, &exp))

@@ -240,7 +240,7 @@ func TestCPUBombKeepsNeighbourServed(t *testing.T) {
 
 	stop := make(chan struct{})
 	n := startNeighbour(t, nURL, nBearer, stop)
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // load duration: the neighbour's baseline against real processes
 	close(stop)
 	n.report(t, "before the attack")
 	require.Zero(t, n.failed.Load())
@@ -278,7 +278,7 @@ func TestCPUBombKeepsNeighbourServed(t *testing.T) {
 	time.Sleep(time.Second) // the bombs are running
 	stop = make(chan struct{})
 	n = startNeighbour(t, nURL, nBearer, stop)
-	time.Sleep(10 * time.Second)
+	time.Sleep(10 * time.Second) // load duration: the neighbour measured while the bombs run
 	close(stop)
 	n.report(t, "during the attack")
 	close(attackStop)

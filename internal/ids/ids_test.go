@@ -22,7 +22,7 @@ func TestNewIsCanonicalVersion7AndOrdered(t *testing.T) {
 		seen[s] = true
 		got = append(got, s)
 		if i%100 == 0 {
-			time.Sleep(2 * time.Millisecond)
+			time.Sleep(2 * time.Millisecond) // deliberate: ids spread over several real milliseconds
 		}
 	}
 	// google/uuid keeps version 7 monotonic within the process, so the

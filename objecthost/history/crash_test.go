@@ -72,7 +72,7 @@ func TestCrashAfterWALRestart(t *testing.T) {
 	e.cap.wantCkpt.Store(true)
 	for i := 0; i < 500 && e.cap.Stats().FullCheckpoints == 0; i++ {
 		e.exec("INSERT INTO t DEFAULT VALUES")
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // pacing: writes until the background checkpoint has run (the loop's condition)
 	}
 	require.EqualValues(t, 1, e.cap.Stats().FullCheckpoints)
 	before := e.cap.Current()

@@ -87,6 +87,6 @@ func TestStoreHangsLagAlarm(t *testing.T) {
 			t.Fatalf("lag alarm not raised while the store hangs: %+v", ship.Status())
 		}
 		writeAll()
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // pacing: writes until the alarm (the loop's condition)
 	}
 }

@@ -129,7 +129,14 @@ func killDuringShipping(t *testing.T, lag string) {
 	rounds := 15
 	lastAck := 0
 	maxBehind := 0
-	run := func(mode string, kill time.Duration) (start, gens, ack int, started bool, lines []string) {
+	// run starts a child; it is killed (SIGKILL) after killAcks
+	// acknowledged rows of its own, or, with killAcks 0, after kill (0:
+	// never). Counting acknowledgements rather than time makes every
+	// round write on a loaded machine too (with kills 150–600 ms after
+	// the start, a slow open could leave a round no time to write, and
+	// under -race and load the run fell short of its 100 rows); the timed
+	// kills are the ones meant to land anywhere, opening included.
+	run := func(mode string, killAcks int, kill time.Duration) (start, gens, ack int, started bool, lines []string) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestKillChild$", "-test.count=1")
 		cmd.Env = append(os.Environ(), "HISTORY_CHILD_DIR="+dir, "HISTORY_CHILD_MODE="+mode, "HISTORY_CHILD_LAG="+lag)
 		out, err := cmd.StdoutPipe()
@@ -151,6 +158,9 @@ func killDuringShipping(t *testing.T, lag string) {
 				gens, _ = strconv.Atoi(f[2])
 			case len(f) == 2 && f[0] == "ack":
 				ack, _ = strconv.Atoi(f[1])
+				if killAcks > 0 && ack-start == killAcks {
+					_ = cmd.Process.Kill() // SIGKILL, while it goes on writing
+				}
 			case len(f) == 2 && f[0] == "behind":
 				b, _ := strconv.Atoi(f[1])
 				maxBehind = max(maxBehind, b)
@@ -167,7 +177,14 @@ func killDuringShipping(t *testing.T, lag string) {
 	// round then starts it, which is no loss of continuity).
 	opened := false
 	for r := 0; r < rounds; r++ {
-		start, gens, ack, started, lines := run("write", time.Duration(150+rng.IntN(450))*time.Millisecond)
+		// Three rounds in four are killed after 10–59 rows of their own
+		// (so the run writes at least 110), the fourth at a random
+		// moment in its first 450 ms, which may be while it opens.
+		killAcks, kill := 10+rng.IntN(50), time.Duration(0)
+		if r%4 == 3 {
+			killAcks, kill = 0, time.Duration(1+rng.IntN(450))*time.Millisecond
+		}
+		start, gens, ack, started, lines := run("write", killAcks, kill)
 		for _, l := range lines {
 			require.False(t, strings.HasPrefix(l, "error"), "round %d: %s", r, l)
 			t.Logf("round %d: %s", r, l)
@@ -190,7 +207,7 @@ func killDuringShipping(t *testing.T, lag string) {
 	if lag != "" {
 		require.Greater(t, maxBehind, 1, "capture lagged behind the acknowledgements")
 	}
-	_, gens, _, _, lines := run("drain", 0)
+	_, gens, _, _, lines := run("drain", 0, 0)
 	require.Zero(t, gens)
 	require.NotEmpty(t, lines)
 	require.True(t, strings.HasPrefix(lines[len(lines)-1], "drained"), "%v", lines)

@@ -40,7 +40,7 @@ func TestStoreOutage(t *testing.T) {
 				failures.Add(1)
 			}
 			writes.Add(1)
-			time.Sleep(2 * time.Millisecond)
+			time.Sleep(2 * time.Millisecond) // pacing: a writer during the outage
 		}
 	}()
 	waitFor(t, 5*time.Second, "first shipments", func() bool { return gathered(t, reg, "shoal_history_shipped_objects_total") > 0 })
@@ -51,7 +51,12 @@ func TestStoreOutage(t *testing.T) {
 	waitFor(t, 10*time.Second, "the lag alarm", func() bool { return e.ship.Status().Alarm })
 	assert.Equal(t, 1.0, gathered(t, reg, "shoal_history_lag_alarm"))
 	waitFor(t, 10*time.Second, "failed shipments", func() bool { return gathered(t, reg, "shoal_history_ship_errors_total") > 0 })
-	time.Sleep(time.Second) // down for a while longer
+	// Down for a while longer: until 50 more writes went on and the
+	// shipper failed again (counted, not slept: a second on a loaded
+	// machine held fewer than 50 writes).
+	errs := gathered(t, reg, "shoal_history_ship_errors_total")
+	waitFor(t, time.Minute, "writes while the store is down", func() bool { return writes.Load() > downAt+50 })
+	waitFor(t, time.Minute, "more failed shipments", func() bool { return gathered(t, reg, "shoal_history_ship_errors_total") > errs })
 	pending, err := e.cap.log.pending(e.key)
 	require.NoError(t, err)
 	assert.NotEmpty(t, pending, "the backlog is kept locally")

@@ -171,7 +171,7 @@ func shippingLag(b *testing.B, store *lagStore, dbs, writers int, d time.Duratio
 			break
 		}
 		require.True(b, time.Now().Before(deadline), "everything shipped: %d of %d", n, want)
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval: until everything shipped
 	}
 	b.StopTimer()
 	cancel()

@@ -305,7 +305,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	// goroutine of its own, which would be counted.
 	deadline := time.Now().Add(5 * time.Second)
 	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval: goroutines counted until they are gone (deadline above)
 	}
 	assert.LessOrEqual(t, runtime.NumGoroutine(), before, "goroutines left behind by Close")
 }

@@ -113,7 +113,7 @@ func TestTimeoutInterruptsAndRollsBack(t *testing.T) {
 
 	// A caller's cancellation interrupts too, and the connection is reusable.
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { time.Sleep(50 * time.Millisecond); cancel() }()
+	go func() { time.Sleep(50 * time.Millisecond); cancel() }() // any moment works: before or during the statement, it is interrupted
 	_, err := db.Execute(ctx, Request{Statements: []Statement{forever}})
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, ErrTimeout), "%v", err)

@@ -280,7 +280,7 @@ func TestExecScriptNotGrouped(t *testing.T) {
 	}
 	send("INSERT INTO t VALUES (1)")
 	for len(db.writeQ) < 1 {
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // until the write is queued
 	}
 	scriptRes := make(chan error, 1)
 	go func() {
@@ -288,11 +288,11 @@ func TestExecScriptNotGrouped(t *testing.T) {
 		scriptRes <- err
 	}()
 	for len(db.writeQ) < 2 {
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // until the write is queued
 	}
 	send("INSERT INTO t VALUES (3)")
 	for len(db.writeQ) < 3 {
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // until the write is queued
 	}
 	commits := db.commits.Load()
 	close(gate)

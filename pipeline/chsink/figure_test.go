@@ -91,7 +91,7 @@ func TestFigureSinkThroughput(t *testing.T) {
 					break
 				}
 				require.Less(t, time.Since(t0), 10*time.Minute, "sink stalled: %+v", s)
-				time.Sleep(20 * time.Millisecond)
+				time.Sleep(20 * time.Millisecond) // poll interval of the figure's drain loop (a measurement, not a check)
 			}
 			el := time.Since(t0)
 			cpu := readCPU(t, ch.Pid()).sub(cpu0)

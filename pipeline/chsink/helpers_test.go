@@ -269,9 +269,9 @@ func requireExact(t *testing.T, st *Store, tr *truth, timeout time.Duration, sin
 		if time.Now().After(deadline) {
 			require.Equal(t, tr.days, got, "ClickHouse totals never equalled the ground truth")
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // poll interval of a wait for the condition above (the event itself)
 	}
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // a window for a late duplicate to show (an absence: nothing to wait on)
 	require.Equal(t, tr.days, dbTotals(t, st, tr), "totals moved after they were exact")
 	// The limiter's per-account question agrees with the all-accounts one.
 	for d, accts := range tr.days {

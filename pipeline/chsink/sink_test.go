@@ -215,7 +215,7 @@ func TestSinkBrokerRestart(t *testing.T) {
 	produce(t, addr, evs[:10_000])
 	require.Eventually(t, func() bool { return s.Stats().Inserted >= 5_000 }, time.Minute, 10*time.Millisecond)
 	br.Close()
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // fault duration: the real broker stays down a while
 	br = startBroker(t, port, bdir)
 	defer br.Close()
 	produce(t, addr, evs[10_000:])

@@ -117,7 +117,7 @@ func TestClickHouseKilledMidPass(t *testing.T) {
 		require.NoError(t, ch.Kill())
 		t.Logf("clickhouse killed after the pass's second insert")
 		go func() {
-			time.Sleep(3 * time.Second)
+			time.Sleep(3 * time.Second) // fault duration: the real ClickHouse stays down a while
 			ch2, err := chlocal.Start(ctx, chlocal.Config{DataDir: dir, TCPPort: ch.TCPPort(), HTTPPort: ch.HTTPPort()})
 			mu.Lock()
 			startErr = err
@@ -271,7 +271,7 @@ func TestRunTakesEveryBucketOnce(t *testing.T) {
 
 	deadline := time.Now().Add(5 * time.Second)
 	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval: goroutines counted until they are gone (deadline above)
 	}
 	if n := runtime.NumGoroutine(); n > before {
 		buf := make([]byte, 1<<20)

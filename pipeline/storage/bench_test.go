@@ -136,7 +136,7 @@ func TestBenchStorageConsumer(t *testing.T) {
 	// account's drained total showing it (drain every 1 s).
 	c, _ := runConsumer(t, Config{Brokers: brokers, Catalog: cat.client, Group: "bench-fresh", Consumers: 2})
 	require.Eventually(t, func() bool { return c.Stats().Lag == 0 && c.Stats().Committed > 0 }, 10*time.Minute, 50*time.Millisecond)
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // a drain passes before the freshness phase (a measurement)
 	acct := owner[uuids[0]]
 	var fresh []time.Duration
 	for i := 0; i < 40; i++ {
@@ -157,7 +157,7 @@ func TestBenchStorageConsumer(t *testing.T) {
 				break
 			}
 			require.Less(t, time.Since(sent), 30*time.Second)
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // poll interval: until the drained total shows the change
 		}
 		fresh = append(fresh, time.Since(sent))
 		time.Sleep(time.Duration(i%7) * 37 * time.Millisecond) // spread over the drain phase

@@ -155,15 +155,27 @@ func TestBatchesByCountAndTime(t *testing.T) {
 	}
 	assert.GreaterOrEqual(t, len(calls), 3)
 
-	// Ten sizes 10 ms apart: well inside one MaxWait, so few writes.
-	before := len(calls)
+	// A trickle: ten sizes, each produced only once the consumer has taken
+	// the one before (so each arrives in a poll of its own), share one
+	// write — the batch stays open for more up to MaxWait (an hour here,
+	// so no timing decides it) and closes at MaxBatch. A consumer that
+	// did not wait would write each alone. (This was ten sizes 10 ms
+	// apart against a 300 ms MaxWait, asserting at most three writes: a
+	// race with the machine's load.)
+	brokers = startBroker(t, 1)
+	cat = newFakeCatalog()
+	p = newSizeProducer(t, brokers)
+	cfg = testConfig(brokers, cat)
+	cfg.MaxBatch = 10
+	cfg.MaxWait = time.Hour
+	c, _ = runConsumer(t, cfg)
 	for i := 0; i < 10; i++ {
 		p.produce(event.Size{DatabaseUUID: uuidN(5000 + i), SizeBytes: 1, Seq: 1})
-		time.Sleep(10 * time.Millisecond)
+		require.Eventually(t, func() bool { return c.Stats().Consumed == uint64(i+1) }, time.Minute, 5*time.Millisecond, "size %d taken", i)
 	}
-	require.Eventually(t, func() bool { return c.Stats().Committed == 2510 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return c.Stats().Committed == 10 }, time.Minute, 10*time.Millisecond)
 	_, calls, _ = cat.snapshot()
-	assert.LessOrEqual(t, len(calls)-before, 3, "a trickle shares writes: %v", calls[before:])
+	assert.Equal(t, []int{10}, calls, "a trickle shares one write")
 }
 
 // TestRefusedSizesAreIsolated: if the catalog refuses a batch as invalid

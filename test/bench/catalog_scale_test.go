@@ -158,7 +158,7 @@ func TestCatalogScaleBench(t *testing.T) {
 
 	// Idle: no traffic at all.
 	cpu := s.cpuEach(t)
-	time.Sleep(idle)
+	time.Sleep(idle) // the idle phase whose CPU is measured
 	s.logCPU(t, fmt.Sprintf("idle, no traffic, %s", idle), cpu, idle, 0)
 
 	// Heartbeats of every database at the default interval, per database
@@ -397,7 +397,7 @@ func (s *scaleCluster) restart(t *testing.T, i int, role string, n int) {
 			if ok() {
 				return time.Since(start)
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // poll interval: until the condition holds
 		}
 		t.Fatalf("restarted %s %s: %s not reached in 5 minutes: %s", role, p.Name, what, harness.Tail(p.Log.String(), 2000))
 		return 0
@@ -525,7 +525,7 @@ func (h *scaleHeartbeats) run(t *testing.T, d time.Duration, mode string) scaleH
 					return
 				}
 				if w := time.Until(at); w > 0 {
-					time.Sleep(w)
+					time.Sleep(w) // pacing: heartbeat ticks at their schedule
 				} else if w < -scaleHBTick {
 					atomic.AddInt64(&st.late, 1)
 				}

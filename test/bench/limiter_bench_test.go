@@ -176,7 +176,7 @@ func TestFigureHeartbeatCatalogReads(t *testing.T) {
 	sample := func(d time.Duration) float64 {
 		r0, err := harness.RaftmetaReads(addr)
 		require.NoError(t, err)
-		time.Sleep(d)
+		time.Sleep(d) // the sampled window
 		r1, err := harness.RaftmetaReads(addr)
 		require.NoError(t, err)
 		return float64(r1-r0) / d.Seconds()

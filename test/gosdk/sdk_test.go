@@ -286,7 +286,7 @@ func TestGoSDK(t *testing.T) {
 	require.NoError(t, err)
 	for i := 0; exp.Status != d1.DatabaseExportResponseStatusComplete && i < 200; i++ {
 		require.NotEqual(t, d1.DatabaseExportResponseStatusError, exp.Status, "export: %s", exp.Error)
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // poll interval: the SDK's polling export, as a user polls
 		exp, err = dbs.Export(ctx, db.UUID, d1.DatabaseExportParams{AccountID: acct, OutputFormat: cloudflare.F(d1.DatabaseExportParamsOutputFormatPolling),
 			CurrentBookmark: cloudflare.F(exp.AtBookmark)})
 		require.NoError(t, err)
@@ -305,7 +305,7 @@ func TestGoSDK(t *testing.T) {
 		DumpOptions: cloudflare.F(d1.DatabaseExportParamsDumpOptions{NoData: cloudflare.F(true), Tables: cloudflare.F([]string{"items"})})})
 	require.NoError(t, err)
 	for i := 0; schemaOnly.Status != d1.DatabaseExportResponseStatusComplete && i < 200; i++ {
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // poll interval: the SDK's polling export, as a user polls
 		schemaOnly, err = dbs.Export(ctx, db.UUID, d1.DatabaseExportParams{AccountID: acct, OutputFormat: cloudflare.F(d1.DatabaseExportParamsOutputFormatPolling),
 			CurrentBookmark: cloudflare.F(schemaOnly.AtBookmark), DumpOptions: cloudflare.F(d1.DatabaseExportParamsDumpOptions{NoData: cloudflare.F(true), Tables: cloudflare.F([]string{"items"})})})
 		require.NoError(t, err)
@@ -336,7 +336,7 @@ func TestGoSDK(t *testing.T) {
 	require.NoError(t, err)
 	for i := 0; imp.Status != d1.DatabaseImportResponseStatusComplete && i < 200; i++ {
 		require.NotEqual(t, d1.DatabaseImportResponseStatusError, imp.Status, "import: %s", imp.Error)
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // poll interval: the SDK's polling import, as a user polls
 		imp, err = dbs.Import(ctx, cp.UUID, d1.DatabaseImportParams{AccountID: acct,
 			Body: d1.DatabaseImportParamsBodyPoll{Action: cloudflare.F(d1.DatabaseImportParamsBodyPollActionPoll), CurrentBookmark: cloudflare.F(imp.AtBookmark)}})
 		require.NoError(t, err)

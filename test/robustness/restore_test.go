@@ -332,7 +332,7 @@ func (e *env) redeleteResurrected(s validate.RestoreSets, f validate.Final) (map
 			if op.Outcome != traffic.Unknown || time.Now().After(deadline) {
 				break
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // retry interval of an unknown-outcome delete
 		}
 		out[db] = validate.Redelete{Outcome: op.Outcome, Answer: op.Answer}
 	}

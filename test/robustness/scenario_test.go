@@ -239,7 +239,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	c := newCluster(t)
 	ctx := context.Background()
 	e := &env{t: t, ctx: ctx, c: c, sched: sched, hist: traffic.NewHistory(),
-		rep: &report.Report{Scenario: name, Seed: sched.load.Seed, Schedule: sched.name},
+		rep: &report.Report{Scenario: name, Seed: sched.load.Seed, Schedule: sched.name, Command: rerunCommand(name, sched)},
 		r:   rand.New(rand.NewPCG(sched.load.Seed, 0x57e9))}
 	catalog, err := c.CatalogClient()
 	require.NoError(t, err)
@@ -270,7 +270,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	go func() { defer loadDone.Done(); load.Run(loadCtx) }()
 	t.Cleanup(func() { stopLoad(); loadDone.Wait() })
 
-	time.Sleep(sched.warmup)
+	time.Sleep(sched.warmup) // warm-up: traffic before the first fault
 	steps(e)
 	stopLoad()
 	loadDone.Wait()
@@ -279,7 +279,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	// writers go on meanwhile (driveLimits), which touches nothing else.
 	driven := make(chan struct{})
 	go func() { defer close(driven); e.driveLimits() }()
-	time.Sleep(grace + 2*heartbeat)
+	time.Sleep(grace + 2*heartbeat) // real heartbeats and grace in real processes: no clock to inject across processes
 	<-driven
 
 	final := observe(t, cl, e.hist, load)
@@ -409,13 +409,15 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 		}
 	}
 	bounded, nBounded := validate.BoundByHostKills(ops, liveHosts(objects), e.hostKills())
-	regRes, regInfo := validate.LinearizableWithin("register writes and reads through the edge", model.Register, validate.RegisterOperations(bounded), checkFor, maxCheckHeap())
+	regOps := validate.RegisterOperations(bounded)
+	regRes, regInfo := validate.LinearizableWithin("register writes and reads through the edge", model.Register, regOps, checkFor, maxCheckHeap())
 	regRes.Note = fmt.Sprintf("%d writes and restores of unknown outcome bounded by their host's kill", nBounded)
-	rep.Visuals = []report.Visualization{{Name: "register", Model: model.Register, Info: regInfo}}
+	rep.Visuals = []report.Visualization{{Name: "register", Model: model.Register, Info: regInfo, Check: regRes.Check, Ops: regOps}}
 	if e.restore == nil {
-		exRes, exInfo := validate.LinearizableWithin("database existence (create, delete, linearizable get and list)", model.Existence, validate.ExistenceOperations(ops), checkFor, maxCheckHeap())
+		exOps := validate.ExistenceOperations(ops)
+		exRes, exInfo := validate.LinearizableWithin("database existence (create, delete, linearizable get and list)", model.Existence, exOps, checkFor, maxCheckHeap())
 		rep.Results = append(rep.Results, regRes, exRes)
-		rep.Visuals = append(rep.Visuals, report.Visualization{Name: "existence", Model: model.Existence, Info: exInfo})
+		rep.Visuals = append(rep.Visuals, report.Visualization{Name: "existence", Model: model.Existence, Info: exInfo, Check: exRes.Check, Ops: exOps})
 	} else {
 		// The operator rewound the catalog: its history is checked on
 		// each side of the restore (validate.ExistenceOperationsSplit).
@@ -423,8 +425,8 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 		bRes, bInfo := validate.LinearizableWithin("database existence before the catalog restore", model.Existence, before, checkFor, maxCheckHeap())
 		aRes, aInfo := validate.LinearizableWithin("database existence after the catalog restore (from the backup's state)", model.ExistenceResumed, after, checkFor, maxCheckHeap())
 		rep.Results = append(rep.Results, regRes, bRes, aRes)
-		rep.Visuals = append(rep.Visuals, report.Visualization{Name: "existence-before-restore", Model: model.Existence, Info: bInfo},
-			report.Visualization{Name: "existence-after-restore", Model: model.ExistenceResumed, Info: aInfo})
+		rep.Visuals = append(rep.Visuals, report.Visualization{Name: "existence-before-restore", Model: model.Existence, Info: bInfo, Check: bRes.Check, Ops: before},
+			report.Visualization{Name: "existence-after-restore", Model: model.ExistenceResumed, Info: aInfo, Check: aRes.Check, Ops: after})
 	}
 
 	t.Log("\n" + rep.Summary())
@@ -480,7 +482,7 @@ func (e *env) run(f failpoint.Failpoint) {
 	}
 	_, err := e.c.Leader(e.ctx)
 	require.NoError(e.t, err, "no catalog leader after %s", f)
-	time.Sleep(e.sched.gap)
+	time.Sleep(e.sched.gap) // the schedule's gap of plain traffic between faults
 }
 
 func (e *env) leader() *topology.Member {
@@ -856,7 +858,7 @@ func (e *env) storeRecovered(w validate.Window) {
 		if time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // poll interval of a wait for the condition above (the event itself)
 	}
 	e.mu.Lock()
 	e.storeOutages = append(e.storeOutages, *out)
@@ -921,9 +923,9 @@ func (e *env) restoreDuringHostKill(stopStore bool) failpoint.Failpoint {
 			}
 		}()
 		if stopStore {
-			time.Sleep(500 * time.Millisecond)
+			time.Sleep(500 * time.Millisecond) // the restore reaches the stopped store (it hangs there: no event to see)
 		} else {
-			time.Sleep(delay)
+			time.Sleep(delay) // the fault's moment: a few ms into the restore
 		}
 		err := h.Kill()
 		if err == nil {
@@ -970,7 +972,7 @@ func (e *env) storageTotals(catalog *raftmeta.Client, account string, measured m
 		if err == nil && total == sum && settled || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // poll interval of a wait for the condition above (the event itself)
 	}
 	switch {
 	case err != nil:
@@ -1120,7 +1122,7 @@ func (e *env) archiveDrained() validate.Result {
 			r.Violations = behind
 			return r
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // poll interval of a wait for the condition above (the event itself)
 	}
 }
 
@@ -1286,7 +1288,7 @@ func (e *env) usage() (map[string]int64, []validate.ProducerSeqs) {
 			}
 			break
 		}
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // poll interval of a wait for the condition above (the event itself)
 	}
 	return billed, producers
 }
@@ -1405,7 +1407,7 @@ func (e *env) hostState(catalog *raftmeta.Client, account string) ([]validate.Ob
 			if err == nil || errors.Is(err, fsm.ErrNotFound) || time.Now().After(deadline) {
 				break
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // retry interval until a definite answer
 		}
 		switch {
 		case err == nil:
@@ -1509,7 +1511,7 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 	var err error
 	deadline := time.Now().Add(settleFor)
 	for f.Listed, err = cl.List(ctx, 0); err != nil && time.Now().Before(deadline); f.Listed, err = cl.List(ctx, 0) {
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // retry interval until a definite answer
 	}
 	require.NoError(t, err, "final list")
 
@@ -1533,7 +1535,7 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 			if op.Outcome != traffic.Unknown || time.Now().After(deadline) {
 				return op
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // retry interval until a definite answer
 		}
 	}
 	var mu sync.Mutex
@@ -1557,7 +1559,7 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 			if out != traffic.Unknown || time.Now().After(deadline) {
 				break
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // retry interval until a definite answer
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -1584,7 +1586,7 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 			if out != traffic.Unknown || time.Now().After(deadline) {
 				break
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // retry interval until a definite answer
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -1616,10 +1618,30 @@ func observe(t *testing.T, cl *traffic.Client, hist *traffic.History, load *traf
 			if out != traffic.Unknown || time.Now().After(deadline) {
 				return
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // retry interval until a definite answer
 		}
 	})
 	return f
+}
+
+// rerunCommand is the command that reruns the scenario name (a test, or
+// TestFaultRandomSchedules/<schedule>) with sched's seed and the knobs of
+// this run that change what it does (run as root, build.env loaded, from
+// the repository root).
+func rerunCommand(name string, sched schedule) string {
+	env := []string{fmt.Sprintf("SHOAL_ROBUSTNESS_SEED=%d", sched.load.Seed)}
+	for _, k := range []string{"SHOAL_FAULT", "SHOAL_FAULT_KINDS", "SHOAL_ROBUSTNESS_TLS"} {
+		if v := os.Getenv(k); v != "" {
+			env = append(env, k+"="+v)
+		}
+	}
+	test := name
+	if strings.HasPrefix(name, "TestFaultRandomSchedules/") {
+		// Schedule i's seed is the run's seed + i: rerun it as the first.
+		env = append(env, "SHOAL_FAULT_SCHEDULES=1")
+		test = "TestFaultRandomSchedules"
+	}
+	return fmt.Sprintf("%s go test -count=1 -run '^%s$' -v ./test/robustness/", strings.Join(env, " "), test)
 }
 
 // reportDir is where a run's report goes: $SHOAL_ROBUSTNESS_REPORT_DIR
@@ -1731,7 +1753,7 @@ func (e *env) driveLimits() {
 				if past {
 					return
 				}
-				time.Sleep(e.sched.load.Pace)
+				time.Sleep(e.sched.load.Pace) // pacing: the limited accounts' writers
 			}
 			e.t.Logf("free account %s (limit %d): not certainly over its limit, or its deadline not reached, 2 minutes after the load", la.Account, la.Limit)
 		}()

@@ -1,8 +1,10 @@
 // Package report writes what a robustness run did and found: the seed and
 // schedule to reproduce it, the faults on the history's clock, each check's
 // verdict, operation counts by kind and outcome, the full history (JSON
-// lines), porcupine's visualization of each linearizability check with the
-// faults drawn on it, and the tail of every process's output.
+// lines), a timeline page of faults and operations on one axis with the
+// violations linked to the operations they name (timeline.go), porcupine's
+// visualization of each linearizability check with the faults drawn on it,
+// and the tail of every process's output.
 package report
 
 import (
@@ -26,6 +28,12 @@ type Visualization struct {
 	Name  string
 	Model porcupine.Model
 	Info  porcupine.LinearizationInfo
+	// Check is the validate.Result.Check of this check, and Ops the
+	// operations it checked (each with its history op as Metadata,
+	// validate.OpID): when it fails, the timeline names the operations at
+	// which porcupine got stuck. Both optional.
+	Check string
+	Ops   []porcupine.Operation
 }
 
 // Report is one run.
@@ -38,6 +46,9 @@ type Report struct {
 	Ops        []traffic.Op
 	Visuals    []Visualization
 	Logs       map[string]string // process name → output tail
+	// Command reruns this run (the timeline page shows it); empty: the
+	// suite's generic rerun of the seed.
+	Command string
 }
 
 // Failed reports whether any check found a violation or a fault failed to
@@ -61,6 +72,9 @@ func (r *Report) Failed() bool {
 func (r *Report) Summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "scenario %s, seed %d (rerun: SHOAL_ROBUSTNESS_SEED=%d), schedule %s\n", r.Scenario, r.Seed, r.Seed, r.Schedule)
+	if r.Command != "" {
+		fmt.Fprintf(&b, "rerun: %s\n", r.Command)
+	}
 	b.WriteString("faults:\n")
 	for _, inj := range r.Injections {
 		fmt.Fprintf(&b, "  %8s → %8s  %s", ms(inj.Start), ms(inj.Healed), inj.Failpoint)
@@ -82,8 +96,9 @@ func (r *Report) Summary() string {
 }
 
 // Write writes the report into dir (created): summary.txt, history.jsonl,
-// one porcupine HTML per visualization, one log file per process. It
-// returns the files written.
+// timeline.html (Timeline: faults and operations on one axis, the
+// violations linked to the operations they name), one porcupine HTML per
+// visualization, one log file per process. It returns the files written.
 func (r *Report) Write(dir string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -105,6 +120,9 @@ func (r *Report) Write(dir string) ([]string, error) {
 		}
 	}
 	if err := write("history.jsonl", []byte(hist.String())); err != nil {
+		return files, err
+	}
+	if err := write("timeline.html", r.Timeline()); err != nil {
 		return files, err
 	}
 	for _, v := range r.Visuals {

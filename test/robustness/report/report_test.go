@@ -40,7 +40,7 @@ func TestWriteFailingReport(t *testing.T) {
 	dir := t.TempDir()
 	files, err := r.Write(dir)
 	require.NoError(t, err)
-	assert.Len(t, files, 4)
+	assert.Len(t, files, 5)
 	html, err := os.ReadFile(filepath.Join(dir, "register.html"))
 	require.NoError(t, err)
 	assert.True(t, strings.Contains(string(html), "partition-node(n1, 1s)"), "the fault is drawn on the visualization")

@@ -147,6 +147,14 @@ func AckedRowsReadable(ops []traffic.Op, f Final) Result {
 	return r
 }
 
+// OpID is the history operation (traffic.Op.ID) a porcupine operation was
+// made from, carried as its Metadata: porcupine's visualization shows it,
+// and the report's timeline uses it to name the operations a failed check
+// got stuck on.
+type OpID int
+
+func (o OpID) String() string { return fmt.Sprintf("op %d", int(o)) }
+
 // RegisterOperations turns the register writes, reads, bookmarks and
 // restores into porcupine's form. A write or a restore of unknown outcome
 // may have taken effect at any time after its call, or never
@@ -213,7 +221,7 @@ func RegisterOperations(ops []traffic.Op) []porcupine.Operation {
 				ret = int64(max(op.EffectBy, op.Return))
 			}
 		}
-		out = append(out, porcupine.Operation{ClientId: op.Client, Call: int64(op.Call), Return: ret, Input: in, Output: res})
+		out = append(out, porcupine.Operation{ClientId: op.Client, Call: int64(op.Call), Return: ret, Input: in, Output: res, Metadata: OpID(op.ID)})
 	}
 	return out
 }
@@ -305,7 +313,7 @@ func ExistenceOperations(ops []traffic.Op) []porcupine.Operation {
 				if createCall[db] >= op.Return && !listed[db] {
 					continue
 				}
-				out = append(out, porcupine.Operation{ClientId: op.Client, Call: int64(op.Call), Return: int64(op.Return),
+				out = append(out, porcupine.Operation{ClientId: op.Client, Call: int64(op.Call), Return: int64(op.Return), Metadata: OpID(op.ID),
 					Input: model.ExistenceInput{DB: db, Op: model.Listed}, Output: model.ExistenceOutput{Found: listed[db]}})
 			}
 			continue
@@ -313,7 +321,7 @@ func ExistenceOperations(ops []traffic.Op) []porcupine.Operation {
 		if !acked[op.DB] {
 			continue
 		}
-		o := porcupine.Operation{ClientId: op.Client, Call: int64(op.Call), Return: int64(op.Return)}
+		o := porcupine.Operation{ClientId: op.Client, Call: int64(op.Call), Return: int64(op.Return), Metadata: OpID(op.ID)}
 		switch {
 		case op.Kind == traffic.Create && op.Outcome == traffic.OK:
 			o.Input = model.ExistenceInput{DB: op.DB, Op: model.Created}
