@@ -104,13 +104,8 @@ func (f *FSM) finishTx(ctx context.Context, applied uint64) error {
 		return err
 	}
 	f.dd.prune(f.dedupeThresholds(applied))
-	if _, err := s.metaSet.ExecContext(ctx, "applied_index", strconv.FormatUint(applied, 10)); err != nil {
-		return err
-	}
-	if _, err := s.metaSet.ExecContext(ctx, "max_time", strconv.FormatInt(f.maxTime, 10)); err != nil {
-		return err
-	}
-	return nil
+	_, err := s.metaApply.ExecContext(ctx, strconv.FormatUint(applied, 10), strconv.FormatInt(f.maxTime, 10))
+	return err
 }
 
 // dedupeThresholds: a remembered request counts while its ts >= tsMin (the
@@ -173,8 +168,13 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 			return res, &fatalError{err}
 		}
 	}
-	if _, err := s.savepoint.ExecContext(ctx); err != nil {
-		return res, &fatalError{err}
+	// A command that refuses only before its first write runs without a
+	// savepoint (command.refusesBeforeWrites): a refusal has nothing to undo.
+	sp := s.cmds[cmd.Type].spec.savepoint()
+	if sp {
+		if _, err := s.savepoint.ExecContext(ctx); err != nil {
+			return res, &fatalError{err}
+		}
 	}
 	var value any
 	f.digestCmd = f.digestCmd[:0]
@@ -191,8 +191,10 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 	case errors.As(err, &fe):
 		return res, fe
 	case err != nil:
-		if _, err := s.rollbackTo.ExecContext(ctx); err != nil {
-			return res, &fatalError{err}
+		if sp {
+			if _, err := s.rollbackTo.ExecContext(ctx); err != nil {
+				return res, &fatalError{err}
+			}
 		}
 		res.Err = ToError(err)
 	case value != nil:
@@ -213,8 +215,10 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 	} else {
 		f.digestCmd = f.digestCmd[:0] // a refusal's digest changes go with its savepoint
 	}
-	if _, err := s.release.ExecContext(ctx); err != nil {
-		return res, &fatalError{err}
+	if sp {
+		if _, err := s.release.ExecContext(ctx); err != nil {
+			return res, &fatalError{err}
+		}
 	}
 	b, err := encodeResult(res)
 	if err != nil {
