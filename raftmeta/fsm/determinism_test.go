@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -290,4 +292,59 @@ func TestRestoreGarbageKeepsCatalog(t *testing.T) {
 	entries, err := dirEntries(b.dir)
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{"catalog.db", "catalog.db-shm", "catalog.db-wal"}, entries, "temp files cleaned up")
+}
+
+// TestRefusalsLeaveNoTrace: a refused command changes nothing, whichever
+// command it is and wherever it falls in a batch. The same random log is
+// applied twice in random batchings, the second time with every refused
+// entry replaced by a no-op carrying its request ID and time (a malformed
+// one by a Raft no-op), so the dedupe memory and the proposers' clock move
+// alike; the two catalogs must be identical. Commands that skip the
+// SAVEPOINT (command.refusesBeforeWrites: create_database) rely on this:
+// their refusals must come before their first write.
+func TestRefusalsLeaveNoTrace(t *testing.T) {
+	ctx := context.Background()
+	for seed := uint64(1); seed <= 6; seed++ {
+		logs := randomLogs(t, seed, 1500)
+		rng := rand.New(rand.NewPCG(seed, 7))
+		f1 := newFSM(t)
+		out := applyChunked(f1, logs, rng)
+		replaced := make([]*raft.Log, len(logs))
+		refused := 0
+		for i, l := range logs {
+			replaced[i] = l
+			r, ok := out[i].(Result)
+			if !ok || r.Err == nil {
+				continue
+			}
+			refused++
+			var c Command
+			if json.Unmarshal(l.Data, &c) != nil || c.RequestID == "" || c.Time <= 0 {
+				replaced[i] = &raft.Log{Index: l.Index, Type: raft.LogNoop}
+				continue
+			}
+			replaced[i] = &raft.Log{Index: l.Index, Type: raft.LogCommand, Data: encode(t, CmdNoop, c.RequestID, c.Time, struct{}{})}
+		}
+		require.Greater(t, refused, 100, "seed %d: the log must refuse commands", seed)
+		f2 := newFSM(t)
+		applyChunked(f2, replaced, rng)
+		d1, err := f1.Dump(ctx)
+		require.NoError(t, err)
+		d2, err := f2.Dump(ctx)
+		require.NoError(t, err)
+		if d1 != d2 {
+			t.Fatalf("seed %d: refused commands left a trace:\n%s", seed, firstDiff(d1, d2))
+		}
+	}
+}
+
+// firstDiff shows the first differing line of two dumps.
+func firstDiff(a, b string) string {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	for i := 0; i < min(len(al), len(bl)); i++ {
+		if al[i] != bl[i] {
+			return fmt.Sprintf("line %d:\n  with refusals:    %s\n  without them:     %s", i+1, al[i], bl[i])
+		}
+	}
+	return fmt.Sprintf("lengths %d and %d lines", len(al), len(bl))
 }

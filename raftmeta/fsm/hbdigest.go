@@ -289,9 +289,9 @@ type digestDelta struct{ digest, count int64 }
 // digestAdd records that an active database's contribution goes into its
 // host's bucket (sign +1) or out of it (−1). The change is staged with the
 // command (digestCmd): applyOne keeps it only if the command is not
-// refused, and finishTx writes the batch's sum in one statement (one
-// upsert per create cost ~7 µs of FSM CPU, ~20% of a create's). XOR and
-// sums commute, so the rows written depend only on the commands applied,
+// refused, and finishTx writes the batch's sum: one upsert per (host,
+// bucket) the batch touched, however many of its commands touched it. XOR
+// and sums commute, so the rows written depend only on the commands applied,
 // not on how Raft batched them.
 func (f *FSM) digestAdd(hostID, uuid, objectID string, generation int64, sign int64) {
 	f.digestCmd = append(f.digestCmd, digestChange{digestKey{hostID, DigestBucket(uuid)},
