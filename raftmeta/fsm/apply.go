@@ -104,8 +104,13 @@ func (f *FSM) finishTx(ctx context.Context, applied uint64) error {
 		return err
 	}
 	f.dd.prune(f.dedupeThresholds(applied))
-	_, err := s.metaApply.ExecContext(ctx, strconv.FormatUint(applied, 10), strconv.FormatInt(f.maxTime, 10))
-	return err
+	if _, err := s.metaSet.ExecContext(ctx, "applied_index", strconv.FormatUint(applied, 10)); err != nil {
+		return err
+	}
+	if _, err := s.metaSet.ExecContext(ctx, "max_time", strconv.FormatInt(f.maxTime, 10)); err != nil {
+		return err
+	}
+	return nil
 }
 
 // dedupeThresholds: a remembered request counts while its ts >= tsMin (the

@@ -73,7 +73,7 @@ type stmts struct {
 
 	begin, commit, rollback, savepoint, rollbackTo, release *sql.Stmt
 
-	metaSet, metaApply *sql.Stmt
+	metaSet *sql.Stmt
 
 	accountGet, accountIncr *sql.Stmt
 	tokenGet, hostGet       *sql.Stmt
@@ -98,10 +98,6 @@ func prepareStmts(ctx context.Context, c *sql.Conn) (*stmts, error) {
 	s.release = p.prep(`RELEASE cmd`)
 
 	s.metaSet = p.prep(`UPDATE meta SET value = ?2 WHERE key = ?1`)
-	// The apply state, written at the end of every batch: both rows in one
-	// statement (one step through the driver instead of two).
-	s.metaApply = p.prep(`UPDATE meta SET value = CASE key WHEN 'applied_index' THEN ?1 ELSE ?2 END
-		WHERE key IN ('applied_index', 'max_time')`)
 	s.auditInsert = p.prep(`INSERT INTO audit_log (time, type, actor, source, account_id, subject, detail) VALUES (?, ?, ?, ?, ?, ?, ?)`)
 	s.auditPrune = p.prep(`DELETE FROM audit_log WHERE id IN (SELECT id FROM audit_log ORDER BY id LIMIT ?1) AND time < ?2`)
 
