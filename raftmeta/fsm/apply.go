@@ -173,8 +173,13 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 			return res, &fatalError{err}
 		}
 	}
-	if _, err := s.savepoint.ExecContext(ctx); err != nil {
-		return res, &fatalError{err}
+	// A command that refuses only before its first write runs without a
+	// savepoint (command.refusesBeforeWrites): a refusal has nothing to undo.
+	sp := s.cmds[cmd.Type].spec.savepoint()
+	if sp {
+		if _, err := s.savepoint.ExecContext(ctx); err != nil {
+			return res, &fatalError{err}
+		}
 	}
 	var value any
 	f.digestCmd = f.digestCmd[:0]
@@ -191,8 +196,10 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 	case errors.As(err, &fe):
 		return res, fe
 	case err != nil:
-		if _, err := s.rollbackTo.ExecContext(ctx); err != nil {
-			return res, &fatalError{err}
+		if sp {
+			if _, err := s.rollbackTo.ExecContext(ctx); err != nil {
+				return res, &fatalError{err}
+			}
 		}
 		res.Err = ToError(err)
 	case value != nil:
@@ -213,8 +220,10 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 	} else {
 		f.digestCmd = f.digestCmd[:0] // a refusal's digest changes go with its savepoint
 	}
-	if _, err := s.release.ExecContext(ctx); err != nil {
-		return res, &fatalError{err}
+	if sp {
+		if _, err := s.release.ExecContext(ctx); err != nil {
+			return res, &fatalError{err}
+		}
 	}
 	b, err := encodeResult(res)
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/shoaldb/shoal/internal/ids"
 )
 
 // BenchmarkApplyBatchCreateDatabase measures in-process apply throughput of
@@ -120,4 +122,61 @@ func BenchmarkApplySetDatabaseStats(b *testing.B) {
 	sizes := float64(len(logs) * per)
 	b.ReportMetric(sizes/b.Elapsed().Seconds(), "sizes/s")
 	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/sizes, "cpu-µs/size")
+}
+
+// BenchmarkApplyCreateDeployShape applies create_database entries shaped
+// like TestDeployBench's raw writes (test/bench): time-ordered (version 7)
+// UUIDs and request IDs, as internal/ids mints them, names "raw-N" in one
+// account, one host, an audit record on every command, in the batch sizes
+// that run's leader reported per FSM transaction (about 7 at 16 clients,
+// 25 at 64), over a catalog already holding 50,000 of them.
+//
+//	go test ./raftmeta/fsm -run XXX -bench ApplyCreateDeployShape -benchtime 20000x
+func BenchmarkApplyCreateDeployShape(b *testing.B) {
+	for _, n := range []int{1, 7, 25} {
+		b.Run("batch="+strconv.Itoa(n), func(b *testing.B) { benchApplyCreateDeploy(b, n) })
+	}
+}
+
+func benchApplyCreateDeploy(b *testing.B, batch int) {
+	const prefill = 50_000
+	f := newFSM(b)
+	var index uint64
+	audit := &Audit{Actor: "cert:bench-edge", Source: "127.0.0.1:54321"}
+	mk := func(typ CommandType, body any) *raft.Log {
+		index++
+		data, _ := json.Marshal(Command{Version: CommandVersion, Type: typ, RequestID: ids.New(),
+			Time: baseTime + int64(index)*100_000, Audit: audit, Body: mustJSON(body)})
+		return &raft.Log{Index: index, Type: raft.LogCommand, Data: data}
+	}
+	create := func(i int) *raft.Log {
+		return mk(CmdCreateDatabase, CreateDatabase{UUID: ids.New(), AccountID: "acct-raw", Name: "raw-" + strconv.Itoa(i),
+			ObjectID: ids.New(), HostID: "raw", Region: "weur", ReadReplication: ReadReplicationDisabled})
+	}
+	f.ApplyBatch([]*raft.Log{mk(CmdCreateAccount, CreateAccount{ID: "acct-raw", Name: "raw", Tier: TierPaid, Limits: bigLimits()})})
+	var pre []*raft.Log
+	for i := 0; i < prefill; i++ {
+		pre = append(pre, create(i))
+		if len(pre) == 256 || i == prefill-1 {
+			f.ApplyBatch(pre)
+			pre = pre[:0]
+		}
+	}
+	logs := make([]*raft.Log, 0, b.N)
+	for i := 0; i < b.N; i++ {
+		logs = append(logs, create(prefill+i))
+	}
+	b.ResetTimer()
+	cpu0 := processCPU()
+	for len(logs) > 0 {
+		n := min(batch, len(logs))
+		for _, r := range f.ApplyBatch(logs[:n]) {
+			if r.(Result).Err != nil {
+				b.Fatal(r.(Result).Err)
+			}
+		}
+		logs = logs[n:]
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "commands/s")
+	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/command")
 }

@@ -33,6 +33,9 @@ var createDatabaseCommand = command[CreateDatabase, *createDatabaseStmts]{
 	validate: validateCreateDatabase,
 	apply:    applyCreateDatabase,
 	refuses:  []error{ErrAccountNotFound, ErrExists, ErrNameTaken, ErrDatabaseLimit},
+	// Every refusal is decided by validate and the check statement, before
+	// the insert; the insert and the audit row are the only writes.
+	refusesBeforeWrites: true,
 	audit: func(b *CreateDatabase, v any) auditRow {
 		return auditRow{account: b.AccountID, subject: b.UUID, detail: map[string]any{"name": b.Name, "host": b.HostID, "jurisdiction": b.Jurisdiction}}
 	},

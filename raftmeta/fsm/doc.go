@@ -9,7 +9,9 @@
 // refusals it can answer, as a command[B, S] value; the one table commands
 // (registry.go) lists them all, and Apply knows no other type. Apply
 // decodes the body, validates it, and applies it inside the command's
-// savepoint (the create and stats entries may decode on a fast path,
+// savepoint (none for a command that decides every refusal before its
+// first write, command.refusesBeforeWrites: create_database), all in the
+// batch's one transaction (the create and stats entries may decode on a fast path,
 // fastdecode.go, then run the same validation and apply). Statements and
 // row reads several commands share are in stmts.go and apply.go, field
 // checks in validate.go.

@@ -89,6 +89,7 @@ type FSM struct {
 	// the batch's, written by finishTx (hbdigest.go).
 	digestCmd   []digestChange
 	digestBatch map[digestKey]digestDelta
+	digestKeys  []digestKey // flushDigests' scratch
 }
 
 var (
@@ -169,7 +170,7 @@ func removeDBFiles(path string) error {
 // writeDSN: the catalog is derived state (the Raft log and snapshots are the
 // durable truth, and New wipes the file), so it runs without fsync.
 func writeDSN(path string) string {
-	return "file:" + path + "?_journal_mode=WAL&_synchronous=OFF&_busy_timeout=10000&_cache_size=-131072&_temp_store=memory"
+	return "file:" + path + "?_journal_mode=WAL&_synchronous=OFF&_mutex=no&_busy_timeout=10000&_cache_size=-131072&_temp_store=memory"
 }
 
 func readDSN(path string) string {
