@@ -214,13 +214,16 @@ func (a *Archive) build(ctx context.Context, db string, p Position, tmp string, 
 	if g == nil || !g.restorable() {
 		return fmt.Errorf("%w: generation %s", ErrNoHistory, p.Gen)
 	}
-	snap := snapName{Txid: ^uint64(0)}
+	// The newest snapshot at or before p, else an older one: a snapshot
+	// the store lost or damaged (found by the scrubber, or not yet) is
+	// skipped when an older one and the records after it still lead to p.
+	var cands []snapName
 	for _, s := range g.snaps {
 		if s.Txid <= p.Txid {
-			snap = s
+			cands = append(cands, s)
 		}
 	}
-	if snap.Txid == ^uint64(0) {
+	if len(cands) == 0 {
 		return fmt.Errorf("%w: no snapshot at or before txid %d", ErrNoHistory, p.Txid)
 	}
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
@@ -228,17 +231,27 @@ func (a *Archive) build(ctx context.Context, db string, p Position, tmp string, 
 		return err
 	}
 	defer f.Close()
-	r, err := a.store.Get(ctx, g.keys[snap])
-	if err != nil {
-		return err
+	var sh snapHeader
+	var firstErr error
+	for i := len(cands) - 1; i >= 0; i-- {
+		if sh, err = a.readSnapshotInto(ctx, g.keys[cands[i]], cands[i], f); err == nil {
+			break
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+		if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrNotFound) {
+			return err // the store failing: not a reason to read more
+		}
+		if err := f.Truncate(0); err != nil {
+			return err
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
 	}
-	sh, err := readSnapshot(r, f)
-	r.Close()
 	if err != nil {
-		return err
-	}
-	if sh.Txid != snap.Txid || sh.TimeUs != snap.TimeUs {
-		return fmt.Errorf("%w: snapshot header does not match its name", ErrCorrupt)
+		return firstErr
 	}
 	st.Snapshot = Position{Gen: g.gen, Txid: sh.Txid, TimeUs: sh.TimeUs}
 	st.BytesRead += snapSize(sh)
@@ -296,6 +309,24 @@ func (a *Archive) build(ctx context.Context, db string, p Position, tmp string, 
 	}
 	st.DatabaseBytes = int64(dbSize) * ps
 	return f.Sync()
+}
+
+// readSnapshotInto reads and checks the snapshot named s into f (from
+// offset 0).
+func (a *Archive) readSnapshotInto(ctx context.Context, key string, s snapName, f *os.File) (snapHeader, error) {
+	r, err := a.store.Get(ctx, key)
+	if err != nil {
+		return snapHeader{}, err
+	}
+	sh, err := readSnapshot(r, f)
+	r.Close()
+	if err != nil {
+		return sh, err
+	}
+	if sh.Txid != s.Txid || sh.TimeUs != s.TimeUs {
+		return sh, fmt.Errorf("%w: snapshot header does not match its name", ErrCorrupt)
+	}
+	return sh, nil
 }
 
 // VerifyStats describes an archive check.
