@@ -94,16 +94,20 @@ func (a *Archive) Latest(ctx context.Context, db string) (Position, error) {
 			continue
 		}
 		p := Position{Gen: g.gen, Txid: g.snaps[len(g.snaps)-1].Txid, TimeUs: g.snaps[len(g.snaps)-1].TimeUs}
-		// Segments must chain from a snapshot without holes.
-		next := g.snaps[0].Txid + 1
-		for _, s := range g.segs {
-			if s.First > next {
-				break
-			}
-			if s.Last >= next {
-				next = s.Last + 1
-				if s.Last > p.Txid {
-					p.Txid, p.TimeUs = s.Last, s.LastTimeUs
+		// Segments must chain from a snapshot without holes: from any
+		// snapshot, so that a hole the store made before a newer
+		// snapshot (the scrubber's heal) does not hide what follows it.
+		for _, sn := range g.snaps {
+			next := sn.Txid + 1
+			for _, s := range g.segs {
+				if s.First > next {
+					break
+				}
+				if s.Last >= next {
+					next = s.Last + 1
+					if s.Last > p.Txid {
+						p.Txid, p.TimeUs = s.Last, s.LastTimeUs
+					}
 				}
 			}
 		}
