@@ -408,6 +408,24 @@ func (h *Host) historyRoutes(r *mux.Router) {
 		v4.WriteResult(w, map[string]any{"lag_seconds": st.Lag.Seconds(), "alarm": st.Alarm, "backlog_databases": st.Backlog, "last_error": st.LastError,
 			"scrub": h.ScrubStatus()})
 	}).Methods(http.MethodGet)
+	// A scrub of every live database now (?sample=N objects read per
+	// database; -1: all), answered when done: scrub.go.
+	r.HandleFunc("/v1/history/scrub", func(w http.ResponseWriter, r *http.Request) {
+		sample := 0
+		if s := r.URL.Query().Get("sample"); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < -1 {
+				writeHistoryErr(w, invalidHistory("sample is a count of objects per database, or -1 for all"))
+				return
+			}
+			sample = n
+		}
+		if err := h.ScrubNow(r.Context(), sample); err != nil {
+			writeHistoryErr(w, err)
+			return
+		}
+		v4.WriteResult(w, h.ScrubStatus())
+	}).Methods(http.MethodPost)
 }
 
 // BookmarkResult is GET …/time_travel/bookmark's result (D1's shape).

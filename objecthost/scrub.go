@@ -187,7 +187,7 @@ func (hh *hostHistory) scrubPass(ctx context.Context, h *Host) {
 		if ctx.Err() != nil {
 			return
 		}
-		hh.scrubOne(ctx, h, tg.objectID, tg.uuid)
+		hh.scrubOne(ctx, h, tg.objectID, tg.uuid, hh.cfg.ScrubSample)
 	}
 	hh.scrubMu.Lock()
 	hh.scrub.passes++
@@ -196,11 +196,16 @@ func (hh *hostHistory) scrubPass(ctx context.Context, h *Host) {
 }
 
 // ScrubNow checks every live database's archive once, now, without
-// pacing (tests).
-func (h *Host) ScrubNow(ctx context.Context) error {
+// pacing, reading sample objects of each (0: the configured ScrubSample;
+// negative: all): tests, and an operator after a known incident of the
+// store (POST /v1/history/scrub).
+func (h *Host) ScrubNow(ctx context.Context, sample int) error {
 	hh, err := h.historyOn()
 	if err != nil {
 		return err
+	}
+	if sample == 0 {
+		sample = hh.cfg.ScrubSample
 	}
 	h.mu.RLock()
 	targets := make([]scrubTarget, 0, len(h.objects))
@@ -215,20 +220,20 @@ func (h *Host) ScrubNow(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		hh.scrubOne(ctx, h, tg.objectID, tg.uuid)
+		hh.scrubOne(ctx, h, tg.objectID, tg.uuid, sample)
 	}
 	return nil
 }
 
 // check reads what the staging area says was shipped, then the archive
 // (in that order: see history.ShippedOf).
-func (hh *hostHistory) check(ctx context.Context, h *Host, objectID, uuid string) (history.ScrubReport, error) {
+func (hh *hostHistory) check(ctx context.Context, h *Host, objectID, uuid string, sample int) (history.ScrubReport, error) {
 	sh, err := history.ShippedOf(hh.cfg.StagingDir, history.StagingArea{Key: uuid, Name: objectID})
 	if err != nil {
 		h.log.Warn("history: scrub: staging area unreadable; checking the archive without it", "db", uuid, "err", err)
 		sh = history.Shipped{}
 	}
-	rep, err := hh.archive.Scrub(ctx, uuid, sh, history.ScrubOptions{Sample: hh.cfg.ScrubSample, Cutoff: h.now().Add(-hh.cfg.Retention)})
+	rep, err := hh.archive.Scrub(ctx, uuid, sh, history.ScrubOptions{Sample: sample, Cutoff: h.now().Add(-hh.cfg.Retention)})
 	hh.sm.requests.Add(float64(rep.Requests))
 	hh.sm.read.Add(float64(rep.Read))
 	hh.sm.bytes.Add(float64(rep.ReadBytes))
@@ -237,7 +242,7 @@ func (hh *hostHistory) check(ctx context.Context, h *Host, objectID, uuid string
 
 // scrubOne checks one database's archive, heals it if its current point no
 // longer restores, and records what no longer restores.
-func (hh *hostHistory) scrubOne(ctx context.Context, h *Host, objectID, uuid string) {
+func (hh *hostHistory) scrubOne(ctx context.Context, h *Host, objectID, uuid string, sample int) {
 	// Not beside the retention sweep (its deletions would look like
 	// losses to a listing taken meanwhile; the confirmation would catch
 	// it, but need not).
@@ -246,12 +251,12 @@ func (hh *hostHistory) scrubOne(ctx context.Context, h *Host, objectID, uuid str
 	hh.scrubMu.Lock()
 	hh.scrub.checked++
 	hh.scrubMu.Unlock()
-	rep, err := hh.check(ctx, h, objectID, uuid)
+	rep, err := hh.check(ctx, h, objectID, uuid, sample)
 	if err == nil && rep.Damage() {
 		// Confirm from scratch: only absence in two listings, or a
 		// checksum failing on every read, counts.
 		first := rep
-		rep, err = hh.check(ctx, h, objectID, uuid)
+		rep, err = hh.check(ctx, h, objectID, uuid, sample)
 		if err == nil && !rep.Damage() {
 			hh.sm.checks.WithLabelValues("transient").Inc()
 			h.log.Info("history: scrub: damage not confirmed by a second check", "db", uuid, "missing", first.Missing, "damaged", first.Damaged)
@@ -286,7 +291,7 @@ func (hh *hostHistory) scrubOne(ctx context.Context, h *Host, objectID, uuid str
 			outcome = "healed"
 			healed = string(history.MakeBookmark(uuid, p))
 			// What no longer restores now that the heal is in place.
-			if r2, err := hh.check(ctx, h, objectID, uuid); err == nil {
+			if r2, err := hh.check(ctx, h, objectID, uuid, sample); err == nil {
 				rep = r2
 			}
 		}

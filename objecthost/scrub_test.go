@@ -87,7 +87,7 @@ func TestScrubFindsAndHealsArchiveDamage(t *testing.T) {
 			th.exec(t, hit, "INSERT INTO t(v) VALUES ('three')")
 			th.archivedUpTo(t, hit)
 			th.archivedUpTo(t, other)
-			require.NoError(t, th.ScrubNow(context.Background()))
+			require.NoError(t, th.ScrubNow(context.Background(), 0))
 			require.Empty(t, th.ScrubStatus().Damaged, "a clean archive")
 			require.Empty(t, th.Alarms())
 
@@ -116,7 +116,7 @@ func TestScrubFindsAndHealsArchiveDamage(t *testing.T) {
 				require.NoError(t, os.WriteFile(path, b, 0o644))
 			}
 
-			require.NoError(t, th.ScrubNow(context.Background()))
+			require.NoError(t, th.ScrubNow(context.Background(), 0))
 			st := th.ScrubStatus()
 			require.Len(t, st.Damaged, 1, "found in one pass, for that database only")
 			dmg := st.Damaged[0]
@@ -174,7 +174,7 @@ func TestScrubFindsAndHealsArchiveDamage(t *testing.T) {
 
 			// The next pass finds the same range (not grown), the alarm
 			// stays; the other database is clean.
-			require.NoError(t, th.ScrubNow(context.Background()))
+			require.NoError(t, th.ScrubNow(context.Background(), 0))
 			st = th.ScrubStatus()
 			require.Len(t, st.Damaged, 1)
 			assert.Equal(t, dmg.Lost, st.Damaged[0].Lost)
@@ -215,7 +215,7 @@ func TestScrubStoreDownRaisesNoDamage(t *testing.T) {
 	th.archivedUpTo(t, d)
 	before := archived(t, dir, d, "")
 	store.down.Store(true)
-	require.NoError(t, th.ScrubNow(context.Background()))
+	require.NoError(t, th.ScrubNow(context.Background(), 0))
 	st := th.ScrubStatus()
 	assert.Empty(t, st.Damaged)
 	assert.Equal(t, int64(1), st.Errors, "counted as a store error")

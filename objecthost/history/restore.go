@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -335,6 +336,7 @@ func (a *Archive) readSnapshotInto(ctx context.Context, key string, s snapName, 
 
 // VerifyStats describes an archive check.
 type VerifyStats struct {
+	Skipped     int // generations with nothing restorable after reported damage (VerifyExcept)
 	Generations int
 	Snapshots   int
 	Segments    int
@@ -349,6 +351,20 @@ type VerifyStats struct {
 // headers are read), and that commit times strictly increase across
 // generations. It is the "nothing lost, doubled or corrupt" check.
 func (a *Archive) Verify(ctx context.Context, db string) (VerifyStats, error) {
+	return a.VerifyExcept(ctx, db, nil, nil)
+}
+
+// VerifyExcept is Verify around known damage: the lost ranges and damaged
+// objects a scrub reported (ScrubReport.Lost and .Damaged, what the host's
+// archive_damaged alarm names). A generation with a lost range is
+// verified from the end of its last one on (its Until: the snapshot the
+// host healed from, or a later snapshot that was intact), every other
+// generation entirely; a damaged snapshot is not read. A generation whose
+// last lost range has no Until has nothing after it that restores and is
+// skipped (Stats.Skipped). Any break outside what was reported is
+// ErrCorrupt, as in Verify: the report accounts for the damage, it does
+// not waive the rest.
+func (a *Archive) VerifyExcept(ctx context.Context, db string, lost []LostRange, damaged []string) (VerifyStats, error) {
 	var st VerifyStats
 	gens, err := a.index(ctx, db)
 	if err != nil {
@@ -357,11 +373,27 @@ func (a *Archive) Verify(ctx context.Context, db string) (VerifyStats, error) {
 	var lastUs int64
 	for _, g := range gens {
 		st.Generations++
+		var from *LostRange // the generation's last lost range
+		for i, l := range lost {
+			if l.Gen == g.gen && (from == nil || l.LastTxid > from.LastTxid) {
+				from = &lost[i]
+			}
+		}
+		if from != nil && from.Until.Gen != g.gen {
+			st.Skipped++
+			if len(g.snaps) > 0 {
+				lastUs = max(lastUs, g.snaps[0].TimeUs)
+			}
+			continue
+		}
 		if len(g.snaps) == 0 {
 			return st, fmt.Errorf("%w: generation %s has no snapshot", ErrCorrupt, g.gen)
 		}
 		chainAt := map[uint64]uint32{}
 		for _, s := range g.snaps {
+			if slices.Contains(damaged, g.keys[s]) || from != nil && s.Txid < from.Until.Txid {
+				continue
+			}
 			r, err := a.store.Get(ctx, g.keys[s])
 			if err != nil {
 				return st, err
@@ -379,8 +411,16 @@ func (a *Archive) Verify(ctx context.Context, db string) (VerifyStats, error) {
 		}
 		lastUs = g.snaps[0].TimeUs
 		// The oldest snapshot is where the kept log starts (the base, or
-		// the snapshot a retention sweep kept).
+		// the snapshot a retention sweep kept), or the end of the last
+		// lost range.
 		next, chain := g.snaps[0].Txid+1, chainAt[g.snaps[0].Txid]
+		if from != nil {
+			c, ok := chainAt[from.Until.Txid]
+			if !ok {
+				return st, fmt.Errorf("%w: generation %s: no snapshot at %d, where the reported damage ends", ErrCorrupt, g.gen, from.Until.Txid)
+			}
+			next, chain, lastUs = from.Until.Txid+1, c, from.Until.TimeUs
+		}
 		inGen := 0
 		for _, s := range g.segs {
 			if s.Last < next {
