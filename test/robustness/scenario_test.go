@@ -1238,7 +1238,6 @@ func (e *env) archiveDamageReported(objs []validate.Object, scrubs []validate.Ho
 	}
 	st, err := e.c.ArchiveStore()
 	require.NoError(e.t, err)
-	a := history.NewArchive(st)
 	own := map[string]history.ScrubReport{}
 	for _, l := range e.lost {
 		db := l.DB()
@@ -1249,7 +1248,7 @@ func (e *env) archiveDamageReported(objs []validate.Object, scrubs []validate.Ho
 			continue
 		}
 		ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
-		rep, err := validate.OwnScrub(ctx, a, db)
+		rep, err := validate.OwnScrub(ctx, st, db)
 		cancel()
 		require.NoError(e.t, err, "the suite's own scrub of %s", db)
 		own[db] = rep

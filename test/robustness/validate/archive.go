@@ -55,6 +55,10 @@ func CheckArchive(ctx context.Context, a *history.Archive, o Object, d *Damage) 
 	// The last point Verify reached: the chain from the oldest kept
 	// snapshot, without a hole, to the newest record (what Latest names).
 	res.Latest = res.Verify.Last
+	if res.Verify.Skipped > 0 && res.Latest.Gen == "" {
+		res.Err = fmt.Errorf("nothing restores after the damage its host reported (%d generations without a healed point)", res.Verify.Skipped)
+		return res
+	}
 	tmp, err := os.MkdirTemp("", "shoal-archive-check-")
 	if err != nil {
 		res.Err = err
