@@ -182,7 +182,10 @@ func (c *Cluster) ScrubHost(ctx context.Context, host *Member) (ScrubStatus, err
 	if err != nil {
 		return ScrubStatus{}, err
 	}
-	resp, err := host.HTTP.Do(req)
+	// The members' clients time out after 2 s; a full scrub of a host's
+	// archive takes longer (bounded by ctx instead).
+	hc := &http.Client{Transport: host.HTTP.Transport}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return ScrubStatus{}, err
 	}
