@@ -222,3 +222,27 @@ func TestScrubStoreDownRaisesNoDamage(t *testing.T) {
 	assert.Empty(t, th.Alarms())
 	assert.Equal(t, before, archived(t, dir, d, ""), "nothing shipped to heal")
 }
+
+// TestScrubLoopFindsDamage: the paced passes (ScrubInterval) find damage
+// by themselves, heal it and raise the alarm; Close stops them.
+func TestScrubLoopFindsDamage(t *testing.T) {
+	dir, err := history.NewDirStore(t.TempDir())
+	require.NoError(t, err)
+	th := newTestHost(t, func(c *Config) {
+		c.History = &HistoryConfig{Store: dir, Shipper: history.ShipperOptions{MaxLag: 50 * time.Millisecond},
+			SweepInterval: -1, ScrubInterval: 200 * time.Millisecond}
+	})
+	d := newDB("acct")
+	th.mustInit(t, d)
+	th.exec(t, d, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT, r INTEGER DEFAULT (random()))")
+	th.archivedUpTo(t, d)
+	snaps := archived(t, dir, d, ".snap")
+	require.Len(t, snaps, 1)
+	require.NoError(t, dir.Delete(context.Background(), snaps[0]))
+	require.Eventually(t, func() bool {
+		st := th.ScrubStatus()
+		return len(st.Damaged) == 1 && st.Damaged[0].HealedAt != "" && len(th.Alarms()) == 1
+	}, 30*time.Second, 20*time.Millisecond, "a pass finds, heals and alarms")
+	assert.Equal(t, "archive_damaged", th.Alarms()[0].Kind)
+	assert.Positive(t, th.ScrubStatus().Passes)
+}
