@@ -1002,11 +1002,11 @@ func (c *Capturer) snapshot(force bool) (Position, bool, error) {
 	c.curMu.Lock()
 	cur := c.cur
 	c.curMu.Unlock()
-	if cur.gen == "" {
-		return Position{}, false, errCaptureStopped
-	}
 	if !force && (cur.last.Txid == 0 || cur.last.Txid <= c.snapTxid.Load()) {
 		return Position{}, false, nil
+	}
+	if cur.gen == "" {
+		return Position{}, false, errCaptureStopped // not attached
 	}
 	h, walOK, err := readWALHeader(c.walF)
 	if err != nil {
