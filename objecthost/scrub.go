@@ -172,9 +172,9 @@ func (hh *hostHistory) scrubPass(ctx context.Context, h *Host) {
 	if len(targets) > 0 {
 		pace = hh.cfg.ScrubInterval / time.Duration(len(targets))
 	}
-	t := time.NewTimer(0)
+	t := time.NewTimer(time.Hour)
+	t.Stop() // Reset below (Go ≥ 1.23: no stale tick to drain)
 	defer t.Stop()
-	<-t.C
 	for _, tg := range targets {
 		if pace > 0 {
 			t.Reset(pace)
