@@ -227,13 +227,22 @@ func (h *Host) ScrubNow(ctx context.Context, sample int) error {
 
 // check reads what the staging area says was shipped, then the archive
 // (in that order: see history.ShippedOf).
-func (hh *hostHistory) check(ctx context.Context, h *Host, objectID, uuid string, sample int) (history.ScrubReport, error) {
+func (hh *hostHistory) check(ctx context.Context, h *Host, objectID, uuid string, sample int, found []string) (history.ScrubReport, error) {
 	sh, err := history.ShippedOf(hh.cfg.StagingDir, history.StagingArea{Key: uuid, Name: objectID})
 	if err != nil {
 		h.log.Warn("history: scrub: staging area unreadable; checking the archive without it", "db", uuid, "err", err)
 		sh = history.Shipped{}
 	}
-	rep, err := hh.archive.Scrub(ctx, uuid, sh, history.ScrubOptions{Sample: sample, Cutoff: h.now().Add(-hh.cfg.Retention)})
+	// Objects found damaged before stay damaged until read again and found
+	// whole (a pass whose sample misses them must not clear the alarm).
+	var known []string
+	hh.scrubMu.Lock()
+	if d := hh.scrub.damaged[uuid]; d != nil {
+		known = d.Damaged
+	}
+	hh.scrubMu.Unlock()
+	known = append(known[:len(known):len(known)], found...)
+	rep, err := hh.archive.Scrub(ctx, uuid, sh, history.ScrubOptions{Sample: sample, Damaged: known, Cutoff: h.now().Add(-hh.cfg.Retention)})
 	hh.sm.requests.Add(float64(rep.Requests))
 	hh.sm.read.Add(float64(rep.Read))
 	hh.sm.bytes.Add(float64(rep.ReadBytes))
@@ -251,12 +260,14 @@ func (hh *hostHistory) scrubOne(ctx context.Context, h *Host, objectID, uuid str
 	hh.scrubMu.Lock()
 	hh.scrub.checked++
 	hh.scrubMu.Unlock()
-	rep, err := hh.check(ctx, h, objectID, uuid, sample)
+	rep, err := hh.check(ctx, h, objectID, uuid, sample, nil)
 	if err == nil && rep.Damage() {
-		// Confirm from scratch: only absence in two listings, or a
-		// checksum failing on every read, counts.
+		// Confirm from scratch: only absence in two listings counts (a
+		// checksum failure was confirmed by Scrub's second read; the
+		// objects it found stay damaged here even if this sample misses
+		// them).
 		first := rep
-		rep, err = hh.check(ctx, h, objectID, uuid, sample)
+		rep, err = hh.check(ctx, h, objectID, uuid, sample, first.Damaged)
 		if err == nil && !rep.Damage() {
 			hh.sm.checks.WithLabelValues("transient").Inc()
 			h.log.Info("history: scrub: damage not confirmed by a second check", "db", uuid, "missing", first.Missing, "damaged", first.Damaged)
@@ -291,7 +302,7 @@ func (hh *hostHistory) scrubOne(ctx context.Context, h *Host, objectID, uuid str
 			outcome = "healed"
 			healed = string(history.MakeBookmark(uuid, p))
 			// What no longer restores now that the heal is in place.
-			if r2, err := hh.check(ctx, h, objectID, uuid, sample); err == nil {
+			if r2, err := hh.check(ctx, h, objectID, uuid, sample, rep.Damaged); err == nil {
 				rep = r2
 			}
 		}

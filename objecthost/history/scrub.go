@@ -43,6 +43,11 @@ type ScrubOptions struct {
 	Sample int
 	// Rand picks the sample (default: math/rand/v2's global source).
 	Rand *rand.Rand
+	// Damaged are keys an earlier check found damaged (ScrubReport.
+	// Damaged): still damaged while listed, unless this check reads one
+	// (it is in the sample) and it verifies. Without them a pass whose
+	// sample misses a damaged object would find the archive whole again.
+	Damaged []string
 	// Cutoff is the retention cutoff (the host's longest retention): like
 	// Archive.Sweep, the newest snapshot at or before it is the oldest
 	// point that must restore; what lies before it may be swept (or half
@@ -124,6 +129,7 @@ func (a *Archive) Scrub(ctx context.Context, db string, shipped Shipped, opts Sc
 		}
 	}
 	bad := map[string]bool{}
+	read := map[string]bool{}
 	for _, o := range pick {
 		var key string
 		if o.seg != nil {
@@ -145,6 +151,7 @@ func (a *Archive) Scrub(ctx context.Context, db string, shipped Shipped, opts Sc
 			verr = err
 		}
 		rep.Read++
+		read[key] = true
 		switch {
 		case verr == nil:
 		case errors.Is(verr, ErrCorrupt):
@@ -160,6 +167,22 @@ func (a *Archive) Scrub(ctx context.Context, db string, shipped Shipped, opts Sc
 		}
 	}
 
+	if len(opts.Damaged) > 0 {
+		listed := map[string]bool{}
+		for _, o := range all {
+			if o.seg != nil {
+				listed[o.g.keys[*o.seg]] = true
+			} else {
+				listed[o.g.keys[*o.snap]] = true
+			}
+		}
+		for _, k := range opts.Damaged {
+			if listed[k] && !read[k] && !bad[k] {
+				bad[k] = true
+				rep.Damaged = append(rep.Damaged, k)
+			}
+		}
+	}
 	// The oldest point that must restore (see ScrubOptions.Cutoff).
 	keep := Position{}
 	if !opts.Cutoff.IsZero() {
