@@ -290,3 +290,51 @@ func TestScrubRemembersDamagedObjects(t *testing.T) {
 		assert.Len(t, th.Alarms(), 1)
 	}
 }
+
+// TestScrubHealRewritesDamagedCurrentSnapshot: the snapshot of the current
+// commit itself damaged (with the base): the heal writes it again under
+// the same name, and the next passes find it whole — no heal again, the
+// damage reported is the base's range only.
+func TestScrubHealRewritesDamagedCurrentSnapshot(t *testing.T) {
+	root := t.TempDir()
+	dir, err := history.NewDirStore(root)
+	require.NoError(t, err)
+	th := newTestHost(t, func(c *Config) {
+		c.History = &HistoryConfig{Store: dir, Shipper: history.ShipperOptions{MaxLag: 50 * time.Millisecond},
+			SweepInterval: -1, ScrubInterval: -1, ScrubSample: 1}
+	})
+	d := newDB("acct")
+	th.mustInit(t, d)
+	th.exec(t, d, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT, r INTEGER DEFAULT (random()))")
+	th.archivedUpTo(t, d)
+	corrupt := func(key string) {
+		path := filepath.Join(root, filepath.FromSlash(key))
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		b[len(b)/2] ^= 1
+		require.NoError(t, os.WriteFile(path, b, 0o644))
+	}
+	base := archived(t, dir, d, ".snap")
+	require.Len(t, base, 1)
+	corrupt(base[0])
+	require.NoError(t, th.ScrubNow(context.Background(), -1)) // heal: a snapshot of the current commit
+	snaps := archived(t, dir, d, ".snap")
+	require.Len(t, snaps, 2)
+	current := snaps[1]
+	corrupt(current) // now that one too: nothing restores
+	require.NoError(t, th.ScrubNow(context.Background(), -1))
+	st := th.ScrubStatus()
+	require.Len(t, st.Damaged, 1)
+	assert.NotContains(t, st.Damaged[0].Damaged, current, "rewritten by the heal, read whole")
+	healed := st.Damaged[0].HealedAt
+	require.NotEmpty(t, healed)
+	for pass := 0; pass < 4; pass++ {
+		require.NoError(t, th.ScrubNow(context.Background(), 0))
+		st = th.ScrubStatus()
+		require.Len(t, st.Damaged, 1)
+		assert.Equal(t, []string{base[0]}, st.Damaged[0].Damaged, "pass %d", pass)
+		assert.Equal(t, healed, st.Damaged[0].HealedAt, "pass %d: no heal again", pass)
+		require.Len(t, st.Damaged[0].Lost, 1)
+		assert.Equal(t, healed, st.Damaged[0].Lost[0].Until)
+	}
+}

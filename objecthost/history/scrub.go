@@ -44,9 +44,10 @@ type ScrubOptions struct {
 	// Rand picks the sample (default: math/rand/v2's global source).
 	Rand *rand.Rand
 	// Damaged are keys an earlier check found damaged (ScrubReport.
-	// Damaged): still damaged while listed, unless this check reads one
-	// (it is in the sample) and it verifies. Without them a pass whose
-	// sample misses a damaged object would find the archive whole again.
+	// Damaged): read again (besides the sample) while listed, so that a
+	// pass whose sample misses a damaged object does not find the archive
+	// whole again, and one rewritten since (a heal's snapshot of the same
+	// commit, an operator's repair) is found whole.
 	Damaged []string
 	// Cutoff is the retention cutoff (the host's longest retention): like
 	// Archive.Sweep, the newest snapshot at or before it is the oldest
@@ -128,8 +129,25 @@ func (a *Archive) Scrub(ctx context.Context, db string, shipped Shipped, opts Sc
 			pick = append(pick, all[i])
 		}
 	}
+	if len(opts.Damaged) > 0 {
+		again := map[string]bool{}
+		for _, k := range opts.Damaged {
+			again[k] = true
+		}
+		for _, o := range pick {
+			if o.seg != nil {
+				delete(again, o.g.keys[*o.seg])
+			} else {
+				delete(again, o.g.keys[*o.snap])
+			}
+		}
+		for _, o := range all {
+			if o.seg != nil && again[o.g.keys[*o.seg]] || o.snap != nil && again[o.g.keys[*o.snap]] {
+				pick = append(pick[:len(pick):len(pick)], o)
+			}
+		}
+	}
 	bad := map[string]bool{}
-	read := map[string]bool{}
 	for _, o := range pick {
 		var key string
 		if o.seg != nil {
@@ -151,7 +169,6 @@ func (a *Archive) Scrub(ctx context.Context, db string, shipped Shipped, opts Sc
 			verr = err
 		}
 		rep.Read++
-		read[key] = true
 		switch {
 		case verr == nil:
 		case errors.Is(verr, ErrCorrupt):
@@ -167,22 +184,6 @@ func (a *Archive) Scrub(ctx context.Context, db string, shipped Shipped, opts Sc
 		}
 	}
 
-	if len(opts.Damaged) > 0 {
-		listed := map[string]bool{}
-		for _, o := range all {
-			if o.seg != nil {
-				listed[o.g.keys[*o.seg]] = true
-			} else {
-				listed[o.g.keys[*o.snap]] = true
-			}
-		}
-		for _, k := range opts.Damaged {
-			if listed[k] && !read[k] && !bad[k] {
-				bad[k] = true
-				rep.Damaged = append(rep.Damaged, k)
-			}
-		}
-	}
 	// The oldest point that must restore (see ScrubOptions.Cutoff).
 	keep := Position{}
 	if !opts.Cutoff.IsZero() {
