@@ -110,6 +110,8 @@ clickhouse {
 #   alarm_lag  = "10s"       # the lag alarm (GET /v1/history/status, shoal_history_* metrics)
 #   deleted_archive_mass_floor = 50      # brake on deleting deleted databases' archives (docs/operations.md)
 #   bucket_sweep_interval      = "24h"   # whole-archive pass for deleted databases no host remembers; "off" disables
+#   scrub_interval             = "24h"   # each host reads back its databases' archives once per interval, paced; "off" disables
+#   scrub_sample               = 1       # objects read in full per database per pass (-1: all)
 # }
 
 # The limiter: free-tier daily row limits (tier "free" below), one notice per

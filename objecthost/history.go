@@ -58,6 +58,13 @@ type HistoryConfig struct {
 	// default 24 h, the first pass at the first sweep tick; negative
 	// disables).
 	BucketSweepInterval time.Duration
+	// ScrubInterval: one pass of the archive scrubber over every live
+	// database of the host, paced evenly (default 24 h; negative
+	// disables). See scrub.go.
+	ScrubInterval time.Duration
+	// ScrubSample: archived objects read in full and verified per
+	// database per pass (default 1; negative: all of them).
+	ScrubSample int
 }
 
 // hostHistory is the host's side of history: one shipper, the capturer of
@@ -84,6 +91,13 @@ type hostHistory struct {
 	// lastBucket: when the last bucket-wide pass ran (sweep goroutine
 	// only; zero: not yet, so the first sweep tick runs one).
 	lastBucket time.Time
+
+	// archiveMu: the retention sweep of one database and the scrub of
+	// one database do not run at once (scrub.go).
+	archiveMu sync.Mutex
+	scrubMu   sync.Mutex
+	scrub     scrubState
+	sm        *scrubMetrics
 }
 
 // ErrRestoring is returned while a database is being restored.
@@ -117,6 +131,12 @@ func newHostHistory(h *Host, cfg HistoryConfig) (*hostHistory, error) {
 	if cfg.BucketSweepInterval == 0 {
 		cfg.BucketSweepInterval = 24 * time.Hour
 	}
+	if cfg.ScrubInterval == 0 {
+		cfg.ScrubInterval = 24 * time.Hour
+	}
+	if cfg.ScrubSample == 0 {
+		cfg.ScrubSample = 1
+	}
 	if cfg.DeletedArchiveMassFraction <= 0 {
 		cfg.DeletedArchiveMassFraction = 0.01
 	}
@@ -130,6 +150,8 @@ func newHostHistory(h *Host, cfg HistoryConfig) (*hostHistory, error) {
 		cfg: cfg, ship: history.NewShipper(cfg.Store, cfg.Shipper), archive: history.NewArchive(cfg.Store),
 		caps: map[string]*history.Capturer{}, restoring: map[string]bool{}, restores: map[string][]time.Time{},
 		reopen: map[string]history.Reopen{},
+		scrub:  scrubState{damaged: map[string]*ArchiveDamage{}},
+		sm:     newScrubMetrics(h.m.reg),
 	}
 	if err := os.MkdirAll(cfg.StagingDir, 0o755); err != nil {
 		return nil, fmt.Errorf("history staging dir: %w", err)
@@ -205,6 +227,10 @@ func (hh *hostHistory) start(h *Host) {
 			}
 		}()
 	}
+	if hh.cfg.ScrubInterval > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); hh.scrubLoop(ctx, h) }()
+	}
 	go func() { wg.Wait(); close(hh.done) }()
 }
 
@@ -225,7 +251,9 @@ func (hh *hostHistory) sweep(ctx context.Context, h *Host) {
 		if ctx.Err() != nil {
 			return
 		}
+		hh.archiveMu.Lock()
 		st, err := hh.archive.Sweep(ctx, u, cutoff)
+		hh.archiveMu.Unlock()
 		if err != nil {
 			h.log.Warn("history: retention sweep failed", "db", u, "err", err)
 			continue
@@ -377,8 +405,27 @@ func (h *Host) historyRoutes(r *mux.Router) {
 			writeHistoryErr(w, &errHistory{status: http.StatusNotFound, code: v4.CodeNotFound, msg: "time travel is not enabled on this host"})
 			return
 		}
-		v4.WriteResult(w, map[string]any{"lag_seconds": st.Lag.Seconds(), "alarm": st.Alarm, "backlog_databases": st.Backlog, "last_error": st.LastError})
+		v4.WriteResult(w, map[string]any{"lag_seconds": st.Lag.Seconds(), "alarm": st.Alarm, "backlog_databases": st.Backlog, "last_error": st.LastError,
+			"scrub": h.ScrubStatus()})
 	}).Methods(http.MethodGet)
+	// A scrub of every live database now (?sample=N objects read per
+	// database; -1: all), answered when done: scrub.go.
+	r.HandleFunc("/v1/history/scrub", func(w http.ResponseWriter, r *http.Request) {
+		sample := 0
+		if s := r.URL.Query().Get("sample"); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < -1 {
+				writeHistoryErr(w, invalidHistory("sample is a count of objects per database, or -1 for all"))
+				return
+			}
+			sample = n
+		}
+		if err := h.ScrubNow(r.Context(), sample); err != nil {
+			writeHistoryErr(w, err)
+			return
+		}
+		v4.WriteResult(w, h.ScrubStatus())
+	}).Methods(http.MethodPost)
 }
 
 // BookmarkResult is GET …/time_travel/bookmark's result (D1's shape).

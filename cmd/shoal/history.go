@@ -72,6 +72,14 @@ func archiveHistory(a *config.Archive, dataDir string) (*objecthost.HistoryConfi
 	if a.AlarmLag != "" {
 		h.Shipper.AlarmLag, _ = time.ParseDuration(a.AlarmLag)
 	}
+	switch a.ScrubInterval {
+	case "":
+	case "off":
+		h.ScrubInterval = -1
+	default:
+		h.ScrubInterval, _ = time.ParseDuration(a.ScrubInterval)
+	}
+	h.ScrubSample = a.ScrubSample
 	switch a.BucketSweepInterval {
 	case "":
 	case "off":

@@ -186,6 +186,12 @@ type Archive struct {
 	// staging area remembers (their host was lost with its disk). A
 	// positive duration (default 24h) or "off".
 	BucketSweepInterval string `hcl:"bucket_sweep_interval,optional"`
+	// ScrubInterval: how long one pass of the archive scrubber over every
+	// live database of a host takes (paced evenly; default 24h) or "off".
+	// ScrubSample: archived objects read in full and verified per
+	// database per pass (default 1; -1: all of them).
+	ScrubInterval string `hcl:"scrub_interval,optional"`
+	ScrubSample   int    `hcl:"scrub_sample,optional"`
 }
 
 // Tier is one pricing tier's default limits (D1's figures by default).
@@ -457,8 +463,11 @@ func (c *Cluster) validate(body *hclsyntax.Body) error {
 		if a.DeletedArchiveMassFloor < 0 {
 			v.fail("archive", "", "deleted_archive_mass_floor", "must not be negative (got %d)", a.DeletedArchiveMassFloor)
 		}
-		for _, f := range [][2]string{{"max_lag", a.MaxLag}, {"alarm_lag", a.AlarmLag}, {"bucket_sweep_interval", a.BucketSweepInterval}} {
-			if f[1] == "" || f[0] == "bucket_sweep_interval" && f[1] == "off" {
+		if a.ScrubSample < -1 {
+			v.fail("archive", "", "scrub_sample", "a count, or -1 for all (got %d)", a.ScrubSample)
+		}
+		for _, f := range [][2]string{{"max_lag", a.MaxLag}, {"alarm_lag", a.AlarmLag}, {"bucket_sweep_interval", a.BucketSweepInterval}, {"scrub_interval", a.ScrubInterval}} {
+			if f[1] == "" || (f[0] == "bucket_sweep_interval" || f[0] == "scrub_interval") && f[1] == "off" {
 				continue
 			}
 			if d, err := time.ParseDuration(f[1]); err != nil || d <= 0 {

@@ -970,20 +970,47 @@ func (c *Capturer) Close() error {
 // captured commit: the writer checkpoints only after capture caught up.
 // Returns false if there is nothing new since the last snapshot.
 func (c *Capturer) Snapshot() (bool, error) {
+	_, ok, err := c.snapshot(false)
+	return ok, err
+}
+
+// ErrClosing: the database is closing; no snapshot can be taken now.
+var ErrClosing = errors.New("history: the database is closing")
+
+// Rebase writes a snapshot at the last captured commit even when one of
+// that commit exists (or the commit is the generation's base), and
+// returns its position: the archive scrubber's healing of a database
+// whose archive lost or damaged objects. Once shipped (Shipper.Sync) every
+// point from it on restores without anything before it. The snapshot's
+// key is that of any snapshot of the same commit, and its bytes are the
+// same image (the pages as of that commit): shipping it over a damaged or
+// missing one restores it, over an intact one changes nothing.
+func (c *Capturer) Rebase() (Position, error) {
+	p, _, err := c.snapshot(true)
+	return p, err
+}
+
+func (c *Capturer) snapshot(force bool) (Position, bool, error) {
 	c.ckptMu.Lock()
 	defer c.ckptMu.Unlock()
 	if c.closing {
-		return false, nil
+		if force {
+			return Position{}, false, ErrClosing
+		}
+		return Position{}, false, nil
 	}
 	c.curMu.Lock()
 	cur := c.cur
 	c.curMu.Unlock()
-	if cur.last.Txid == 0 || cur.last.Txid <= c.snapTxid.Load() {
-		return false, nil
+	if !force && (cur.last.Txid == 0 || cur.last.Txid <= c.snapTxid.Load()) {
+		return Position{}, false, nil
+	}
+	if cur.gen == "" {
+		return Position{}, false, errCaptureStopped // not attached
 	}
 	h, walOK, err := readWALHeader(c.walF)
 	if err != nil {
-		return false, err
+		return Position{}, false, err
 	}
 	pos := cur.pos
 	if cur.restartOK {
@@ -991,19 +1018,19 @@ func (c *Capturer) Snapshot() (bool, error) {
 	}
 	im, err := newDBImage(c.dbF, c.walF, h, walOK, pos, int(cur.last.PageSize))
 	if err != nil {
-		return false, err
+		return Position{}, false, err
 	}
 	sh := snapHeader{PageSize: cur.last.PageSize, DBSize: cur.last.DBSize, Txid: cur.last.Txid, TimeUs: cur.last.TimeUs, ChainCRC: cur.last.CRC}
 	dir := c.log.genDir(cur.gen)
 	if err := writeFileAtomic(dir+"/"+localSnapName(snapName{Txid: sh.Txid, TimeUs: sh.TimeUs}), func(f *os.File) error {
 		return writeSnapshot(f, sh, im.readPage)
 	}); err != nil {
-		return false, err
+		return Position{}, false, err
 	}
 	c.snapTxid.Store(sh.Txid)
 	c.snapTimeUs.Store(sh.TimeUs)
 	c.bytesSince.Store(0)
-	return true, nil
+	return Position{Gen: cur.gen, Txid: sh.Txid, TimeUs: sh.TimeUs}, true, nil
 }
 
 // Closing is sqlexec's optional CommitHookCloser: the writer calls it when

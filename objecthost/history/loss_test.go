@@ -13,12 +13,13 @@ import (
 )
 
 // An object store that loses or corrupts an object it acknowledged (a
-// segment deleted or overwritten behind the host's back). Nothing on the
-// host notices: it never reads back what it shipped, and goes on shipping
-// after the hole. Whatever later reads the archive — Verify, a time-travel
-// restore, a lost host's recovery — fails with ErrCorrupt when it needs
-// the lost records, never building a wrong database; a point before the
-// hole still restores exactly.
+// segment deleted or overwritten behind the host's back). The shipper does
+// not notice (finding it is the scrubber's job: scrub_test.go and
+// objecthost/scrub.go), and goes on shipping after the hole. Whatever
+// reads the archive — Verify, a time-travel restore, a lost host's
+// recovery — fails with ErrCorrupt when it needs the lost records, never
+// building a wrong database; a point before the hole still restores
+// exactly.
 func TestArchiveObjectLostBehindTheHostsBack(t *testing.T) {
 	ctx := context.Background()
 	store, err := NewDirStore(t.TempDir())

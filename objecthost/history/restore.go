@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -94,16 +95,20 @@ func (a *Archive) Latest(ctx context.Context, db string) (Position, error) {
 			continue
 		}
 		p := Position{Gen: g.gen, Txid: g.snaps[len(g.snaps)-1].Txid, TimeUs: g.snaps[len(g.snaps)-1].TimeUs}
-		// Segments must chain from a snapshot without holes.
-		next := g.snaps[0].Txid + 1
-		for _, s := range g.segs {
-			if s.First > next {
-				break
-			}
-			if s.Last >= next {
-				next = s.Last + 1
-				if s.Last > p.Txid {
-					p.Txid, p.TimeUs = s.Last, s.LastTimeUs
+		// Segments must chain from a snapshot without holes: from any
+		// snapshot, so that a hole the store made before a newer
+		// snapshot (the scrubber's heal) does not hide what follows it.
+		for _, sn := range g.snaps {
+			next := sn.Txid + 1
+			for _, s := range g.segs {
+				if s.First > next {
+					break
+				}
+				if s.Last >= next {
+					next = s.Last + 1
+					if s.Last > p.Txid {
+						p.Txid, p.TimeUs = s.Last, s.LastTimeUs
+					}
 				}
 			}
 		}
@@ -214,13 +219,16 @@ func (a *Archive) build(ctx context.Context, db string, p Position, tmp string, 
 	if g == nil || !g.restorable() {
 		return fmt.Errorf("%w: generation %s", ErrNoHistory, p.Gen)
 	}
-	snap := snapName{Txid: ^uint64(0)}
+	// The newest snapshot at or before p, else an older one: a snapshot
+	// the store lost or damaged (found by the scrubber, or not yet) is
+	// skipped when an older one and the records after it still lead to p.
+	var cands []snapName
 	for _, s := range g.snaps {
 		if s.Txid <= p.Txid {
-			snap = s
+			cands = append(cands, s)
 		}
 	}
-	if snap.Txid == ^uint64(0) {
+	if len(cands) == 0 {
 		return fmt.Errorf("%w: no snapshot at or before txid %d", ErrNoHistory, p.Txid)
 	}
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
@@ -228,17 +236,27 @@ func (a *Archive) build(ctx context.Context, db string, p Position, tmp string, 
 		return err
 	}
 	defer f.Close()
-	r, err := a.store.Get(ctx, g.keys[snap])
-	if err != nil {
-		return err
+	var sh snapHeader
+	var firstErr error
+	for i := len(cands) - 1; i >= 0; i-- {
+		if sh, err = a.readSnapshotInto(ctx, g.keys[cands[i]], cands[i], f); err == nil {
+			break
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+		if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrNotFound) {
+			return err // the store failing: not a reason to read more
+		}
+		if err := f.Truncate(0); err != nil {
+			return err
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
 	}
-	sh, err := readSnapshot(r, f)
-	r.Close()
 	if err != nil {
-		return err
-	}
-	if sh.Txid != snap.Txid || sh.TimeUs != snap.TimeUs {
-		return fmt.Errorf("%w: snapshot header does not match its name", ErrCorrupt)
+		return firstErr
 	}
 	st.Snapshot = Position{Gen: g.gen, Txid: sh.Txid, TimeUs: sh.TimeUs}
 	st.BytesRead += snapSize(sh)
@@ -298,8 +316,27 @@ func (a *Archive) build(ctx context.Context, db string, p Position, tmp string, 
 	return f.Sync()
 }
 
+// readSnapshotInto reads and checks the snapshot named s into f (from
+// offset 0).
+func (a *Archive) readSnapshotInto(ctx context.Context, key string, s snapName, f *os.File) (snapHeader, error) {
+	r, err := a.store.Get(ctx, key)
+	if err != nil {
+		return snapHeader{}, err
+	}
+	sh, err := readSnapshot(r, f)
+	r.Close()
+	if err != nil {
+		return sh, err
+	}
+	if sh.Txid != s.Txid || sh.TimeUs != s.TimeUs {
+		return sh, fmt.Errorf("%w: snapshot header does not match its name", ErrCorrupt)
+	}
+	return sh, nil
+}
+
 // VerifyStats describes an archive check.
 type VerifyStats struct {
+	Skipped     int // generations with nothing restorable after reported damage (VerifyExcept)
 	Generations int
 	Snapshots   int
 	Segments    int
@@ -314,6 +351,20 @@ type VerifyStats struct {
 // headers are read), and that commit times strictly increase across
 // generations. It is the "nothing lost, doubled or corrupt" check.
 func (a *Archive) Verify(ctx context.Context, db string) (VerifyStats, error) {
+	return a.VerifyExcept(ctx, db, nil, nil)
+}
+
+// VerifyExcept is Verify around known damage: the lost ranges and damaged
+// objects a scrub reported (ScrubReport.Lost and .Damaged, what the host's
+// archive_damaged alarm names). A generation with a lost range is
+// verified from the end of its last one on (its Until: the snapshot the
+// host healed from, or a later snapshot that was intact), every other
+// generation entirely; a damaged snapshot is not read. A generation whose
+// last lost range has no Until has nothing after it that restores and is
+// skipped (Stats.Skipped). Any break outside what was reported is
+// ErrCorrupt, as in Verify: the report accounts for the damage, it does
+// not waive the rest.
+func (a *Archive) VerifyExcept(ctx context.Context, db string, lost []LostRange, damaged []string) (VerifyStats, error) {
 	var st VerifyStats
 	gens, err := a.index(ctx, db)
 	if err != nil {
@@ -322,11 +373,27 @@ func (a *Archive) Verify(ctx context.Context, db string) (VerifyStats, error) {
 	var lastUs int64
 	for _, g := range gens {
 		st.Generations++
+		var from *LostRange // the generation's last lost range
+		for i, l := range lost {
+			if l.Gen == g.gen && (from == nil || l.LastTxid > from.LastTxid) {
+				from = &lost[i]
+			}
+		}
+		if from != nil && from.Until.Gen != g.gen {
+			st.Skipped++
+			if len(g.snaps) > 0 {
+				lastUs = max(lastUs, g.snaps[0].TimeUs)
+			}
+			continue
+		}
 		if len(g.snaps) == 0 {
 			return st, fmt.Errorf("%w: generation %s has no snapshot", ErrCorrupt, g.gen)
 		}
 		chainAt := map[uint64]uint32{}
 		for _, s := range g.snaps {
+			if slices.Contains(damaged, g.keys[s]) || from != nil && s.Txid < from.Until.Txid {
+				continue
+			}
 			r, err := a.store.Get(ctx, g.keys[s])
 			if err != nil {
 				return st, err
@@ -344,8 +411,16 @@ func (a *Archive) Verify(ctx context.Context, db string) (VerifyStats, error) {
 		}
 		lastUs = g.snaps[0].TimeUs
 		// The oldest snapshot is where the kept log starts (the base, or
-		// the snapshot a retention sweep kept).
+		// the snapshot a retention sweep kept), or the end of the last
+		// lost range.
 		next, chain := g.snaps[0].Txid+1, chainAt[g.snaps[0].Txid]
+		if from != nil {
+			c, ok := chainAt[from.Until.Txid]
+			if !ok {
+				return st, fmt.Errorf("%w: generation %s: no snapshot at %d, where the reported damage ends", ErrCorrupt, g.gen, from.Until.Txid)
+			}
+			next, chain, lastUs = from.Until.Txid+1, c, from.Until.TimeUs
+		}
 		inGen := 0
 		for _, s := range g.segs {
 			if s.Last < next {

@@ -77,7 +77,7 @@ func writeSnapshot(w io.Writer, h snapHeader, readPage func(no uint32, buf []byt
 // readSnapshot verifies a snapshot while copying its pages to dst (from
 // offset 0) and returns its header. Nothing is trusted until the trailer
 // checked out: callers write into a temporary file.
-func readSnapshot(r io.Reader, dst *os.File) (snapHeader, error) {
+func readSnapshot(r io.Reader, dst io.Writer) (snapHeader, error) {
 	var h snapHeader
 	br := bufio.NewReaderSize(r, 256<<10)
 	crc := crc32.New(castagnoli)

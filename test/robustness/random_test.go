@@ -66,6 +66,7 @@ func randomFault(e *env, r *rand.Rand) failpoint.Failpoint {
 		choices = append(choices,
 			choice{failpoint.ObjectStoreDown, func() failpoint.Failpoint { return e.objectStoreDown(mode) }},
 			choice{failpoint.ObjectStoreFaulty, func() failpoint.Failpoint { return e.objectStoreFaulty(faulty) }},
+			choice{failpoint.ObjectStoreLoses, func() failpoint.Failpoint { return e.objectStoreLoses(1+r.IntN(4), r.Uint64()) }},
 			choice{failpoint.KillRestart, func() failpoint.Failpoint { return e.restoreDuringHostKill(stopStore) }})
 	}
 	// A catalog restore (an operator rewinding the catalog) at most once

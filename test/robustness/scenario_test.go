@@ -224,6 +224,8 @@ type env struct {
 	limited      []limitedAccount       // the limiter's free-tier accounts
 	// restore is the schedule's catalog rewind (catalogRestore), or nil.
 	restore *validate.CatalogRestore
+	// lost: the archive objects the store lost (objectStoreLoses).
+	lost []topology.LostObject
 }
 
 // limitedAccount is one free-tier account of the limiter's traffic.
@@ -305,6 +307,10 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	billed, producers := e.usage()
 	storage, sizes, accountTotal := e.storageTotals(catalog, cl.Account(), final.Measured)
 	drained := e.archiveDrained()
+	// Every host reads back its whole archive once (the store may have
+	// lost objects: object-store-loses), before the final kill.
+	scrubs := e.finalScrubs()
+	damages, _ := validate.Damages(scrubs)
 	// The brake's alarms are read last before the hosts' final kill: a
 	// host that restarted during the schedule decides its orphans only at
 	// their first beats after the restart, which can come after the
@@ -322,7 +328,8 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	coverage := storageCoverage(objectsWithout(objects, excluded), sizes, cl.Account())
 	byValue := sizesByValue(objectsWithout(objects, excluded), sizes, accountTotal-restored, final.Measured, cl.Account(), validate.UsedBytes)
 	archiveStart := time.Now()
-	archived := e.archiveChecks(objects)
+	archived := e.archiveChecks(objects, damages)
+	damageReported := e.archiveDamageReported(objects, scrubs)
 	t.Logf("archive of %d objects verified and restored in %s", len(archived), time.Since(archiveStart).Round(time.Millisecond))
 	usage := validate.UsageExact(e.hist.Ops(), cl.Sent(), billed, producers, e.crashWindows(objects))
 	ops := e.hist.Ops()
@@ -352,7 +359,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	if len(e.cutOffs) > 0 {
 		rep.Results = append(rep.Results, validate.QueriesAvailableDuring(ops, e.cutOffs))
 	}
-	rep.Results = append(rep.Results, storage, coverage, byValue, drained, validate.ArchiveConsistent(archived), validate.RestoresAnswered(ops))
+	rep.Results = append(rep.Results, storage, coverage, byValue, drained, validate.ArchiveConsistent(archived), damageReported, validate.RestoresAnswered(ops, damages))
 	rep.Results = append(rep.Results, e.limitChecks(ops, objects)...)
 	if len(e.coldCutOffs) > 0 {
 		var bound []traffic.Op
@@ -745,6 +752,23 @@ func scrapeCounters(m *topology.Member, names []string) []float64 {
 	return out
 }
 
+// objectStoreLoses has the object store lose n objects it acknowledged
+// (deleted or corrupted, chosen with seed: cmd/s3node's mode=lose), for
+// good: the hosts' scrubbers must find the damage, heal what they can and
+// report the rest (validate.ArchiveDamageReported at the end).
+func (e *env) objectStoreLoses(n int, seed uint64) failpoint.Failpoint {
+	return failpoint.Custom(failpoint.ObjectStoreLoses, e.c.ObjectStore.Name, fmt.Sprintf("%d objects, seed %d", n, seed), e.sched.fault,
+		func() error {
+			hit, err := e.c.StoreLose(e.ctx, n, "mixed", seed)
+			e.mu.Lock()
+			e.lost = append(e.lost, hit...)
+			e.mu.Unlock()
+			e.t.Logf("object store lost %v", hit)
+			return err
+		},
+		func() error { return nil }) // nothing brings the objects back
+}
+
 // objectStoreFaulty keeps the object store up but has it answer every
 // request 503 SlowDown (StoreErrors) or each one 3 s late (StoreSlow),
 // sampling the hosts' archive status as for an outage; run then checks the
@@ -1128,7 +1152,7 @@ func (e *env) archiveDrained() validate.Result {
 
 // archiveChecks verifies the archive of every live object against the
 // file its (killed) host left, from the object store (still up).
-func (e *env) archiveChecks(objs []validate.Object) []validate.ArchiveCheck {
+func (e *env) archiveChecks(objs []validate.Object, damages map[string]validate.Damage) []validate.ArchiveCheck {
 	st, err := e.c.ArchiveStore()
 	require.NoError(e.t, err)
 	a := history.NewArchive(st)
@@ -1142,9 +1166,101 @@ func (e *env) archiveChecks(objs []validate.Object) []validate.ArchiveCheck {
 	harness.Concurrently(len(live), 8, func(i int) {
 		ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
 		defer cancel()
-		out[i] = validate.CheckArchive(ctx, a, live[i])
+		var d *validate.Damage
+		if dm, ok := damages[live[i].DatabaseUUID]; ok {
+			d = &dm
+		}
+		out[i] = validate.CheckArchive(ctx, a, live[i], d)
 	})
 	return out
+}
+
+// finalScrubs has every host scrub its whole archive now (every object
+// read) and reads what it then shows: its scrubber's report, the
+// archive_damaged alarm in /v1/status and in `shoal cluster status`.
+func (e *env) finalScrubs() []validate.HostScrub {
+	var out []validate.HostScrub
+	anyDamage := false
+	for _, h := range e.c.Hosts {
+		hs := validate.HostScrub{Host: h.Name}
+		st, err := e.c.ScrubHost(e.ctx, h)
+		if err != nil {
+			hs.Err = err.Error()
+		}
+		hs.Status = st
+		anyDamage = anyDamage || st.DamagedN > 0
+		resp, err := h.HTTP.Get(h.URL("/v1/status"))
+		if err != nil {
+			hs.StatusErr = err.Error()
+		} else {
+			var env struct { // the v4 envelope
+				Result struct {
+					Alarms []struct {
+						Kind      string `json:"kind"`
+						Databases int    `json:"databases"`
+					} `json:"alarms"`
+				} `json:"result"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
+				hs.StatusErr = err.Error()
+			}
+			resp.Body.Close()
+			for _, a := range env.Result.Alarms {
+				if a.Kind == "archive_damaged" {
+					hs.Alarm, hs.AlarmDBs = true, a.Databases
+				}
+			}
+		}
+		out = append(out, hs)
+	}
+	if anyDamage {
+		ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+		defer cancel()
+		cli, cliErr := "", ""
+		if l, err := e.c.Leader(ctx); err != nil {
+			cliErr = err.Error()
+		} else if cli, err = e.c.CLI(ctx, "cluster", "status", "--addr", l.Addr); err != nil {
+			cliErr = err.Error()
+		}
+		e.t.Logf("shoal cluster status after the final scrub:\n%s", cli)
+		for i := range out {
+			out[i].CLI, out[i].CLIErr = strings.Contains(cli, "ALARM "+out[i].Host+" archive_damaged"), cliErr
+		}
+	}
+	for _, hs := range out {
+		e.t.Logf("%s final scrub: %d databases checked, %d store errors, %d damaged %+v%s", hs.Host, hs.Status.Checked, hs.Status.Errors, hs.Status.DamagedN, hs.Status.Damaged, hs.Err)
+	}
+	return out
+}
+
+// archiveDamageReported holds the hosts' final scrubs to what the store
+// lost (validate.ArchiveDamageReported), with the suite's own scrub of
+// every hit database that is live at the end.
+func (e *env) archiveDamageReported(objs []validate.Object, scrubs []validate.HostScrub) validate.Result {
+	live := map[string]string{}
+	for _, o := range objs {
+		if o.Live() {
+			live[o.DatabaseUUID] = o.Host
+		}
+	}
+	st, err := e.c.ArchiveStore()
+	require.NoError(e.t, err)
+	own := map[string]history.ScrubReport{}
+	for _, l := range e.lost {
+		db := l.DB()
+		if _, ok := live[db]; !ok {
+			continue
+		}
+		if _, done := own[db]; done {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+		rep, err := validate.OwnScrub(ctx, st, db)
+		cancel()
+		require.NoError(e.t, err, "the suite's own scrub of %s", db)
+		own[db] = rep
+	}
+	return validate.ArchiveDamageReported(e.lost, scrubs, own, live)
 }
 
 func (e *env) integrityChecks() []validate.Integrity {

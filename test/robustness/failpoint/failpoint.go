@@ -45,6 +45,11 @@ const (
 	// ObjectStoreFaulty: the store is up but answers every request 503
 	// SlowDown, or answers each one late; Param says which.
 	ObjectStoreFaulty Kind = "object-store-faulty"
+	// ObjectStoreLoses: the store loses objects it acknowledged — a few of
+	// the hosts' archived segments and snapshots deleted or overwritten
+	// with a byte changed behind their back (cmd/s3node's mode=lose); the
+	// loss is permanent, the hosts' scrubbers must find and heal it.
+	ObjectStoreLoses Kind = "object-store-loses"
 	// CatalogRestore: the catalog backed up (`shoal cluster backup`) at
 	// the injection, traffic for Duration, then the whole catalog restored
 	// from that older backup (`shoal cluster restore`) at the heal: an
@@ -68,7 +73,7 @@ const (
 // Kinds is every failpoint kind, in the order the README lists them.
 func Kinds() []Kind {
 	return []Kind{KillRestart, StopCont, PartitionNode, SplitBrain, OneWay, CatalogCutOff, FollowerLag, PacketLoss, Throttle, DiskFull, RoutePurge, LostCreate,
-		ConsumerStopped, ObjectStoreDown, ObjectStoreFaulty, CatalogRestore}
+		ConsumerStopped, ObjectStoreDown, ObjectStoreFaulty, ObjectStoreLoses, CatalogRestore}
 }
 
 // Process is what KillRestart and StopCont need of a process

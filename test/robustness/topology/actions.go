@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -130,6 +131,78 @@ func (c *Cluster) StoreFault(ctx context.Context, mode string, delay time.Durati
 	return nil
 }
 
+// LostObject is one archive object the store lost (cmd/s3node's
+// mode=lose): its key in the bucket (with the archive prefix) and how.
+type LostObject struct {
+	Key string `json:"key"`
+	How string `json:"how"` // "delete" or "corrupt"
+}
+
+// DB is the database UUID the object belongs to.
+func (l LostObject) DB() string {
+	k := strings.TrimPrefix(l.Key, ArchivePrefix)
+	if i := strings.IndexByte(k, '/'); i > 0 {
+		return k[:i]
+	}
+	return ""
+}
+
+// StoreLose has the object store lose n objects it acknowledged, deleting
+// or corrupting them (how: delete, corrupt or mixed), chosen with seed
+// (cmd/s3node's POST /admin/fault?mode=lose), and returns what it hit.
+func (c *Cluster) StoreLose(ctx context.Context, n int, how string, seed uint64) ([]LostObject, error) {
+	if c.ObjectStore == nil {
+		return nil, errors.New("no object store")
+	}
+	u := fmt.Sprintf("http://%s/admin/fault?mode=lose&n=%d&how=%s&seed=%d", c.ObjectStore.Addr, n, how, seed)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return nil, fmt.Errorf("s3node lose: %s: %s", resp.Status, b)
+	}
+	var out []LostObject
+	return out, json.NewDecoder(resp.Body).Decode(&out)
+}
+
+// ScrubHost has host check every live database's archive now, reading
+// every object (POST /v1/history/scrub?sample=-1), and returns its
+// scrubber's state.
+func (c *Cluster) ScrubHost(ctx context.Context, host *Member) (ScrubStatus, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, host.URL("/v1/history/scrub?sample=-1"), nil)
+	if err != nil {
+		return ScrubStatus{}, err
+	}
+	// The members' clients time out after 2 s; a full scrub of a host's
+	// archive takes longer (bounded by ctx instead).
+	hc := &http.Client{Transport: host.HTTP.Transport}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return ScrubStatus{}, err
+	}
+	defer resp.Body.Close()
+	var env struct {
+		Result  ScrubStatus `json:"result"`
+		Success bool        `json:"success"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
+		return ScrubStatus{}, fmt.Errorf("%s scrub: %w", host.Name, err)
+	}
+	if resp.StatusCode != http.StatusOK || !env.Success {
+		return ScrubStatus{}, fmt.Errorf("%s scrub: %s", host.Name, resp.Status)
+	}
+	return env.Result, nil
+}
+
 // ColdRestart kills m with -9, empties its data directory (for an edge: its
 // route cache and every token it validated) and starts it again: a fresh
 // member that knows nothing yet. It returns once m is healthy.
@@ -234,10 +307,36 @@ func (p *PidProc) Start() error { return errors.New("PidProc: start not supporte
 // HistoryStatus is an object host's GET /v1/history/status: its shipper's
 // view of the archive (objecthost/history/DESIGN.md, "Metrics and status").
 type HistoryStatus struct {
-	LagSeconds float64 `json:"lag_seconds"`       // age of the oldest commit not yet in the store
-	Alarm      bool    `json:"alarm"`             // lag past the archive block's alarm_lag
-	Backlog    int     `json:"backlog_databases"` // databases with unshipped records
-	LastError  string  `json:"last_error"`
+	LagSeconds float64     `json:"lag_seconds"`       // age of the oldest commit not yet in the store
+	Alarm      bool        `json:"alarm"`             // lag past the archive block's alarm_lag
+	Backlog    int         `json:"backlog_databases"` // databases with unshipped records
+	LastError  string      `json:"last_error"`
+	Scrub      ScrubStatus `json:"scrub"`
+}
+
+// ScrubStatus is the archive scrubber's part of a host's history status
+// (objecthost.ScrubStatus).
+type ScrubStatus struct {
+	Passes   int64           `json:"passes"`
+	Checked  int64           `json:"databases_checked"`
+	Errors   int64           `json:"store_errors"`
+	DamagedN int             `json:"damaged_databases"`
+	Damaged  []ArchiveDamage `json:"damaged"`
+}
+
+// ArchiveDamage is one database's damage as its host reports it.
+type ArchiveDamage struct {
+	Database string `json:"database"`
+	Lost     []struct {
+		Gen       string `json:"gen"`
+		FirstTxid uint64 `json:"first_txid"`
+		LastTxid  uint64 `json:"last_txid"`
+		After     string `json:"after_bookmark"`
+		Until     string `json:"until_bookmark"`
+	} `json:"lost"`
+	Damaged  []string `json:"damaged_objects"`
+	Missing  []string `json:"missing"`
+	HealedAt string   `json:"healed_at"`
 }
 
 // HistoryStatus reads host's shipper status.

@@ -463,6 +463,7 @@ archive {
   path_style      = true
   durability      = %q
   alarm_lag       = %q
+  scrub_interval  = "20s"
 }
 `, c.ObjectStore.Addr, ArchiveBucket, ArchivePrefix, secret, durability, o.ArchiveAlarmLag)
 	path := filepath.Join(o.Dir, "cluster.hcl")

@@ -32,19 +32,33 @@ type ArchiveCheck struct {
 // CheckArchive verifies o's archive, restores its last point into a
 // temporary file and compares that with a copy of o's file (with its WAL,
 // replayed as a restart would). o's host must be down.
-func CheckArchive(ctx context.Context, a *history.Archive, o Object) ArchiveCheck {
+//
+// With d (what o's host reported of its archive's damage after the store
+// lost objects), the archive is verified around exactly that damage
+// (history.Archive.VerifyExcept): from the healed point on in a damaged
+// generation, everywhere else as always.
+func CheckArchive(ctx context.Context, a *history.Archive, o Object, d *Damage) ArchiveCheck {
 	res := ArchiveCheck{Object: o}
 	if _, err := os.Stat(o.Path); errors.Is(err, os.ErrNotExist) {
 		res.NoFile = true // never opened (see IntegrityCheck)
 		return res
 	}
-	if res.Verify, res.Err = a.Verify(ctx, o.DatabaseUUID); res.Err != nil {
+	var lost []history.LostRange
+	var damaged []string
+	if d != nil {
+		lost, damaged = d.Lost, d.Damaged
+	}
+	if res.Verify, res.Err = a.VerifyExcept(ctx, o.DatabaseUUID, lost, damaged); res.Err != nil {
 		res.Err = fmt.Errorf("verify: %w", res.Err)
 		return res
 	}
 	// The last point Verify reached: the chain from the oldest kept
 	// snapshot, without a hole, to the newest record (what Latest names).
 	res.Latest = res.Verify.Last
+	if res.Verify.Skipped > 0 && res.Latest.Gen == "" {
+		res.Err = fmt.Errorf("nothing restores after the damage its host reported (%d generations without a healed point)", res.Verify.Skipped)
+		return res
+	}
 	tmp, err := os.MkdirTemp("", "shoal-archive-check-")
 	if err != nil {
 		res.Err = err

@@ -47,7 +47,7 @@ func archivedDB(t *testing.T) (Object, *history.Archive, string) {
 func TestArchiveCheckCatchesViolations(t *testing.T) {
 	ctx := context.Background()
 	o, a, storeDir := archivedDB(t)
-	res := CheckArchive(ctx, a, o)
+	res := CheckArchive(ctx, a, o, nil)
 	require.NoError(t, res.Err)
 	assert.True(t, ArchiveConsistent([]ArchiveCheck{res}).OK(), "a cleanly archived database: %+v", res)
 	assert.Positive(t, res.Verify.Records)
@@ -58,7 +58,7 @@ func TestArchiveCheckCatchesViolations(t *testing.T) {
 	_, err = db.Exec("INSERT INTO t (v, s) VALUES (3, 'not archived')")
 	require.NoError(t, err)
 	require.NoError(t, db.Close())
-	res = CheckArchive(ctx, a, o)
+	res = CheckArchive(ctx, a, o, nil)
 	require.NoError(t, res.Err)
 	assert.Contains(t, res.Mismatch, "not archived")
 	assert.Len(t, ArchiveConsistent([]ArchiveCheck{res}).Violations, 1)
@@ -76,12 +76,12 @@ func TestArchiveCheckCatchesViolations(t *testing.T) {
 	require.NoError(t, err)
 	b[len(b)/2] ^= 0xff
 	require.NoError(t, os.WriteFile(seg, b, 0o644))
-	res = CheckArchive(ctx, a, o)
+	res = CheckArchive(ctx, a, o, nil)
 	assert.ErrorIs(t, res.Err, history.ErrCorrupt)
 	assert.Len(t, ArchiveConsistent([]ArchiveCheck{res}).Violations, 1)
 
 	// An object never opened has no file and no history: not checked.
-	none := CheckArchive(ctx, a, Object{Host: "h1", ObjectID: "y", DatabaseUUID: "db2", State: "active", Path: filepath.Join(t.TempDir(), "y.db")})
+	none := CheckArchive(ctx, a, Object{Host: "h1", ObjectID: "y", DatabaseUUID: "db2", State: "active", Path: filepath.Join(t.TempDir(), "y.db")}, nil)
 	assert.True(t, none.NoFile)
 	assert.Equal(t, 0, ArchiveConsistent([]ArchiveCheck{none}).Checked)
 }

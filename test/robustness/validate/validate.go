@@ -6,6 +6,7 @@ package validate
 
 import (
 	"fmt"
+	"github.com/shoaldb/shoal/objecthost/history"
 	"math"
 	"runtime"
 	"sort"
@@ -262,18 +263,41 @@ func BoundByHostKills(ops []traffic.Op, dbHost map[string]string, kills map[stri
 // refused (4xx: "invalid bookmark", "no restorable state at that point"
 // would mean the archive lost or never had that point). Restores of
 // unknown outcome (a fault, the store down: 5xx) are the model's business.
-func RestoresAnswered(ops []traffic.Op) Result {
-	r := Result{Check: "every time-travel restore to a bookmark the API gave was carried out or failed retryably"}
+//
+// A restore to a point its host reported lost (damages: the store lost
+// archive objects, the points in the reported ranges no longer restore)
+// may be refused; those are counted in the note, not excused otherwise.
+func RestoresAnswered(ops []traffic.Op, damages map[string]Damage) Result {
+	r := Result{Check: "every time-travel restore to a bookmark the API gave was carried out or failed retryably (but to a point its host reported lost)"}
+	excused := 0
 	for _, op := range ops {
 		if op.Kind != traffic.Restore {
 			continue
 		}
 		r.Checked++
 		if op.Outcome == traffic.Refused || op.Outcome == traffic.NotFound {
+			if d, ok := damages[op.DB]; ok {
+				if p, err := history.ParseBookmark(op.DB, history.Bookmark(op.Bookmark)); err == nil && inLost(d.Lost, p) {
+					excused++
+					continue
+				}
+			}
 			r.Violations = append(r.Violations, fmt.Sprintf("%s: restore to %s at %s refused: %s", op.DB, op.Bookmark, op.Call.Round(time.Millisecond), op.Answer))
 		}
 	}
+	if excused > 0 {
+		r.Note = fmt.Sprintf("%d restores to points their host reported lost were refused", excused)
+	}
 	return r
+}
+
+func inLost(lost []history.LostRange, p history.Position) bool {
+	for _, l := range lost {
+		if l.Gen == p.Gen && l.FirstTxid <= p.Txid && p.Txid <= l.LastTxid {
+			return true
+		}
+	}
+	return false
 }
 
 // ExistenceOperations turns acknowledged creates, deletes, linearizable

@@ -100,8 +100,8 @@ func TestRegisterRestoreLinearizability(t *testing.T) {
 		assert.Equal(t, tc.want, res.OK(), "%s: %s", name, res)
 	}
 	refused := with(restore("b1", "", "", traffic.Refused, 60, 70))
-	assert.Len(t, RestoresAnswered(refused).Violations, 1, "a restore to a bookmark the API gave, refused")
-	assert.True(t, RestoresAnswered(with(restore("b1", "", "", unknown, 60, 70))).OK(), "a restore that failed retryably")
+	assert.Len(t, RestoresAnswered(refused, nil).Violations, 1, "a restore to a bookmark the API gave, refused")
+	assert.True(t, RestoresAnswered(with(restore("b1", "", "", unknown, 60, 70)), nil).OK(), "a restore that failed retryably")
 }
 
 func TestExistenceLinearizability(t *testing.T) {

@@ -17,7 +17,15 @@
 // object-store failpoints that need it up): ?mode=503 answers every S3
 // request 503 SlowDown (a throttling or overloaded store, which S3 clients
 // retry), ?mode=slow&delay=2s answers each one after the delay, ?mode=none
-// restores normal service. Every other request is S3.
+// restores normal service. ?mode=lose&n=N&how=delete|corrupt|mixed&seed=S
+// is not a lasting mode but an act: the store loses N objects it
+// acknowledged (the object-store-loses failpoint), chosen at random among
+// the archive's segments and snapshots, deleting them or overwriting each
+// with one byte changed, and answers the keys it hit as JSON. The newest
+// segment of each generation is never chosen: nothing in the archive says
+// it existed (its host's record of what it shipped is the only witness,
+// and a restore ends that generation — objecthost/history/DESIGN.md,
+// "scrub"). Every other request is S3.
 //
 // One change to s3bolt: a listing with a prefix and no delimiter (what
 // objecthost/history sends: one database's keys) seeks to the prefix
@@ -30,14 +38,20 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -110,7 +124,7 @@ func handler(db *bolt.DB, bucket string) (http.Handler, error) {
 	faker := gofakes3.New(backend, gofakes3.WithLogger(gofakes3.DiscardLog()))
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	var f faults
+	f := faults{lose: func(w http.ResponseWriter, r *http.Request) { lose(w, r, backend, bucket) }}
 	mux.HandleFunc("POST /admin/fault", f.set)
 	mux.Handle("/", f.wrap(faker.Server()))
 	return mux, nil
@@ -120,11 +134,15 @@ func handler(db *bolt.DB, bucket string) (http.Handler, error) {
 type faults struct {
 	mode  atomic.Value // string: "", "503" or "slow"
 	delay atomic.Int64 // nanoseconds, mode slow
+	lose  http.HandlerFunc
 }
 
 func (f *faults) set(w http.ResponseWriter, r *http.Request) {
 	mode := r.URL.Query().Get("mode")
 	switch mode {
+	case "lose":
+		f.lose(w, r)
+		return
 	case "none", "":
 		f.mode.Store("")
 	case "503":
@@ -138,7 +156,7 @@ func (f *faults) set(w http.ResponseWriter, r *http.Request) {
 		f.delay.Store(int64(d))
 		f.mode.Store(mode)
 	default:
-		http.Error(w, "mode is none, 503 or slow", http.StatusBadRequest)
+		http.Error(w, "mode is none, 503, slow or lose", http.StatusBadRequest)
 		return
 	}
 	fmt.Fprintln(w, "ok")
@@ -219,3 +237,107 @@ func (b *seekingBackend) ListBucket(name string, prefix *gofakes3.Prefix, page g
 type discard struct{}
 
 func (discard) Write(b []byte) (int, error) { return len(b), nil }
+
+// Lost is one object the lose act hit.
+type Lost struct {
+	Key string `json:"key"`
+	How string `json:"how"` // "delete" or "corrupt"
+}
+
+// lose deletes or corrupts n of the bucket's archive objects (see the
+// package comment), chosen with the seed.
+func lose(w http.ResponseWriter, r *http.Request, b *seekingBackend, bucket string) {
+	q := r.URL.Query()
+	n, err := strconv.Atoi(q.Get("n"))
+	how := q.Get("how")
+	seed, serr := strconv.ParseUint(q.Get("seed"), 10, 64)
+	if err != nil || n <= 0 || serr != nil || how != "delete" && how != "corrupt" && how != "mixed" {
+		http.Error(w, "lose needs n>0, how=delete|corrupt|mixed and seed", http.StatusBadRequest)
+		return
+	}
+	keys, err := archiveKeys(b, bucket)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	rnd := rand.New(rand.NewPCG(seed, 0x1057))
+	rnd.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
+	out := []Lost{}
+	for _, k := range keys[:min(n, len(keys))] {
+		h := how
+		if h == "mixed" {
+			h = []string{"delete", "corrupt"}[rnd.IntN(2)]
+		}
+		if h == "delete" {
+			_, err = b.DeleteObject(bucket, k)
+		} else {
+			err = corrupt(b, bucket, k, rnd)
+		}
+		if err != nil {
+			http.Error(w, fmt.Sprintf("%s %s: %v", h, k, err), http.StatusInternalServerError)
+			return
+		}
+		out = append(out, Lost{Key: k, How: h})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+// archiveKeys lists the bucket's segments and snapshots, less the newest
+// segment of each generation (<db>/<gen>/seg/<first>-<last>-<t>.seg: the
+// names sort in log order).
+func archiveKeys(b *seekingBackend, bucket string) ([]string, error) {
+	var all []string
+	err := b.db.View(func(tx *bolt.Tx) error {
+		bk := tx.Bucket([]byte(bucket))
+		if bk == nil {
+			return gofakes3.BucketNotFound(bucket)
+		}
+		return bk.ForEach(func(k, _ []byte) error {
+			all = append(all, string(k))
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(all)
+	newestSeg := map[string]string{} // <...>/<gen>/seg/ → its newest key
+	for _, k := range all {
+		if i := strings.LastIndex(k, "/seg/"); i >= 0 && strings.HasSuffix(k, ".seg") {
+			newestSeg[k[:i]] = k
+		}
+	}
+	var out []string
+	for _, k := range all {
+		switch {
+		case strings.HasSuffix(k, ".snap"):
+			out = append(out, k)
+		case strings.HasSuffix(k, ".seg"):
+			if i := strings.LastIndex(k, "/seg/"); i >= 0 && newestSeg[k[:i]] != k {
+				out = append(out, k)
+			}
+		}
+	}
+	return out, nil
+}
+
+// corrupt overwrites the object with one byte changed (a new ETag, as a
+// PUT behind the host's back would give it).
+func corrupt(b *seekingBackend, bucket, key string, rnd *rand.Rand) error {
+	o, err := b.GetObject(bucket, key, nil)
+	if err != nil {
+		return err
+	}
+	body, err := io.ReadAll(o.Contents)
+	o.Contents.Close()
+	if err != nil {
+		return err
+	}
+	if len(body) == 0 {
+		return fmt.Errorf("empty object")
+	}
+	body[rnd.IntN(len(body))] ^= byte(1 + rnd.IntN(255))
+	_, err = b.PutObject(bucket, key, o.Metadata, bytes.NewReader(body), int64(len(body)), nil)
+	return err
+}

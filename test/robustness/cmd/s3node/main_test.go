@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http/httptest"
@@ -106,4 +107,71 @@ func TestFaultModes(t *testing.T) {
 	b, _ := io.ReadAll(rc)
 	rc.Close()
 	assert.Equal(t, "v", string(b))
+}
+
+// mode=lose deletes or corrupts n archive objects it acknowledged — never
+// the newest segment of a generation, nor anything that is not a segment
+// or a snapshot — and names them; a corrupted object keeps its size and
+// has one byte changed.
+func TestLoseMode(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "s3.bolt"), 0o600, nil)
+	require.NoError(t, err)
+	defer db.Close()
+	h, err := handler(db, "archive")
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	st, err := history.NewS3Store(history.S3Config{Endpoint: strings.TrimPrefix(srv.URL, "http://"), Bucket: "archive", Prefix: "shoal/",
+		Region: "us-east-1", AccessKey: "k", SecretKey: "secretsecret", PathStyle: true})
+	require.NoError(t, err)
+	ctx := context.Background()
+	body := map[string]string{}
+	for _, k := range []string{
+		"db1/0000000000000001/snap/0000000000000000-0000000000000001.snap",
+		"db1/0000000000000001/seg/0000000000000001-0000000000000002-0000000000000003.seg",
+		"db1/0000000000000001/seg/0000000000000003-0000000000000004-0000000000000005.seg", // newest of its generation
+		"db2/0000000000000009/snap/0000000000000000-0000000000000009.snap",
+		"db2/0000000000000009/seg/0000000000000001-0000000000000001-000000000000000a.seg", // newest of its generation
+		"other/file",
+	} {
+		body[k] = "contents of " + k
+		require.NoError(t, st.Put(ctx, k, strings.NewReader(body[k]), int64(len(body[k]))))
+	}
+	lose := func(q string) []Lost {
+		resp, err := srv.Client().Post(srv.URL+"/admin/fault?mode=lose&"+q, "", nil)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, 200, resp.StatusCode)
+		var out []Lost
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+		return out
+	}
+	hit := lose("n=10&how=corrupt&seed=1")
+	require.Len(t, hit, 3, "only the eligible objects")
+	for _, l := range hit {
+		assert.Equal(t, "corrupt", l.How)
+		assert.NotContains(t, l.Key, "0000000000000003-0000000000000004")
+		assert.NotContains(t, l.Key, "0000000000000001-0000000000000001-")
+		rc, err := st.Get(ctx, strings.TrimPrefix(l.Key, "shoal/"))
+		require.NoError(t, err)
+		b, _ := io.ReadAll(rc)
+		rc.Close()
+		want := body[strings.TrimPrefix(l.Key, "shoal/")]
+		require.Len(t, b, len(want))
+		diff := 0
+		for i := range b {
+			if b[i] != want[i] {
+				diff++
+			}
+		}
+		assert.Equal(t, 1, diff, "one byte changed")
+	}
+	hit = lose("n=1&how=delete&seed=2")
+	require.Len(t, hit, 1)
+	_, err = st.Get(ctx, strings.TrimPrefix(hit[0].Key, "shoal/"))
+	assert.ErrorIs(t, err, history.ErrNotFound)
+	resp, err := srv.Client().Post(srv.URL+"/admin/fault?mode=lose&n=1&how=burn&seed=1", "", nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 400, resp.StatusCode)
 }
