@@ -375,7 +375,7 @@ func (e *env) resurrectedCleared() []validate.HostAlarms {
 		if clear || time.Now().After(deadline) {
 			return hosts
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // poll interval of a wait on the event itself (the hosts clear at their next real heartbeat, in other processes)
 	}
 }
 
