@@ -62,10 +62,8 @@ func sampleUUIDs(objs []*object, n int) []string {
 	return out
 }
 
-func (s *alarmSet) raise(kind string, now time.Time, objs []*object, msg string) {
-	sample := sampleUUIDs(objs, 5)
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// alarmLocked returns the alarm of kind, raised now if it was not (s.mu held).
+func (s *alarmSet) alarmLocked(kind string, now time.Time) *Alarm {
 	if s.alarms == nil {
 		s.alarms = map[string]*Alarm{}
 	}
@@ -74,6 +72,14 @@ func (s *alarmSet) raise(kind string, now time.Time, objs []*object, msg string)
 		a = &Alarm{Kind: kind, RaisedAt: now}
 		s.alarms[kind] = a
 	}
+	return a
+}
+
+func (s *alarmSet) raise(kind string, now time.Time, objs []*object, msg string) {
+	sample := sampleUUIDs(objs, 5)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.alarmLocked(kind, now)
 	a.Databases, a.Sample, a.Message, a.LastSeen = len(objs), sample, msg, now
 	a.TotalHeld += int64(len(objs))
 }
@@ -84,14 +90,7 @@ func (s *alarmSet) raise(kind string, now time.Time, objs []*object, msg string)
 func (s *alarmSet) raiseFor(kind string, now time.Time, n int, sample []string, hold time.Duration, msg string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.alarms == nil {
-		s.alarms = map[string]*Alarm{}
-	}
-	a := s.alarms[kind]
-	if a == nil {
-		a = &Alarm{Kind: kind, RaisedAt: now}
-		s.alarms[kind] = a
-	}
+	a := s.alarmLocked(kind, now)
 	a.Databases, a.Sample, a.Message, a.LastSeen, a.hold = n, sample[:min(5, len(sample))], msg, now, hold
 	a.TotalHeld += int64(n)
 }
@@ -102,14 +101,7 @@ func (s *alarmSet) raiseFor(kind string, now time.Time, n int, sample []string, 
 func (s *alarmSet) set(kind string, now time.Time, n int, sample []string, hold time.Duration, msg string, total int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.alarms == nil {
-		s.alarms = map[string]*Alarm{}
-	}
-	a := s.alarms[kind]
-	if a == nil {
-		a = &Alarm{Kind: kind, RaisedAt: now}
-		s.alarms[kind] = a
-	}
+	a := s.alarmLocked(kind, now)
 	a.Databases, a.Sample, a.Message, a.LastSeen, a.hold, a.TotalHeld = n, sample[:min(5, len(sample))], msg, now, hold, total
 }
 
