@@ -226,6 +226,9 @@ type env struct {
 	restore *validate.CatalogRestore
 	// lost: the archive objects the store lost (objectStoreLoses).
 	lost []topology.LostObject
+	// archivedKills: what the archive held at each kill -9 of the
+	// archived host (archivedAtKill).
+	archivedKills []validate.ArchivedAtKill
 }
 
 // limitedAccount is one free-tier account of the limiter's traffic.
@@ -374,6 +377,9 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 		}
 		rep.Results = append(rep.Results, res)
 	}
+	if len(e.archivedKills) > 0 {
+		rep.Results = append(rep.Results, validate.ArchivedWritesKept(e.archivedKills))
+	}
 	if len(e.storeDowns) > 0 {
 		// Queries on the archived host wait for the store by design: a
 		// write is not acknowledged until the store has it, and until
@@ -518,11 +524,88 @@ func (e *env) isolateLeader() failpoint.Failpoint {
 // left is integrity-checked.
 func (e *env) killHost(h *topology.Member) failpoint.Failpoint {
 	return failpoint.NewKillRestart(h.Name, h, e.sched.fault/2, func() {
-		checks := e.checkHostFiles(h, fmt.Sprintf("after kill -9 of %s at %s", h.Name, e.hist.Now().Round(time.Millisecond)))
-		e.mu.Lock()
-		e.integrity = append(e.integrity, checks...)
-		e.mu.Unlock()
+		e.hostDown(h, fmt.Sprintf("after kill -9 of %s at %s", h.Name, e.hist.Now().Round(time.Millisecond)), true)
 	})
+}
+
+// hostDown runs the checks of a host killed -9, while it is down: every
+// live object's file integrity-checked and, for the archived host, its
+// acknowledged inserts looked up in the archive (archivedAtKill) unless the
+// object store is stopped (storeUp false).
+func (e *env) hostDown(h *topology.Member, when string, storeUp bool) {
+	checks := e.checkHostFiles(h, when)
+	e.mu.Lock()
+	e.integrity = append(e.integrity, checks...)
+	e.mu.Unlock()
+	if h.Name == archivedHost {
+		k := validate.ArchivedAtKill{Host: h.Name, When: when, Excused: "the object store was stopped"}
+		if storeUp {
+			k = e.archivedAtKill(h, when)
+		}
+		e.mu.Lock()
+		e.archivedKills = append(e.archivedKills, k)
+		e.mu.Unlock()
+	}
+}
+
+// archivedAtKill reads, while the archived host h is down after a kill -9,
+// the archive's newest point of each of its live databases with
+// acknowledged inserts (validate.ArchivedWritesKept holds them to it).
+func (e *env) archivedAtKill(h *topology.Member, when string) validate.ArchivedAtKill {
+	k := validate.ArchivedAtKill{Host: h.Name, When: when, Acked: map[string][]int64{}, Values: map[string]map[int64]bool{}, Errs: map[string]string{}}
+	e.mu.Lock()
+	lost := len(e.lost)
+	e.mu.Unlock()
+	if lost > 0 {
+		k.Excused = fmt.Sprintf("the store lost %d acknowledged objects earlier", lost)
+		return k
+	}
+	objs, err := validate.HostObjects(h.Name, h.Dir)
+	if err != nil {
+		k.Errs["index.db"] = err.Error()
+		k.Acked["index.db"] = nil
+		return k
+	}
+	live := map[string]bool{}
+	for _, o := range objs {
+		if o.Live() {
+			live[o.DatabaseUUID] = true
+		}
+	}
+	// The host is down: every insert acknowledged so far was acknowledged
+	// before the kill (one answered after this read is left out).
+	for _, op := range e.hist.Ops() {
+		if op.Kind == traffic.Insert && op.Outcome == traffic.OK && live[op.DB] {
+			k.Acked[op.DB] = append(k.Acked[op.DB], op.Value)
+		}
+	}
+	dbs := make([]string, 0, len(k.Acked))
+	for db := range k.Acked {
+		dbs = append(dbs, db)
+	}
+	st, err := e.c.ArchiveStore()
+	if err != nil {
+		for _, db := range dbs {
+			k.Errs[db] = err.Error()
+		}
+		return k
+	}
+	a := history.NewArchive(st)
+	vals := make([]map[int64]bool, len(dbs))
+	errs := make([]error, len(dbs))
+	harness.Concurrently(len(dbs), 8, func(i int) {
+		ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+		defer cancel()
+		vals[i], errs[i] = validate.ArchivedValues(ctx, a, dbs[i])
+	})
+	for i, db := range dbs {
+		if errs[i] != nil {
+			k.Errs[db] = errs[i].Error()
+		} else {
+			k.Values[db] = vals[i]
+		}
+	}
+	return k
 }
 
 func (e *env) killMember(m *topology.Member) failpoint.Failpoint {
@@ -953,10 +1036,7 @@ func (e *env) restoreDuringHostKill(stopStore bool) failpoint.Failpoint {
 		}
 		err := h.Kill()
 		if err == nil {
-			checks := e.checkHostFiles(h, fmt.Sprintf("after kill -9 of %s during a restore at %s", h.Name, e.hist.Now().Round(time.Millisecond)))
-			e.mu.Lock()
-			e.integrity = append(e.integrity, checks...)
-			e.mu.Unlock()
+			e.hostDown(h, fmt.Sprintf("after kill -9 of %s during a restore at %s", h.Name, e.hist.Now().Round(time.Millisecond)), !stopStore)
 		}
 		<-done
 		return err

@@ -292,3 +292,95 @@ func errNote(e string) string {
 	}
 	return "; status: " + e
 }
+
+// ArchivedAtKill is what the archive held of an archived host's databases
+// (durability = "archived") while the host was down after a kill -9,
+// read before it restarted: the host can ship nothing more, so each write
+// it acknowledged must already be there. Only the databases with
+// acknowledged inserts are read (table t's column v at the archive's
+// newest point); register databases are left out (time-travel restores
+// rewind them, so their newest value says little).
+type ArchivedAtKill struct {
+	Host string
+	When string
+	// Acked: per database, the values of the inserts acknowledged by the
+	// time of the read (the host was down, so all of them before the
+	// kill).
+	Acked map[string][]int64
+	// Values: per database, v of table t at the archive's newest point;
+	// Errs: the databases whose archive could not be read or restored.
+	Values map[string]map[int64]bool
+	Errs   map[string]string
+	// Excused: not checked, and why (the store lost acknowledged objects
+	// earlier in the schedule: their databases' newest point can lie
+	// behind a hole until the host heals it, after its restart).
+	Excused string
+}
+
+// ArchivedValues reads v of table t at db's newest archived point: a
+// restore of that point into a temporary file (history.Archive.Restore).
+// A database whose newest point has no table t reads as no values.
+func ArchivedValues(ctx context.Context, a *history.Archive, db string) (map[int64]bool, error) {
+	p, err := a.Latest(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("latest: %w", err)
+	}
+	tmp, err := os.MkdirTemp("", "shoal-archived-values-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	dst := filepath.Join(tmp, "restored.db")
+	if _, err := a.Restore(ctx, db, p, dst); err != nil {
+		return nil, fmt.Errorf("restore of %s/%d: %w", p.Gen, p.Txid, err)
+	}
+	return FileValues(Object{Path: dst})
+}
+
+// ArchivedWritesKept: at every kill -9 of an archived host, every insert
+// it had acknowledged is in the archive's newest point of its database,
+// read before the host restarted — what tells "archived" from the default
+// durability, whose backlog of acknowledged writes waits on the host's
+// disk and ships after the restart (the end-of-run archive comparison
+// cannot tell the two apart).
+func ArchivedWritesKept(kills []ArchivedAtKill) Result {
+	r := Result{Check: "durability = archived: every insert the archived host acknowledged is in the archive at each kill -9 of it, before its restart"}
+	excused := 0
+	for _, k := range kills {
+		if k.Excused != "" {
+			excused++
+			continue
+		}
+		dbs := make([]string, 0, len(k.Acked))
+		for db := range k.Acked {
+			dbs = append(dbs, db)
+		}
+		sort.Strings(dbs)
+		for _, db := range dbs {
+			if e, ok := k.Errs[db]; ok {
+				r.Checked++
+				r.Violations = append(r.Violations, fmt.Sprintf("%s %s: database %s: archive unreadable: %s", k.Host, k.When, db, e))
+				continue
+			}
+			var missing []int64
+			for _, v := range k.Acked[db] {
+				r.Checked++
+				if !k.Values[db][v] {
+					missing = append(missing, v)
+				}
+			}
+			if len(missing) > 0 {
+				r.Violations = append(r.Violations, fmt.Sprintf("%s %s: database %s: %d acknowledged inserts not in the archive (values %v)", k.Host, k.When, db, len(missing), head(missing, 10)))
+			}
+		}
+	}
+	r.Note = fmt.Sprintf("%d kills of the archived host read, %d excused (the store had lost objects)", len(kills)-excused, excused)
+	return r
+}
+
+func head(vs []int64, n int) []int64 {
+	if len(vs) > n {
+		return vs[:n]
+	}
+	return vs
+}

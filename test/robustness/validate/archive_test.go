@@ -85,3 +85,39 @@ func TestArchiveCheckCatchesViolations(t *testing.T) {
 	assert.True(t, none.NoFile)
 	assert.Equal(t, 0, ArchiveConsistent([]ArchiveCheck{none}).Checked)
 }
+
+// The archived-durability check at a kill: values read back from the
+// archive's newest point; an acknowledged insert missing there, and an
+// archive that cannot be read, are violations; an excused kill is not
+// checked.
+func TestArchivedWritesKept(t *testing.T) {
+	_, a, _ := archivedDB(t)
+	vals, err := ArchivedValues(context.Background(), a, "db1")
+	require.NoError(t, err)
+	assert.Equal(t, map[int64]bool{1: true, 2: true}, vals, "the archive's newest point holds both inserts")
+	_, err = ArchivedValues(context.Background(), a, "never-archived")
+	assert.Error(t, err, "a database with nothing archived")
+
+	kept := ArchivedAtKill{Host: "h2", When: "after kill -9 of h2 at 3s", Acked: map[string][]int64{"db1": {1, 2}}, Values: map[string]map[int64]bool{"db1": vals}}
+	r := ArchivedWritesKept([]ArchivedAtKill{kept})
+	assert.True(t, r.OK(), "%v", r.Violations)
+	assert.Equal(t, 2, r.Checked)
+
+	lost := kept
+	lost.Acked = map[string][]int64{"db1": {1, 2, 3}}
+	r = ArchivedWritesKept([]ArchivedAtKill{lost})
+	require.Len(t, r.Violations, 1)
+	assert.Contains(t, r.Violations[0], "1 acknowledged inserts not in the archive (values [3])")
+
+	unreadable := ArchivedAtKill{Host: "h2", When: "w", Acked: map[string][]int64{"db2": {7}}, Errs: map[string]string{"db2": "latest: no snapshot"}}
+	r = ArchivedWritesKept([]ArchivedAtKill{unreadable})
+	require.Len(t, r.Violations, 1)
+	assert.Contains(t, r.Violations[0], "archive unreadable")
+
+	excused := lost
+	excused.Excused = "the store lost 2 acknowledged objects earlier"
+	r = ArchivedWritesKept([]ArchivedAtKill{excused})
+	assert.True(t, r.OK())
+	assert.Equal(t, 0, r.Checked)
+	assert.Contains(t, r.Note, "1 excused")
+}
