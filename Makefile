@@ -65,8 +65,8 @@ compat: deps ## the D1 differential suite (miniflare) and the wrangler/SDK runs 
 compat-go: deps
 	cd test/gosdk && go vet -tags gosdk ./... && go test -tags gosdk -count=1 -timeout 10m -v ./...
 
-fault: deps ## long fault schedules (make test runs their short versions)
-	SHOAL_FAULT=long SHOAL_FAULT_SCHEDULES=$${SHOAL_FAULT_SCHEDULES:-200} go test -count=1 -timeout 240m -run 'Fault' ./test/...
+fault: deps ## long fault schedules and 200 random ones over 2 processes (make test runs short versions; scripts/fault.sh)
+	./scripts/fault.sh
 
 lint:
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \

@@ -98,7 +98,7 @@ func randomFault(e *env, r *rand.Rand) failpoint.Failpoint {
 }
 
 // TestFaultRandomSchedules runs $SHOAL_FAULT_SCHEDULES seeded random
-// schedules (`make fault`: 200), each on a fresh cluster under the load:
+// schedules (`make fault`: 200, over two processes), each on a fresh cluster under the load:
 // faultsPerSchedule faults drawn by randomFault, then every check. Schedule
 // i's seed is the run's seed + i, printed in its name: to rerun one,
 // SHOAL_ROBUSTNESS_SEED=<its seed> SHOAL_FAULT_SCHEDULES=1. Without
@@ -114,8 +114,18 @@ func TestFaultRandomSchedules(t *testing.T) {
 	if n == 0 {
 		t.Skip("random schedules run under `make fault` (SHOAL_FAULT_SCHEDULES=N); make test runs the fixed scenarios")
 	}
+	// SHOAL_FAULT_SCHEDULE_FIRST numbers the first schedule (default 0):
+	// scripts/fault.sh splits a run over concurrent processes, each with
+	// the run's seed and its own range of schedules.
+	first := 0
+	if s := os.Getenv("SHOAL_FAULT_SCHEDULE_FIRST"); s != "" {
+		var err error
+		first, err = strconv.Atoi(s)
+		require.NoError(t, err, "SHOAL_FAULT_SCHEDULE_FIRST")
+		require.GreaterOrEqual(t, first, 0, "SHOAL_FAULT_SCHEDULE_FIRST")
+	}
 	base := scheduleOf(t)
-	for i := range n {
+	for i := first; i < first+n; i++ {
 		sched := base
 		sched.load.Seed = base.load.Seed + uint64(i)
 		sched.name = "random"
