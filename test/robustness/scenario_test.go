@@ -429,7 +429,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 	if e.restore == nil {
 		exOps := validate.ExistenceOperations(ops)
 		exRes, exInfo := validate.LinearizableWithin("database existence (create, delete, linearizable get and list)", model.Existence, exOps, checkFor, maxCheckHeap())
-		rep.Results = append(rep.Results, regRes, exRes)
+		rep.Results = append(rep.Results, regRes, exRes, validate.ListsOneInstant(ops, 0))
 		rep.Visuals = append(rep.Visuals, report.Visualization{Name: "existence", Model: model.Existence, Info: exInfo, Check: exRes.Check, Ops: exOps})
 	} else {
 		// The operator rewound the catalog: its history is checked on
@@ -437,7 +437,7 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 		before, after := validate.ExistenceOperationsSplit(ops, *e.restore)
 		bRes, bInfo := validate.LinearizableWithin("database existence before the catalog restore", model.Existence, before, checkFor, maxCheckHeap())
 		aRes, aInfo := validate.LinearizableWithin("database existence after the catalog restore (from the backup's state)", model.ExistenceResumed, after, checkFor, maxCheckHeap())
-		rep.Results = append(rep.Results, regRes, bRes, aRes)
+		rep.Results = append(rep.Results, regRes, bRes, aRes, validate.ListsOneInstant(ops, e.restore.RestoreCall))
 		rep.Visuals = append(rep.Visuals, report.Visualization{Name: "existence-before-restore", Model: model.Existence, Info: bInfo, Check: bRes.Check, Ops: before},
 			report.Visualization{Name: "existence-after-restore", Model: model.ExistenceResumed, Info: aInfo, Check: aRes.Check, Ops: after})
 	}

@@ -526,3 +526,72 @@ func ArchivedWritesHeld(ops []traffic.Op, onArchived map[string]bool, windows []
 	r.Note = fmt.Sprintf("%d writes answered not acknowledged", held)
 	return r
 }
+
+// ListsOneInstant: each acknowledged list shows the account's databases at
+// one instant of its call, across databases — what the per-database
+// existence model cannot see (it projects a list onto each database
+// alone). For each list it bounds that instant from below by its call and
+// by the call of every listed database's acknowledged create (a database
+// shows only once its create took effect), and from above by its return,
+// by the return of every listed database's acknowledged delete, and by the
+// return of the acknowledged create of every database it leaves out for
+// which no delete was called before the list returned (left out, so the
+// instant came before that create took effect). A list whose lower bound
+// passes its upper bound mixes two moments: a violation naming the two
+// databases. Only lists that returned before until count (0: all; a
+// catalog restore rewinds what a later list may show).
+func ListsOneInstant(ops []traffic.Op, until time.Duration) Result {
+	r := Result{Check: "each list shows the account at one instant (across databases)"}
+	createCall := map[string]time.Duration{}
+	createRet := map[string]time.Duration{}
+	delRet := map[string]time.Duration{}  // earliest acknowledged delete's return
+	delCall := map[string]time.Duration{} // earliest delete call, whatever its outcome
+	for _, op := range ops {
+		switch {
+		case op.Kind == traffic.Create && op.Outcome == traffic.OK:
+			createCall[op.DB], createRet[op.DB] = op.Call, op.Return
+		case op.Kind == traffic.Delete:
+			if c, ok := delCall[op.DB]; !ok || op.Call < c {
+				delCall[op.DB] = op.Call
+			}
+			if op.Outcome == traffic.OK {
+				if d, ok := delRet[op.DB]; !ok || op.Return < d {
+					delRet[op.DB] = op.Return
+				}
+			}
+		}
+	}
+	for _, op := range ops {
+		if op.Kind != traffic.List || op.Outcome != traffic.OK || (until > 0 && op.Return >= until) {
+			continue
+		}
+		r.Checked++
+		lo, loWhy := op.Call, "the list's call"
+		hi, hiWhy := op.Return, "the list's return"
+		listed := map[string]bool{}
+		for _, db := range op.Listed {
+			listed[db] = true
+			if c, ok := createCall[db]; ok && c > lo {
+				lo, loWhy = c, fmt.Sprintf("it shows %s, whose create was called at %s", db, c.Round(time.Millisecond))
+			}
+			if d, ok := delRet[db]; ok && d < hi {
+				hi, hiWhy = d, fmt.Sprintf("it shows %s, whose delete was acknowledged at %s", db, d.Round(time.Millisecond))
+			}
+		}
+		for db, ret := range createRet {
+			if listed[db] || ret >= hi {
+				continue
+			}
+			if c, ok := delCall[db]; ok && c < op.Return {
+				continue
+			}
+			hi, hiWhy = ret, fmt.Sprintf("it leaves out %s, whose create was acknowledged at %s and never deleted", db, ret.Round(time.Millisecond))
+		}
+		if lo > hi {
+			r.Violations = append(r.Violations, fmt.Sprintf("list op %d (%s → %s): no one instant: %s, but %s", op.ID,
+				op.Call.Round(time.Millisecond), op.Return.Round(time.Millisecond), loWhy, hiWhy))
+		}
+	}
+	sort.Strings(r.Violations)
+	return r
+}

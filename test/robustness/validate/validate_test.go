@@ -254,3 +254,37 @@ func TestArchivedWritesHeld(t *testing.T) {
 	assert.Len(t, r.Violations, 1)
 	assert.Contains(t, r.Violations[0], "reg-write of 1")
 }
+
+// A list must show one instant across databases: showing a database
+// created late while leaving out one created (and never deleted) earlier
+// is a violation even though each database alone is fine with the list's
+// window; so is showing one deleted (acknowledged) before another listed
+// one was created. Lists that fit an instant, and lists after `until`, are
+// not.
+func TestListsOneInstant(t *testing.T) {
+	list := func(id int, call, ret int, dbs ...string) traffic.Op {
+		c, r := at(call, ret)
+		return traffic.Op{ID: id, Kind: traffic.List, Outcome: traffic.OK, Call: c, Return: r, Listed: dbs}
+	}
+	ops := []traffic.Op{
+		op(traffic.Create, "a", 0, traffic.OK, 10, 20),
+		op(traffic.Create, "b", 0, traffic.OK, 30, 40),
+		op(traffic.Create, "c", 0, traffic.OK, 5, 8),
+		op(traffic.Delete, "c", 0, traffic.OK, 12, 14),
+		list(1, 0, 100, "b"),      // b created (called 30), a left out (acked 20, never deleted): violation
+		list(2, 0, 100, "a", "b"), // fine
+		list(3, 0, 100, "c", "b"), // c deleted (acked 14) before b's create was called (30): violation
+		list(4, 0, 100, "a"),      // fine: an instant in [10, 30)
+		list(5, 0, 15),            // fine: an instant before a's create took effect (acked at 20)
+		list(6, 200, 300, "b"),    // after until: not checked
+	}
+	r := ListsOneInstant(ops, 150*time.Millisecond)
+	assert.Equal(t, 5, r.Checked)
+	if !assert.Len(t, r.Violations, 2, "%v", r.Violations) {
+		return
+	}
+	assert.Contains(t, r.Violations[0], "list op 1")
+	assert.Contains(t, r.Violations[0], "leaves out a")
+	assert.Contains(t, r.Violations[1], "list op 3")
+	assert.Contains(t, r.Violations[1], "delete was acknowledged")
+}
