@@ -98,6 +98,9 @@ type hostHistory struct {
 	scrubMu   sync.Mutex
 	scrub     scrubState
 	sm        *scrubMetrics
+	// checks: archives a restore found damaged, checked at once
+	// (restoredamage.go).
+	checks chan damageCheck
 }
 
 // ErrRestoring is returned while a database is being restored.
@@ -152,6 +155,7 @@ func newHostHistory(h *Host, cfg HistoryConfig) (*hostHistory, error) {
 		reopen: map[string]history.Reopen{},
 		scrub:  scrubState{damaged: map[string]*ArchiveDamage{}},
 		sm:     newScrubMetrics(h.m.reg),
+		checks: make(chan damageCheck, maxDamageChecks),
 	}
 	if err := os.MkdirAll(cfg.StagingDir, 0o755); err != nil {
 		return nil, fmt.Errorf("history staging dir: %w", err)
@@ -231,6 +235,8 @@ func (hh *hostHistory) start(h *Host) {
 		wg.Add(1)
 		go func() { defer wg.Done(); hh.scrubLoop(ctx, h) }()
 	}
+	wg.Add(1)
+	go func() { defer wg.Done(); hh.runDamageChecks(ctx, h) }()
 	go func() { wg.Wait(); close(hh.done) }()
 }
 
@@ -503,6 +509,9 @@ func writeHistoryErr(w http.ResponseWriter, err error) {
 		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "invalid bookmark")
 	case errors.Is(err, history.ErrNoHistory):
 		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "no restorable state at that point (before the database's history or past its retention)")
+	case errors.Is(err, history.ErrStoreFailed):
+		noteReason(w, err)
+		v4.WriteRetryAfter(w, http.StatusServiceUnavailable, v4.CodeUnavailable, "the archive store is unavailable, nothing was changed; retry", time.Second)
 	case errors.Is(err, ErrRestoring):
 		noteReason(w, err)
 		v4.WriteError(w, http.StatusServiceUnavailable, v4.CodeUnavailable, ErrRestoring.Error())
@@ -604,7 +613,7 @@ func (h *Host) Bookmark(ctx context.Context, objectID, timestamp string, retenti
 	}
 	p, err := hh.archive.Resolve(ctx, c.Key(), t)
 	if err != nil {
-		return BookmarkResult{}, err
+		return BookmarkResult{}, hh.restoreDamaged(h, "bookmark", c.Key(), objectID, history.Position{}, "no bookmark can be given for that time", err)
 	}
 	return BookmarkResult{Bookmark: string(history.MakeBookmark(c.Key(), p))}, nil
 }
@@ -724,14 +733,30 @@ func (h *Host) Restore(ctx context.Context, objectID, bookmark, timestamp string
 			return RestoreResult{}, err
 		}
 	}
+	const unchanged = "nothing was changed: the database keeps its current content"
+	// Everything through previous was shipped (Sync above). If the store
+	// lost some of it since, the undo point does not restore: a restore
+	// now would lose the current content for good. Refused; the check it
+	// queues heals the archive (a snapshot of the current point), after
+	// which a restore elsewhere is accepted again (restoredamage.go).
+	if lt := hh.lostTail(ctx, key, previous); lt != nil {
+		inTail := timestamp == "" && target.Gen == lt.Gen && target.Txid >= lt.FirstTxid ||
+			timestamp != "" && !tsTime.Before(lt.After.Time())
+		err := hh.restoreDamaged(h, "restore", key, objectID, target, unchanged, lt)
+		if !inTail {
+			return RestoreResult{}, &errHistory{status: http.StatusServiceUnavailable, code: v4.CodeUnavailable,
+				msg: "the archive lost this database's newest history, so the restore could not be undone; the host is archiving its current state again; nothing was changed; retry", cause: err}
+		}
+		return RestoreResult{}, err
+	}
 	if timestamp != "" {
 		if target, err = hh.archive.Resolve(ctx, key, tsTime); err != nil {
-			return RestoreResult{}, err
+			return RestoreResult{}, hh.restoreDamaged(h, "restore", key, objectID, history.Position{}, unchanged, err)
 		}
 	}
 	restored, err := history.RestoreInPlace(ctx, hh.archive, key, h.path(objectID), target, history.CaptureOptions{StagingDir: hh.cfg.StagingDir, StagingName: objectID, Now: h.now})
 	if err != nil {
-		return RestoreResult{}, err
+		return RestoreResult{}, hh.restoreDamaged(h, "restore", key, objectID, target, unchanged, err)
 	}
 	hh.mu.Lock()
 	hh.restores[objectID] = append(hh.restores[objectID], now)
@@ -803,7 +828,7 @@ func (h *Host) copyAt(ctx context.Context, objectID, bookmark string, retention 
 	dst := filepath.Join(dir, "at.db")
 	if _, err := hh.archive.Restore(ctx, m.DatabaseUUID, target, dst); err != nil {
 		cleanup()
-		return "", nil, err
+		return "", nil, hh.restoreDamaged(h, "export", m.DatabaseUUID, objectID, target, "nothing was exported", err)
 	}
 	return dst, cleanup, nil
 }

@@ -413,7 +413,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // stream itself failed.
 func (c *countingReader) storeErr(err error) error {
 	if err != nil && c.err != nil {
-		return fmt.Errorf("history: reading the archive: %w", c.err)
+		return fmt.Errorf("%w: reading the archive: %w", ErrStoreFailed, c.err)
 	}
 	return err
 }
