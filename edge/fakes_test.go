@@ -371,15 +371,15 @@ type fakeHost struct {
 	srv  *httptest.Server
 	keys *binding.Keyring
 
-	mu        sync.Mutex
-	objects   map[string]*fakeObject
-	inits     []InitRequest
-	initIDs   []string
-	failInit  int // next N inits answer 503
+	mu       sync.Mutex
+	objects  map[string]*fakeObject
+	inits    []InitRequest
+	initIDs  []string
+	failInit int // next N inits answer 503
 	// damaged: the refusal the real host gives when the archive lost
 	// what a restore needs (objecthost/restoredamage.go): time-travel
 	// calls and inits restoring from the archive answer it, 400 7400.
-	damaged string
+	damaged   string
 	queries   atomic.Int64
 	lastHdr   http.Header
 	lastQuery []byte // body of the last query or raw request
