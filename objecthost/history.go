@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorilla/mux"
 
+	"github.com/shoaldb/shoal/internal/pki"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/objecthost/history"
 	"github.com/shoaldb/shoal/objecthost/sqlexec"
@@ -415,8 +416,13 @@ func (h *Host) historyRoutes(r *mux.Router) {
 			"scrub": h.ScrubStatus()})
 	}).Methods(http.MethodGet)
 	// A scrub of every live database now (?sample=N objects read per
-	// database; -1: all), answered when done: scrub.go.
-	r.HandleFunc("/v1/history/scrub", func(w http.ResponseWriter, r *http.Request) {
+	// database; -1: all), answered when done: scrub.go. Operator work (it
+	// reads the whole archive of every database with -1): only the
+	// operator role under mutual TLS, as /debug/pprof (internal/
+	// profiling); an edge's certificate, which peerAllowed admits to the
+	// object routes, is refused. Without TLS (--insecure) open, like
+	// every internal endpoint then.
+	r.Handle("/v1/history/scrub", h.cfg.TLS.Require(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sample := 0
 		if s := r.URL.Query().Get("sample"); s != "" {
 			n, err := strconv.Atoi(s)
@@ -431,7 +437,7 @@ func (h *Host) historyRoutes(r *mux.Router) {
 			return
 		}
 		v4.WriteResult(w, h.ScrubStatus())
-	}).Methods(http.MethodPost)
+	}), pki.RoleOperator)).Methods(http.MethodPost)
 }
 
 // BookmarkResult is GET …/time_travel/bookmark's result (D1's shape).
