@@ -134,3 +134,85 @@ func TestRestoreOfDamagedArchive(t *testing.T) {
 		}
 	})
 }
+
+// TestScrubFindsSupersededGenerationsNewestSegment: once a restore
+// superseded a generation, its newest segment is named by nothing but the
+// new generation's prev marker (keys.go), shipped before its base; the
+// store losing that segment is found by a listing and reported as a lost
+// range ending at the marker's record. The marker goes with its
+// generation when retention sweeps it.
+func TestScrubFindsSupersededGenerationsNewestSegment(t *testing.T) {
+	_, store := newS3(t)
+	e := newEnv(t, store, CaptureOptions{CheckpointFrames: 8}, ShipperOptions{SnapshotMinBytes: 1 << 40})
+	e.exec("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+	e.exec("INSERT INTO t(v) VALUES ('one')")
+	p1 := e.cap.Current()
+	e.sync()
+	e.exec("INSERT INTO t(v) VALUES ('two')")
+	p2 := e.cap.Current()
+	e.sync()
+	restored, previous := e.restoreLive(p1)
+	require.Equal(t, p2, previous)
+	e.exec("INSERT INTO t(v) VALUES ('after')")
+	e.cap.Current()
+	e.sync()
+
+	markers := archiveKeys(t, store, e.key+"/"+restored.Gen+"/prev/", ".prev")
+	require.Len(t, markers, 1, "the new generation names the one it superseded")
+	pn, ok := parsePrevName(filepath.Base(markers[0]))
+	require.True(t, ok)
+	assert.Equal(t, prevName{Gen: p2.Gen, Txid: p2.Txid, TimeUs: p2.TimeUs}, pn)
+	require.False(t, e.scrub(-1).Damage(), "a clean archive")
+
+	// The superseded generation's newest segment is lost.
+	var lost segName
+	for _, k := range archiveKeys(t, store, e.key+"/"+p2.Gen+"/seg/", ".seg") {
+		if n, ok := parseSegName(filepath.Base(k)); ok && n.Last == p2.Txid {
+			lost = n
+			spoil(t, store, k, "deleted")
+		}
+	}
+	require.NotZero(t, lost.Last)
+	rep := e.scrub(0)
+	require.True(t, rep.Damage(), "found by a listing")
+	assert.True(t, rep.Current, "the current generation is whole")
+	require.Len(t, rep.Lost, 1, "%+v", rep.Lost)
+	assert.Equal(t, p2.Gen, rep.Lost[0].Gen)
+	assert.Equal(t, lost.First, rep.Lost[0].FirstTxid)
+	assert.Equal(t, p2.Txid, rep.Lost[0].LastTxid, "up to what the marker names")
+
+	// Retention sweeps the superseded generation: its marker (in the
+	// new generation) stays and claims nothing any more.
+	_, err := e.archive.Sweep(context.Background(), e.key, time.UnixMicro(restored.TimeUs))
+	require.NoError(t, err)
+	assert.Empty(t, archiveKeys(t, store, e.key+"/"+p2.Gen+"/", ""), "the old generation is gone")
+	sh, err := ShippedOf(e.copts.StagingDir, StagingArea{Key: e.key})
+	require.NoError(t, err)
+	rep, err = e.archive.Scrub(context.Background(), e.key, sh, ScrubOptions{Sample: -1, Cutoff: time.UnixMicro(restored.TimeUs)})
+	require.NoError(t, err)
+	assert.False(t, rep.Damage(), "%+v", rep)
+}
+
+// TestScrubFindsLostSupersededGeneration: every object of a superseded
+// generation lost (its base snapshot and every segment): the listing shows
+// nothing of it, the next generation's prev marker still names it.
+func TestScrubFindsLostSupersededGeneration(t *testing.T) {
+	_, store := newS3(t)
+	e := newEnv(t, store, CaptureOptions{CheckpointFrames: 8}, ShipperOptions{SnapshotMinBytes: 1 << 40})
+	e.exec("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+	e.exec("INSERT INTO t(v) VALUES ('one')")
+	p1 := e.cap.Current()
+	e.sync()
+	restored, previous := e.restoreLive(p1)
+	e.sync()
+	require.False(t, e.scrub(-1).Damage())
+	for _, k := range archiveKeys(t, store, e.key+"/"+previous.Gen+"/", "") {
+		spoil(t, store, k, "deleted")
+	}
+	rep := e.scrub(0)
+	require.True(t, rep.Damage())
+	assert.True(t, rep.Current)
+	require.Len(t, rep.Lost, 1, "%+v", rep.Lost)
+	assert.Equal(t, LostRange{Gen: previous.Gen, FirstTxid: 0, LastTxid: previous.Txid}, rep.Lost[0])
+	assert.NotEqual(t, restored.Gen, previous.Gen)
+}

@@ -83,6 +83,7 @@ type genIndex struct {
 	gen   string
 	snaps []snapName // ascending txid
 	segs  []segName  // ascending first
+	prevs []prevName // markers: how far earlier generations reached
 	keys  map[any]string
 }
 
@@ -121,6 +122,11 @@ func (a *Archive) index(ctx context.Context, db string) ([]*genIndex, error) {
 			if s, ok := parseSegName(parts[2]); ok {
 				g.segs = append(g.segs, s)
 				g.keys[s] = k
+			}
+		case "prev":
+			if p, ok := parsePrevName(parts[2]); ok {
+				g.prevs = append(g.prevs, p)
+				g.keys[p] = k
 			}
 		}
 	}
