@@ -823,6 +823,15 @@ func (h *Host) copyAt(ctx context.Context, objectID, bookmark string, retention 
 	if err := hh.checkRetention(h, target.Time(), retention); err != nil {
 		return "", nil, err
 	}
+	// A point this host shipped that the archive no longer reaches (the
+	// store lost the newest segments) would otherwise be waited for as
+	// "not archived yet" and answered 503 forever.
+	if sh, err := history.ShippedOf(hh.cfg.StagingDir, history.StagingArea{Key: m.DatabaseUUID, Name: objectID}); err == nil &&
+		sh.OK && target.Gen == sh.Gen && target.Txid <= sh.Txid {
+		if lt := hh.lostTail(ctx, m.DatabaseUUID, history.Position{Gen: sh.Gen, Txid: sh.Txid}); lt != nil && target.Txid >= lt.FirstTxid {
+			return "", nil, hh.restoreDamaged(h, "export", m.DatabaseUUID, objectID, target, "nothing was exported", lt)
+		}
+	}
 	if err := hh.waitArchived(ctx, m.DatabaseUUID, target); err != nil {
 		return "", nil, err
 	}

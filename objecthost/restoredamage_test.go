@@ -166,9 +166,18 @@ func TestRestoreToDamagedPoint(t *testing.T) {
 				if k4 != k3 {
 					spoilObject(t, store, k4, "deleted")
 				}
+				// The archive checks these refusals queue wait (scrubOne
+				// takes archiveMu) until both answers are in: before the
+				// heal.
+				th.hist.archiveMu.Lock()
+				// An export at a lost point: 400 at once, not "not archived
+				// yet, retry" (503) for ever.
+				status, env := call(t, c, srv, "POST", base+"/export", &d, map[string]any{"bookmark": b3})
+				refused(status, env, http.StatusBadRequest, "can no longer be restored", "nothing was exported")
 				// A restore elsewhere could not be undone: 503, nothing
 				// changed.
-				status, env := restore(b1)
+				status, env = restore(b1)
+				th.hist.archiveMu.Unlock()
 				refused(status, env, http.StatusServiceUnavailable, "nothing was changed", "retry")
 				assert.Equal(t, rows3, th.rowsOf(t, d))
 				// The check queued by that refusal heals the current point.
