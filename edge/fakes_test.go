@@ -371,11 +371,15 @@ type fakeHost struct {
 	srv  *httptest.Server
 	keys *binding.Keyring
 
-	mu        sync.Mutex
-	objects   map[string]*fakeObject
-	inits     []InitRequest
-	initIDs   []string
-	failInit  int // next N inits answer 503
+	mu       sync.Mutex
+	objects  map[string]*fakeObject
+	inits    []InitRequest
+	initIDs  []string
+	failInit int // next N inits answer 503
+	// damaged: the refusal the real host gives when the archive lost
+	// what a restore needs (objecthost/restoredamage.go): time-travel
+	// calls and inits restoring from the archive answer it, 400 7400.
+	damaged   string
 	queries   atomic.Int64
 	lastHdr   http.Header
 	lastQuery []byte // body of the last query or raw request
@@ -449,6 +453,10 @@ func (h *fakeHost) serveObject(w http.ResponseWriter, r *http.Request, id, op st
 		}
 		var in InitRequest
 		require.NoError(h.t, json.Unmarshal(body, &in))
+		if in.RestoreFrom != nil && h.damaged != "" {
+			v4.WriteError(w, 400, 7400, h.damaged)
+			return
+		}
 		h.inits = append(h.inits, in)
 		h.initIDs = append(h.initIDs, id)
 		if o != nil && o.req.DatabaseUUID != in.DatabaseUUID {
@@ -466,6 +474,14 @@ func (h *fakeHost) serveObject(w http.ResponseWriter, r *http.Request, id, op st
 	}
 	if r.Header.Get(HeaderDatabase) != o.req.DatabaseUUID || r.Header.Get(HeaderAccount) != o.req.AccountID {
 		v4.WriteError(w, 421, 7421, "wrong host")
+		return
+	}
+	if strings.HasPrefix(op, "time_travel/") {
+		if h.damaged != "" {
+			v4.WriteError(w, 400, 7400, h.damaged)
+			return
+		}
+		v4.WriteResult(w, map[string]string{"bookmark": "00000001-00000000-00000000-" + strings.Repeat("0", 64), "previous_bookmark": "", "message": "restored"})
 		return
 	}
 	switch op {

@@ -333,6 +333,14 @@ func (rc *Recoverer) relocateOne(ctx context.Context, d fsm.Database, targets []
 			if errors.As(err, &he) && he.Status == http.StatusBadRequest && strings.Contains(he.Message, "no archived history") {
 				return "no_archive", fmt.Errorf("no archived history: %s", he.Message)
 			}
+			if errors.As(err, &he) && he.Status == http.StatusBadRequest && strings.Contains(he.Message, "can no longer be restored") {
+				// The archive lost or damaged what the newest point needs
+				// (objecthost/restoredamage.go): every host reads the same
+				// archive, so no other one would do better. The operator
+				// decides (the message names the newest point that
+				// restores).
+				return "failed", fmt.Errorf("archive damaged: %s", he.Message)
+			}
 			lastErr = fmt.Errorf("init on %s: %w", target.ID, err)
 			exclude[target.ID] = true
 			continue

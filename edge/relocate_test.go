@@ -110,15 +110,24 @@ type recoveryHosts struct {
 	mu        sync.Mutex
 	inits     map[string][]InitRequest // host address → inits
 	noArchive map[string]bool
+	damaged   map[string]bool // archive damaged (objecthost/restoredamage.go's 400)
 	failInit  map[string]bool
 	confirms  int
+	attempts  map[string]int // database → inits tried
 }
 
 func (h *recoveryHosts) Init(_ context.Context, addr, objectID string, in InitRequest) (ObjectInfo, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.attempts == nil {
+		h.attempts = map[string]int{}
+	}
+	h.attempts[in.DatabaseUUID]++
 	if h.failInit[addr] {
 		return ObjectInfo{}, &HostError{Status: http.StatusServiceUnavailable, Code: 7503, Message: "down"}
+	}
+	if h.damaged[in.DatabaseUUID] {
+		return ObjectInfo{}, &HostError{Status: http.StatusBadRequest, Code: 7400, Message: "the database's newest archived point can no longer be restored: the archive of its history is damaged (records 5..9 of generation 000661b3478aab8b are lost or fail their checksum); the database was not relocated"}
 	}
 	if h.noArchive[in.DatabaseUUID] && !in.RestoreFrom.EmptyIfNone {
 		return ObjectInfo{}, &HostError{Status: http.StatusBadRequest, Code: 7400, Message: "invalid request: database " + in.DatabaseUUID + " has no archived history to restore from"}
@@ -217,6 +226,26 @@ func TestRecoverLostHost(t *testing.T) {
 	assert.Equal(t, 1, rep.Listed)
 	assert.Equal(t, 1, rep.Relocated)
 	assert.True(t, rep.Complete())
+}
+
+// TestRecoverDamagedArchive: a database whose archive the store damaged is
+// reported failed with the host's message after one init, not tried on
+// every other host (they all read the same archive); the others move.
+func TestRecoverDamagedArchive(t *testing.T) {
+	ctx := context.Background()
+	cat, hosts := newRecoveryFixture(3)
+	bad := "00000000-0000-4000-8000-000000000001"
+	hosts.damaged = map[string]bool{bad: true}
+	rc := NewRecoverer(cat, hosts, RecoverOptions{Concurrency: 1, Logger: quietLog})
+	_, err := rc.DeclareLost(ctx, "h1", time.Time{})
+	require.NoError(t, err)
+	rep, err := rc.Recover(ctx, "h1")
+	require.NoError(t, err)
+	assert.Equal(t, 2, rep.Relocated)
+	require.Contains(t, rep.Failed, bad)
+	assert.Contains(t, rep.Failed[bad], "can no longer be restored")
+	assert.Equal(t, 1, hosts.attempts[bad], "not retried on other hosts")
+	assert.Equal(t, "h1", cat.dbs[bad].HostID)
 }
 
 // TestAutoRecover: a host silent past the bound is declared lost and

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/objecthost/history"
 	"github.com/shoaldb/shoal/objecthost/sqlexec"
 )
 
@@ -56,6 +57,10 @@ func statusOf(err error) (int, int, string) {
 		return http.StatusTooManyRequests, v4.CodeRowLimit, ErrRowLimit.Error()
 	case errors.Is(err, ErrBinding), errors.Is(err, ErrBindingRevoked):
 		return http.StatusUnauthorized, v4.CodeUnauthorized, err.Error()
+	case errors.Is(err, history.ErrStoreFailed):
+		// A restore from the archive (a fork's, a recovery's init) met a
+		// store outage: retryable, unlike damage (restoredamage.go).
+		return http.StatusServiceUnavailable, v4.CodeUnavailable, "the archive store is unavailable, retry"
 	case errors.Is(err, ErrRestoring):
 		return http.StatusServiceUnavailable, v4.CodeUnavailable, ErrRestoring.Error()
 	case isAccountBusy(err):

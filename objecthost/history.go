@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorilla/mux"
 
+	"github.com/shoaldb/shoal/internal/pki"
 	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/objecthost/history"
 	"github.com/shoaldb/shoal/objecthost/sqlexec"
@@ -98,6 +99,9 @@ type hostHistory struct {
 	scrubMu   sync.Mutex
 	scrub     scrubState
 	sm        *scrubMetrics
+	// checks: archives a restore found damaged, checked at once
+	// (restoredamage.go).
+	checks chan damageCheck
 }
 
 // ErrRestoring is returned while a database is being restored.
@@ -152,6 +156,7 @@ func newHostHistory(h *Host, cfg HistoryConfig) (*hostHistory, error) {
 		reopen: map[string]history.Reopen{},
 		scrub:  scrubState{damaged: map[string]*ArchiveDamage{}},
 		sm:     newScrubMetrics(h.m.reg),
+		checks: make(chan damageCheck, maxDamageChecks),
 	}
 	if err := os.MkdirAll(cfg.StagingDir, 0o755); err != nil {
 		return nil, fmt.Errorf("history staging dir: %w", err)
@@ -231,6 +236,8 @@ func (hh *hostHistory) start(h *Host) {
 		wg.Add(1)
 		go func() { defer wg.Done(); hh.scrubLoop(ctx, h) }()
 	}
+	wg.Add(1)
+	go func() { defer wg.Done(); hh.runDamageChecks(ctx, h) }()
 	go func() { wg.Wait(); close(hh.done) }()
 }
 
@@ -409,8 +416,13 @@ func (h *Host) historyRoutes(r *mux.Router) {
 			"scrub": h.ScrubStatus()})
 	}).Methods(http.MethodGet)
 	// A scrub of every live database now (?sample=N objects read per
-	// database; -1: all), answered when done: scrub.go.
-	r.HandleFunc("/v1/history/scrub", func(w http.ResponseWriter, r *http.Request) {
+	// database; -1: all), answered when done: scrub.go. Operator work (it
+	// reads the whole archive of every database with -1): only the
+	// operator role under mutual TLS, as /debug/pprof (internal/
+	// profiling); an edge's certificate, which peerAllowed admits to the
+	// object routes, is refused. Without TLS (--insecure) open, like
+	// every internal endpoint then.
+	r.Handle("/v1/history/scrub", h.cfg.TLS.Require(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sample := 0
 		if s := r.URL.Query().Get("sample"); s != "" {
 			n, err := strconv.Atoi(s)
@@ -425,7 +437,7 @@ func (h *Host) historyRoutes(r *mux.Router) {
 			return
 		}
 		v4.WriteResult(w, h.ScrubStatus())
-	}).Methods(http.MethodPost)
+	}), pki.RoleOperator)).Methods(http.MethodPost)
 }
 
 // BookmarkResult is GET …/time_travel/bookmark's result (D1's shape).
@@ -503,6 +515,9 @@ func writeHistoryErr(w http.ResponseWriter, err error) {
 		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "invalid bookmark")
 	case errors.Is(err, history.ErrNoHistory):
 		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "no restorable state at that point (before the database's history or past its retention)")
+	case errors.Is(err, history.ErrStoreFailed):
+		noteReason(w, err)
+		v4.WriteRetryAfter(w, http.StatusServiceUnavailable, v4.CodeUnavailable, "the archive store is unavailable, nothing was changed; retry", time.Second)
 	case errors.Is(err, ErrRestoring):
 		noteReason(w, err)
 		v4.WriteError(w, http.StatusServiceUnavailable, v4.CodeUnavailable, ErrRestoring.Error())
@@ -604,7 +619,7 @@ func (h *Host) Bookmark(ctx context.Context, objectID, timestamp string, retenti
 	}
 	p, err := hh.archive.Resolve(ctx, c.Key(), t)
 	if err != nil {
-		return BookmarkResult{}, err
+		return BookmarkResult{}, hh.restoreDamaged(h, "bookmark", c.Key(), objectID, history.Position{}, "no bookmark can be given for that time", err)
 	}
 	return BookmarkResult{Bookmark: string(history.MakeBookmark(c.Key(), p))}, nil
 }
@@ -724,14 +739,30 @@ func (h *Host) Restore(ctx context.Context, objectID, bookmark, timestamp string
 			return RestoreResult{}, err
 		}
 	}
+	const unchanged = "nothing was changed: the database keeps its current content"
+	// Everything through previous was shipped (Sync above). If the store
+	// lost some of it since, the undo point does not restore: a restore
+	// now would lose the current content for good. Refused; the check it
+	// queues heals the archive (a snapshot of the current point), after
+	// which a restore elsewhere is accepted again (restoredamage.go).
+	if lt := hh.lostTail(ctx, key, previous); lt != nil {
+		inTail := timestamp == "" && target.Gen == lt.Gen && target.Txid >= lt.FirstTxid ||
+			timestamp != "" && !tsTime.Before(lt.After.Time())
+		err := hh.restoreDamaged(h, "restore", key, objectID, target, unchanged, lt)
+		if !inTail {
+			return RestoreResult{}, &errHistory{status: http.StatusServiceUnavailable, code: v4.CodeUnavailable,
+				msg: "the archive lost this database's newest history, so the restore could not be undone; the host is archiving its current state again; nothing was changed; retry", cause: err}
+		}
+		return RestoreResult{}, err
+	}
 	if timestamp != "" {
 		if target, err = hh.archive.Resolve(ctx, key, tsTime); err != nil {
-			return RestoreResult{}, err
+			return RestoreResult{}, hh.restoreDamaged(h, "restore", key, objectID, history.Position{}, unchanged, err)
 		}
 	}
 	restored, err := history.RestoreInPlace(ctx, hh.archive, key, h.path(objectID), target, history.CaptureOptions{StagingDir: hh.cfg.StagingDir, StagingName: objectID, Now: h.now})
 	if err != nil {
-		return RestoreResult{}, err
+		return RestoreResult{}, hh.restoreDamaged(h, "restore", key, objectID, target, unchanged, err)
 	}
 	hh.mu.Lock()
 	hh.restores[objectID] = append(hh.restores[objectID], now)
@@ -792,6 +823,15 @@ func (h *Host) copyAt(ctx context.Context, objectID, bookmark string, retention 
 	if err := hh.checkRetention(h, target.Time(), retention); err != nil {
 		return "", nil, err
 	}
+	// A point this host shipped that the archive no longer reaches (the
+	// store lost the newest segments) would otherwise be waited for as
+	// "not archived yet" and answered 503 forever.
+	if sh, err := history.ShippedOf(hh.cfg.StagingDir, history.StagingArea{Key: m.DatabaseUUID, Name: objectID}); err == nil &&
+		sh.OK && target.Gen == sh.Gen && target.Txid <= sh.Txid {
+		if lt := hh.lostTail(ctx, m.DatabaseUUID, history.Position{Gen: sh.Gen, Txid: sh.Txid}); lt != nil && target.Txid >= lt.FirstTxid {
+			return "", nil, hh.restoreDamaged(h, "export", m.DatabaseUUID, objectID, target, "nothing was exported", lt)
+		}
+	}
 	if err := hh.waitArchived(ctx, m.DatabaseUUID, target); err != nil {
 		return "", nil, err
 	}
@@ -803,7 +843,7 @@ func (h *Host) copyAt(ctx context.Context, objectID, bookmark string, retention 
 	dst := filepath.Join(dir, "at.db")
 	if _, err := hh.archive.Restore(ctx, m.DatabaseUUID, target, dst); err != nil {
 		cleanup()
-		return "", nil, err
+		return "", nil, hh.restoreDamaged(h, "export", m.DatabaseUUID, objectID, target, "nothing was exported", err)
 	}
 	return dst, cleanup, nil
 }

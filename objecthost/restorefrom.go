@@ -179,6 +179,22 @@ func (h *Host) restoreInto(ctx context.Context, objectID, dstKey string, src Res
 			return "", false, fmt.Errorf("%w: database %s has no archived state at bookmark %s (not archived yet, or past retention)",
 				ErrInvalid, src.DatabaseUUID, history.MakeBookmark(src.DatabaseUUID, p))
 		}
+		if errors.Is(err, history.ErrDamaged) {
+			// The source's archive lost what this state needs: a 400
+			// naming it (not retried elsewhere: every host reads the same
+			// archive). The object keeps Restoring and dies as an orphan.
+			op, outcome := "fork", "no database was created"
+			if src.Bookmark == "" {
+				op, outcome = "recover", "the database was not relocated"
+			}
+			target := p
+			if src.Bookmark == "" {
+				target = history.Position{}
+			}
+			// The source is not live here (a fork's is on its own host):
+			// counted and logged; its own host's scrub raises the alarm.
+			return "", false, hh.restoreDamaged(h, op, src.DatabaseUUID, "", target, outcome, err)
+		}
 		return "", false, fmt.Errorf("restore from the archive: %w", err)
 	}
 	if o, m, err := h.lookup(objectID); err == nil {

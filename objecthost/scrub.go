@@ -108,6 +108,9 @@ type scrubMetrics struct {
 	read     prometheus.Counter
 	bytes    prometheus.Counter
 	damaged  prometheus.Gauge
+	// restoreDamaged: restores refused because the archive lost or
+	// damaged what they need (restoredamage.go), by op.
+	restoreDamaged *prometheus.CounterVec
 }
 
 func newScrubMetrics(reg prometheus.Registerer) *scrubMetrics {
@@ -118,9 +121,11 @@ func newScrubMetrics(reg prometheus.Registerer) *scrubMetrics {
 		read:     prometheus.NewCounter(prometheus.CounterOpts{Name: "shoal_history_scrub_objects_read_total", Help: "Archived objects read in full and verified by the scrubber."}),
 		bytes:    prometheus.NewCounter(prometheus.CounterOpts{Name: "shoal_history_scrub_read_bytes_total", Help: "Bytes the scrubber read from the archive."}),
 		damaged:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "shoal_history_archive_damaged_databases", Help: "Databases on this host whose archive lost points that no longer restore, or holds damaged objects (alarm archive_damaged)."}),
+		restoreDamaged: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shoal_history_restore_damaged_total",
+			Help: "Restores refused because the archive lost or damaged the history they need, by op: restore (time travel), bookmark (a timestamp's), export (at a bookmark), fork, recover (a lost host's database)."}, []string{"op"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.checks, m.requests, m.read, m.bytes, m.damaged)
+		reg.MustRegister(m.checks, m.requests, m.read, m.bytes, m.damaged, m.restoreDamaged)
 	}
 	return m
 }
@@ -251,7 +256,10 @@ func (hh *hostHistory) check(ctx context.Context, h *Host, objectID, uuid string
 
 // scrubOne checks one database's archive, heals it if its current point no
 // longer restores, and records what no longer restores.
-func (hh *hostHistory) scrubOne(ctx context.Context, h *Host, objectID, uuid string, sample int) {
+//
+// found are objects a restore just found damaged: read again whatever the
+// sample (restoredamage.go).
+func (hh *hostHistory) scrubOne(ctx context.Context, h *Host, objectID, uuid string, sample int, found ...string) {
 	// Not beside the retention sweep (its deletions would look like
 	// losses to a listing taken meanwhile; the confirmation would catch
 	// it, but need not).
@@ -260,14 +268,14 @@ func (hh *hostHistory) scrubOne(ctx context.Context, h *Host, objectID, uuid str
 	hh.scrubMu.Lock()
 	hh.scrub.checked++
 	hh.scrubMu.Unlock()
-	rep, err := hh.check(ctx, h, objectID, uuid, sample, nil)
+	rep, err := hh.check(ctx, h, objectID, uuid, sample, found)
 	if err == nil && rep.Damage() {
 		// Confirm from scratch: only absence in two listings counts (a
 		// checksum failure was confirmed by Scrub's second read; the
 		// objects it found stay damaged here even if this sample misses
 		// them).
 		first := rep
-		rep, err = hh.check(ctx, h, objectID, uuid, sample, first.Damaged)
+		rep, err = hh.check(ctx, h, objectID, uuid, sample, append(first.Damaged[:len(first.Damaged):len(first.Damaged)], found...))
 		if err == nil && !rep.Damage() {
 			hh.sm.checks.WithLabelValues("transient").Inc()
 			h.log.Info("history: scrub: damage not confirmed by a second check", "db", uuid, "missing", first.Missing, "damaged", first.Damaged)

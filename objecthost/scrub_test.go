@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +18,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/shoaldb/shoal/internal/pki"
+	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/objecthost/history"
 	"github.com/shoaldb/shoal/objecthost/sqlexec"
 )
@@ -337,4 +341,59 @@ func TestScrubHealRewritesDamagedCurrentSnapshot(t *testing.T) {
 		require.Len(t, st.Damaged[0].Lost, 1)
 		assert.Equal(t, healed, st.Damaged[0].Lost[0].Until)
 	}
+}
+
+// TestScrubForOperatorsOnly: under mutual TLS, POST /v1/history/scrub
+// (operator work: it can read every archived object of every database)
+// answers only a certificate with the operator role, as /debug/pprof does;
+// an edge's certificate, admitted to every object route, gets 403 and no
+// scrub runs. Without TLS (--insecure) it answers anyone, as before
+// (TestScrubFindsAndHealsArchiveDamage's hosts).
+func TestScrubForOperatorsOnly(t *testing.T) {
+	dir := t.TempDir()
+	_, err := pki.InitCA(filepath.Join(dir, "ca"), "test", time.Hour)
+	require.NoError(t, err)
+	issue := func(node string, roles ...string) *pki.Loader {
+		f, err := pki.Issue(filepath.Join(dir, "ca"), dir, pki.IssueRequest{Node: node, Roles: roles, Validity: time.Hour}, false)
+		require.NoError(t, err)
+		l, err := pki.NewLoader(f)
+		require.NoError(t, err)
+		return l
+	}
+	store, err := history.NewDirStore(t.TempDir())
+	require.NoError(t, err)
+	hostTLS := issue("h1", pki.RoleHost)
+	th := newTestHost(t, func(c *Config) {
+		c.TLS = hostTLS
+		c.History = &HistoryConfig{Store: store, Shipper: history.ShipperOptions{MaxLag: 50 * time.Millisecond},
+			SweepInterval: -1, ScrubInterval: -1, ScrubSample: -1}
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	hs := v4.NewServer(th.Handler(), v4.ServerOptions{})
+	go func() { _ = hs.ServeWrapped(ln, hostTLS.Listen) }()
+	t.Cleanup(func() { _ = hs.Close() })
+	d := newDB("acct")
+	th.mustInit(t, d)
+	th.exec(t, d, "CREATE TABLE t(x)")
+	th.archivedUpTo(t, d)
+
+	post := func(l *pki.Loader) (int, string) {
+		t.Helper()
+		hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: l.ClientFor(pki.RoleHost)}}
+		resp, err := hc.Post("https://"+ln.Addr().String()+"/v1/history/scrub?sample=-1", "application/json", nil)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	for name, l := range map[string]*pki.Loader{"edge": issue("e1", pki.RoleEdge), "pipeline": issue("p1", pki.RolePipeline)} {
+		status, body := post(l)
+		assert.Equal(t, http.StatusForbidden, status, "%s: %s", name, body)
+	}
+	assert.Zero(t, th.ScrubStatus().Checked, "no scrub ran for a refused caller")
+	status, body := post(issue("ops", pki.RoleOperator))
+	require.Equal(t, http.StatusOK, status, body)
+	assert.Equal(t, int64(1), th.ScrubStatus().Checked, "the operator's scrub checked the database")
 }

@@ -381,7 +381,7 @@ func (c *Capturer) newGeneration(afterUs int64, limit int) error {
 	last := recordHeader{PageSize: uint32(ps), DBSize: pages, TimeUs: startUs, WAL: pos}
 	if err := c.log.startGeneration(gen, base, func(f *os.File) error {
 		return writeSnapshot(f, base, im.readPage)
-	}, tip{Last: last, Settled: !walOK}); err != nil {
+	}, tip{Last: last, Settled: !walOK}, Position{}); err != nil {
 		return fmt.Errorf("history: start generation: %w", err)
 	}
 	c.pageSize, c.pos, c.last, c.restartOK = ps, pos, last, !walOK

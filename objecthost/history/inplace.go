@@ -56,9 +56,17 @@ func RestoreInto(ctx context.Context, a *Archive, srcKey string, p Position, dst
 		return Position{}, err
 	}
 	defer l.close()
-	prev, _, err := l.recover()
+	prev, hadGen, err := l.recover()
 	if err != nil {
 		return Position{}, err
+	}
+	// The generation superseded: this area's (startGeneration reads it),
+	// or for a relocation, which has no area yet, the archived one it
+	// continues from (p: what the archive held; records the lost host
+	// never shipped are not claimed).
+	var superseded Position
+	if srcKey == dstKey && !hadGen {
+		superseded = p
 	}
 	f, err := os.Open(tmp)
 	if err != nil {
@@ -89,7 +97,7 @@ func RestoreInto(ctx context.Context, a *Archive, srcKey string, p Position, dst
 	last := recordHeader{PageSize: uint32(ps), DBSize: pages, TimeUs: startUs}
 	if err := l.startGeneration(gen, base, func(w *os.File) error {
 		return writeSnapshot(w, base, im.readPage)
-	}, tip{Last: last, Settled: true, Restore: filepath.Base(tmp)}); err != nil { // the checkpoint
+	}, tip{Last: last, Settled: true, Restore: filepath.Base(tmp)}, superseded); err != nil { // the checkpoint
 		return Position{}, err
 	}
 	if err := completeRestore(l, gen, dbPath, last); err != nil {

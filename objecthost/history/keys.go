@@ -10,6 +10,17 @@ import (
 //
 //	<db>/<gen>/snap/<txid>-<time>.snap            full image after txid
 //	<db>/<gen>/seg/<first>-<last>-<lasttime>.seg  records first..last
+//	<db>/<gen>/prev/<prevgen>-<txid>-<time>.prev  the generation before
+//	                                              gen reached txid (the
+//	                                              name says it; the body
+//	                                              repeats it as JSON)
+//
+// A prev marker (since 2026-12-03) is shipped before its generation's base
+// snapshot when that generation supersedes another one of the same
+// database (a restore, a relocation, an attach that could not prove
+// continuity): it names how far the superseded generation reached (at
+// least), so the scrubber finds a lost newest segment of a generation that
+// nothing else names any more (scrub.go).
 //
 // gen, txid and times are 16 lower-case hex digits, so a listing sorts in
 // log order. A generation is one unbroken lineage of records starting from
@@ -26,6 +37,40 @@ type segName struct {
 type snapName struct {
 	Txid   uint64
 	TimeUs int64
+}
+
+// prevName is a prev marker's name: generation Gen reached record Txid,
+// committed at TimeUs.
+type prevName struct {
+	Gen    string
+	Txid   uint64
+	TimeUs int64
+}
+
+func (p prevName) file() string {
+	return p.Gen + "-" + hex16(p.Txid) + "-" + hex16(uint64(p.TimeUs)) + ".prev"
+}
+
+func prevKey(db, gen string, p prevName) string { return db + "/" + gen + "/prev/" + p.file() }
+
+func parsePrevName(base string) (prevName, bool) {
+	base, ok := strings.CutSuffix(base, ".prev")
+	if !ok {
+		return prevName{}, false
+	}
+	parts := strings.Split(base, "-")
+	if len(parts) != 3 {
+		return prevName{}, false
+	}
+	if _, ok := parseHex16(parts[0]); !ok {
+		return prevName{}, false
+	}
+	tx, ok1 := parseHex16(parts[1])
+	tu, ok2 := parseHex16(parts[2])
+	if !ok1 || !ok2 {
+		return prevName{}, false
+	}
+	return prevName{Gen: parts[0], Txid: tx, TimeUs: int64(tu)}, true
 }
 
 func hex16(v uint64) string { return fmt.Sprintf("%016x", v) }

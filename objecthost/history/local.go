@@ -234,19 +234,47 @@ func lastRecord(path string, tolerateTail bool) (last, first recordHeader, valid
 }
 
 // startGeneration makes gen the current generation: seals the previous
-// one's open file, writes the base snapshot through write (into a temp
-// file, fsynced, renamed) and the tip. The tip is the checkpoint: until it
-// is written the previous generation is still current.
-func (l *localLog) startGeneration(gen string, base snapHeader, write func(f *os.File) error, st tip) error {
+// one's open file, writes the prev marker (below), the base snapshot
+// through write (into a temp file, fsynced, renamed) and the tip. The tip
+// is the checkpoint: until it is written the previous generation is still
+// current.
+//
+// The prev marker names how far the generation it supersedes reached:
+// prev, or (prev.Gen == "") this area's current generation as its tip and
+// sealed files say. A crash before the tip leaves a marker that claims
+// less than that generation may go on to hold: a marker is a lower bound,
+// which is all the scrubber reads it as (keys.go).
+func (l *localLog) startGeneration(gen string, base snapHeader, write func(f *os.File) error, st tip, prev Position) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.sealLocked(); err != nil {
 		return err
 	}
 	l.tipOK = false
+	if prev.Gen == "" && l.gen != "" && l.gen != gen {
+		old, found, err := l.recoverGen(l.gen, false)
+		if err != nil {
+			return err
+		}
+		if found {
+			prev = Position{Gen: l.gen, Txid: old.Last.Txid, TimeUs: old.Last.TimeUs}
+		}
+	}
 	dir := l.genDir(gen)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
+	}
+	if prev.Gen != "" && prev.Gen < gen {
+		m := prevName{Gen: prev.Gen, Txid: prev.Txid, TimeUs: prev.TimeUs}
+		// Not empty: some S3 servers refuse an empty PUT (gofakes3 answers
+		// MissingContentLength). The name is what is read.
+		body := fmt.Sprintf("{\"gen\":%q,\"txid\":%d,\"time_us\":%d}\n", m.Gen, m.Txid, m.TimeUs)
+		if err := writeFileAtomic(filepath.Join(dir, m.file()), func(f *os.File) error {
+			_, err := f.WriteString(body)
+			return err
+		}); err != nil {
+			return err
+		}
 	}
 	if err := writeFileAtomic(filepath.Join(dir, localSnapName(snapName{Txid: base.Txid, TimeUs: base.TimeUs})), write); err != nil {
 		return err
@@ -496,6 +524,7 @@ func writeFileAtomic(path string, write func(f *os.File) error) error {
 type pendingFile struct {
 	gen, path, key string
 	isSnap         bool
+	isPrev         bool // a prev marker (keys.go): shipped first in its generation
 	firstTxid      uint64
 }
 
@@ -524,9 +553,14 @@ func (l *localLog) pending(db string) ([]pendingFile, error) {
 				files = append(files, pendingFile{gen: g, path: p, key: snapKey(db, g, sn), isSnap: true, firstTxid: sn.Txid})
 			} else if sg, ok := parseSegName(name); ok {
 				files = append(files, pendingFile{gen: g, path: p, key: segKey(db, g, sg), firstTxid: sg.First})
+			} else if pn, ok := parsePrevName(name); ok {
+				files = append(files, pendingFile{gen: g, path: p, key: prevKey(db, g, pn), isPrev: true})
 			}
 		}
 		sort.Slice(files, func(i, j int) bool {
+			if files[i].isPrev != files[j].isPrev {
+				return files[i].isPrev
+			}
 			if files[i].firstTxid != files[j].firstTxid {
 				return files[i].firstTxid < files[j].firstTxid
 			}

@@ -27,10 +27,63 @@ func NewArchive(store Store) *Archive { return &Archive{store: store} }
 // position the archive does not have yet).
 var ErrNoHistory = errors.New("history: no archived state at that point")
 
+// ErrStoreFailed wraps an error of the store itself (a listing or a read
+// that failed, a stream it broke) met by a restore or a timestamp's
+// resolution: an outage, worth a retry — never damage.
+var ErrStoreFailed = errors.New("history: the archive store failed")
+
+// storeFailed wraps a store's error in ErrStoreFailed (ErrNotFound, a
+// missing object, is the archive's state, not an outage).
+func storeFailed(err error) error {
+	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrStoreFailed) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrStoreFailed, err)
+}
+
+// ErrDamaged is returned (as a *DamageError) when the archive lost, or
+// holds damaged, an object a restore or a timestamp's resolution needs:
+// listed and then gone, missing between two segments it still has, or
+// failing its checksum, its txid sequence or its chain. Retrying does not
+// help (unlike a store that fails: that error is the store's own). The
+// scrubber (scrub.go) finds the same damage ahead of time.
+var ErrDamaged = errors.New("history: archive damaged")
+
+// DamageError names what of one generation no longer restores: records
+// FirstTxid..LastTxid (for a snapshot, the snapshot's txid), and After,
+// the last point before them that a replay reached (zero Position: none).
+// It unwraps to the cause (ErrCorrupt, or ErrNotFound for an object the
+// listing named that is gone), and errors.Is(err, ErrDamaged) holds.
+type DamageError struct {
+	Gen                 string
+	FirstTxid, LastTxid uint64
+	What                string // "records", "snapshot"
+	After               Position
+	Key                 string // the object that failed its checks, if one was read ("" for a hole)
+	Err                 error
+}
+
+func (e *DamageError) Error() string {
+	if e.What == "snapshot" {
+		return fmt.Sprintf("history: archive damaged: generation %s: no snapshot at or before record %d restores: %v", e.Gen, e.LastTxid, e.Err)
+	}
+	return fmt.Sprintf("history: archive damaged: generation %s: records %d..%d: %v", e.Gen, e.FirstTxid, e.LastTxid, e.Err)
+}
+
+// Is makes errors.Is(err, ErrDamaged) hold.
+func (e *DamageError) Is(target error) bool { return target == ErrDamaged }
+
+func (e *DamageError) Unwrap() error { return e.Err }
+
+// isDamage reports whether err means the archive's object is lost or
+// damaged (not: the store failed).
+func isDamage(err error) bool { return errors.Is(err, ErrCorrupt) || errors.Is(err, ErrNotFound) }
+
 type genIndex struct {
 	gen   string
 	snaps []snapName // ascending txid
 	segs  []segName  // ascending first
+	prevs []prevName // markers: how far earlier generations reached
 	keys  map[any]string
 }
 
@@ -41,7 +94,7 @@ func (a *Archive) index(ctx context.Context, db string) ([]*genIndex, error) {
 	}
 	keys, err := a.store.List(ctx, db+"/")
 	if err != nil {
-		return nil, err
+		return nil, storeFailed(err)
 	}
 	byGen := map[string]*genIndex{}
 	var gens []*genIndex
@@ -69,6 +122,11 @@ func (a *Archive) index(ctx context.Context, db string) ([]*genIndex, error) {
 			if s, ok := parseSegName(parts[2]); ok {
 				g.segs = append(g.segs, s)
 				g.keys[s] = k
+			}
+		case "prev":
+			if p, ok := parsePrevName(parts[2]); ok {
+				g.prevs = append(g.prevs, p)
+				g.keys[p] = k
 			}
 		}
 	}
@@ -145,14 +203,30 @@ func (a *Archive) Resolve(ctx context.Context, db string, t time.Time) (Position
 				continue
 			}
 			// The moment falls inside this segment: find the record.
+			hole := s.First > best.Txid+1 // records before s the store lost
+			before := best
 			err := a.readSegment(ctx, g.keys[s], func(h recordHeader, _ []page) error {
 				if h.TimeUs <= tu && h.Txid > best.Txid {
 					best = Position{Gen: g.gen, Txid: h.Txid, TimeUs: h.TimeUs}
 				}
 				return nil
 			})
+			if isDamage(err) {
+				de := &DamageError{Gen: g.gen, FirstTxid: max(s.First, best.Txid+1), LastTxid: s.Last, What: "records", After: best, Err: err}
+				if errors.Is(err, ErrCorrupt) {
+					de.Key = g.keys[s]
+				}
+				return Position{}, de
+			}
 			if err != nil {
 				return Position{}, err
+			}
+			if hole && best == before {
+				// The last commit at or before t is in the hole, or is
+				// the point before it: which one, the lost records
+				// alone could tell.
+				return Position{}, &DamageError{Gen: g.gen, FirstTxid: before.Txid + 1, LastTxid: s.First - 1, What: "records", After: before,
+					Err: fmt.Errorf("%w: records %d..%d missing", ErrNotFound, before.Txid+1, s.First-1)}
 			}
 			break
 		}
@@ -164,11 +238,14 @@ func (a *Archive) Resolve(ctx context.Context, db string, t time.Time) (Position
 func (a *Archive) readSegment(ctx context.Context, key string, fn func(recordHeader, []page) error) error {
 	r, err := a.store.Get(ctx, key)
 	if err != nil {
-		return err
+		return storeFailed(err)
 	}
 	defer r.Close()
-	_, err = readRecords(r, false, fn)
-	return err
+	// A stream the store broke mid-read is the store's error, not
+	// damage (as in Scrub).
+	cr := &countingReader{r: r}
+	_, err = readRecords(cr, false, fn)
+	return cr.storeErr(err)
 }
 
 // RestoreStats describes a restore.
@@ -216,8 +293,16 @@ func (a *Archive) build(ctx context.Context, db string, p Position, tmp string, 
 			g = x
 		}
 	}
-	if g == nil || !g.restorable() {
+	if g == nil {
 		return fmt.Errorf("%w: generation %s", ErrNoHistory, p.Gen)
+	}
+	if !g.restorable() {
+		// Segments without the snapshot they start from: the base (and
+		// any later snapshot) was lost. (Retention never leaves a
+		// generation without a snapshot: Sweep keeps the newest at or
+		// before its cutoff.)
+		return &DamageError{Gen: g.gen, LastTxid: p.Txid, What: "snapshot",
+			Err: fmt.Errorf("%w: generation %s has segments but no snapshot", ErrNotFound, g.gen)}
 	}
 	// The newest snapshot at or before p, else an older one: a snapshot
 	// the store lost or damaged (found by the scrubber, or not yet) is
@@ -245,7 +330,7 @@ func (a *Archive) build(ctx context.Context, db string, p Position, tmp string, 
 		if firstErr == nil {
 			firstErr = err
 		}
-		if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrNotFound) {
+		if !isDamage(err) {
 			return err // the store failing: not a reason to read more
 		}
 		if err := f.Truncate(0); err != nil {
@@ -256,7 +341,11 @@ func (a *Archive) build(ctx context.Context, db string, p Position, tmp string, 
 		}
 	}
 	if err != nil {
-		return firstErr
+		de := &DamageError{Gen: g.gen, FirstTxid: cands[0].Txid, LastTxid: p.Txid, What: "snapshot", Err: firstErr}
+		if errors.Is(firstErr, ErrCorrupt) {
+			de.Key = g.keys[cands[len(cands)-1]]
+		}
+		return de
 	}
 	st.Snapshot = Position{Gen: g.gen, Txid: sh.Txid, TimeUs: sh.TimeUs}
 	st.BytesRead += snapSize(sh)
@@ -270,8 +359,10 @@ func (a *Archive) build(ctx context.Context, db string, p Position, tmp string, 
 		if s.Last < next {
 			continue
 		}
+		reached := Position{Gen: g.gen, Txid: next - 1, TimeUs: timeUs}
 		if s.First > next {
-			return fmt.Errorf("%w: records %d..%d missing", ErrCorrupt, next, s.First-1)
+			return &DamageError{Gen: g.gen, FirstTxid: next, LastTxid: s.First - 1, What: "records", After: reached,
+				Err: fmt.Errorf("%w: records %d..%d missing", ErrCorrupt, next, s.First-1)}
 		}
 		err := a.readSegment(ctx, g.keys[s], func(h recordHeader, pages []page) error {
 			if h.Txid < next {
@@ -300,10 +391,39 @@ func (a *Archive) build(ctx context.Context, db string, p Position, tmp string, 
 			return nil
 		})
 		if err != nil && !errors.Is(err, errStop) {
+			if isDamage(err) {
+				// Records of s before the damaged one were applied;
+				// next is the first that was not.
+				de := &DamageError{Gen: g.gen, FirstTxid: next, LastTxid: s.Last, What: "records",
+					After: Position{Gen: g.gen, Txid: next - 1, TimeUs: timeUs}, Err: err}
+				if errors.Is(err, ErrCorrupt) {
+					de.Key = g.keys[s]
+				}
+				return de
+			}
 			return err
 		}
 	}
 	if next != p.Txid+1 {
+		// The replay stopped before p. If the generation holds a later
+		// point (a snapshot, a segment), the records between were there
+		// once and are lost: damage. Otherwise p is not archived (yet).
+		lost := uint64(0)
+		for _, sn := range g.snaps {
+			if sn.Txid > next && (lost == 0 || sn.Txid-1 < lost) {
+				lost = sn.Txid - 1
+			}
+		}
+		for _, sg := range g.segs {
+			if sg.First > next && (lost == 0 || sg.First-1 < lost) {
+				lost = sg.First - 1
+			}
+		}
+		if lost >= p.Txid {
+			return &DamageError{Gen: g.gen, FirstTxid: next, LastTxid: lost, What: "records",
+				After: Position{Gen: g.gen, Txid: next - 1, TimeUs: timeUs},
+				Err:   fmt.Errorf("%w: records %d..%d missing", ErrNotFound, next, lost)}
+		}
 		return fmt.Errorf("%w: archive ends at txid %d, before %d", ErrNoHistory, next-1, p.Txid)
 	}
 	if p.TimeUs != 0 && timeUs != p.TimeUs {
@@ -321,12 +441,13 @@ func (a *Archive) build(ctx context.Context, db string, p Position, tmp string, 
 func (a *Archive) readSnapshotInto(ctx context.Context, key string, s snapName, f *os.File) (snapHeader, error) {
 	r, err := a.store.Get(ctx, key)
 	if err != nil {
-		return snapHeader{}, err
+		return snapHeader{}, storeFailed(err)
 	}
-	sh, err := readSnapshot(r, f)
+	cr := &countingReader{r: r}
+	sh, err := readSnapshot(cr, f)
 	r.Close()
 	if err != nil {
-		return sh, err
+		return sh, cr.storeErr(err)
 	}
 	if sh.Txid != s.Txid || sh.TimeUs != s.TimeUs {
 		return sh, fmt.Errorf("%w: snapshot header does not match its name", ErrCorrupt)

@@ -66,6 +66,11 @@ func (a *Archive) Sweep(ctx context.Context, db string, cutoff time.Time) (Sweep
 					return st, err
 				}
 			}
+			for _, p := range g.prevs {
+				if err := del(g.keys[p]); err != nil {
+					return st, err
+				}
+			}
 		case i == keepGen:
 			for _, s := range g.segs {
 				if s.Last <= keepSnap.Txid {

@@ -196,7 +196,20 @@ func (a *Archive) Scrub(ctx context.Context, db string, shipped Shipped, opts Sc
 			}
 		}
 	}
+	// How far superseded generations reached, as their successors' prev
+	// markers name it (keys.go): their newest segments are named by
+	// nothing else once the host's tip moved on.
+	reached := map[string]prevName{}
 	for _, g := range gens {
+		for _, p := range g.prevs {
+			if r, ok := reached[p.Gen]; !ok || p.Txid > r.Txid {
+				reached[p.Gen] = p
+			}
+		}
+	}
+	listed := map[string]bool{}
+	for _, g := range gens {
+		listed[g.gen] = true
 		if g.gen < keep.Gen {
 			continue
 		}
@@ -204,8 +217,26 @@ func (a *Archive) Scrub(ctx context.Context, db string, shipped Shipped, opts Sc
 		if g.gen == keep.Gen {
 			from = keep.Txid
 		}
-		rep.scrubGen(g, bad, shipped, from)
+		r, ok := reached[g.gen]
+		rep.scrubGen(g, bad, shipped, from, r.Txid, ok)
 	}
+	for gen, r := range reached {
+		if listed[gen] || gen < keep.Gen || shipped.OK && gen == shipped.Gen {
+			// Listed (checked above); swept by retention (before the
+			// keep point: a sweep's cutoff only moves forward, so what it
+			// deleted lies before today's keep point); or the current
+			// generation (the staging tip's, checked above).
+			continue
+		}
+		rep.Missing = append(rep.Missing, fmt.Sprintf("%s: every object (a later generation names its records up to %d)", gen, r.Txid))
+		rep.Lost = append(rep.Lost, LostRange{Gen: gen, FirstTxid: 0, LastTxid: r.Txid})
+	}
+	sort.Slice(rep.Lost, func(i, j int) bool {
+		if rep.Lost[i].Gen != rep.Lost[j].Gen {
+			return rep.Lost[i].Gen < rep.Lost[j].Gen
+		}
+		return rep.Lost[i].FirstTxid < rep.Lost[j].FirstTxid
+	})
 	if shipped.OK {
 		found := false
 		for _, g := range gens {
@@ -228,8 +259,11 @@ func (a *Archive) Scrub(ctx context.Context, db string, shipped Shipped, opts Sc
 // its newest known one (the newest object, or what the host shipped) is
 // lost.
 //
-// Nothing before txid from counts (retention: ScrubOptions.Cutoff).
-func (rep *ScrubReport) scrubGen(g *genIndex, bad map[string]bool, shipped Shipped, from uint64) {
+// Nothing before txid from counts (retention: ScrubOptions.Cutoff). A
+// later generation's prev marker naming g (named: it reached record
+// reached) extends its known points like the host's shipped point does
+// for the current generation.
+func (rep *ScrubReport) scrubGen(g *genIndex, bad map[string]bool, shipped Shipped, from, reached uint64, named bool) {
 	type span struct {
 		from, to     uint64
 		fromP, toP   Position
@@ -282,6 +316,10 @@ func (rep *ScrubReport) scrubGen(g *genIndex, bad map[string]bool, shipped Shipp
 	}
 	if hi < lo {
 		hi = lo
+	}
+	if named && known && reached > hi {
+		rep.Missing = append(rep.Missing, fmt.Sprintf("%s: records after %d (a later generation names its records up to %d)", g.gen, hi, reached))
+		hi = reached
 	}
 	if known && (len(g.snaps) == 0 || g.snaps[0].Txid > lo) {
 		rep.Missing = append(rep.Missing, fmt.Sprintf("%s: the snapshot at %d", g.gen, lo))
@@ -413,7 +451,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // stream itself failed.
 func (c *countingReader) storeErr(err error) error {
 	if err != nil && c.err != nil {
-		return fmt.Errorf("history: reading the archive: %w", c.err)
+		return fmt.Errorf("%w: reading the archive: %w", ErrStoreFailed, c.err)
 	}
 	return err
 }

@@ -400,8 +400,11 @@ func (s *Shipper) put(ctx context.Context, pf pendingFile) error {
 		return err
 	}
 	kind := "segment"
-	if pf.isSnap {
+	switch {
+	case pf.isSnap:
 		kind = "snapshot"
+	case pf.isPrev:
+		kind = "marker"
 	}
 	s.m.putSeconds.Observe(time.Since(start).Seconds())
 	s.m.bytes.WithLabelValues(kind).Add(float64(fi.Size()))
@@ -489,10 +492,10 @@ func newShipMetrics(reg prometheus.Registerer) *shipMetrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shoal_history_shipped_bytes_total", Help: "Bytes put into the archive store, by kind (segment, snapshot).",
+			Name: "shoal_history_shipped_bytes_total", Help: "Bytes put into the archive store, by kind (segment, snapshot, marker).",
 		}, []string{"kind"}),
 		objects: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shoal_history_shipped_objects_total", Help: "Objects put into the archive store, by kind (segment, snapshot).",
+			Name: "shoal_history_shipped_objects_total", Help: "Objects put into the archive store, by kind (segment, snapshot, marker: a generation's prev marker).",
 		}, []string{"kind"}),
 		errors:  prometheus.NewCounter(prometheus.CounterOpts{Name: "shoal_history_ship_errors_total", Help: "Failed shipments (kept locally, retried)."}),
 		alarm:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "shoal_history_lag_alarm", Help: "1 while the shipping lag exceeds the alarm threshold."}),

@@ -67,7 +67,7 @@ func TestStagingPerObjectRelocatedBack(t *testing.T) {
 	base := snapHeader{PageSize: uint32(ps), DBSize: pages, TimeUs: o1Last.TimeUs + 1_000_000}
 	gen3 := genID(base.TimeUs)
 	require.NoError(t, l.startGeneration(gen3, base, func(w *os.File) error { return writeSnapshot(w, base, (&dbImage{db: f, pageSize: ps}).readPage) },
-		tip{Last: recordHeader{PageSize: uint32(ps), DBSize: pages, TimeUs: base.TimeUs}, Settled: true, Restore: filepath.Base(tmp)}))
+		tip{Last: recordHeader{PageSize: uint32(ps), DBSize: pages, TimeUs: base.TimeUs}, Settled: true, Restore: filepath.Base(tmp)}, Position{}))
 	f.Close()
 	l.close()
 

@@ -98,7 +98,7 @@ func TestRestoreInPlaceFinishesAfterCrash(t *testing.T) {
 	im := &dbImage{db: f, pageSize: ps}
 	gen := genID(base.TimeUs)
 	require.NoError(t, l.startGeneration(gen, base, func(w *os.File) error { return writeSnapshot(w, base, im.readPage) },
-		tip{Last: recordHeader{PageSize: uint32(ps), DBSize: pages, TimeUs: base.TimeUs}, Settled: true, Restore: filepath.Base(tmp)}))
+		tip{Last: recordHeader{PageSize: uint32(ps), DBSize: pages, TimeUs: base.TimeUs}, Settled: true, Restore: filepath.Base(tmp)}, Position{}))
 	f.Close()
 	l.close()
 
