@@ -111,7 +111,10 @@ type recoveryHosts struct {
 	inits     map[string][]InitRequest // host address → inits
 	noArchive map[string]bool
 	failInit  map[string]bool
-	confirms  int
+	// deletedOnHost: databases whose archive holds a delete marker
+	// (objecthost/deletemark.go); their inits answer as a host does.
+	deletedOnHost map[string]bool
+	confirms      int
 }
 
 func (h *recoveryHosts) Init(_ context.Context, addr, objectID string, in InitRequest) (ObjectInfo, error) {
@@ -119,6 +122,10 @@ func (h *recoveryHosts) Init(_ context.Context, addr, objectID string, in InitRe
 	defer h.mu.Unlock()
 	if h.failInit[addr] {
 		return ObjectInfo{}, &HostError{Status: http.StatusServiceUnavailable, Code: 7503, Message: "down"}
+	}
+	if h.deletedOnHost[in.DatabaseUUID] {
+		return ObjectInfo{}, &HostError{Status: http.StatusGone, Code: 7410, Message: "database was deleted on its host: database " + in.DatabaseUUID +
+			" was deleted on its host (object x, at 2026-12-01T00:00:00Z) and the archive holds its delete marker; a catalog restored from an older backup may list it again, but it is not restored from the archive (shoal cluster resurrected)"}
 	}
 	if h.noArchive[in.DatabaseUUID] && !in.RestoreFrom.EmptyIfNone {
 		return ObjectInfo{}, &HostError{Status: http.StatusBadRequest, Code: 7400, Message: "invalid request: database " + in.DatabaseUUID + " has no archived history to restore from"}
@@ -252,4 +259,37 @@ func TestAutoRecover(t *testing.T) {
 	// not declared lost.
 	_, err = rc.DeclareLost(ctx, "h2", now.Add(-time.Minute))
 	require.ErrorIs(t, err, fsm.ErrConflict)
+}
+
+// TestRecoverLeavesDatabasesDeletedOnHost: a database the catalog lists
+// active (a catalog restored from an older backup) but whose archive
+// holds its delete marker is not relocated: it is reported in
+// DeletedOnHost, stays on the lost host in the catalog, is never deleted
+// by recovery, and keeps the report incomplete — also with EmptyIfNone.
+func TestRecoverLeavesDatabasesDeletedOnHost(t *testing.T) {
+	ctx := context.Background()
+	cat, hosts := newRecoveryFixture(5)
+	zombie := "00000000-0000-4000-8000-000000000002"
+	hosts.deletedOnHost = map[string]bool{zombie: true}
+	for _, empty := range []bool{false, true} {
+		rc := NewRecoverer(cat, hosts, RecoverOptions{Logger: quietLog, EmptyIfNone: empty})
+		_, err := rc.DeclareLost(ctx, "h1", time.Time{})
+		require.NoError(t, err)
+		rep, err := rc.Recover(ctx, "h1")
+		require.NoError(t, err)
+		require.Contains(t, rep.DeletedOnHost, zombie)
+		assert.Contains(t, rep.DeletedOnHost[zombie], "delete marker")
+		assert.Len(t, rep.DeletedOnHost, 1)
+		assert.Empty(t, rep.Failed, "not a failure to retry on other hosts")
+		assert.False(t, rep.Complete())
+		d := cat.dbs[zombie]
+		assert.Equal(t, "h1", d.HostID)
+		assert.Equal(t, "old-"+zombie, d.ObjectID)
+		assert.Equal(t, fsm.StateActive, d.State, "recovery deletes nothing")
+	}
+	for id, d := range cat.dbs {
+		if id != zombie {
+			assert.NotEqual(t, "h1", d.HostID)
+		}
+	}
 }

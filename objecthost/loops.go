@@ -157,10 +157,12 @@ func (h *Host) Sweep(ctx context.Context) (int, error) {
 			h.log.Error("removing deleted database file failed; retrying next sweep", "object", id, "err", rmErr)
 			continue
 		}
-		if h.holdsTombstone(id) {
-			// A restored catalog lists its database active again: the
-			// files go on schedule (size 0, as a sweep emits), the record
-			// stays while the alarm names it (resurrected.go).
+		if h.holdsTombstone(id) || h.markPending(o.meta.Load()) {
+			// A restored catalog lists its database active again, or its
+			// delete marker is not in the archive yet: the files go on
+			// schedule (size 0, as a sweep emits), the record stays while
+			// the alarm names it (resurrected.go) or until the marker is
+			// written (deletemark.go).
 			h.zeroSize(o)
 			continue
 		}
