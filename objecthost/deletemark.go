@@ -29,9 +29,10 @@ import (
 //  3. an index commit sets ArchiveMarked (a memo: a crash before it only
 //     writes the same marker again).
 //
-// The sweep keeps the record of a deleted object whose marker is not
-// written yet (its file goes on schedule), so an archive outage longer
-// than DeletedRetention delays the marker, never drops it.
+// The sweep runs a marker pass first and keeps the record of a deleted
+// object whose marker is still not written (its file goes on schedule),
+// so an archive outage longer than DeletedRetention delays the marker,
+// never drops it.
 //
 // An init with RestoreFrom (lost-host recovery, a fork) lists the
 // database's markers before it writes anything and, if there is one,

@@ -117,6 +117,13 @@ func (h *Host) ReportLoad(ctx context.Context) error {
 // commit; a crash before it leaves deleted rows whose (already missing)
 // files the next sweep removes again. Returns how many objects were swept.
 func (h *Host) Sweep(ctx context.Context) (int, error) {
+	if h.hist != nil {
+		// Owed delete markers first (deletemark.go): a record whose
+		// marker is still owed after this is kept.
+		if _, err := h.hist.markDeletes(ctx, h); err != nil {
+			h.log.Warn("history: writing delete markers to the archive failed; the sweep keeps their records", "err", err)
+		}
+	}
 	cutoff := h.now().Add(-h.cfg.DeletedRetention)
 	h.mu.RLock()
 	var due []*object
