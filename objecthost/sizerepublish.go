@@ -135,9 +135,10 @@ func (h *Host) startSizeRepublish(ctx context.Context) {
 
 // republishQuietSizes publishes, once since the start, the size of every
 // live object whose heartbeats are disabled and that the catalog names as
-// its database's active object (see above). It answers how many it
-// published, and the first failed catalog call (the objects not asked
-// yet, or not answered, are asked again by the next call).
+// its database's active object (see above). It answers how many objects
+// the catalog named so (each has its size published, unless it has none),
+// and the first failed catalog call (the objects not asked yet, or not
+// answered, are asked again by the next call).
 func (h *Host) republishQuietSizes(ctx context.Context) (int, error) {
 	h.mu.RLock()
 	byUUID := map[string][]*object{}
