@@ -117,25 +117,33 @@ type RecoverOptions struct {
 type RecoverProgress struct {
 	Done, Listed int
 	Last         string // the database just handled
-	Outcome      string // relocated | already | no_archive | deleted | failed
+	Outcome      string // relocated | already | no_archive | deleted | deleted_on_host | failed
 }
 
 // RecoverReport is a recovery's outcome.
 type RecoverReport struct {
-	Host      string            `json:"host"`
-	Listed    int               `json:"listed"`    // active databases placed on the host
-	Relocated int               `json:"relocated"` // by this run
-	Already   int               `json:"already"`   // moved by a concurrent or earlier run
-	Deleted   int               `json:"deleted"`   // deleted meanwhile
-	NoArchive []string          `json:"no_archive,omitempty"`
-	Failed    map[string]string `json:"failed,omitempty"` // uuid → last error
-	Elapsed   time.Duration     `json:"elapsed_ns"`
+	Host      string   `json:"host"`
+	Listed    int      `json:"listed"`    // active databases placed on the host
+	Relocated int      `json:"relocated"` // by this run
+	Already   int      `json:"already"`   // moved by a concurrent or earlier run
+	Deleted   int      `json:"deleted"`   // deleted meanwhile
+	NoArchive []string `json:"no_archive,omitempty"`
+	// DeletedOnHost: databases the catalog lists active whose archive
+	// holds a delete marker (the lost host deleted them on the catalog's
+	// word; a catalog restored from an older backup lists them again).
+	// Not revived and left on the lost host in the catalog: deleting them
+	// again is the operator's (shoal cluster resurrected explains).
+	DeletedOnHost map[string]string `json:"deleted_on_host,omitempty"` // uuid → the host's answer
+	Failed        map[string]string `json:"failed,omitempty"`          // uuid → last error
+	Elapsed       time.Duration     `json:"elapsed_ns"`
 	// Per-database time from the first placement to the checkpoint.
 	P50, P99, Max time.Duration
 }
 
 // Complete reports whether every listed database left the host.
-func (r RecoverReport) Complete() bool { return len(r.NoArchive) == 0 && len(r.Failed) == 0 }
+func (r RecoverReport) Complete() bool {
+	return len(r.NoArchive) == 0 && len(r.Failed) == 0 && len(r.DeletedOnHost) == 0
+}
 
 // ErrHostNotLost is returned when recovering a host not declared lost.
 var ErrHostNotLost = errors.New("host is not declared lost")
@@ -186,7 +194,7 @@ func (rc *Recoverer) Readmit(ctx context.Context, hostID string) (fsm.Host, erro
 // concurrently with other runs.
 func (rc *Recoverer) Recover(ctx context.Context, hostID string) (RecoverReport, error) {
 	start := time.Now()
-	rep := RecoverReport{Host: hostID, Failed: map[string]string{}}
+	rep := RecoverReport{Host: hostID, Failed: map[string]string{}, DeletedOnHost: map[string]string{}}
 	hosts, err := rc.cat.Hosts(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("read hosts: %w", err)
@@ -229,7 +237,7 @@ func (rc *Recoverer) Recover(ctx context.Context, hostID string) (RecoverReport,
 			rep.Deleted++
 		}
 		if rc.o.Progress != nil {
-			rc.o.Progress(RecoverProgress{Done: rep.Relocated + rep.Already + rep.Deleted + len(rep.NoArchive) + len(rep.Failed), Listed: rep.Listed, Last: uuid, Outcome: outcome})
+			rc.o.Progress(RecoverProgress{Done: rep.Relocated + rep.Already + rep.Deleted + len(rep.NoArchive) + len(rep.DeletedOnHost) + len(rep.Failed), Listed: rep.Listed, Last: uuid, Outcome: outcome})
 		}
 	}
 	g, gctx := errgroup.WithContext(ctx)
@@ -242,9 +250,12 @@ func (rc *Recoverer) Recover(ctx context.Context, hostID string) (RecoverReport,
 				if err != nil {
 					rc.o.Logger.Warn("relocation failed", "database", d.UUID, "host", hostID, "err", err)
 					mu.Lock()
-					if outcome == "no_archive" {
+					switch outcome {
+					case "no_archive":
 						rep.NoArchive = append(rep.NoArchive, d.UUID)
-					} else {
+					case "deleted_on_host":
+						rep.DeletedOnHost[d.UUID] = err.Error()
+					default:
 						rep.Failed[d.UUID] = err.Error()
 					}
 					mu.Unlock()
@@ -293,6 +304,9 @@ func (rc *Recoverer) Recover(ctx context.Context, hostID string) (RecoverReport,
 	if len(rep.Failed) == 0 {
 		rep.Failed = nil
 	}
+	if len(rep.DeletedOnHost) == 0 {
+		rep.DeletedOnHost = nil
+	}
 	if listErr != nil {
 		return rep, fmt.Errorf("list the host's databases: %w", listErr)
 	}
@@ -340,6 +354,12 @@ func (rc *Recoverer) relocateOne(ctx context.Context, d fsm.Database, targets []
 				// decides (the message names the newest point that
 				// restores).
 				return "failed", fmt.Errorf("archive damaged: %s", he.Message)
+			}
+			if errors.As(err, &he) && he.Status == http.StatusGone && strings.Contains(he.Message, "deleted on its host") {
+				// The archive holds the database's delete marker
+				// (objecthost/deletemark.go): a zombie of a restored
+				// catalog. Never revived, never deleted here: reported.
+				return "deleted_on_host", errors.New(he.Message)
 			}
 			lastErr = fmt.Errorf("init on %s: %w", target.ID, err)
 			exclude[target.ID] = true

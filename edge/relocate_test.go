@@ -112,8 +112,11 @@ type recoveryHosts struct {
 	noArchive map[string]bool
 	damaged   map[string]bool // archive damaged (objecthost/restoredamage.go's 400)
 	failInit  map[string]bool
-	confirms  int
-	attempts  map[string]int // database → inits tried
+	// deletedOnHost: databases whose archive holds a delete marker
+	// (objecthost/deletemark.go); their inits answer as a host does.
+	deletedOnHost map[string]bool
+	confirms      int
+	attempts      map[string]int // database → inits tried
 }
 
 func (h *recoveryHosts) Init(_ context.Context, addr, objectID string, in InitRequest) (ObjectInfo, error) {
@@ -128,6 +131,10 @@ func (h *recoveryHosts) Init(_ context.Context, addr, objectID string, in InitRe
 	}
 	if h.damaged[in.DatabaseUUID] {
 		return ObjectInfo{}, &HostError{Status: http.StatusBadRequest, Code: 7400, Message: "the database's newest archived point can no longer be restored: the archive of its history is damaged (records 5..9 of generation 000661b3478aab8b are lost or fail their checksum); the database was not relocated"}
+	}
+	if h.deletedOnHost[in.DatabaseUUID] {
+		return ObjectInfo{}, &HostError{Status: http.StatusGone, Code: 7410, Message: "database was deleted on its host: database " + in.DatabaseUUID +
+			" was deleted on its host (object x, at 2026-12-01T00:00:00Z) and the archive holds its delete marker; a catalog restored from an older backup may list it again, but it is not restored from the archive (shoal cluster resurrected)"}
 	}
 	if h.noArchive[in.DatabaseUUID] && !in.RestoreFrom.EmptyIfNone {
 		return ObjectInfo{}, &HostError{Status: http.StatusBadRequest, Code: 7400, Message: "invalid request: database " + in.DatabaseUUID + " has no archived history to restore from"}
@@ -281,4 +288,37 @@ func TestAutoRecover(t *testing.T) {
 	// not declared lost.
 	_, err = rc.DeclareLost(ctx, "h2", now.Add(-time.Minute))
 	require.ErrorIs(t, err, fsm.ErrConflict)
+}
+
+// TestRecoverLeavesDatabasesDeletedOnHost: a database the catalog lists
+// active (a catalog restored from an older backup) but whose archive
+// holds its delete marker is not relocated: it is reported in
+// DeletedOnHost, stays on the lost host in the catalog, is never deleted
+// by recovery, and keeps the report incomplete — also with EmptyIfNone.
+func TestRecoverLeavesDatabasesDeletedOnHost(t *testing.T) {
+	ctx := context.Background()
+	cat, hosts := newRecoveryFixture(5)
+	zombie := "00000000-0000-4000-8000-000000000002"
+	hosts.deletedOnHost = map[string]bool{zombie: true}
+	for _, empty := range []bool{false, true} {
+		rc := NewRecoverer(cat, hosts, RecoverOptions{Logger: quietLog, EmptyIfNone: empty})
+		_, err := rc.DeclareLost(ctx, "h1", time.Time{})
+		require.NoError(t, err)
+		rep, err := rc.Recover(ctx, "h1")
+		require.NoError(t, err)
+		require.Contains(t, rep.DeletedOnHost, zombie)
+		assert.Contains(t, rep.DeletedOnHost[zombie], "delete marker")
+		assert.Len(t, rep.DeletedOnHost, 1)
+		assert.Empty(t, rep.Failed, "not a failure to retry on other hosts")
+		assert.False(t, rep.Complete())
+		d := cat.dbs[zombie]
+		assert.Equal(t, "h1", d.HostID)
+		assert.Equal(t, "old-"+zombie, d.ObjectID)
+		assert.Equal(t, fsm.StateActive, d.State, "recovery deletes nothing")
+	}
+	for id, d := range cat.dbs {
+		if id != zombie {
+			assert.NotEqual(t, "h1", d.HostID)
+		}
+	}
 }

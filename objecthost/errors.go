@@ -41,6 +41,8 @@ func statusOf(err error) (int, int, string) {
 		return he.status, he.code, he.msg
 	case errors.Is(err, ErrNotFound):
 		return http.StatusNotFound, v4.CodeNotFound, ErrNotFound.Error()
+	case errors.Is(err, ErrDeletedInArchive):
+		return http.StatusGone, v4.CodeDatabaseDeleted, err.Error()
 	case errors.Is(err, ErrDeleted):
 		return http.StatusGone, v4.CodeDatabaseDeleted, ErrDeleted.Error()
 	case errors.Is(err, ErrWrongHost):

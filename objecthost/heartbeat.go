@@ -264,7 +264,7 @@ func (h *Host) heartbeatChunk(ctx context.Context, ids []string, now time.Time, 
 		h.resolveMismatched(ctx, mismatched, now, rep)
 	}
 	if len(gone) > 0 {
-		if _, err := h.markDeleted(ctx, gone, 0, "deleted in the catalog (heartbeat)"); err != nil {
+		if _, err := h.markDeletedAs(ctx, gone, 0, "deleted in the catalog (heartbeat)", deletedByCatalog); err != nil {
 			h.log.Error("marking deleted from heartbeat failed; retrying next beat", "err", err)
 			gone = nil
 		}

@@ -89,6 +89,8 @@ type hostHistory struct {
 
 	stop context.CancelFunc
 	done chan struct{}
+	// markCh: a delete marker pass is due (deletemark.go); made by start.
+	markCh chan struct{}
 	// lastBucket: when the last bucket-wide pass ran (sweep goroutine
 	// only; zero: not yet, so the first sweep tick runs one).
 	lastBucket time.Time
@@ -213,9 +215,12 @@ func newHostHistory(h *Host, cfg HistoryConfig) (*hostHistory, error) {
 func (hh *hostHistory) start(h *Host) {
 	ctx, cancel := context.WithCancel(context.Background())
 	hh.stop, hh.done = cancel, make(chan struct{})
+	hh.markCh = make(chan struct{}, 1)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); hh.ship.Run(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); hh.markLoop(ctx, h) }()
 	if hh.cfg.SweepInterval > 0 {
 		wg.Add(1)
 		go func() {

@@ -571,6 +571,11 @@ func (h *Host) Init(ctx context.Context, objectID string, req InitRequest) (Obje
 		if err := h.checkRestoreSource(*req.RestoreFrom); err != nil {
 			return ObjectInfo{}, err
 		}
+		// Before anything is written: a database its host deleted is
+		// never revived from the archive (deletemark.go).
+		if err := h.checkNotDeletedInArchive(ctx, req.RestoreFrom.DatabaseUUID); err != nil {
+			return ObjectInfo{}, err
+		}
 	}
 	for {
 		h.mu.Lock()
@@ -691,7 +696,7 @@ func (h *Host) Delete(ctx context.Context, objectID string, gen int64) (ObjectIn
 	if err != nil {
 		return ObjectInfo{}, err
 	}
-	metas, err := h.markDeleted(ctx, []*object{o}, gen, "deleted through the API (catalog delete)")
+	metas, err := h.markDeletedAs(ctx, []*object{o}, gen, "deleted through the API (catalog delete)", deletedByCatalog)
 	if err != nil {
 		return ObjectInfo{}, err
 	}
@@ -708,12 +713,26 @@ func (h *Host) Delete(ctx context.Context, objectID string, gen int64) (ObjectIn
 // returns the resulting metas (already deleted objects included, gone ones
 // left out).
 func (h *Host) markDeleted(ctx context.Context, objs []*object, gen int64, reason string) ([]*Meta, error) {
-	return h.markDeletedAs(ctx, objs, gen, reason, false)
+	return h.markDeletedAs(ctx, objs, gen, reason, deletedOther)
 }
 
-// markDeletedAs is markDeleted, recording whether the objects were
-// superseded by a newer object elsewhere (Meta.Superseded).
-func (h *Host) markDeletedAs(ctx context.Context, objs []*object, gen int64, reason string, superseded bool) ([]*Meta, error) {
+// deleteCause is why a host deletes an object, as its record keeps it.
+type deleteCause int
+
+const (
+	// deletedOther: an orphan or a leftover (never the catalog's object).
+	deletedOther deleteCause = iota
+	// deletedByCatalog: the catalog deleted the database (the API's
+	// delete, a heartbeat's answer): Meta.CatalogDeleted, and a delete
+	// marker in the archive (deletemark.go).
+	deletedByCatalog
+	// deletedSuperseded: the catalog names a newer object elsewhere
+	// (relocated.go): Meta.Superseded; the database lives on.
+	deletedSuperseded
+)
+
+// markDeletedAs is markDeleted, recording why (deleteCause).
+func (h *Host) markDeletedAs(ctx context.Context, objs []*object, gen int64, reason string, cause deleteCause) ([]*Meta, error) {
 	sortObjects(objs)
 	for _, o := range objs { // ordered locking: no deadlock between batches
 		o.mu.Lock()
@@ -739,7 +758,8 @@ func (h *Host) markDeletedAs(ctx context.Context, objs []*object, gen int64, rea
 		n := *m
 		n.State = StateDeleted
 		n.DeletedAt = now
-		n.Superseded = superseded
+		n.Superseded = cause == deletedSuperseded
+		n.CatalogDeleted = cause == deletedByCatalog
 		n.RoutingGeneration = max(gen, m.RoutingGeneration)
 		changed = append(changed, &n)
 		changedObjs = append(changedObjs, o)
@@ -765,6 +785,9 @@ func (h *Host) markDeletedAs(ctx context.Context, objs []*object, gen int64, rea
 		h.handles.evict(changed[i].ObjectID)
 	}
 	h.refreshGauges()
+	if cause == deletedByCatalog {
+		h.notifyDeleteMarks()
+	}
 	return out, nil
 }
 

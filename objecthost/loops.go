@@ -117,6 +117,13 @@ func (h *Host) ReportLoad(ctx context.Context) error {
 // commit; a crash before it leaves deleted rows whose (already missing)
 // files the next sweep removes again. Returns how many objects were swept.
 func (h *Host) Sweep(ctx context.Context) (int, error) {
+	if h.hist != nil {
+		// Owed delete markers first (deletemark.go): a record whose
+		// marker is still owed after this is kept.
+		if _, err := h.hist.markDeletes(ctx, h); err != nil {
+			h.log.Warn("history: writing delete markers to the archive failed; the sweep keeps their records", "err", err)
+		}
+	}
 	cutoff := h.now().Add(-h.cfg.DeletedRetention)
 	h.mu.RLock()
 	var due []*object
@@ -157,10 +164,12 @@ func (h *Host) Sweep(ctx context.Context) (int, error) {
 			h.log.Error("removing deleted database file failed; retrying next sweep", "object", id, "err", rmErr)
 			continue
 		}
-		if h.holdsTombstone(id) {
-			// A restored catalog lists its database active again: the
-			// files go on schedule (size 0, as a sweep emits), the record
-			// stays while the alarm names it (resurrected.go).
+		if h.holdsTombstone(id) || h.markPending(o.meta.Load()) {
+			// A restored catalog lists its database active again, or its
+			// delete marker is not in the archive yet: the files go on
+			// schedule (size 0, as a sweep emits), the record stays while
+			// the alarm names it (resurrected.go) or until the marker is
+			// written (deletemark.go).
 			h.zeroSize(o)
 			continue
 		}

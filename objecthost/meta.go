@@ -34,7 +34,13 @@ type Meta struct {
 	// database on another host (relocated.go): its database lives on, so
 	// a restored catalog naming this object again is not a resurrection
 	// of a deleted database (resurrected.go).
-	Superseded        bool    `json:"superseded,omitempty"`
+	Superseded bool `json:"superseded,omitempty"`
+	// CatalogDeleted: deleted because the catalog deleted the database
+	// (the API's delete, or a heartbeat answering "deleted"), so the
+	// archive gets its delete marker (deletemark.go); ArchiveMarked: the
+	// marker is written (until then the sweep keeps the record).
+	CatalogDeleted    bool    `json:"catalog_deleted,omitempty"`
+	ArchiveMarked     bool    `json:"archive_marked,omitempty"`
 	RoutingGeneration int64   `json:"routing_generation"`
 	Options           Options `json:"options,omitzero"`
 	// Restoring is set from an init with RestoreFrom until the restored

@@ -86,7 +86,7 @@ func (h *Host) resolveMismatched(ctx context.Context, objs []*object, now time.T
 		}
 	}
 	if len(deleted) > 0 {
-		if _, err := h.markDeleted(ctx, deleted, 0, "deleted in the catalog (heartbeat)"); err == nil {
+		if _, err := h.markDeletedAs(ctx, deleted, 0, "deleted in the catalog (heartbeat)", deletedByCatalog); err == nil {
 			rep.Deleted += len(deleted)
 			h.m.heartbeats.WithLabelValues("deleted").Add(float64(len(deleted)))
 		}
@@ -96,7 +96,7 @@ func (h *Host) resolveMismatched(ctx context.Context, objs []*object, now time.T
 		m := o.meta.Load()
 		if _, err := h.markDeletedAs(ctx, []*object{o}, 0, fmt.Sprintf(
 			"superseded: the catalog names object %s at routing generation %d (this object: %d); the database was relocated off this host (lost-host recovery)",
-			st.ObjectID, st.RoutingGeneration, m.RoutingGeneration), true); err != nil {
+			st.ObjectID, st.RoutingGeneration, m.RoutingGeneration), deletedSuperseded); err != nil {
 			h.log.Error("retiring a superseded object failed; retrying next beat", "object", m.ObjectID, "err", err)
 			continue
 		}

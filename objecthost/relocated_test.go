@@ -22,6 +22,14 @@ import (
 type flakyStore struct {
 	history.Store
 	failGets atomic.Bool
+	failPuts atomic.Bool
+}
+
+func (s *flakyStore) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	if s.failPuts.Load() {
+		return errors.New("store unreachable")
+	}
+	return s.Store.Put(ctx, key, r, size)
 }
 
 func (s *flakyStore) Get(ctx context.Context, key string) (io.ReadCloser, error) {

@@ -2,6 +2,11 @@ package objecthost
 
 import (
 	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
 // The size feed's restart pass. A size reaches the catalog only if its
@@ -32,6 +37,16 @@ import (
 // paces it. Without a catalog (no relocation can have happened: tests, a
 // host run alone), one pass after the start publishes every live size,
 // paced at SizeRepublishRate per second. A negative rate disables both.
+//
+// A database whose heartbeats are disabled (its init options carry the
+// account's HeartbeatIntervalMs -1: the edge copies it at create) never
+// gets a heartbeat, so with a catalog its size would never be published
+// again after a restart. For those, one pass after the start
+// (republishQuietSizes) asks the catalog the same question a heartbeat
+// asks, HeartbeatBatch databases per call, and publishes the size of
+// each one the catalog names active with this very object. It answers
+// nothing else (a heartbeat's other verdicts stay with heartbeats), and a
+// failed call is retried every HeartbeatInterval until the pass is done.
 
 // RepublishSizes records the current size of every active object with a
 // file into the size sink, with a fresh sequence, paced at rate per second
@@ -84,8 +99,31 @@ func (h *Host) republishSize(o *object) bool {
 // host with a million databases spreads it over minutes at the default
 // rate and serves meanwhile).
 func (h *Host) startSizeRepublish(ctx context.Context) {
-	if _, none := h.cfg.Sizes.(discard); none || h.cfg.SizeRepublishRate < 0 || h.cfg.Catalog != nil {
-		return // with a catalog: at each object's first current heartbeat
+	if _, none := h.cfg.Sizes.(discard); none || h.cfg.SizeRepublishRate < 0 {
+		return
+	}
+	if h.cfg.Catalog != nil {
+		// The others at each object's first current heartbeat.
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			for {
+				n, err := h.republishQuietSizes(ctx)
+				if err == nil {
+					if n > 0 {
+						h.log.Info("sizes of databases without heartbeats republished after start", "databases", n)
+					}
+					return
+				}
+				h.log.Warn("republishing the sizes of databases without heartbeats failed; retrying", "err", err)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(h.cfg.HeartbeatInterval):
+				}
+			}
+		}()
+		return
 	}
 	h.wg.Add(1)
 	go func() {
@@ -93,6 +131,58 @@ func (h *Host) startSizeRepublish(ctx context.Context) {
 		n := h.RepublishSizes(ctx, h.cfg.SizeRepublishRate)
 		h.log.Info("sizes republished after start", "databases", n)
 	}()
+}
+
+// republishQuietSizes publishes, once since the start, the size of every
+// live object whose heartbeats are disabled and that the catalog names as
+// its database's active object (see above). It answers how many objects
+// the catalog named so (each has its size published, unless it has none),
+// and the first failed catalog call (the objects not asked yet, or not
+// answered, are asked again by the next call).
+func (h *Host) republishQuietSizes(ctx context.Context) (int, error) {
+	h.mu.RLock()
+	byUUID := map[string][]*object{}
+	var uuids []string
+	for _, o := range h.objects {
+		m := o.meta.Load()
+		if m == nil || m.deleted() || o.sizeRepublished.Load() {
+			continue
+		}
+		if _, beats := h.interval(m); beats {
+			continue
+		}
+		if byUUID[m.DatabaseUUID] == nil {
+			uuids = append(uuids, m.DatabaseUUID)
+		}
+		byUUID[m.DatabaseUUID] = append(byUUID[m.DatabaseUUID], o)
+	}
+	h.mu.RUnlock()
+	sort.Strings(uuids)
+	n := 0
+	for start := 0; start < len(uuids); start += max(1, h.cfg.HeartbeatBatch) {
+		batch := uuids[start:min(len(uuids), start+max(1, h.cfg.HeartbeatBatch))]
+		cctx, cancel := context.WithTimeout(ctx, h.cfg.CatalogTimeout)
+		ans, err := h.cfg.Catalog.Heartbeat(cctx, batch)
+		cancel()
+		if err != nil {
+			return n, fmt.Errorf("catalog heartbeat read of %d databases without heartbeats: %w", len(batch), err)
+		}
+		for _, st := range ans.Databases {
+			if !st.Known || st.State != fsm.StateActive {
+				continue
+			}
+			for _, o := range byUUID[st.UUID] {
+				if m := o.meta.Load(); st.ObjectID == "" || st.ObjectID == m.ObjectID {
+					before := o.sizeRepublished.Load()
+					h.republishSizeOnBeat(o)
+					if !before {
+						n++
+					}
+				}
+			}
+		}
+	}
+	return n, nil
 }
 
 // republishSizeOnBeat publishes o's size at its first heartbeat since the

@@ -232,3 +232,49 @@ type resendCounter struct {
 }
 
 func (r resendCounter) ResendSizes() { r.n.Add(1) }
+
+// Every database a restarted host holds has its size published again,
+// though none is written after the restart: those that heartbeat at their
+// first current heartbeat, and those whose heartbeats are disabled (the
+// account's HeartbeatIntervalMs -1, copied into the database's options at
+// create) by the pass after the start, which asks the catalog once. A
+// database the catalog names with another object (relocated) is not
+// published. Real SQLite files; the fresh sink stands for the events a
+// kill -9 lost.
+func TestRestartedHostPublishesEverySize(t *testing.T) {
+	ctx := context.Background()
+	th := hbHost(t, nil)
+	normal, quiet, quietMoved := newDB("acct"), newDB("acct"), newDB("acct")
+	for _, d := range []db{normal, quiet, quietMoved} {
+		req := d.init()
+		if d != normal {
+			req.Options.HeartbeatIntervalMs = -1
+		}
+		_, err := th.Init(ctx, d.obj, req)
+		require.NoError(t, err)
+		th.exec(t, d, "CREATE TABLE t (x INTEGER PRIMARY KEY, y)")
+		th.exec(t, d, "INSERT INTO t (y) VALUES (randomblob(3000))")
+		th.cat.setObject(d.uuid, "acct", d.obj, 1)
+	}
+	th.cat.setObject(quietMoved.uuid, "acct", newObjectID(), 2)
+
+	require.NoError(t, th.Host.Close())
+	th.sink = &MemSink{}
+	th.cfg.Usage, th.cfg.Sizes, th.cfg.Routes = th.sink, th.sink, th.sink
+	th.cfg.Manual = false // the start's background passes run
+	th.open(t)
+	th.beat()
+	published := func() map[string]int64 {
+		out := map[string]int64{}
+		for _, e := range th.sink.Sizes() {
+			out[e.DatabaseUUID] = e.SizeBytes
+		}
+		return out
+	}
+	require.Eventually(t, func() bool { return len(published()) >= 2 }, 20*time.Second, 10*time.Millisecond, "sizes published: %v", published())
+	got := published()
+	assert.Positive(t, got[normal.uuid], "a database with heartbeats")
+	assert.Positive(t, got[quiet.uuid], "a database without heartbeats")
+	_, moved := got[quietMoved.uuid]
+	assert.False(t, moved, "not the size of an object the catalog no longer names")
+}

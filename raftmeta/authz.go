@@ -50,6 +50,7 @@ var commandRoles = map[fsm.CommandType][]string{
 	fsm.CmdFenceOrphans:     {pki.RoleHost},
 	fsm.CmdCreateDatabase:   {pki.RoleEdge},
 	fsm.CmdDeleteDatabase:   {pki.RoleEdge, pki.RoleOperator},
+	fsm.CmdDeleteDatabaseIf: {pki.RoleOperator},
 	fsm.CmdUpdateDatabase:   {pki.RoleEdge, pki.RoleOperator},
 	fsm.CmdSetDatabaseStats: {pki.RolePipeline},
 	fsm.CmdDrainStats:       {pki.RoleOperator},

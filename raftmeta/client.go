@@ -704,6 +704,17 @@ func (c *Client) DeleteDatabase(ctx context.Context, accountID, dbUUID string) (
 	return out, err
 }
 
+// DeleteDatabaseIf deletes a database only while the catalog names the
+// expected object and routing generation (fsm.CmdDeleteDatabaseIf);
+// otherwise it answers fsm.ErrConflict and nothing changed. A node of a
+// build older than the command answers fsm.ErrUnknownCommand and deletes
+// nothing.
+func (c *Client) DeleteDatabaseIf(ctx context.Context, d fsm.DeleteDatabaseIf) (fsm.Database, error) {
+	out, err := apply[fsm.Database](ctx, c, fsm.CmdDeleteDatabaseIf, d)
+	c.invalidate(d.AccountID, d.UUID, out.Name)
+	return out, err
+}
+
 func (c *Client) UpdateDatabase(ctx context.Context, d fsm.UpdateDatabase) (fsm.Database, error) {
 	out, err := apply[fsm.Database](ctx, c, fsm.CmdUpdateDatabase, d)
 	c.invalidate(d.AccountID, d.UUID, out.Name)

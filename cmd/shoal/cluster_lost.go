@@ -146,8 +146,9 @@ recreates those empty.`,
 				return err
 			}
 			if !rep.Complete() {
-				return fmt.Errorf("%d databases are still placed on %s (%d without archived history, %d failed): rerun to retry%s",
-					len(rep.NoArchive)+len(rep.Failed), hostID, len(rep.NoArchive), len(rep.Failed), emptyHint(len(rep.NoArchive)))
+				return fmt.Errorf("%d databases are still placed on %s (%d without archived history, %d deleted on the host, %d failed): rerun to retry%s%s",
+					len(rep.NoArchive)+len(rep.DeletedOnHost)+len(rep.Failed), hostID, len(rep.NoArchive), len(rep.DeletedOnHost), len(rep.Failed),
+					emptyHint(len(rep.NoArchive)), deletedOnHostHint(len(rep.DeletedOnHost)))
 			}
 			return nil
 		},
@@ -188,6 +189,13 @@ func emptyHint(noArchive int) string {
 	return "; --empty-ok recreates databases without archived history as empty ones"
 }
 
+func deletedOnHostHint(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return "; databases deleted on the host are listed again by a catalog restored from an older backup and are not restored from the archive: see docs/operations.md, \"Backup and restore\""
+}
+
 func printRecoverReport(w io.Writer, r edge.RecoverReport) {
 	fmt.Fprintf(w, "host %s: %d databases listed, %d relocated", r.Host, r.Listed, r.Relocated)
 	if r.Already > 0 {
@@ -221,6 +229,13 @@ func printRecoverReport(w io.Writer, r edge.RecoverReport) {
 	}
 	sort.Strings(failed)
 	show("failed", failed, func(id string) string { return ": " + r.Failed[id] })
+	zombies := make([]string, 0, len(r.DeletedOnHost))
+	for id := range r.DeletedOnHost {
+		zombies = append(zombies, id)
+	}
+	sort.Strings(zombies)
+	show("deleted on the host (the archive holds its delete marker), not revived, left on the host in the catalog", zombies,
+		func(id string) string { return ": " + r.DeletedOnHost[id] })
 }
 
 // newClusterAuditCmd is `shoal cluster audit`: the catalog's audit log of

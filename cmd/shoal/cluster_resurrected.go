@@ -55,9 +55,15 @@ them (shoal cluster status).
 Every database is checked on a linearizable read of the catalog: only one
 the catalog still names active with the very object the host deleted is a
 zombie. With --delete (after a confirmation, or --yes), each zombie is read
-again linearizably and, if still the same, deleted in the catalog — the same
-catalog write as the API's delete, which is its checkpoint: a run stopped
-half-way leaves the rest listed, and running the command again resumes.
+again linearizably and, if still the same, deleted in the catalog by a
+compare-and-delete: the catalog deletes it only while it still names the
+host's object at the routing generation just read, so a database relocated
+(lost-host recovery) in between is refused, reported with an error, and the
+command goes on with the others and exits non-zero. That catalog write is
+the checkpoint: a run stopped half-way leaves the rest listed, and running
+the command again resumes. Every catalog node must run a build that knows
+the conditional delete (delete_database_if); an older leader refuses it and
+nothing is deleted.
 Databases the catalog names with another object (relocated elsewhere) are
 shown and never deleted. The hosts' alarms clear at their next check (one
 heartbeat interval).`,
@@ -83,7 +89,7 @@ heartbeat interval).`,
 				fmt.Fprintf(stderr, "warning: %s\n", u)
 			}
 			for i := range rows {
-				rows[i].Catalog, rows[i].Error = resurrectedVerdict(ctx, cl, *timeout, rows[i])
+				rows[i].Catalog, rows[i].Error, _ = resurrectedVerdict(ctx, cl, *timeout, rows[i])
 			}
 			zombies := 0
 			for _, r := range rows {
@@ -102,48 +108,22 @@ heartbeat interval).`,
 						return usagef("nothing deleted")
 					}
 				}
-				for i := range rows {
-					if rows[i].Catalog != "active" {
-						continue
-					}
-					// A fresh answer right before the write: the database
-					// must still be active with the host's object.
-					v, e := resurrectedVerdict(ctx, cl, *timeout, rows[i])
-					if v != "active" {
-						rows[i].Catalog, rows[i].Error = v, e
-						continue
-					}
-					// The audit log's row for the delete names the command.
-					wctx, cancel := context.WithTimeout(fsm.WithAudit(ctx, fsm.Audit{Actor: "operator", Source: "shoal cluster resurrected --delete"}), *timeout)
-					_, err := cl.DeleteDatabase(wctx, rows[i].AccountID, rows[i].DatabaseUUID)
-					cancel()
-					if err != nil && !errors.Is(err, fsm.ErrNotFound) {
-						rows[i].Error = err.Error()
-						continue
-					}
-					rows[i].Deleted, rows[i].Catalog = true, "deleted"
-				}
+				deleteZombies(ctx, cl, *timeout, rows)
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
 				enc := json.NewEncoder(out)
 				enc.SetIndent("", "  ")
-				return enc.Encode(struct {
+				if err := enc.Encode(struct {
 					Databases   []resurrectedRow `json:"databases"`
 					Unreachable []string         `json:"unreachable,omitempty"`
-				}{rows, unreachable})
-			}
-			printResurrected(out, rows, del)
-			failed := 0
-			for _, r := range rows {
-				if r.Error != "" {
-					failed++
+				}{rows, unreachable}); err != nil {
+					return err
 				}
+			} else {
+				printResurrected(out, rows, del)
 			}
-			if failed > 0 {
-				return fmt.Errorf("%d databases could not be checked or deleted (see ERROR); run the command again", failed)
-			}
-			return nil
+			return resurrectedFailures(rows)
 		},
 	}
 	cmd.Flags().BoolVar(&del, "delete", false, "delete again, in the catalog, every database still active with the host's deleted object")
@@ -211,23 +191,92 @@ func fetchHostResurrected(ctx context.Context, hc *http.Client, base string) ([]
 	return env.Result.Databases, nil
 }
 
+// resurrectedCatalog is what the command needs of raftmeta's Client: a
+// linearizable read of one database and the compare-and-delete.
+type resurrectedCatalog interface {
+	Database(ctx context.Context, dbUUID string, o raftmeta.ReadOptions) (fsm.Database, error)
+	DeleteDatabaseIf(ctx context.Context, d fsm.DeleteDatabaseIf) (fsm.Database, error)
+}
+
+var _ resurrectedCatalog = (*raftmeta.Client)(nil)
+
+// deleteZombies deletes again, in the catalog, every row whose verdict is
+// "active" (a zombie), each one a compare-and-delete (fsm.CmdDeleteDatabaseIf)
+// of the host's object at the routing generation of a fresh linearizable
+// read. The catalog write is the checkpoint, one per database: a run
+// stopped anywhere leaves the databases not yet deleted listed, and running
+// the command again resumes. A database relocated (lost-host recovery) or
+// otherwise changed between the read and the write is refused by the
+// catalog (conflict) and left alone: its row gets an error and the
+// catalog's new answer, and the loop goes on with the next.
+func deleteZombies(ctx context.Context, cl resurrectedCatalog, timeout time.Duration, rows []resurrectedRow) {
+	for i := range rows {
+		if rows[i].Catalog != "active" {
+			continue
+		}
+		// A fresh answer right before the write: the database must still
+		// be active with the host's object; its generation is the one the
+		// delete is conditioned on.
+		v, e, gen := resurrectedVerdict(ctx, cl, timeout, rows[i])
+		if v != "active" {
+			rows[i].Catalog, rows[i].Error = v, e
+			continue
+		}
+		// The audit log's row for the delete names the command.
+		wctx, cancel := context.WithTimeout(fsm.WithAudit(ctx, fsm.Audit{Actor: "operator", Source: "shoal cluster resurrected --delete"}), timeout)
+		_, err := cl.DeleteDatabaseIf(wctx, fsm.DeleteDatabaseIf{AccountID: rows[i].AccountID, UUID: rows[i].DatabaseUUID,
+			ExpectObjectID: rows[i].ObjectID, ExpectRoutingGeneration: gen})
+		cancel()
+		switch {
+		case err == nil, errors.Is(err, fsm.ErrNotFound):
+			// Not found: deleted meanwhile (or this very delete, retried
+			// after a lost answer).
+			rows[i].Deleted, rows[i].Catalog = true, "deleted"
+		case errors.Is(err, fsm.ErrConflict):
+			v, _, _ := resurrectedVerdict(ctx, cl, timeout, rows[i])
+			rows[i].Catalog = v
+			rows[i].Error = "not deleted: the catalog changed since it was read (" + err.Error() + ")"
+		case errors.Is(err, fsm.ErrUnknownCommand):
+			rows[i].Error = "not deleted: the catalog leader's build does not know delete_database_if; upgrade every catalog node first"
+		default:
+			rows[i].Error = err.Error()
+		}
+	}
+}
+
+// resurrectedFailures is the command's exit: an error (exit status 1, the
+// rows printed all the same) when some row could not be checked or deleted.
+func resurrectedFailures(rows []resurrectedRow) error {
+	failed := 0
+	for _, r := range rows {
+		if r.Error != "" {
+			failed++
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d databases could not be checked or deleted (see ERROR); run the command again", failed)
+	}
+	return nil
+}
+
 // resurrectedVerdict reads r's database on a linearizable read: "active"
-// (this very object: a zombie), "deleted", "unknown" or "other_object".
-func resurrectedVerdict(ctx context.Context, cl *raftmeta.Client, timeout time.Duration, r resurrectedRow) (string, string) {
+// (this very object: a zombie), "deleted", "unknown" or "other_object";
+// with an error message ("error"), and the routing generation read.
+func resurrectedVerdict(ctx context.Context, cl resurrectedCatalog, timeout time.Duration, r resurrectedRow) (string, string, int64) {
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	d, err := cl.Database(rctx, r.DatabaseUUID, raftmeta.LinearizableRead())
 	cancel()
 	switch {
 	case errors.Is(err, fsm.ErrNotFound):
-		return "unknown", ""
+		return "unknown", "", 0
 	case err != nil:
-		return "error", err.Error()
+		return "error", err.Error(), 0
 	case d.State == fsm.StateDeleted:
-		return "deleted", ""
+		return "deleted", "", d.RoutingGeneration
 	case d.ObjectID != r.ObjectID:
-		return "other_object", ""
+		return "other_object", "", d.RoutingGeneration
 	}
-	return "active", ""
+	return "active", "", d.RoutingGeneration
 }
 
 func printResurrected(out io.Writer, rows []resurrectedRow, del bool) {

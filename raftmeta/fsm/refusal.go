@@ -48,8 +48,9 @@ var (
 	ErrExists             = errors.New("already exists")
 	// ErrConflict: a compare-and-set command found another state than the
 	// one it was written against (relocate_database: the database's object
-	// is no longer the one being replaced; set_host_state: the host
-	// reported after the idle bound).
+	// is no longer the one being replaced; delete_database_if: the
+	// database is no longer the object or routing generation expected;
+	// set_host_state: the host reported after the idle bound).
 	ErrConflict = errors.New("conflict")
 )
 

@@ -24,6 +24,7 @@ var commands = map[CommandType]commandSpec{
 	CmdReportHostLoad:   reportHostLoadCommand,
 	CmdCreateDatabase:   createDatabaseCommand,
 	CmdDeleteDatabase:   deleteDatabaseCommand,
+	CmdDeleteDatabaseIf: deleteDatabaseIfCommand,
 	CmdUpdateDatabase:   updateDatabaseCommand,
 	CmdSetDatabaseStats: setDatabaseStatsCommand,
 	CmdDrainStats:       drainStatsCommand,

@@ -248,6 +248,8 @@ func TestApplyRefusesOnlyWithListedRefusals(t *testing.T) {
 		{CmdCreateDatabase, createDB(uuidN(2), "a1", "one"), ErrNameTaken},
 		{CmdCreateDatabase, createDB(uuidN(2), "a1", "two"), ErrDatabaseLimit},
 		{CmdDeleteDatabase, DeleteDatabase{AccountID: "a1", UUID: uuidN(9)}, ErrNotFound},
+		{CmdDeleteDatabaseIf, DeleteDatabaseIf{AccountID: "a1", UUID: uuidN(9), ExpectObjectID: "o1", ExpectRoutingGeneration: 1}, ErrNotFound},
+		{CmdDeleteDatabaseIf, DeleteDatabaseIf{AccountID: "a1", UUID: uuidN(1), ExpectObjectID: "o1", ExpectRoutingGeneration: 1}, ErrConflict},
 		{CmdUpdateDatabase, UpdateDatabase{AccountID: "a2", UUID: uuidN(1)}, ErrNotFound},
 		{CmdRelocateDatabase, RelocateDatabase{UUID: uuidN(9), FromObjectID: "o1", ObjectID: "o2", HostID: "h1"}, ErrNotFound},
 		{CmdRelocateDatabase, RelocateDatabase{UUID: uuidN(1), FromObjectID: "o1", ObjectID: "o2", HostID: "h1"}, ErrConflict},
