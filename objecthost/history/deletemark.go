@@ -67,7 +67,7 @@ func (a *Archive) DeleteMarks(ctx context.Context, db string) ([]DeleteMark, err
 	prefix := db + "/" + deleteMarkDir + "/"
 	keys, err := a.store.List(ctx, prefix)
 	if err != nil {
-		return nil, err
+		return nil, storeFailed(err) // an outage, never "no marker"
 	}
 	var out []DeleteMark
 	for _, k := range keys {
