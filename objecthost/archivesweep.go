@@ -110,7 +110,23 @@ func (hh *hostHistory) sweepDeletedArchives(ctx context.Context, h *Host) (Delet
 		rep.Held = len(v.due)
 		return rep, nil
 	}
-	rep.Deleted, rep.Objects, rep.Failures, err = hh.deleteArchives(ctx, h, v.due, func(u string) { hh.removeAreas(h, byUUID[u]) })
+	// A database whose delete marker is still owed keeps its archive
+	// until the marker is written (deletemark.go): deleted now, a marker
+	// pass would put the marker back alone afterwards. markMu keeps the
+	// passes out until the deletions are done.
+	hh.markMu.Lock()
+	defer hh.markMu.Unlock()
+	if _, err := hh.markDeletesLocked(ctx, h); err != nil && ctx.Err() == nil {
+		h.log.Warn("history: writing delete markers before the deleted archives' sweep failed; their archives wait", "err", err)
+	}
+	pending := hh.markPendingUUIDs(h)
+	due := v.due[:0:0]
+	for _, u := range v.due {
+		if !pending[u] {
+			due = append(due, u)
+		}
+	}
+	rep.Deleted, rep.Objects, rep.Failures, err = hh.deleteArchives(ctx, h, due, func(u string) { hh.removeAreas(h, byUUID[u]) })
 	return rep, err
 }
 

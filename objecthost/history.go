@@ -91,6 +91,11 @@ type hostHistory struct {
 	done chan struct{}
 	// markCh: a delete marker pass is due (deletemark.go); made by start.
 	markCh chan struct{}
+	// markMu: one marker pass at a time, and none while the deleted
+	// archives' sweep deletes (a pass that read its work before the
+	// sweep would write a marker back after the sweep deleted the
+	// database's archive).
+	markMu sync.Mutex
 	// lastBucket: when the last bucket-wide pass ran (sweep goroutine
 	// only; zero: not yet, so the first sweep tick runs one).
 	lastBucket time.Time
