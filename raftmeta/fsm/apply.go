@@ -95,6 +95,11 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 // applied index moves last: a reader that waited for index i sees the
 // digests of every entry <= i. A batch without digest changes does not
 // take the lock (readers see the same digests before and after it).
+//
+// The COMMIT is the batch's checkpoint. A crash before or after it loses
+// nothing: the catalog file and the digests in memory are derived state,
+// rebuilt on every start from the newest snapshot and the log (New starts
+// empty).
 func (f *FSM) commit(ctx context.Context, applied uint64) {
 	if len(f.digestBatch) == 0 {
 		if _, err := f.stmts.commit.ExecContext(ctx); err != nil {

@@ -196,7 +196,7 @@ func (f *FSM) HeartbeatDigests(ctx context.Context, q DigestQuery) (DigestAnswer
 			var err error
 			ans.CatalogRestores, err = readCatalogRestores(ctx, tx.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = '`+catalogRestoresKey+`'`))
 			return err
-		}, q.HostID)
+		}, false, hostsAsked(q)...)
 		if err != nil {
 			return err
 		}
@@ -217,6 +217,15 @@ func (f *FSM) HeartbeatDigests(ctx context.Context, q DigestQuery) (DigestAnswer
 		return readAccounts(ctx, tx, q.Accounts, ans.Accounts)
 	})
 	return ans, err
+}
+
+// hostsAsked is the host whose digests q needs: none for a query of
+// accounts only.
+func hostsAsked(q DigestQuery) []string {
+	if len(q.Buckets) == 0 {
+		return nil
+	}
+	return []string{q.HostID}
 }
 
 // readAccounts fills out with the accounts of ids that exist (limits and
@@ -420,13 +429,13 @@ func (v digestView) asMap() map[string]map[int]BucketDigest {
 }
 
 // readDigestsPinned runs pin (the first read of a SQLite read transaction,
-// which pins its snapshot) and copies the digests of hosts (nil: all) at
-// the same applied state: under mu held shared, so
+// which pins its snapshot) and copies the digests of every host (all) or
+// of hosts at the same applied state: under mu held shared, so
 // no batch can commit between the pin and the view. pin must be tx's first
 // read. The view's arrays are copied (readers may run on any goroutine,
 // and the apply goroutine writes the live arrays in place). Callers hold
 // f.mu shared (f.reader), so Restore cannot swap the memory meanwhile.
-func (f *FSM) readDigestsPinned(pin func() error, hosts ...string) (map[string]*hostDigestBuckets, error) {
+func (f *FSM) readDigestsPinned(pin func() error, all bool, hosts ...string) (map[string]*hostDigestBuckets, error) {
 	m := f.dig
 	m.mu.RLock()
 	defer m.mu.RUnlock()
@@ -438,7 +447,7 @@ func (f *FSM) readDigestsPinned(pin func() error, hosts ...string) (map[string]*
 		c := *b
 		out[h] = &c
 	}
-	if hosts == nil {
+	if all {
 		for h, b := range m.hosts {
 			copyHost(h, b)
 		}

@@ -34,7 +34,12 @@ func snapshotTableDigests(t *testing.T, snap []byte) map[string]map[int]BucketDi
 
 func memoryDigests(t *testing.T, f *FSM) map[string]map[int]BucketDigest {
 	t.Helper()
-	hosts, err := f.readDigestsPinned(func() error { return nil })
+	return memoryDigestsTB(t, f)
+}
+
+func memoryDigestsTB(t testing.TB, f *FSM) map[string]map[int]BucketDigest {
+	t.Helper()
+	hosts, err := f.readDigestsPinned(func() error { return nil }, true)
 	require.NoError(t, err)
 	return digestView{hosts: hosts}.asMap()
 }
@@ -186,4 +191,34 @@ func TestHeartbeatDigestsReadOneAppliedState(t *testing.T) {
 	t.Logf("%d answers checked", answers.Load())
 	require.Positive(t, answers.Load())
 	checkInvariants(t, f)
+}
+
+// BenchmarkDigestsRestore measures what the digests in memory add to a
+// restart: Restore of a snapshot whose host_digests table is full (every
+// bucket of every host non-empty, which 1M databases on up to ~240 hosts
+// make) loads them into memory. Reported per restore; compare hosts=0.
+//
+//	go test ./raftmeta/fsm -run XXX -bench DigestsRestore -benchtime 5x
+func BenchmarkDigestsRestore(b *testing.B) {
+	for _, hosts := range []int{0, 3, 100} {
+		b.Run(fmt.Sprintf("hosts=%d", hosts), func(b *testing.B) {
+			f := newFSM(b)
+			batch := map[digestKey]digestDelta{}
+			for h := 0; h < hosts; h++ {
+				for bk := 0; bk < DigestBuckets; bk++ {
+					batch[digestKey{fmt.Sprintf("host-%03d", h), bk}] = digestDelta{digest: int64(h*DigestBuckets + bk + 1), count: 3}
+				}
+			}
+			f.dig.add(batch)
+			snap := snapshotBytes(b, f)
+			g := newFSM(b)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				require.NoError(b, restoreBytes(g, snap))
+			}
+			b.StopTimer()
+			require.Len(b, memoryDigestsTB(b, g), hosts)
+			b.ReportMetric(float64(len(snap))/1e6, "snapshot-MB")
+		})
+	}
 }

@@ -210,7 +210,7 @@ func checkMemoryDigests(ctx context.Context, f *FSM) error {
 			var err error
 			want, err = computeHostDigests(ctx, tx)
 			return err
-		})
+		}, true)
 		if err != nil {
 			return err
 		}

@@ -298,7 +298,7 @@ func (f *FSM) Dump(ctx context.Context) (string, error) {
 		digests, err := f.readDigestsPinned(func() error {
 			var n int
 			return tx.QueryRowContext(ctx, `SELECT count(*) FROM meta`).Scan(&n)
-		})
+		}, true)
 		if err != nil {
 			return err
 		}
