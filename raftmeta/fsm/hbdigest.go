@@ -502,26 +502,32 @@ func (f *FSM) loadDigests(ctx context.Context) (*digestMem, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load host digests: %w", err)
 	}
-	batch := map[digestKey]digestDelta{}
 	for rows.Next() {
 		var (
-			k digestKey
-			d digestDelta
+			host   string
+			bucket int
+			d      digestDelta
 		)
-		if err := rows.Scan(&k.host, &k.bucket, &d.digest, &d.count); err != nil {
+		if err := rows.Scan(&host, &bucket, &d.digest, &d.count); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("load host digests: %w", err)
 		}
-		if k.bucket < 0 || k.bucket >= DigestBuckets || d.count <= 0 || d.digest < 0 || d.digest > digestMask {
+		if bucket < 0 || bucket >= DigestBuckets || d.count <= 0 || d.digest < 0 {
 			rows.Close()
-			return nil, fmt.Errorf("load host digests: host %q bucket %d: digest %d, count %d out of range", k.host, k.bucket, d.digest, d.count)
+			return nil, fmt.Errorf("load host digests: host %q bucket %d: digest %d, count %d out of range", host, bucket, d.digest, d.count)
 		}
-		batch[k] = d
+		// Straight into the arrays (the key is unique: no merge needed).
+		h := m.hosts[host]
+		if h == nil {
+			h = &hostDigestBuckets{gen: m.gen}
+			m.hosts[host] = h
+		}
+		h.b[bucket] = d
+		h.nonEmpty++
 	}
 	if err := rows.Close(); err != nil {
 		return nil, fmt.Errorf("load host digests: %w", err)
 	}
-	m.add(batch)
 	if _, err := f.wconn.ExecContext(ctx, `DELETE FROM host_digests`); err != nil {
 		return nil, fmt.Errorf("load host digests: %w", err)
 	}

@@ -213,10 +213,12 @@ func BenchmarkDigestsRestore(b *testing.B) {
 			snap := snapshotBytes(b, f)
 			g := newFSM(b)
 			b.ResetTimer()
+			cpu0 := processCPU()
 			for i := 0; i < b.N; i++ {
 				require.NoError(b, restoreBytes(g, snap))
 			}
 			b.StopTimer()
+			b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/1e3/float64(b.N), "cpu-ms/restore")
 			require.Len(b, memoryDigestsTB(b, g), hosts)
 			b.ReportMetric(float64(len(snap))/1e6, "snapshot-MB")
 		})
