@@ -84,11 +84,38 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		s.rollback.ExecContext(ctx) //nolint:errcheck // panicking anyway
 		f.fatal(applied, err)
 	}
-	if _, err := s.commit.ExecContext(ctx); err != nil {
-		f.fatal(applied, err)
-	}
-	f.applied.Store(applied)
+	f.commit(ctx, applied)
 	return out
+}
+
+// commit commits the batch's transaction and adds its digest changes to
+// the memory in one step for readers: under dig.mu, which readers hold
+// shared while they pin their read snapshot and copy the digests
+// (readDigestsPinned), so a reader sees either both or neither. The
+// applied index moves last: a reader that waited for index i sees the
+// digests of every entry <= i. A batch without digest changes does not
+// take the lock (readers see the same digests before and after it).
+//
+// The COMMIT is the batch's checkpoint. A crash before or after it loses
+// nothing: the catalog file and the digests in memory are derived state,
+// rebuilt on every start from the newest snapshot and the log (New starts
+// empty).
+func (f *FSM) commit(ctx context.Context, applied uint64) {
+	if len(f.digestBatch) == 0 {
+		if _, err := f.stmts.commit.ExecContext(ctx); err != nil {
+			f.fatal(applied, err)
+		}
+		f.applied.Store(applied)
+		return
+	}
+	f.dig.mu.Lock()
+	if _, err := f.stmts.commit.ExecContext(ctx); err != nil {
+		f.fatal(applied, err) // panics with the lock held: the process is going down
+	}
+	f.dig.add(f.digestBatch)
+	f.dig.mu.Unlock()
+	clear(f.digestBatch)
+	f.applied.Store(applied)
 }
 
 // finishTx prunes expired request IDs and records the apply state. Pruning
@@ -98,9 +125,6 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 func (f *FSM) finishTx(ctx context.Context, applied uint64) error {
 	s := f.stmts
 	if err := f.flushActive(ctx); err != nil {
-		return err
-	}
-	if err := f.flushDigests(ctx); err != nil {
 		return err
 	}
 	f.dd.prune(f.dedupeThresholds(applied))

@@ -381,7 +381,14 @@ func firstDiff(a, b string) string {
 // before it left them. The hashes are of the Dump and of the JSON of every
 // Result after previousBuildLogs(seed, 3000) applied in random batches, recorded
 // with the build at ddfea9f (before the savepoint-less create, the one-
-// statement apply state and the per-key digest upserts). A change of
+// statement apply state and the per-key digest upserts). Since the
+// heartbeat digests moved into memory (digestMem), the live host_digests
+// table is empty and Dump renders its section from the memory, in the
+// table's format: the hashes are unchanged, so the digests a replica of
+// this build holds are byte-for-byte the rows a replica of ddfea9f held
+// (what snapshots carry), and every other table and every result is as
+// before. What is no longer identical is the live catalog file itself
+// (its host_digests table), which no replica ever compares or ships. A change of
 // meaning (a new command, a new refusal) changes them on purpose: record
 // them again from the build the change is deployed over, and say so in
 // its rollout notes. A change of randomLogs changes them too: record them

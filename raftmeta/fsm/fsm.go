@@ -85,11 +85,14 @@ type FSM struct {
 	// activeDelta holds creates not yet added to accounts.active_databases
 	// (apply goroutine only; see flushActive). Empty between batches.
 	activeDelta map[string]int64
-	// digestCmd: the running command's host_digests changes; digestBatch:
-	// the batch's, written by finishTx (hbdigest.go).
+	// digestCmd: the running command's heartbeat digest changes;
+	// digestBatch: the batch's, added to dig when the batch commits
+	// (apply goroutine only; hbdigest.go).
 	digestCmd   []digestChange
 	digestBatch map[digestKey]digestDelta
-	digestKeys  []digestKey // flushDigests' scratch
+	// dig holds the heartbeat digests (hbdigest.go, digestMem): changed
+	// by the apply goroutine, read by any goroutine under dig.mu.
+	dig *digestMem
 }
 
 var (
@@ -118,7 +121,7 @@ func New(dir string, opts ...Option) (*FSM, error) {
 		return nil, fmt.Errorf("create fsm dir: %w", err)
 	}
 	f := &FSM{cfg: cfg, dir: dir, path: filepath.Join(dir, "catalog.db"), dd: newDedupe(),
-		activeDelta: map[string]int64{}}
+		activeDelta: map[string]int64{}, dig: newDigestMem()}
 	if err := removeDBFiles(f.path); err != nil {
 		return nil, err
 	}

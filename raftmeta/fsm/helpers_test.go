@@ -3,6 +3,7 @@ package fsm
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -189,6 +190,30 @@ func checkInvariants(t testing.TB, f *FSM) {
 		COALESCE((SELECT storage_bytes FROM account_database_stats s WHERE s.account_id = a.id), 0) +
 		COALESCE((SELECT SUM(delta) FROM account_database_stats_changes c WHERE c.account_id = a.id), 0) !=
 		COALESCE((SELECT SUM(size_bytes) FROM database_stats s WHERE s.account_id = a.id), 0)`), "storage arithmetic")
-	// host_digests is exactly what the databases table implies.
-	assert.NoError(t, checkHostDigests(context.Background(), f.rdb), "host digests")
+	// The digests in memory are exactly what the databases table implies,
+	// and the live table is empty (digestMem).
+	assert.NoError(t, checkMemoryDigests(context.Background(), f), "host digests")
+	assert.Zero(t, q(`SELECT count(*) FROM host_digests`), "live host_digests table")
+}
+
+// checkMemoryDigests compares the digests in memory with what the databases
+// table implies, both read at one applied state.
+func checkMemoryDigests(ctx context.Context, f *FSM) error {
+	return f.reader(func(db *sql.DB) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback() //nolint:errcheck // read-only
+		var want map[string]map[int]BucketDigest
+		got, err := f.readDigestsPinned(func() error {
+			var err error
+			want, err = computeHostDigests(ctx, tx)
+			return err
+		}, true)
+		if err != nil {
+			return err
+		}
+		return compareHostDigests(want, digestView{hosts: got}.asMap())
+	})
 }

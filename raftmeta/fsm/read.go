@@ -282,7 +282,11 @@ func (f *FSM) PendingStatsChanges(ctx context.Context) (int64, error) {
 
 // Dump renders every table, rows in primary-key order, one line per row, in
 // one read transaction. Two replicas that applied the same log have the same
-// Dump; it is meant for tests and debugging, not for large catalogs.
+// Dump; it is meant for tests and debugging, not for large catalogs. The
+// host_digests section is rendered from the digests in memory (the live
+// table is empty, see digestMem), read at the transaction's state, in the
+// table's format: the Dump is what a snapshot's file holds, and what the
+// builds that wrote the table dumped.
 func (f *FSM) Dump(ctx context.Context) (string, error) {
 	var b strings.Builder
 	err := f.reader(func(db *sql.DB) error {
@@ -291,7 +295,18 @@ func (f *FSM) Dump(ctx context.Context) (string, error) {
 			return err
 		}
 		defer tx.Rollback() //nolint:errcheck // read-only
+		digests, err := f.readDigestsPinned(func() error {
+			var n int
+			return tx.QueryRowContext(ctx, `SELECT count(*) FROM meta`).Scan(&n)
+		}, true)
+		if err != nil {
+			return err
+		}
 		for _, t := range dumpTables() {
+			if t.name == "host_digests" {
+				dumpDigests(&b, digestView{hosts: digests})
+				continue
+			}
 			if err := dumpTable(ctx, tx, &b, t.name, t.order); err != nil {
 				return fmt.Errorf("dump %s: %w", t.name, err)
 			}
@@ -339,4 +354,13 @@ func dumpTable(ctx context.Context, tx *sql.Tx, b *strings.Builder, table, order
 		b.WriteByte('\n')
 	}
 	return rows.Err()
+}
+
+// dumpDigests renders digests as dumpTable renders the host_digests table.
+func dumpDigests(b *strings.Builder, v digestView) {
+	b.WriteString("## host_digests (host_id, bucket, digest, count)\n")
+	v.each(func(host string, bucket int, d digestDelta) error { //nolint:errcheck // fn never fails
+		fmt.Fprintf(b, "%q|%d|%d|%d\n", host, bucket, d.digest, d.count)
+		return nil
+	})
 }

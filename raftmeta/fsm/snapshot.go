@@ -52,6 +52,9 @@ type snapshot struct {
 	// requests are the remembered request IDs at the pinned state (see
 	// dedupe); Persist writes them into the copy's requests table.
 	requests dedupeView
+	// digests are the heartbeat digests at the pinned state (see
+	// digestMem); Persist writes them into the copy's host_digests table.
+	digests digestView
 }
 
 // Snapshot pins the current catalog state for Persist. It holds f.mu shared
@@ -69,10 +72,13 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 		f.mu.RUnlock()
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	s := &snapshot{f: f, conn: conn, mode: f.cfg.snapshotMode, requests: f.dd.view()}
+	s := &snapshot{f: f, conn: conn, mode: f.cfg.snapshotMode, requests: f.dd.view(),
+		digests: f.dig.view()}
 	// BEGIN is deferred; the first read is what pins the WAL read snapshot.
 	// This is the checkpoint: from here on the copy sees exactly the state
-	// after the last applied entry, whatever Apply commits next.
+	// after the last applied entry, whatever Apply commits next. (Snapshot
+	// runs on the apply goroutine, between batches, so the request IDs and
+	// digests viewed above are of that same state.)
 	var v string
 	if _, err = conn.ExecContext(ctx, `BEGIN`); err == nil {
 		err = conn.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = 'applied_index'`).Scan(&v)
@@ -107,10 +113,11 @@ func (s *snapshot) persist(w io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if len(s.requests.q) == 0 {
+		if len(s.requests.q) == 0 && len(s.digests.hosts) == 0 {
 			return writeFramed(w, int64(len(data)), bytesReader(data))
 		}
-		// The remembered request IDs go into the copy's requests table,
+		// The remembered request IDs and the heartbeat digests go into
+		// the copy's requests and host_digests tables,
 		// which needs a file (an in-memory copy cannot grow): write the
 		// image out, add them, and stream the file as backup mode does.
 		path, err := s.tempCopy(func(path string) error { return os.WriteFile(path, data, 0o600) })
@@ -130,8 +137,8 @@ func (s *snapshot) persist(w io.Writer) error {
 }
 
 // tempCopy makes a temporary copy of the pinned catalog with fill, adds the
-// remembered request IDs to it, and returns its path (the caller removes
-// it).
+// remembered request IDs and the heartbeat digests to it, and returns its
+// path (the caller removes it).
 func (s *snapshot) tempCopy(fill func(path string) error) (string, error) {
 	tmp, err := os.CreateTemp(s.f.dir, "snapshot-*.db")
 	if err != nil {
@@ -141,7 +148,7 @@ func (s *snapshot) tempCopy(fill func(path string) error) (string, error) {
 	tmp.Close()
 	err = fill(path)
 	if err == nil {
-		err = addRequests(path, s.requests)
+		err = addMemoryState(path, s.requests, s.digests)
 	}
 	if err != nil {
 		removeDBFiles(path) //nolint:errcheck // best effort cleanup of a temp file
@@ -150,10 +157,11 @@ func (s *snapshot) tempCopy(fill func(path string) error) (string, error) {
 	return path, nil
 }
 
-// addRequests writes the view's entries into the requests table of the
-// catalog file at path.
-func addRequests(path string, v dedupeView) error {
-	if len(v.q) == 0 {
+// addMemoryState writes what the live catalog keeps in memory into the
+// catalog file at path: the remembered request IDs into its requests
+// table, the heartbeat digests into its host_digests table.
+func addMemoryState(path string, v dedupeView, dv digestView) error {
+	if len(v.q) == 0 && len(dv.hosts) == 0 {
 		return nil
 	}
 	// Rollback-journal mode: the rows must be in the main file, which is
@@ -164,7 +172,10 @@ func addRequests(path string, v dedupeView) error {
 		return err
 	}
 	defer db.Close()
-	return writeRequests(context.Background(), db, v)
+	if err := writeRequests(context.Background(), db, v); err != nil {
+		return err
+	}
+	return writeDigests(context.Background(), db, dv)
 }
 
 func streamFile(w io.Writer, path string) error {
@@ -222,6 +233,7 @@ func (s *snapshot) Release() {
 		s.conn.ExecContext(context.Background(), `ROLLBACK`) //nolint:errcheck // ends a read txn; the conn is closed next
 		s.conn.Close()
 		s.requests.release()
+		s.digests = digestView{}
 		s.f.mu.RUnlock()
 	})
 }
@@ -334,10 +346,20 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err := f.open(); err != nil {
 		return f.putBack(old, fmt.Errorf("restore: %w", notLoading(err)))
 	}
+	// The digests are read first and installed last, after loadDedupe
+	// (which replaces the request IDs only once it has loaded them all):
+	// after any failure the old catalog is put back with its own request
+	// IDs and digests still in memory.
+	digests, err := f.loadDigests(context.Background())
+	if err != nil {
+		f.closeHandles() //nolint:errcheck // reopening the old catalog next
+		return f.putBack(old, fmt.Errorf("restore: %w", notLoading(err)))
+	}
 	if err := f.loadDedupe(context.Background()); err != nil {
 		f.closeHandles() //nolint:errcheck // reopening the old catalog next
 		return f.putBack(old, fmt.Errorf("restore: %w", notLoading(err)))
 	}
+	f.dig.replace(digests)
 	removeDBFiles(old) //nolint:errcheck // best effort: New removes it on the next start anyway
 	return nil
 }

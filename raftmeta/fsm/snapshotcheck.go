@@ -89,15 +89,20 @@ func CheckSnapshot(ctx context.Context, r io.Reader, dir string) (SnapshotInfo, 
 }
 
 // trialLoad opens the file at path the way Restore opens a restored catalog
-// (statements prepared, apply state and remembered request IDs loaded), so
+// (statements prepared, apply state, heartbeat digests and remembered
+// request IDs loaded), so
 // whatever CheckSnapshot accepts, Restore's own open accepts too. It
 // changes the file (the requests table is emptied): callers pass a copy.
 func trialLoad(ctx context.Context, path string) error {
-	f := &FSM{cfg: config{readConns: 1}, dir: filepath.Dir(path), path: path, dd: newDedupe(), activeDelta: map[string]int64{}}
+	f := &FSM{cfg: config{readConns: 1}, dir: filepath.Dir(path), path: path, dd: newDedupe(), activeDelta: map[string]int64{},
+		dig: newDigestMem()}
 	if err := f.open(); err != nil {
 		return notLoading(err)
 	}
 	defer f.closeHandles() //nolint:errcheck // a throwaway copy
+	if _, err := f.loadDigests(ctx); err != nil {
+		return notLoading(err)
+	}
 	if err := f.loadDedupe(ctx); err != nil {
 		return notLoading(err)
 	}

@@ -81,8 +81,6 @@ type stmts struct {
 
 	auditInsert, auditPrune *sql.Stmt
 
-	digest digestStmts // host_digests (hbdigest.go)
-
 	// cmds holds every registered command with its own statements.
 	cmds map[CommandType]boundCommand
 }
@@ -108,7 +106,6 @@ func prepareStmts(ctx context.Context, c *sql.Conn) (*stmts, error) {
 	s.tokenGet = p.prep(`SELECT ` + tokenCols + ` FROM api_tokens WHERE id = ?`)
 	s.hostGet = p.prep(`SELECT ` + hostCols + ` FROM hosts WHERE id = ?`)
 	s.dbGet = p.prep(`SELECT ` + databaseCols + ` FROM ` + databaseFrom + ` WHERE d.uuid = ?`)
-	s.digest = prepareDigestStmts(p)
 
 	for t, spec := range commands {
 		s.cmds[t] = boundCommand{spec: spec, st: spec.prepare(p)}
