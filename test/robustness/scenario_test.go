@@ -553,13 +553,15 @@ func (e *env) hostDown(h *topology.Member, when string, storeUp bool) {
 // acknowledged inserts (validate.ArchivedWritesKept holds them to it).
 func (e *env) archivedAtKill(h *topology.Member, when string) validate.ArchivedAtKill {
 	k := validate.ArchivedAtKill{Host: h.Name, When: when, Acked: map[string][]int64{}, Values: map[string]map[int64]bool{}, Errs: map[string]string{}}
+	// A database whose archive the store lost objects of (object-store-
+	// loses) may have its newest point behind a hole until its host heals
+	// it after the restart: left out, counted.
+	hit := map[string]bool{}
 	e.mu.Lock()
-	lost := len(e.lost)
-	e.mu.Unlock()
-	if lost > 0 {
-		k.Excused = fmt.Sprintf("the store lost %d acknowledged objects earlier", lost)
-		return k
+	for _, l := range e.lost {
+		hit[l.DB()] = true
 	}
+	e.mu.Unlock()
 	objs, err := validate.HostObjects(h.Name, h.Dir)
 	if err != nil {
 		k.Errs["index.db"] = err.Error()
@@ -576,6 +578,11 @@ func (e *env) archivedAtKill(h *topology.Member, when string) validate.ArchivedA
 	// before the kill (one answered after this read is left out).
 	for _, op := range e.hist.Ops() {
 		if op.Kind == traffic.Insert && op.Outcome == traffic.OK && live[op.DB] {
+			if hit[op.DB] {
+				k.SkippedDBs++
+				live[op.DB] = false
+				continue
+			}
 			k.Acked[op.DB] = append(k.Acked[op.DB], op.Value)
 		}
 	}

@@ -311,10 +311,13 @@ type ArchivedAtKill struct {
 	// Errs: the databases whose archive could not be read or restored.
 	Values map[string]map[int64]bool
 	Errs   map[string]string
-	// Excused: not checked, and why (the store lost acknowledged objects
-	// earlier in the schedule: their databases' newest point can lie
-	// behind a hole until the host heals it, after its restart).
-	Excused string
+	// Excused: not checked, and why (the object store was stopped at the
+	// kill). SkippedDBs: databases left out because the store lost
+	// objects of their archive earlier in the schedule (their newest
+	// point can lie behind a hole until the host heals it, after its
+	// restart).
+	Excused    string
+	SkippedDBs int
 }
 
 // ArchivedValues reads v of table t at db's newest archived point: a
@@ -345,8 +348,9 @@ func ArchivedValues(ctx context.Context, a *history.Archive, db string) (map[int
 // cannot tell the two apart).
 func ArchivedWritesKept(kills []ArchivedAtKill) Result {
 	r := Result{Check: "durability = archived: every insert the archived host acknowledged is in the archive at each kill -9 of it, before its restart"}
-	excused := 0
+	excused, skipped := 0, 0
 	for _, k := range kills {
+		skipped += k.SkippedDBs
 		if k.Excused != "" {
 			excused++
 			continue
@@ -374,7 +378,7 @@ func ArchivedWritesKept(kills []ArchivedAtKill) Result {
 			}
 		}
 	}
-	r.Note = fmt.Sprintf("%d kills of the archived host read, %d excused (the store had lost objects)", len(kills)-excused, excused)
+	r.Note = fmt.Sprintf("%d kills of the archived host read, %d excused (the store stopped), %d databases left out (the store had lost objects of their archive)", len(kills)-excused, excused, skipped)
 	return r
 }
 
