@@ -21,6 +21,7 @@ import (
 
 	"github.com/shoaldb/shoal/internal/binding"
 	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/pipeline/event"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -383,6 +384,10 @@ type fakeHost struct {
 	queries   atomic.Int64
 	lastHdr   http.Header
 	lastQuery []byte // body of the last query or raw request
+	// locates counts GET /v1/databases/{uuid}/objects; noLocate makes the
+	// host answer it as a build without the route does (404 from its router).
+	locates  atomic.Int64
+	noLocate bool
 }
 
 type fakeObject struct {
@@ -428,6 +433,8 @@ func (h *fakeHost) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	h.mu.Unlock()
 	switch {
+	case len(parts) == 4 && parts[1] == "databases" && parts[3] == "objects" && r.Method == http.MethodGet:
+		h.serveLocate(w, r, parts[2])
 	case len(parts) == 3 && parts[1] == "bound":
 		h.serveBound(w, r, parts[2], body)
 	case len(parts) >= 3 && parts[1] == "objects":
@@ -555,6 +562,30 @@ func (h *fakeHost) serveObject(w http.ResponseWriter, r *http.Request, id, op st
 		}
 		v4.WriteError(w, 404, 7404, "no such op")
 	}
+}
+
+// serveLocate answers which objects of database uuid the host holds for
+// the account in X-Shoal-Account, as objecthost/locate.go does.
+func (h *fakeHost) serveLocate(w http.ResponseWriter, r *http.Request, uuid string) {
+	h.locates.Add(1)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.noLocate {
+		v4.WriteError(w, 404, 7404, "no such route")
+		return
+	}
+	var out event.LocateAnswer
+	for id, o := range h.objects {
+		if o.req.DatabaseUUID == uuid && o.req.AccountID == r.Header.Get(HeaderAccount) {
+			out.Objects = append(out.Objects, event.LocatedObject{ObjectID: id, AccountID: o.req.AccountID,
+				State: o.state, RoutingGeneration: o.gen, Confirmed: o.confirmed})
+		}
+	}
+	if len(out.Objects) == 0 {
+		v4.WriteError(w, 404, 7404, "database not found")
+		return
+	}
+	v4.WriteResult(w, out)
 }
 
 // failingSQL is the statement the fake host answers with a SQL error.

@@ -26,6 +26,11 @@ type fallback struct {
 	timeout  time.Duration
 }
 
+// errFallbackFull: the catalog read was refused because this edge already
+// has Cap reads in flight — the catalog is busy, not unavailable, so the
+// object hosts are not asked instead (hostroute.go).
+var errFallbackFull = errors.New("catalog fallback at capacity")
+
 type fallbackOptions struct {
 	Cap              int64         // max concurrent catalog reads; default 64
 	Timeout          time.Duration // per catalog read; default 2s
@@ -68,7 +73,7 @@ func newFallback(o fallbackOptions) *fallback {
 func (f *fallback) do(ctx context.Context, fn func(ctx context.Context) error) error {
 	if !f.sem.TryAcquire(1) {
 		f.rejected.Add(1)
-		return fmt.Errorf("%w: catalog fallback at capacity", ErrUnavailable)
+		return fmt.Errorf("%w: %w", ErrUnavailable, errFallbackFull)
 	}
 	defer f.sem.Release(1)
 	n := f.inFlight.Add(1)

@@ -64,6 +64,13 @@ func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request, kind string
 		return
 	}
 	rt, err := s.res.lookup(r.Context(), id)
+	if errors.Is(err, ErrUnavailable) && !errors.Is(err, errFallbackFull) {
+		// No route cached and the catalog cannot be read now (never on
+		// its "not found", nor when this edge's own cap on catalog reads
+		// is full: that is load to shed, not an outage): ask the object
+		// hosts (hostroute.go).
+		rt, err = s.routeFromHosts(r.Context(), id, acct, err)
+	}
 	if err == nil {
 		err = usable(rt, acct)
 	}
@@ -175,6 +182,7 @@ func (s *Server) forwardQuery(r *http.Request, rt Route, kind string, body []byt
 	if v := r.Header.Get(HeaderNumbers); v != "" {
 		h.Set(HeaderNumbers, v)
 	}
+	s.known.note(rt.HostAddress)
 	resp, err := s.hosts.forward(r.Context(), s.hosts.URL(rt.HostAddress, "/v1/objects/"+rt.ObjectID+"/"+kind), h, body)
 	if err != nil {
 		return nil, fmt.Errorf("%w: object host unreachable: %w", ErrUnavailable, err)

@@ -59,6 +59,15 @@ type Options struct {
 	BreakerFailures  uint32        // default 5
 	BreakerOpenFor   time.Duration // default 2s
 	NegativeRouteTTL time.Duration // default 2s
+	// The last-resort route lookup on object hosts when the catalog is
+	// unavailable (hostroute.go): at most HostRouteCap lookups in flight
+	// (default 16), each host asked within HostRouteTimeout (default
+	// 500ms). KnownHosts are object host addresses to ask besides the
+	// catalog's last host list and the hosts queries went to (cluster.hcl's
+	// object hosts, so a fresh edge knows them with the catalog down).
+	HostRouteCap     int64
+	HostRouteTimeout time.Duration
+	KnownHosts       []string
 	// AccountChanged, when set, is called after an account's tier or limits
 	// changed through the admin API (after the catalog write); `shoal`
 	// publishes it on the `accounts` topic. Errors are logged.
@@ -180,6 +189,11 @@ type Server struct {
 
 	cb createBatching // coalesced create steps (createbatch.go)
 
+	// The last-resort route lookup on object hosts (hostroute.go).
+	known       knownHosts
+	locateGroup singleflight.Group
+	locateSem   *semaphore.Weighted
+
 	closeOnce sync.Once
 }
 
@@ -214,7 +228,7 @@ func New(o Options) (*Server, error) {
 		acctRL: newLimiters(o.AccountRate, o.MaxRateKeys, o.Now),
 		dbRL:   newLimiters(o.DatabaseRate, o.MaxRateKeys, o.Now),
 		log:    o.Logger, accts: make(map[string]cachedAccount), hostsPending: make(map[string]int64),
-		bgSem: semaphore.NewWeighted(256),
+		bgSem: semaphore.NewWeighted(256), locateSem: semaphore.NewWeighted(o.HostRouteCap),
 	}
 	s.auth = &authenticator{catalog: o.Catalog, fb: fb, ttl: o.TokenTTL, negativeTTL: o.TokenNegativeTTL,
 		staleGrace: o.TokenStaleGrace, max: 100_000, maxNegative: 10_000, now: o.Now, unreachableFor: defaultUnreachableFor,
@@ -312,6 +326,7 @@ func setDefaults(o *Options) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	hostRouteDefaults(o)
 	o.Limits.defaults()
 }
 

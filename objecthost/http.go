@@ -46,6 +46,8 @@ func (h *Host) Handler() http.Handler {
 	r.HandleFunc("/v1/objects/{id}/confirm", h.handleGen(h.Confirm)).Methods(http.MethodPost)
 	r.HandleFunc("/v1/objects/{id}/delete", h.handleGen(h.Delete)).Methods(http.MethodPost)
 	r.HandleFunc("/v1/objects/{id}", h.handleInfo).Methods(http.MethodGet)
+	// Which objects of a database this host holds (locate.go).
+	r.HandleFunc("/v1/databases/{uuid}/objects", h.handleLocate).Methods(http.MethodGet)
 	h.dumpRoutes(r)    // export/import endpoints: export.go, import.go
 	h.historyRoutes(r) // time travel: history.go
 	h.bindingRoutes(r) // binding-token revocation: bindings.go

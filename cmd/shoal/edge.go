@@ -72,6 +72,7 @@ secrets come from the file; flags given explicitly win.`,
 				bindingKey = os.Getenv("SHOAL_BINDING_KEY")
 			}
 			var tiers map[string]fsm.Limits
+			var knownHosts []string // cluster.hcl's object hosts: the last-resort route lookup's (edge/hostroute.go)
 			var cl *config.Cluster
 			if configPath != "" {
 				c, n, err := loadNode(configPath, nodeID, config.RoleEdge)
@@ -109,6 +110,11 @@ secrets come from the file; flags given explicitly win.`,
 					}
 				}
 				tiers = clusterTiers(c)
+				for _, h := range c.Nodes {
+					if h.Has(config.RoleObjecthost) && h.ObjecthostAddr != "" {
+						knownHosts = append(knownHosts, h.ObjecthostAddr)
+					}
+				}
 			}
 			if httpAddr == "" || dir == "" || len(catalog) == 0 {
 				return errors.New("--http-addr, --dir and --catalog are required (or --config with --node)")
@@ -185,7 +191,7 @@ secrets come from the file; flags given explicitly win.`,
 				AdminToken: adminToken, BindingKeys: keys, TokenTTL: tokenTTL,
 				AccountRate:  edge.RateLimit{Rate: acctRate, Burst: int(2 * acctRate)},
 				DatabaseRate: edge.RateLimit{Rate: dbRate, Burst: int(2 * dbRate)},
-				FallbackCap:  fallbackCap, Tiers: tiers, Logger: logger,
+				FallbackCap:  fallbackCap, Tiers: tiers, Logger: logger, KnownHosts: knownHosts,
 				Registry:    edgeRegistry(),
 				CreateBatch: createBatch, CreateBatchInflight: createBatchInflight,
 			})

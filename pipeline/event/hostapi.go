@@ -116,3 +116,20 @@ type BatchItemError struct {
 	Code    int    `json:"code"`
 	Message string `json:"message"`
 }
+
+// LocatedObject is one object a host holds for a database, as GET
+// /v1/databases/{uuid}/objects reports it from the host's in-memory index:
+// the edge's last-resort route lookup when neither its cache nor the
+// catalog can answer (edge/hostroute.go).
+type LocatedObject struct {
+	ObjectID          string `json:"object_id"`
+	AccountID         string `json:"account_id"`
+	State             string `json:"state"`
+	RoutingGeneration int64  `json:"routing_generation"`
+	Confirmed         bool   `json:"confirmed"`
+}
+
+// LocateAnswer is the result of GET /v1/databases/{uuid}/objects.
+type LocateAnswer struct {
+	Objects []LocatedObject `json:"objects"`
+}

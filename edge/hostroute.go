@@ -1,0 +1,266 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/shoaldb/shoal/pipeline/event"
+	"github.com/shoaldb/shoal/raftmeta/fsm"
+)
+
+// The last-resort route lookup. A query whose route is neither in the
+// cache (nor fed to it) and whose catalog read fails as unavailable —
+// breaker open, timeout, unreachable, fallback at capacity; never a
+// definite "not found" — asks the object hosts this edge knows which
+// objects of the database they hold (GET /v1/databases/{uuid}/objects,
+// objecthost/locate.go). It closes the gap where a database's route
+// reached only the cache of the edge that created it (the host's
+// publication to the feed failed) and the catalog then became unreachable
+// (issue #12, robustness seed 1796272661163131923).
+//
+// Trust: a host is the authority on its own objects, so its answer is a
+// feed record's, not the catalog's: it goes through RouteCache.Put's rule
+// (never over a newer route or a tombstone — a route the cache refuses is
+// not used), it never becomes a negative entry, and nothing destructive
+// follows from it. Only the query path uses it.
+//
+// Bounds, like the catalog fallback: one lookup per database and account
+// at a time (singleflight), at most HostRouteCap in flight (TryAcquire: no
+// queueing), every known host asked in parallel within HostRouteTimeout.
+
+// LocatedObject is an object host's answer about one of its objects.
+type LocatedObject = event.LocatedObject
+
+// errLocateUnsupported: the host runs a build without the locate endpoint
+// (its router's 404): as good as "unknown", but not an answer that the
+// database is absent.
+var errLocateUnsupported = errors.New("object host does not answer locate")
+
+// Locate asks the host at addr which objects of database uuid it holds for
+// account acct. A host that holds none answers 404: nil, nil.
+func (c *HostClient) Locate(ctx context.Context, addr, uuid, acct string) ([]LocatedObject, error) {
+	var out event.LocateAnswer
+	rt := Route{DatabaseUUID: uuid, AccountID: acct}
+	err := c.call(ctx, addr, http.MethodGet, "/v1/databases/"+uuid+"/objects", &rt, nil, &out)
+	var he *HostError
+	if errors.As(err, &he) && he.Status == http.StatusNotFound {
+		if he.Message == "no such route" { // the host's router: an older build
+			return nil, errLocateUnsupported
+		}
+		return nil, nil
+	}
+	return out.Objects, err
+}
+
+// maxKnownHosts bounds the addresses remembered from forwarded queries (a
+// garbled cached route could otherwise add any number).
+const maxKnownHosts = 1024
+
+// knownHosts is the set of object host addresses this edge has forwarded
+// queries to. Reads are lock-free (one atomic load and a map lookup on the
+// query path); an address not yet in it copies the set under mu.
+type knownHosts struct {
+	mu  sync.Mutex
+	set atomic.Pointer[map[string]struct{}]
+}
+
+func (k *knownHosts) note(addr string) {
+	if m := k.set.Load(); m != nil {
+		if _, ok := (*m)[addr]; ok {
+			return
+		}
+	}
+	if addr == "" {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	old := k.set.Load()
+	next := make(map[string]struct{}, 8)
+	if old != nil {
+		if _, ok := (*old)[addr]; ok || len(*old) >= maxKnownHosts {
+			return
+		}
+		for a := range *old {
+			next[a] = struct{}{}
+		}
+	}
+	next[addr] = struct{}{}
+	k.set.Store(&next)
+}
+
+func (k *knownHosts) list() []string {
+	m := k.set.Load()
+	if m == nil {
+		return nil
+	}
+	out := make([]string, 0, len(*m))
+	for a := range *m {
+		out = append(out, a)
+	}
+	return out
+}
+
+// locateTargets returns the addresses to ask: the last host list read from
+// the catalog (for placement; not read again here), the configured ones
+// (Options.KnownHosts) and those queries were forwarded to. complete
+// reports whether a catalog host list was among them: only then can "no
+// host holds it" be answered as not found.
+func (s *Server) locateTargets() (addrs []string, complete bool) {
+	seen := map[string]bool{}
+	add := func(a string) {
+		if a != "" && !seen[a] {
+			seen[a] = true
+			addrs = append(addrs, a)
+		}
+	}
+	s.hostsMu.Lock()
+	list := s.hostsList
+	s.hostsMu.Unlock()
+	for _, h := range list {
+		add(h.Address)
+	}
+	complete = list != nil
+	for _, a := range s.o.KnownHosts {
+		add(a)
+	}
+	for _, a := range s.known.list() {
+		add(a)
+	}
+	sort.Strings(addrs)
+	return addrs, complete
+}
+
+// betterLocated orders candidate routes: the higher routing generation;
+// at the same generation deleted over active (as the cache's rule), then
+// confirmed over unconfirmed.
+func betterLocated(a, b Route, aConfirmed, bConfirmed bool) bool {
+	switch {
+	case a.Generation != b.Generation:
+		return a.Generation > b.Generation
+	case a.State != b.State:
+		return a.State != fsm.StateActive
+	default:
+		return aConfirmed && !bConfirmed
+	}
+}
+
+// routeFromHosts is the last-resort lookup (above) of database id for a
+// query of account acct, after the catalog read failed with cause. It
+// returns a usable route, ErrDatabaseNotFound, or ErrUnavailable.
+func (s *Server) routeFromHosts(ctx context.Context, id, acct string, cause error) (Route, error) {
+	v, err, _ := s.locateGroup.Do(id+"\x00"+acct, func() (any, error) {
+		return s.locateOnHosts(ctx, id, acct, cause)
+	})
+	if err != nil {
+		return Route{}, err
+	}
+	return v.(Route), nil
+}
+
+func (s *Server) locateOnHosts(ctx context.Context, id, acct string, cause error) (Route, error) {
+	if !s.locateSem.TryAcquire(1) {
+		s.m.hostRoutes.WithLabelValues("refused").Inc()
+		return Route{}, fmt.Errorf("%w: host route lookups at capacity (catalog: %w)", ErrUnavailable, cause)
+	}
+	defer s.locateSem.Release(1)
+	addrs, complete := s.locateTargets()
+	// Detached from the caller (the result is shared), bounded by the
+	// per-host timeout: every goroutine below ends by then.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.o.HostRouteTimeout)
+	defer cancel()
+	type answer struct {
+		addr string
+		objs []LocatedObject
+		err  error
+	}
+	answers := make(chan answer, len(addrs))
+	for _, a := range addrs {
+		go func() {
+			objs, err := s.hosts.Locate(ctx, a, id, acct)
+			answers <- answer{a, objs, err}
+		}()
+	}
+	var (
+		best                 Route
+		bestConfirmed, found bool
+		failed               int
+		firstErr             error
+	)
+	for range addrs {
+		an := <-answers
+		if an.err != nil {
+			failed++
+			if firstErr == nil {
+				firstErr = fmt.Errorf("%s: %w", an.addr, an.err)
+			}
+			continue
+		}
+		for _, o := range an.objs {
+			if o.AccountID != acct || (o.State != fsm.StateActive && o.State != fsm.StateDeleted) {
+				continue // another account's object is no answer (a host filters them itself)
+			}
+			rt := Route{DatabaseUUID: id, ObjectID: o.ObjectID, HostAddress: an.addr, AccountID: o.AccountID,
+				State: o.State, Generation: o.RoutingGeneration}
+			if !found || betterLocated(rt, best, o.Confirmed, bestConfirmed) {
+				best, bestConfirmed, found = rt, o.Confirmed, true
+			}
+		}
+	}
+	log := func(result string, err error) {
+		s.m.hostRoutes.WithLabelValues(result).Inc()
+		args := []any{"database", id, "account", acct, "result", result, "reason", cause.Error(),
+			"hosts_asked", len(addrs), "hosts_failed", failed}
+		if err != nil {
+			args = append(args, "err", err.Error())
+		}
+		s.log.Warn("route looked up on object hosts: catalog unavailable", args...)
+	}
+	switch {
+	case found && best.State == fsm.StateActive:
+		stored, err := s.cache.Put(best)
+		if err != nil || !stored {
+			// The cache holds a newer route or a tombstone for this
+			// generation (a host refused it moments ago): the feed's rule.
+			log("superseded", err)
+			return Route{}, fmt.Errorf("%w: catalog unavailable and the hosts' route is superseded", ErrUnavailable)
+		}
+		log("found", nil)
+		return best, nil
+	case found:
+		// The newest object is deleted: not found, and not cached (a
+		// deleted entry would outlive this lookup; the feed or the
+		// catalog will say so for good).
+		log("not_found", nil)
+		return Route{}, ErrDatabaseNotFound
+	case failed == 0 && complete:
+		// Every host of the catalog's last host list (and every other
+		// known) answered that it holds no such object of this account:
+		// not found, as for another account's database. Not a negative
+		// entry: a host registered since that list is not asked.
+		log("not_found", nil)
+		return Route{}, ErrDatabaseNotFound
+	default:
+		if firstErr == nil && !complete {
+			firstErr = errors.New("no catalog host list yet: the known hosts may not be all")
+		}
+		log("no_answer", firstErr)
+		return Route{}, fmt.Errorf("%w: catalog unavailable and no known object host answered for the database", ErrUnavailable)
+	}
+}
+
+// hostRouteDefaults sets the lookup's bounds.
+func hostRouteDefaults(o *Options) {
+	if o.HostRouteCap <= 0 {
+		o.HostRouteCap = 16
+	}
+	if o.HostRouteTimeout <= 0 {
+		o.HostRouteTimeout = 500 * time.Millisecond
+	}
+}
