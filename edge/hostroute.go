@@ -109,10 +109,8 @@ func (k *knownHosts) list() []string {
 
 // locateTargets returns the addresses to ask: the last host list read from
 // the catalog (for placement; not read again here), the configured ones
-// (Options.KnownHosts) and those queries were forwarded to. complete
-// reports whether a catalog host list was among them: only then can "no
-// host holds it" be answered as not found.
-func (s *Server) locateTargets() (addrs []string, complete bool) {
+// (Options.KnownHosts) and those queries were forwarded to.
+func (s *Server) locateTargets() (addrs []string) {
 	seen := map[string]bool{}
 	add := func(a string) {
 		if a != "" && !seen[a] {
@@ -126,7 +124,6 @@ func (s *Server) locateTargets() (addrs []string, complete bool) {
 	for _, h := range list {
 		add(h.Address)
 	}
-	complete = list != nil
 	for _, a := range s.o.KnownHosts {
 		add(a)
 	}
@@ -134,7 +131,7 @@ func (s *Server) locateTargets() (addrs []string, complete bool) {
 		add(a)
 	}
 	sort.Strings(addrs)
-	return addrs, complete
+	return addrs
 }
 
 // betterLocated orders candidate routes: the higher routing generation;
@@ -170,7 +167,7 @@ func (s *Server) locateOnHosts(ctx context.Context, id, acct string, cause error
 		return Route{}, fmt.Errorf("%w: host route lookups at capacity (catalog: %w)", ErrUnavailable, cause)
 	}
 	defer s.locateSem.Release(1)
-	addrs, complete := s.locateTargets()
+	addrs := s.locateTargets()
 	// Detached from the caller (the result is shared), bounded by the
 	// per-host timeout: every goroutine below ends by then.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.o.HostRouteTimeout)
@@ -239,17 +236,16 @@ func (s *Server) locateOnHosts(ctx context.Context, id, acct string, cause error
 		// catalog will say so for good).
 		log("not_found", nil)
 		return Route{}, ErrDatabaseNotFound
-	case failed == 0 && complete:
-		// Every host of the catalog's last host list (and every other
-		// known) answered that it holds no such object of this account:
-		// not found, as for another account's database. Not a negative
-		// entry: a host registered since that list is not asked.
+	case failed == 0:
+		// Every known host answered that it holds no such object of this
+		// account. Still 503, never a definite 404: a host registered
+		// since the catalog's last host list is not asked, and an existing
+		// database must not be answered "not found" on a partial view
+		// (a client may act on a 404). Another account's database answers
+		// the same.
 		log("not_found", nil)
-		return Route{}, ErrDatabaseNotFound
+		return Route{}, fmt.Errorf("%w: catalog unavailable and no known object host holds the database", ErrUnavailable)
 	default:
-		if firstErr == nil && !complete {
-			firstErr = errors.New("no catalog host list yet: the known hosts may not be all")
-		}
 		log("no_answer", firstErr)
 		return Route{}, fmt.Errorf("%w: catalog unavailable and no known object host answered for the database", ErrUnavailable)
 	}

@@ -107,10 +107,12 @@ func TestHostRouteNeverCrossesAccounts(t *testing.T) {
 	require.Equal(t, 200, e.call("GET", dbPath(acctB), tokB, nil).Status) // B's token validated
 	e.forgetRoutesAndCutCatalog()
 
-	// B names A's database on its own path: as unknown as a missing one.
+	// B names A's database on its own path: as unknown as a missing one
+	// (503 while the catalog is away: the hosts' view is never a
+	// definite "not found").
 	a := e.call("POST", dbPath(acctB)+"/"+d.UUID+"/query", tokB, selectOne)
-	assert.Equal(t, 404, a.Status, "%s", a.Raw)
-	assert.Equal(t, 7404, a.code())
+	assert.Equal(t, 503, a.Status, "%s", a.Raw)
+	assert.Equal(t, 7503, a.code())
 	missing := e.call("POST", dbPath(acctB)+"/"+uuid.NewString()+"/query", tokB, selectOne)
 	assert.Equal(t, a.Status, missing.Status, "another account's database answers like a missing one")
 	_, res := e.srv.cache.Get(d.UUID)
@@ -172,10 +174,10 @@ func TestHostRouteDeletedOrOldHosts(t *testing.T) {
 	assert.Equal(t, cacheMiss, res)
 }
 
-// "No host holds it" is an answer (404) only when the hosts asked include
-// a host list read from the catalog: hosts known otherwise (configured,
-// forwarded to) may not be all of them, and then it stays 503.
-func TestHostRouteNotFoundNeedsCatalogHostList(t *testing.T) {
+// "No host holds it" is never a definite 404, with or without a host list
+// read from the catalog among the hosts asked: a host registered since may
+// hold the database, and a client may act on a 404.
+func TestHostRouteNeverAnswersNotFoundFromHosts(t *testing.T) {
 	e := newEnv(t)
 	for _, h := range e.hosts {
 		e.srv.o.KnownHosts = append(e.srv.o.KnownHosts, h.addr())
@@ -185,12 +187,12 @@ func TestHostRouteNotFoundNeedsCatalogHostList(t *testing.T) {
 	a := e.call("POST", dbPath(acctA)+"/"+uuid.NewString()+"/query", tokA, selectOne)
 	assert.Equal(t, 503, a.Status, "%s", a.Raw)
 	assert.EqualValues(t, len(e.hosts), e.locates(), "the configured hosts were asked")
-	assert.Equal(t, 1.0, e.hostRouteResults("no_answer"))
+	assert.Equal(t, 1.0, e.hostRouteResults("not_found"), "every configured host answered none")
 
 	e.cat.setDown(false)
 	e.create(acctA, tokA, "db") // placement reads the catalog's host list
 	e.cat.setDown(true)
 	a = e.call("POST", dbPath(acctA)+"/"+uuid.NewString()+"/query", tokA, selectOne)
-	assert.Equal(t, 404, a.Status, "%s", a.Raw)
-	assert.Equal(t, 1.0, e.hostRouteResults("not_found"))
+	assert.Equal(t, 503, a.Status, "every host of the catalog's list answered none: still not a definite 404 (%s)", a.Raw)
+	assert.Equal(t, 2.0, e.hostRouteResults("not_found"))
 }
