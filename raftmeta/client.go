@@ -371,7 +371,7 @@ func writeGaveUp(ctx context.Context, lastErr error) error {
 	if errors.Is(lastErr, ErrUnavailable) {
 		return lastErr
 	}
-	return fmt.Errorf("%w: %v", ErrUnavailable, lastErr)
+	return fmt.Errorf("%w: %v", ErrUnavailable, giveUpCause(ctx, lastErr))
 }
 
 // apply proposes one command of type t with body and decodes Result.Value
@@ -534,7 +534,20 @@ func (c *Client) readNodes(ctx context.Context, method, full string, body []byte
 	if errors.Is(lastErr, ErrUnavailable) {
 		return readAnswer{}, lastErr
 	}
-	return readAnswer{}, fmt.Errorf("%w: %v", ErrUnavailable, lastErr)
+	return readAnswer{}, fmt.Errorf("%w: %v", ErrUnavailable, giveUpCause(ctx, lastErr))
+}
+
+// giveUpCause is what a request that gave up reports: its last node's
+// error, else the context's (it ended before any node was tried), never
+// "<nil>".
+func giveUpCause(ctx context.Context, lastErr error) error {
+	if lastErr != nil {
+		return lastErr
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return errors.New("no node answered")
 }
 
 // hedgedRound is one round of a stale read over order with hedging: the
