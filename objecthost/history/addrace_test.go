@@ -2,11 +2,15 @@ package history
 
 import (
 	"context"
+	"log/slog"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/shoaldb/shoal/objecthost/sqlexec"
 )
 
 // TestAddRacingShipmentKeepsShipping (issue #13): a new database's first
@@ -66,4 +70,60 @@ func TestAddRacingShipmentKeepsShipping(t *testing.T) {
 	require.NoError(t, err)
 	st := e.ship.Status()
 	assert.Equal(t, cur, p, "the archive holds every acknowledged commit (status: backlog %d, lag %s)", st.Backlog, st.Lag)
+}
+
+// TestLagFindsUnnotifiedDatabase: the lag measurement covers every
+// registered database and makes one with unshipped records dirty again,
+// so a lost OnAppend (the way issue #13's database fell out of the dirty
+// set) costs a tick, not the archive. The capturer here never notifies
+// the shipper at all: only that backstop ships its commits, and until it
+// does the lag counts them.
+func TestLagFindsUnnotifiedDatabase(t *testing.T) {
+	store, err := NewDirStore(t.TempDir())
+	require.NoError(t, err)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "x.db")
+	key := "db-lag-unnotified"
+	ship := NewShipper(store, ShipperOptions{MaxLag: 40 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	c, err := NewCapturer(key, path, CaptureOptions{StagingDir: filepath.Join(dir, "staging")}) // no OnAppend
+	require.NoError(t, err)
+	db, err := sqlexec.Open(path, sqlexec.Options{ReadConns: 1})
+	require.NoError(t, err)
+	require.NoError(t, c.Attach(context.Background(), db))
+	ship.Add(c)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); ship.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+		_ = db.Close()
+		_ = c.Close()
+	}()
+	archive := NewArchive(store)
+	// The base snapshot ships (Add made the database dirty); the shipment
+	// that empties the area drops it from the dirty set.
+	waitFor(t, 10*time.Second, "the base snapshot shipped", func() bool {
+		p, err := archive.Latest(ctx, key)
+		ship.mu.Lock()
+		_, dirty := ship.dirty[c]
+		ship.mu.Unlock()
+		return err == nil && p.Gen != "" && !dirty
+	})
+	for _, q := range []string{"CREATE TABLE t (v INTEGER PRIMARY KEY)", "INSERT INTO t (v) VALUES (2349)", "INSERT INTO t (v) VALUES (2403)"} {
+		_, err := execOn(db, q)
+		require.NoError(t, err, q)
+	}
+	cur := c.Current()
+	require.EqualValues(t, 3, cur.Txid)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if p, err := archive.Latest(ctx, key); err == nil && p == cur {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // poll for the shipment itself
+	}
+	p, err := archive.Latest(ctx, key)
+	require.NoError(t, err)
+	assert.Equal(t, cur, p, "commits never notified are shipped all the same")
 }

@@ -250,26 +250,63 @@ func (s *Shipper) Run(ctx context.Context) {
 }
 
 // measureLag updates the lag, its alarm and the backlog every MaxLag/4
-// from the oldest unshipped commit of every dirty database, until ctx ends.
+// from the oldest unshipped commit of every registered database, until
+// ctx ends.
+//
+// Every registered database, not only the dirty ones: a database with
+// unshipped records that is not dirty would never be shipped and, measured
+// over the dirty set only, would read as lag 0 and no backlog (issue #13
+// was such a database). Such a database is made dirty again here, a
+// backstop of OnAppend/Notify: at worst it is shipped one tick late. (An
+// append that has set the log's mark but not yet called OnAppend is also
+// seen here; making it dirty a moment early is harmless.) The cost is one
+// mutex per registered capturer per tick, and registered capturers are the
+// open handles plus the closed ones still shipping.
 func (s *Shipper) measureLag(ctx context.Context) {
 	tick := time.NewTicker(s.opts.MaxLag / 4)
 	defer tick.Stop()
+	var all, stray []*Capturer
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
+		all, stray = all[:0], stray[:0]
 		s.mu.Lock()
-		dirty := make([]*Capturer, 0, len(s.dirty))
-		for c := range s.dirty {
-			dirty = append(dirty, c)
+		for c := range s.dbs {
+			all = append(all, c)
 		}
 		s.mu.Unlock()
 		var oldest int64
-		for _, c := range dirty {
-			if u := c.log.oldestUnshipped(); u != 0 && (oldest == 0 || u < oldest) {
+		for _, c := range all {
+			u := c.log.oldestUnshipped()
+			if u == 0 {
+				continue
+			}
+			if oldest == 0 || u < oldest {
 				oldest = u
+			}
+			stray = append(stray, c)
+		}
+		if len(stray) > 0 {
+			s.mu.Lock()
+			n := 0
+			for _, c := range stray {
+				if _, ok := s.dbs[c]; !ok {
+					continue
+				}
+				if _, ok := s.dirty[c]; !ok {
+					s.dirty[c] = struct{}{}
+					n++
+				}
+			}
+			s.mu.Unlock()
+			if n > 0 {
+				select {
+				case s.kick <- struct{}{}:
+				default:
+				}
 			}
 		}
 		s.setLag(s.opts.Now(), oldest)
