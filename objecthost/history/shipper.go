@@ -39,6 +39,10 @@ type ShipperOptions struct {
 	Now              func() time.Time
 	Registerer       prometheus.Registerer
 	Logger           *slog.Logger
+
+	// addListed, tests only: called by Add right after it listed the
+	// capturer's pending files (where a shipment by Run could interleave).
+	addListed func(s *Shipper, c *Capturer)
 }
 
 // Shipper moves every registered database's sealed segments and snapshots
@@ -108,28 +112,43 @@ func NewShipper(store Store, opts ShipperOptions) *Shipper {
 
 // Add registers a capturer; files an earlier run left unshipped are
 // shipped at the next tick. Set its CaptureOptions.OnAppend to s.Notify.
+//
+// The pending listing and its unshipped mark come before c is registered:
+// once c is dirty, Run may ship it at any moment, and a shipment that
+// empties the area ends with idle() clearing the mark and dropping c from
+// the dirty set. A mark set after that (the former order: register, list,
+// mark) was never cleared again: every later append saw a log that already
+// had something unshipped (appendBatch's "became" false), so OnAppend never
+// made c dirty again, and c's records stayed in open.seg, unsealed and
+// unshipped, while the lag and the backlog (dirty databases only) read 0
+// (issue #13: a new database's base snapshot shipped in that window, its
+// every commit after it never did; TestAddRacingShipmentKeepsShipping).
 func (s *Shipper) Add(c *Capturer) {
-	s.mu.Lock()
-	s.dbs[c] = &shipState{lastSnap: s.opts.Now()}
-	if c.reopened && c.generations.Load() == 0 && !c.log.everAppended() {
-		// Started from a clean close in this process (CaptureOptions.
-		// Reopen) and wrote nothing at attach (no new generation, so no
-		// base snapshot; no catch-up records, whose OnAppend came before
-		// c was known here): whatever the area still holds belongs to the
-		// capturer that closed, which the shipper keeps until it is
-		// shipped (Retire). Nothing to list; c becomes dirty when it
-		// appends (OnAppend → Notify).
-		s.mu.Unlock()
-		return
-	}
-	s.dirty[c] = struct{}{}
-	s.mu.Unlock()
-	if files, err := c.log.pending(c.key); err != nil || len(files) > 0 {
-		c.hadPending.Store(true)
-		if err == nil {
-			c.log.markUnshipped(s.opts.Now().UnixMicro())
+	// Started from a clean close in this process (CaptureOptions.Reopen)
+	// and wrote nothing at attach (no new generation, so no base snapshot;
+	// no catch-up records, whose OnAppend came before c was known here):
+	// whatever the area still holds belongs to the capturer that closed,
+	// which the shipper keeps until it is shipped (Retire). Nothing to
+	// list; c becomes dirty when it appends (OnAppend → Notify).
+	quiet := c.reopened && c.generations.Load() == 0 && !c.log.everAppended()
+	if !quiet {
+		files, err := c.log.pending(c.key)
+		if s.opts.addListed != nil {
+			s.opts.addListed(s, c)
+		}
+		if err != nil || len(files) > 0 {
+			c.hadPending.Store(true)
+			if err == nil {
+				c.log.markUnshipped(s.opts.Now().UnixMicro())
+			}
 		}
 	}
+	s.mu.Lock()
+	s.dbs[c] = &shipState{lastSnap: s.opts.Now()}
+	if !quiet {
+		s.dirty[c] = struct{}{}
+	}
+	s.mu.Unlock()
 }
 
 // Retire hands a closed capturer (its database closed, Capturer.Close
@@ -231,26 +250,63 @@ func (s *Shipper) Run(ctx context.Context) {
 }
 
 // measureLag updates the lag, its alarm and the backlog every MaxLag/4
-// from the oldest unshipped commit of every dirty database, until ctx ends.
+// from the oldest unshipped commit of every registered database, until
+// ctx ends.
+//
+// Every registered database, not only the dirty ones: a database with
+// unshipped records that is not dirty would never be shipped and, measured
+// over the dirty set only, would read as lag 0 and no backlog (issue #13
+// was such a database). Such a database is made dirty again here, a
+// backstop of OnAppend/Notify: at worst it is shipped one tick late. (An
+// append that has set the log's mark but not yet called OnAppend is also
+// seen here; making it dirty a moment early is harmless.) The cost is one
+// mutex per registered capturer per tick, and registered capturers are the
+// open handles plus the closed ones still shipping.
 func (s *Shipper) measureLag(ctx context.Context) {
 	tick := time.NewTicker(s.opts.MaxLag / 4)
 	defer tick.Stop()
+	var all, stray []*Capturer
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
+		all, stray = all[:0], stray[:0]
 		s.mu.Lock()
-		dirty := make([]*Capturer, 0, len(s.dirty))
-		for c := range s.dirty {
-			dirty = append(dirty, c)
+		for c := range s.dbs {
+			all = append(all, c)
 		}
 		s.mu.Unlock()
 		var oldest int64
-		for _, c := range dirty {
-			if u := c.log.oldestUnshipped(); u != 0 && (oldest == 0 || u < oldest) {
+		for _, c := range all {
+			u := c.log.oldestUnshipped()
+			if u == 0 {
+				continue
+			}
+			if oldest == 0 || u < oldest {
 				oldest = u
+			}
+			stray = append(stray, c)
+		}
+		if len(stray) > 0 {
+			s.mu.Lock()
+			n := 0
+			for _, c := range stray {
+				if _, ok := s.dbs[c]; !ok {
+					continue
+				}
+				if _, ok := s.dirty[c]; !ok {
+					s.dirty[c] = struct{}{}
+					n++
+				}
+			}
+			s.mu.Unlock()
+			if n > 0 {
+				select {
+				case s.kick <- struct{}{}:
+				default:
+				}
 			}
 		}
 		s.setLag(s.opts.Now(), oldest)
