@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -23,7 +22,6 @@ import (
 
 	"github.com/shoaldb/shoal/internal/frame"
 	"github.com/shoaldb/shoal/internal/pki"
-	v4 "github.com/shoaldb/shoal/internal/v4"
 )
 
 // frameClient is a bare client of the frame protocol, driving the host the
@@ -442,23 +440,10 @@ func TestFramesWindow(t *testing.T) {
 // any other: a certificate without the edge (or operator) role is refused,
 // and streams on an edge's connection pass the same role check.
 func TestFramesAuthenticated(t *testing.T) {
-	dir := t.TempDir()
-	_, err := pki.InitCA(filepath.Join(dir, "ca"), "test", time.Hour)
-	require.NoError(t, err)
-	issue := func(node string, roles ...string) *pki.Loader {
-		f, err := pki.Issue(filepath.Join(dir, "ca"), dir, pki.IssueRequest{Node: node, Roles: roles, Validity: time.Hour}, false)
-		require.NoError(t, err)
-		l, err := pki.NewLoader(f)
-		require.NoError(t, err)
-		return l
-	}
+	issue := testCA(t)
 	hostTLS := issue("h1", pki.RoleHost)
 	th := newTestHost(t, func(c *Config) { c.TLS = hostTLS })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	hs := v4.NewServer(th.Handler(), v4.ServerOptions{})
-	go func() { _ = hs.ServeWrapped(ln, hostTLS.Listen) }()
-	t.Cleanup(func() { _ = hs.Close() })
+	ln := serveTLS(t, th, hostTLS)
 	d := newDB("acct")
 	th.mustInit(t, d)
 

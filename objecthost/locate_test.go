@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -15,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/shoaldb/shoal/internal/pki"
-	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/pipeline/event"
 )
 
@@ -25,27 +22,14 @@ import (
 // database from the index — active, deleted — and 404 for an unknown
 // database and for another account's, alike.
 func TestLocateForEdgesOnly(t *testing.T) {
-	dir := t.TempDir()
-	_, err := pki.InitCA(filepath.Join(dir, "ca"), "test", time.Hour)
-	require.NoError(t, err)
-	issue := func(node string, roles ...string) *pki.Loader {
-		f, err := pki.Issue(filepath.Join(dir, "ca"), dir, pki.IssueRequest{Node: node, Roles: roles, Validity: time.Hour}, false)
-		require.NoError(t, err)
-		l, err := pki.NewLoader(f)
-		require.NoError(t, err)
-		return l
-	}
+	issue := testCA(t)
 	hostTLS := issue("h1", pki.RoleHost)
 	th := newTestHost(t, func(c *Config) { c.TLS = hostTLS })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	hs := v4.NewServer(th.Handler(), v4.ServerOptions{})
-	go func() { _ = hs.ServeWrapped(ln, hostTLS.Listen) }()
-	t.Cleanup(func() { _ = hs.Close() })
+	ln := serveTLS(t, th, hostTLS)
 
 	live := newDB("acct-a")
 	th.mustInit(t, live)
-	_, err = th.Confirm(context.Background(), live.obj, 0)
+	_, err := th.Confirm(context.Background(), live.obj, 0)
 	require.NoError(t, err)
 	gone := newDB("acct-a")
 	th.mustInit(t, gone)

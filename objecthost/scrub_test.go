@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/shoaldb/shoal/internal/pki"
-	v4 "github.com/shoaldb/shoal/internal/v4"
 	"github.com/shoaldb/shoal/objecthost/history"
 	"github.com/shoaldb/shoal/objecthost/sqlexec"
 )
@@ -350,16 +348,7 @@ func TestScrubHealRewritesDamagedCurrentSnapshot(t *testing.T) {
 // scrub runs. Without TLS (--insecure) it answers anyone, as before
 // (TestScrubFindsAndHealsArchiveDamage's hosts).
 func TestScrubForOperatorsOnly(t *testing.T) {
-	dir := t.TempDir()
-	_, err := pki.InitCA(filepath.Join(dir, "ca"), "test", time.Hour)
-	require.NoError(t, err)
-	issue := func(node string, roles ...string) *pki.Loader {
-		f, err := pki.Issue(filepath.Join(dir, "ca"), dir, pki.IssueRequest{Node: node, Roles: roles, Validity: time.Hour}, false)
-		require.NoError(t, err)
-		l, err := pki.NewLoader(f)
-		require.NoError(t, err)
-		return l
-	}
+	issue := testCA(t)
 	store, err := history.NewDirStore(t.TempDir())
 	require.NoError(t, err)
 	hostTLS := issue("h1", pki.RoleHost)
@@ -368,11 +357,7 @@ func TestScrubForOperatorsOnly(t *testing.T) {
 		c.History = &HistoryConfig{Store: store, Shipper: history.ShipperOptions{MaxLag: 50 * time.Millisecond},
 			SweepInterval: -1, ScrubInterval: -1, ScrubSample: -1}
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	hs := v4.NewServer(th.Handler(), v4.ServerOptions{})
-	go func() { _ = hs.ServeWrapped(ln, hostTLS.Listen) }()
-	t.Cleanup(func() { _ = hs.Close() })
+	ln := serveTLS(t, th, hostTLS)
 	d := newDB("acct")
 	th.mustInit(t, d)
 	th.exec(t, d, "CREATE TABLE t(x)")
