@@ -111,7 +111,14 @@ func (e *env) close() {
 	e.db = nil
 }
 
+// sync ships every commit made so far: capture runs a few commits behind
+// the writer, so it first waits until they are captured (Exact), then
+// seals and ships (without the wait, a sync could ship a batch's commits
+// only in part, and TestArchiveObjectLostBehindTheHostsBack's "host ships
+// on" then shipped nothing: flaky under -race and load).
 func (e *env) sync() {
+	_, err := e.cap.Exact()
+	require.NoError(e.t, err)
 	require.NoError(e.t, e.ship.Sync(context.Background(), e.cap))
 }
 
