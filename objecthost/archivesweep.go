@@ -110,24 +110,31 @@ func (hh *hostHistory) sweepDeletedArchives(ctx context.Context, h *Host) (Delet
 		rep.Held = len(v.due)
 		return rep, nil
 	}
-	// A database whose delete marker is still owed keeps its archive
-	// until the marker is written (deletemark.go): deleted now, a marker
-	// pass would put the marker back alone afterwards. markMu keeps the
-	// passes out until the deletions are done.
-	hh.markMu.Lock()
-	defer hh.markMu.Unlock()
-	if _, err := hh.markDeletesLocked(ctx, h); err != nil && ctx.Err() == nil {
-		h.log.Warn("history: writing delete markers before the deleted archives' sweep failed; their archives wait", "err", err)
-	}
-	pending := hh.markPendingUUIDs(h)
-	due := v.due[:0:0]
-	for _, u := range v.due {
-		if !pending[u] {
-			due = append(due, u)
-		}
-	}
+	unlock, due := hh.holdMarks(ctx, h, v.due)
+	defer unlock()
 	rep.Deleted, rep.Objects, rep.Failures, err = hh.deleteArchives(ctx, h, due, func(u string) { hh.removeAreas(h, byUUID[u]) })
 	return rep, err
+}
+
+// holdMarks is what an archive sweep does before it deletes the archives
+// of due: it takes markMu (no marker pass runs until unlock), writes the
+// markers still owed, and answers due without the databases whose marker
+// is still owed here — they keep their archive until it is written
+// (deletemark.go): deleted now, a marker pass that had read its work
+// before would put the marker back alone afterwards.
+func (hh *hostHistory) holdMarks(ctx context.Context, h *Host, due []string) (unlock func(), kept []string) {
+	hh.markMu.Lock()
+	if _, err := hh.markDeletesLocked(ctx, h); err != nil && ctx.Err() == nil {
+		h.log.Warn("history: writing delete markers before an archive sweep failed; their archives wait", "err", err)
+	}
+	pending := hh.markPendingUUIDs(h)
+	kept = due[:0:0]
+	for _, u := range due {
+		if !pending[u] {
+			kept = append(kept, u)
+		}
+	}
+	return hh.markMu.Unlock, kept
 }
 
 // archiveVerdicts sorts databases by the catalog leader's answer.
@@ -358,6 +365,8 @@ func (hh *hostHistory) sweepBucketArchives(ctx context.Context, h *Host) (Bucket
 		rep.Held = len(v.due)
 		return rep, nil
 	}
-	rep.Deleted, rep.Objects, rep.Failures, err = hh.deleteArchives(ctx, h, v.due, nil)
+	unlock, due := hh.holdMarks(ctx, h, v.due)
+	defer unlock()
+	rep.Deleted, rep.Objects, rep.Failures, err = hh.deleteArchives(ctx, h, due, nil)
 	return rep, err
 }

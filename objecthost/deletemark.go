@@ -32,8 +32,8 @@ import (
 // The sweep runs a marker pass first and keeps the record of a deleted
 // object whose marker is still not written (its file goes on schedule),
 // so an archive outage longer than DeletedRetention delays the marker,
-// never drops it. The deleted archives' sweep (archivesweep.go) also runs
-// a pass first, under markMu, and keeps the archive of a database whose
+// never drops it. Both archive sweeps (archivesweep.go, holdMarks) run
+// a pass first, under markMu, and keep the archive of a database whose
 // marker is still owed: deleting it first would let a pass that had
 // already read its work put the marker back alone afterwards (seen as a
 // stray marker left after the sweep in TestDeletedArchivesMassBrake once
