@@ -488,8 +488,10 @@ func (e *env) run(f failpoint.Failpoint) {
 	for _, m := range e.c.Members() {
 		if err := e.c.WaitHealthy(e.ctx, m, 60*time.Second); err != nil {
 			// The error quotes only the end of the output: a crash's
-			// reason is at the head of its goroutine dump.
-			e.t.Logf("--- %s output (tail):\n%s", m.Name, report.Tail(m.Output(), 64<<10))
+			// reason is at the head of its goroutine dump, logged first.
+			out := m.Output()
+			e.t.Logf("--- %s crash reason:\n%s", m.Name, crashReason(out))
+			e.t.Logf("--- %s output (tail):\n%s", m.Name, report.Tail(out, 64<<10))
 			require.NoError(e.t, err, "%s after %s", m.Name, f)
 		}
 	}
@@ -2006,4 +2008,30 @@ func (e *env) limitChecks(ops []traffic.Op, objects []validate.Object) []validat
 	kept := validate.LimitedRowsKept(ops, rows)
 	kept.Violations = append(kept.Violations, missing...)
 	return []validate.Result{enforced, kept}
+}
+
+// crashReason is the head of the last Go crash in a process's output (its
+// "fatal error:" or "panic:" line and what follows, 4 KiB), or a note that
+// the output holds none: a goroutine dump is often longer than the tail a
+// report quotes, and its reason is in its first lines.
+func crashReason(out string) string {
+	at := -1
+	// The header's first line names the crash; the signal lines follow it.
+	for _, markers := range [][]string{{"fatal error:", "panic:", "runtime: out of memory"}, {"unexpected fault address", "SIGSEGV", "SIGBUS", "SIGABRT"}} {
+		for _, marker := range markers {
+			if i := strings.LastIndex(out, marker); i > at {
+				at = i
+			}
+		}
+		if at >= 0 {
+			break
+		}
+	}
+	if at < 0 {
+		return "(no Go crash header in the kept output)"
+	}
+	if start := strings.LastIndexByte(out[:at], '\n'); start >= 0 {
+		at = start + 1
+	}
+	return out[at:min(len(out), at+4<<10)]
 }
