@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -152,10 +153,14 @@ func TestEdgeEndToEnd(t *testing.T) {
 	}
 	t.Logf("catalog down: %d/%d queries succeeded over %s", ok, total, time.Since(start).Round(time.Millisecond))
 	assert.Equal(t, total, ok, "every query on an existing database succeeds with the catalog down")
-	// A purged edge cannot resolve routes with the catalog down: it fails
-	// fast with a retryable error instead of queueing on the catalog.
+	// A purged edge cannot read routes from the catalog while it is down:
+	// it asks the object hosts instead (edge/hostroute.go, invariant 8)
+	// and the query is served; a database no host holds stays a
+	// retryable 503, never a 404 on the hosts' partial view.
 	require.NoError(t, c.Edges[1].Purge())
 	a = harness.Call(t, "POST", base(1)+"/"+db.UUID+"/query", bearer, map[string]any{"sql": "SELECT 1"})
+	assert.Equal(t, 200, a.Status, "routed by the object hosts: %s", a.Raw)
+	a = harness.Call(t, "POST", base(1)+"/"+uuid.NewString()+"/query", bearer, map[string]any{"sql": "SELECT 1"})
 	assert.Equal(t, 503, a.Status, "%s", a.Raw)
 	assert.Equal(t, 7503, a.Code())
 	// Control plane: retryable errors.
