@@ -234,6 +234,65 @@ func (b *seekingBackend) ListBucket(name string, prefix *gofakes3.Prefix, page g
 	return objects, err
 }
 
+// storedObject is s3bolt's stored object (bson, its schema.go boltObject).
+type storedObject struct {
+	Name         string
+	Metadata     map[string]string
+	LastModified time.Time
+	Size         int64
+	Contents     []byte
+	Hash         []byte
+}
+
+// GetObject is s3bolt's, but copies the object's bytes inside the read
+// transaction. bson (mgo) decodes a []byte field as a slice of the buffer
+// it reads, here bbolt's memory map, which is valid only during the
+// transaction; s3bolt's own GetObject hands those slices out after it. A
+// read racing a write that grew the file (bbolt then maps it anew) read
+// unmapped memory and the store died with a fault (4 of the 200 random
+// schedules of 2026-12-03), or could read a page a later write had reused.
+func (b *seekingBackend) GetObject(bucket, key string, rr *gofakes3.ObjectRangeRequest) (*gofakes3.Object, error) {
+	var o storedObject
+	err := b.db.View(func(tx *bolt.Tx) error {
+		bk := tx.Bucket([]byte(bucket))
+		if bk == nil {
+			return gofakes3.BucketNotFound(bucket)
+		}
+		v := bk.Get([]byte(key))
+		if v == nil {
+			return gofakes3.KeyNotFound(key)
+		}
+		if err := bson.Unmarshal(v, &o); err != nil {
+			return fmt.Errorf("object %q: %w", key, err)
+		}
+		o.Contents, o.Hash = bytes.Clone(o.Contents), bytes.Clone(o.Hash)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	rnge, err := rr.Range(o.Size)
+	if err != nil {
+		return nil, err
+	}
+	data := o.Contents
+	if rnge != nil {
+		data = data[rnge.Start : rnge.Start+rnge.Length]
+	}
+	return &gofakes3.Object{Name: key, Metadata: o.Metadata, Size: o.Size, Range: rnge, Hash: o.Hash,
+		Contents: io.NopCloser(bytes.NewReader(data))}, nil
+}
+
+// HeadObject is GetObject without the body (s3bolt's calls its own).
+func (b *seekingBackend) HeadObject(bucket, key string) (*gofakes3.Object, error) {
+	o, err := b.GetObject(bucket, key, nil)
+	if err != nil {
+		return nil, err
+	}
+	o.Contents = io.NopCloser(bytes.NewReader(nil))
+	return o, nil
+}
+
 type discard struct{}
 
 func (discard) Write(b []byte) (int, error) { return len(b), nil }
