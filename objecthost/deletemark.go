@@ -107,16 +107,7 @@ func (hh *hostHistory) markDeletes(ctx context.Context, h *Host) (int, error) {
 
 // markDeletesLocked is markDeletes with hh.markMu held.
 func (hh *hostHistory) markDeletesLocked(ctx context.Context, h *Host) (int, error) {
-	h.mu.RLock()
-	var todo []*object
-	for id := range h.deleted {
-		if o := h.objects[id]; o != nil {
-			if m := o.meta.Load(); m != nil && h.markPending(m) {
-				todo = append(todo, o)
-			}
-		}
-	}
-	h.mu.RUnlock()
+	todo := h.markPendingObjects()
 	if len(todo) == 0 {
 		return 0, nil
 	}
@@ -190,18 +181,28 @@ func (h *Host) checkNotDeletedInArchive(ctx context.Context, db string) error {
 		ErrDeletedInArchive, db, last.ObjectID, last.DeletedAt.UTC().Format(time.RFC3339))
 }
 
-// markPendingUUIDs answers the databases with a deleted record whose
-// archive marker is still owed (hh.markMu held: no pass runs meanwhile).
-func (hh *hostHistory) markPendingUUIDs(h *Host) map[string]bool {
-	out := map[string]bool{}
+// markPendingObjects answers the deleted records whose archive marker is
+// still owed.
+func (h *Host) markPendingObjects() []*object {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
+	var out []*object
 	for id := range h.deleted {
 		if o := h.objects[id]; o != nil {
 			if m := o.meta.Load(); m != nil && h.markPending(m) {
-				out[m.DatabaseUUID] = true
+				out = append(out, o)
 			}
 		}
+	}
+	return out
+}
+
+// markPendingUUIDs answers the databases of markPendingObjects (hh.markMu
+// held: no pass runs meanwhile).
+func (hh *hostHistory) markPendingUUIDs(h *Host) map[string]bool {
+	out := map[string]bool{}
+	for _, o := range h.markPendingObjects() {
+		out[o.meta.Load().DatabaseUUID] = true
 	}
 	return out
 }
