@@ -230,10 +230,11 @@ func (s *Server) locateOnHosts(ctx context.Context, id, acct string, cause error
 		}
 		log("found", nil)
 		return best, nil
-	case found:
-		// The newest object is deleted: not found, and not cached (a
-		// deleted entry would outlive this lookup; the feed or the
-		// catalog will say so for good).
+	case found && failed == 0:
+		// The newest object is deleted, and every known host answered (one
+		// that did not could hold a newer, active object): not found, and
+		// not cached (a deleted entry would outlive this lookup; the feed
+		// or the catalog will say so for good).
 		log("not_found", nil)
 		return Route{}, ErrDatabaseNotFound
 	case failed == 0:

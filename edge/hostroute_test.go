@@ -170,6 +170,26 @@ func TestHostRouteDeletedOrOldHosts(t *testing.T) {
 	}
 	a = e.call("POST", dbPath(acctA)+"/"+d2.UUID+"/query", tokA, selectOne)
 	assert.Equal(t, 404, a.Status, "%s", a.Raw)
+	// ...but only when every known host answered: one that did not could
+	// hold a newer, active object (a relocation), so it stays 503.
+	for _, h := range e.hosts {
+		h.mu.Lock()
+		holds := false
+		for _, o := range h.objects {
+			holds = holds || o.req.DatabaseUUID == d2.UUID
+		}
+		h.noLocate = !holds // only the host holding the deleted object answers
+		h.mu.Unlock()
+	}
+	if len(e.hosts) > 1 {
+		a = e.call("POST", dbPath(acctA)+"/"+d2.UUID+"/query", tokA, selectOne)
+		assert.Equal(t, 503, a.Status, "deleted on one host, another did not answer: %s", a.Raw)
+	}
+	for _, h := range e.hosts {
+		h.mu.Lock()
+		h.noLocate = false
+		h.mu.Unlock()
+	}
 	_, res := e.srv.cache.Get(d2.UUID)
 	assert.Equal(t, cacheMiss, res)
 }
