@@ -166,19 +166,34 @@ func (s *Server) activeHosts(ctx context.Context) ([]fsm.Host, error) {
 		}
 		return nil, err
 	}
+	return s.setHostList(fresh, now), nil
+}
+
+// setHostList installs a host list read from the catalog at now: the
+// active hosts for placement, the jurisdictions of all, and every
+// registered address (any state: a draining or down host may still hold
+// objects) as the host book (hostbook.go). It returns the active hosts.
+func (s *Server) setHostList(fresh []fsm.Host, now time.Time) []fsm.Host {
 	var active []fsm.Host
 	jurs := map[string]bool{}
+	addrs := make([]string, 0, len(fresh))
 	for _, h := range fresh {
 		if h.State == "" || h.State == "active" {
 			active = append(active, h)
 		}
 		jurs[h.Jurisdiction] = true
+		addrs = append(addrs, h.Address)
 	}
 	s.hostsMu.Lock()
 	s.hostsList, s.hostsFetched, s.hostsJurs = active, now, jurs
 	s.hostsPending = make(map[string]int64)
 	s.hostsMu.Unlock()
-	return active, nil
+	if len(addrs) > 0 {
+		if err := s.cache.ReplaceHosts(addrs); err != nil {
+			s.log.Warn("host book write failed", "err", err)
+		}
+	}
+	return active
 }
 
 // pickHost places a new database: hosts of the jurisdiction if one is given,

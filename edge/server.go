@@ -68,6 +68,10 @@ type Options struct {
 	HostRouteCap     int64
 	HostRouteTimeout time.Duration
 	KnownHosts       []string
+	// HostListInterval is how often the edge reads the catalog's host
+	// list in the background (besides at start), keeping its host book
+	// current; default 1 min, negative: only when placing a create.
+	HostListInterval time.Duration
 	// AccountChanged, when set, is called after an account's tier or limits
 	// changed through the admin API (after the catalog write); `shoal`
 	// publishes it on the `accounts` topic. Errors are logged.
@@ -178,6 +182,7 @@ type Server struct {
 	bgClosing bool
 
 	expireStop, expireDone chan struct{} // the deleted-route expiry loop
+	hostsStop, hostsDone   chan struct{} // the host list refresh loop
 
 	// queryQuery and queryRaw are the full handler chains of the two query
 	// routes, shared by mux and the hand-matched fast path.
@@ -190,7 +195,6 @@ type Server struct {
 	cb createBatching // coalesced create steps (createbatch.go)
 
 	// The last-resort route lookup on object hosts (hostroute.go).
-	known       knownHosts
 	locateGroup singleflight.Group
 	locateSem   *semaphore.Weighted
 
@@ -234,6 +238,12 @@ func New(o Options) (*Server, error) {
 		staleGrace: o.TokenStaleGrace, max: 100_000, maxNegative: 10_000, now: o.Now, unreachableFor: defaultUnreachableFor,
 		unknown: semaphore.NewWeighted(unknownTokenLookups(o.FallbackCap)),
 		m:       make(map[[sha256.Size]byte]tokenEntry), neg: make(map[[sha256.Size]byte]time.Time)}
+	s.auth.book = cache
+	if err := s.auth.loadBook(); err != nil {
+		// A cache: without it the edge starts as before (tokens are
+		// validated by the catalog as they come).
+		s.log.Warn("loading validated tokens failed", "err", err)
+	}
 	if o.AdminToken != "" {
 		h := HashToken(o.AdminToken)
 		s.auth.adminHash = mustHex(h)
@@ -250,6 +260,8 @@ func New(o Options) (*Server, error) {
 	s.router = s.routes()
 	s.expireStop, s.expireDone = make(chan struct{}), make(chan struct{})
 	go s.expireDeletedRoutes(time.Hour)
+	s.hostsStop, s.hostsDone = make(chan struct{}), make(chan struct{})
+	go s.refreshHostList(o.HostListInterval)
 	if o.RouteFeed != nil {
 		f, err := newRouteFeed(*o.RouteFeed, cache, o.Logger)
 		if err != nil {
@@ -299,6 +311,9 @@ func setDefaults(o *Options) {
 	def(&o.TokenStaleGrace, 15*time.Minute)
 	def(&o.AccountCacheTTL, 3*time.Second)
 	def(&o.HostsCacheTTL, 5*time.Second)
+	if o.HostListInterval == 0 {
+		o.HostListInterval = time.Minute
+	}
 	def(&o.NegativeRouteTTL, 2*time.Second)
 	if o.DeletedRouteRetention == 0 {
 		o.DeletedRouteRetention = 7 * 24 * time.Hour
@@ -432,6 +447,8 @@ func (s *Server) Close() error {
 		s.cb.wg.Wait() // batches in flight end with bgCtx
 		close(s.expireStop)
 		<-s.expireDone
+		close(s.hostsStop)
+		<-s.hostsDone
 		s.hosts.Close()
 		if s.feed != nil {
 			s.feed.close() // before the cache: it writes into it
@@ -446,6 +463,34 @@ func (s *Server) Close() error {
 
 // expireDeletedRoutes drops deleted routes older than the retention from
 // the cache every interval, 10,000 per transaction, until Close.
+// refreshHostList reads the catalog's host list at start and then every
+// interval (negative: never), so that even an edge that only serves
+// queries keeps its host book (hostbook.go) current for the last-resort
+// route lookup. One read per edge per interval, straight to the catalog
+// with CatalogTimeout: a background read must not count in the fallback's
+// breaker, which sheds requests. A failure keeps the book as it is.
+func (s *Server) refreshHostList(every time.Duration) {
+	defer close(s.hostsDone)
+	if every < 0 {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(s.bgCtx, s.o.CatalogTimeout)
+		hosts, err := s.catalog.Hosts(ctx)
+		cancel()
+		if err == nil {
+			s.setHostList(hosts, s.o.Now())
+		}
+		select {
+		case <-s.hostsStop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
 func (s *Server) expireDeletedRoutes(every time.Duration) {
 	defer close(s.expireDone)
 	if s.o.DeletedRouteRetention < 0 {
