@@ -12,10 +12,11 @@ import (
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
-// The last-resort route lookup. A query whose route is neither in the
+// The last-resort route lookup. A query (or another call that only reaches
+// the object) whose route is neither in the
 // cache (nor fed to it) and whose catalog read fails as unavailable —
-// breaker open, timeout, unreachable, fallback at capacity; never a
-// definite "not found" — asks the object hosts this edge knows which
+// breaker open, timeout, unreachable; never a definite "not found", nor
+// this edge's own cap on catalog reads being full (load to shed) — asks the object hosts this edge knows which
 // objects of the database they hold (GET /v1/databases/{uuid}/objects,
 // objecthost/locate.go). It closes the gap where a database's route
 // reached only the cache of the edge that created it (the host's
@@ -26,7 +27,10 @@ import (
 // feed record's, not the catalog's: it goes through RouteCache.Put's rule
 // (never over a newer route or a tombstone — a route the cache refuses is
 // not used), it never becomes a negative entry, and nothing destructive
-// follows from it. Only the query path uses it.
+// follows from it. Only the calls that merely reach the object use it
+// (objectRoute below; edge/DESIGN.md, "Which endpoints route through the
+// object hosts"). The hosts to ask come from the host book (hostbook.go),
+// which survives restarts.
 //
 // Bounds, like the catalog fallback: one lookup per database and account
 // at a time (singleflight), at most HostRouteCap in flight (TryAcquire: no

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -285,3 +286,18 @@ func TestTokenBookKeepsOnlyTheGrace(t *testing.T) {
 func (e *env) auth() *authenticator { return e.srv.auth }
 
 func sha256Of(s string) [32]byte { return sha256.Sum256([]byte(s)) }
+
+// DESIGN.md states the host book's bound, the host list's period and the
+// token book's rewrite period.
+func TestHostAndTokenBooksAsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("DESIGN.md")
+	require.NoError(t, err)
+	assert.Contains(t, string(doc), "object host addresses (at most 1,024)")
+	assert.Equal(t, 1024, maxKnownHosts)
+	assert.Contains(t, string(doc), "every `HostListInterval`, 1 min")
+	o := Options{}
+	setDefaults(&o)
+	assert.Equal(t, time.Minute, o.HostListInterval)
+	assert.Contains(t, string(doc), "rewritten at most once a\nminute")
+	assert.Equal(t, time.Minute, tokenSaveEvery)
+}
