@@ -170,30 +170,39 @@ func (s *Server) activeHosts(ctx context.Context) ([]fsm.Host, error) {
 }
 
 // setHostList installs a host list read from the catalog at now: the
-// active hosts for placement, the jurisdictions of all, and every
-// registered address (any state: a draining or down host may still hold
-// objects) as the host book (hostbook.go). It returns the active hosts.
+// active hosts for placement, the jurisdictions of all, and the host book
+// (bookHosts). It returns the active hosts.
 func (s *Server) setHostList(fresh []fsm.Host, now time.Time) []fsm.Host {
 	var active []fsm.Host
 	jurs := map[string]bool{}
-	addrs := make([]string, 0, len(fresh))
 	for _, h := range fresh {
 		if h.State == "" || h.State == "active" {
 			active = append(active, h)
 		}
 		jurs[h.Jurisdiction] = true
-		addrs = append(addrs, h.Address)
 	}
 	s.hostsMu.Lock()
 	s.hostsList, s.hostsFetched, s.hostsJurs = active, now, jurs
 	s.hostsPending = make(map[string]int64)
 	s.hostsMu.Unlock()
-	if len(addrs) > 0 {
-		if err := s.cache.ReplaceHosts(addrs); err != nil {
-			s.log.Warn("host book write failed", "err", err)
-		}
-	}
+	s.bookHosts(fresh)
 	return active
+}
+
+// bookHosts makes every registered address of a host list read from the
+// catalog (any state: a draining or down host may still hold objects) the
+// host book (hostbook.go).
+func (s *Server) bookHosts(fresh []fsm.Host) {
+	addrs := make([]string, 0, len(fresh))
+	for _, h := range fresh {
+		addrs = append(addrs, h.Address)
+	}
+	if len(addrs) == 0 {
+		return // an empty list (a catalog just bootstrapped) erases nothing
+	}
+	if err := s.cache.ReplaceHosts(addrs); err != nil {
+		s.log.Warn("host book write failed", "err", err)
+	}
 }
 
 // pickHost places a new database: hosts of the jurisdiction if one is given,

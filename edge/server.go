@@ -461,13 +461,12 @@ func (s *Server) Close() error {
 	return err
 }
 
-// expireDeletedRoutes drops deleted routes older than the retention from
-// the cache every interval, 10,000 per transaction, until Close.
 // refreshHostList reads the catalog's host list at start and then every
 // interval (negative: never), so that even an edge that only serves
 // queries keeps its host book (hostbook.go) current for the last-resort
-// route lookup. One read per edge per interval, straight to the catalog
-// with CatalogTimeout: a background read must not count in the fallback's
+// route lookup (the book only; placement reads its own list). One read
+// per edge per interval, straight to the catalog with CatalogTimeout: a
+// background read must not count in the fallback's
 // breaker, which sheds requests. A failure keeps the book as it is.
 func (s *Server) refreshHostList(every time.Duration) {
 	defer close(s.hostsDone)
@@ -481,7 +480,9 @@ func (s *Server) refreshHostList(every time.Duration) {
 		hosts, err := s.catalog.Hosts(ctx)
 		cancel()
 		if err == nil {
-			s.setHostList(hosts, s.o.Now())
+			// The book only: placement keeps its own refresh
+			// (activeHosts, HostsCacheTTL) and the creates it counts.
+			s.bookHosts(hosts)
 		}
 		select {
 		case <-s.hostsStop:
@@ -491,6 +492,8 @@ func (s *Server) refreshHostList(every time.Duration) {
 	}
 }
 
+// expireDeletedRoutes drops deleted routes older than the retention from
+// the cache every interval, 10,000 per transaction, until Close.
 func (s *Server) expireDeletedRoutes(every time.Duration) {
 	defer close(s.expireDone)
 	if s.o.DeletedRouteRetention < 0 {
