@@ -191,7 +191,10 @@ func (s *Server) setHostList(fresh []fsm.Host, now time.Time) []fsm.Host {
 
 // bookHosts makes every registered address of a host list read from the
 // catalog (any state: a draining or down host may still hold objects) the
-// host book (hostbook.go).
+// host book (hostbook.go). Only placement reads the list (activeHosts,
+// every HostsCacheTTL while creates come): a background read would put a
+// catalog read on edges that only serve queries, and the book learns
+// their hosts from the routes they store (miss fills, the route feed).
 func (s *Server) bookHosts(fresh []fsm.Host) {
 	addrs := make([]string, 0, len(fresh))
 	for _, h := range fresh {

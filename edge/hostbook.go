@@ -16,11 +16,12 @@ import (
 // to a host is still authenticated by mutual TLS, so an address that is
 // wrong or stale costs a failed request, never trust.
 //
-// Sources: the catalog's host list (every registered host, any state; it
-// replaces the book, dropping hosts no longer registered and addresses a
-// garbled route put there), and every route stored in the cache (miss
-// fills, the route feed, creates, the hosts' own answers) or used by a
-// query. Purge keeps the book: it drops routes, not hosts.
+// Sources: the catalog's host list when placement reads it (every
+// registered host, any state; it replaces the book, dropping hosts no
+// longer registered and addresses a garbled route put there), and every
+// route stored in the cache (miss fills, the route feed, creates, the
+// hosts' own answers) or used by a query. Purge keeps the book: it drops
+// routes, not hosts.
 //
 // Crash safety: the file is NoSync like the routes; a crash may lose the
 // latest additions, which the next route or host list puts back. Each

@@ -68,10 +68,6 @@ type Options struct {
 	HostRouteCap     int64
 	HostRouteTimeout time.Duration
 	KnownHosts       []string
-	// HostListInterval is how often the edge reads the catalog's host
-	// list in the background (besides at start), keeping its host book
-	// current; default 1 min, negative: only when placing a create.
-	HostListInterval time.Duration
 	// AccountChanged, when set, is called after an account's tier or limits
 	// changed through the admin API (after the catalog write); `shoal`
 	// publishes it on the `accounts` topic. Errors are logged.
@@ -182,7 +178,6 @@ type Server struct {
 	bgClosing bool
 
 	expireStop, expireDone chan struct{} // the deleted-route expiry loop
-	hostsStop, hostsDone   chan struct{} // the host list refresh loop
 
 	// queryQuery and queryRaw are the full handler chains of the two query
 	// routes, shared by mux and the hand-matched fast path.
@@ -260,8 +255,6 @@ func New(o Options) (*Server, error) {
 	s.router = s.routes()
 	s.expireStop, s.expireDone = make(chan struct{}), make(chan struct{})
 	go s.expireDeletedRoutes(time.Hour)
-	s.hostsStop, s.hostsDone = make(chan struct{}), make(chan struct{})
-	go s.refreshHostList(o.HostListInterval)
 	if o.RouteFeed != nil {
 		f, err := newRouteFeed(*o.RouteFeed, cache, o.Logger)
 		if err != nil {
@@ -311,9 +304,6 @@ func setDefaults(o *Options) {
 	def(&o.TokenStaleGrace, 15*time.Minute)
 	def(&o.AccountCacheTTL, 3*time.Second)
 	def(&o.HostsCacheTTL, 5*time.Second)
-	if o.HostListInterval == 0 {
-		o.HostListInterval = time.Minute
-	}
 	def(&o.NegativeRouteTTL, 2*time.Second)
 	if o.DeletedRouteRetention == 0 {
 		o.DeletedRouteRetention = 7 * 24 * time.Hour
@@ -447,8 +437,6 @@ func (s *Server) Close() error {
 		s.cb.wg.Wait() // batches in flight end with bgCtx
 		close(s.expireStop)
 		<-s.expireDone
-		close(s.hostsStop)
-		<-s.hostsDone
 		s.hosts.Close()
 		if s.feed != nil {
 			s.feed.close() // before the cache: it writes into it
@@ -459,37 +447,6 @@ func (s *Server) Close() error {
 		err = s.cache.Close()
 	})
 	return err
-}
-
-// refreshHostList reads the catalog's host list at start and then every
-// interval (negative: never), so that even an edge that only serves
-// queries keeps its host book (hostbook.go) current for the last-resort
-// route lookup (the book only; placement reads its own list). One read
-// per edge per interval, straight to the catalog with CatalogTimeout: a
-// background read must not count in the fallback's
-// breaker, which sheds requests. A failure keeps the book as it is.
-func (s *Server) refreshHostList(every time.Duration) {
-	defer close(s.hostsDone)
-	if every < 0 {
-		return
-	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		ctx, cancel := context.WithTimeout(s.bgCtx, s.o.CatalogTimeout)
-		hosts, err := s.catalog.Hosts(ctx)
-		cancel()
-		if err == nil {
-			// The book only: placement keeps its own refresh
-			// (activeHosts, HostsCacheTTL) and the creates it counts.
-			s.bookHosts(hosts)
-		}
-		select {
-		case <-s.hostsStop:
-			return
-		case <-t.C:
-		}
-	}
 }
 
 // expireDeletedRoutes drops deleted routes older than the retention from
