@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,6 +86,9 @@ type authenticator struct {
 	now         func() time.Time
 	group       singleflight.Group
 	unknown     *semaphore.Weighted // lookups of digests not in m
+	// book, when set, keeps validated tokens across restarts
+	// (tokenbook.go); nil in tests that build an authenticator alone.
+	book *RouteCache
 
 	// unreachableFor: how long after a lookup found the catalog
 	// unreachable the checks that can answer without it stop waiting for
@@ -108,6 +112,7 @@ type tokenEntry struct {
 	tok     fsm.Token
 	found   bool
 	fetched time.Time
+	saved   time.Time // fetched as last written to the token book (zero: never)
 }
 
 // errTokenLookupsBusy: too many lookups of unknown tokens in flight (503).
@@ -238,10 +243,32 @@ func (a *authenticator) lookupInBackground(sum [sha256.Size]byte, hash string, c
 }
 
 // store remembers a catalog answer: a token in m, an unknown digest in neg.
+// A validated token is also written to the token book when it is new or
+// changed, or its last write is tokenSaveEvery old; an unknown one that
+// was validated before is removed from it.
 func (a *authenticator) store(hash [sha256.Size]byte, e tokenEntry) {
+	save, drop := a.storeMem(hash, &e)
+	if a.book == nil {
+		return
+	}
+	// Outside mu: a bbolt write. Best effort: the book only lengthens
+	// what a restarted edge can serve while the catalog is down.
+	switch {
+	case save:
+		_ = a.book.saveToken(hash, e.tok, e.fetched)
+	case drop:
+		_ = a.book.dropToken(hash)
+	}
+}
+
+// storeMem is store's in-memory part; it reports whether the token book
+// needs the entry written (save) or removed (drop), and sets e.saved.
+func (a *authenticator) storeMem(hash [sha256.Size]byte, e *tokenEntry) (save, drop bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	prev, had := a.m[hash]
 	if !e.found {
+		drop = had && prev.found
 		if len(a.neg) >= a.maxNegative {
 			// Only negative entries are evicted for a negative one:
 			// expired first, then arbitrary ones (map order).
@@ -255,9 +282,14 @@ func (a *authenticator) store(hash [sha256.Size]byte, e tokenEntry) {
 			}
 		}
 		a.neg[hash] = e.fetched
-		return
+		return save, drop
 	}
 	delete(a.neg, hash)
+	if had && prev.found && e.fetched.Sub(prev.saved) < tokenSaveEvery && reflect.DeepEqual(prev.tok, e.tok) {
+		e.saved = prev.saved
+	} else {
+		e.saved, save = e.fetched, true
+	}
 	if len(a.m) >= a.max {
 		// Only real tokens get here: evict those past the stale grace
 		// first, then arbitrary ones.
@@ -271,7 +303,8 @@ func (a *authenticator) store(hash [sha256.Size]byte, e tokenEntry) {
 			}
 		}
 	}
-	a.m[hash] = e
+	a.m[hash] = *e
+	return save, drop
 }
 
 // forget drops a token from the cache (after a revoke through this edge);
@@ -283,7 +316,29 @@ func (a *authenticator) forget(hash string) {
 		a.mu.Lock()
 		delete(a.m, k)
 		a.mu.Unlock()
+		if a.book != nil {
+			_ = a.book.dropToken(k)
+		}
 	}
+}
+
+// loadBook fills the cache from the token book: the rows read within the
+// stale grace, as validated entries past their TTL (the first check asks
+// the catalog, and serves the row only if it cannot be reached).
+func (a *authenticator) loadBook() error {
+	if a.book == nil {
+		return nil
+	}
+	saved, err := a.book.loadTokens(a.now().Add(-a.staleGrace), a.max)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for k, e := range saved {
+		a.m[k] = e
+	}
+	return nil
 }
 
 // parentValid checks the bearer token that minted a binding token (its hex

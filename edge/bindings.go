@@ -179,7 +179,7 @@ func (s *Server) handleRevokeBindings(w http.ResponseWriter, r *http.Request, _ 
 		// longest TTL.
 		body = map[string]any{"token_id": tokenID, "until": s.o.Now().Add(s.o.BindingMaxTTL).Unix() + 1}
 	}
-	if err := s.hostCall(r.Context(), acct, id, http.MethodPost, "/bindings/revoke", body, nil); err != nil {
+	if err := s.hostCall(r.Context(), acct, id, viaCatalog, http.MethodPost, "/bindings/revoke", body, nil); err != nil {
 		s.writeErr(w, r, hostControlErr(err))
 		return
 	}

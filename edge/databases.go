@@ -166,6 +166,13 @@ func (s *Server) activeHosts(ctx context.Context) ([]fsm.Host, error) {
 		}
 		return nil, err
 	}
+	return s.setHostList(fresh, now), nil
+}
+
+// setHostList installs a host list read from the catalog at now: the
+// active hosts for placement, the jurisdictions of all, and the host book
+// (bookHosts). It returns the active hosts.
+func (s *Server) setHostList(fresh []fsm.Host, now time.Time) []fsm.Host {
 	var active []fsm.Host
 	jurs := map[string]bool{}
 	for _, h := range fresh {
@@ -178,7 +185,27 @@ func (s *Server) activeHosts(ctx context.Context) ([]fsm.Host, error) {
 	s.hostsList, s.hostsFetched, s.hostsJurs = active, now, jurs
 	s.hostsPending = make(map[string]int64)
 	s.hostsMu.Unlock()
-	return active, nil
+	s.bookHosts(fresh)
+	return active
+}
+
+// bookHosts makes every registered address of a host list read from the
+// catalog (any state: a draining or down host may still hold objects) the
+// host book (hostbook.go). Only placement reads the list (activeHosts,
+// every HostsCacheTTL while creates come): a background read would put a
+// catalog read on edges that only serve queries, and the book learns
+// their hosts from the routes they store (miss fills, the route feed).
+func (s *Server) bookHosts(fresh []fsm.Host) {
+	addrs := make([]string, 0, len(fresh))
+	for _, h := range fresh {
+		addrs = append(addrs, h.Address)
+	}
+	if len(addrs) == 0 {
+		return // an empty list (a catalog just bootstrapped) erases nothing
+	}
+	if err := s.cache.ReplaceHosts(addrs); err != nil {
+		s.log.Warn("host book write failed", "err", err)
+	}
 }
 
 // pickHost places a new database: hosts of the jurisdiction if one is given,

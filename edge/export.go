@@ -132,14 +132,31 @@ func (s *Server) writeDumpErr(w http.ResponseWriter, r *http.Request, err error)
 	}
 }
 
+// routeVia says where a per-database call may find its route when it is
+// not cached: the catalog only, or — when the catalog is unavailable — the
+// object hosts too (objectRoute; edge/DESIGN.md, "Which endpoints route
+// through the object hosts").
+type routeVia bool
+
+const (
+	viaCatalog routeVia = false
+	viaHosts   routeVia = true
+)
+
+// route resolves id's route for acct as via allows.
+func (s *Server) route(ctx context.Context, id, acct string, via routeVia) (Route, error) {
+	if via == viaHosts {
+		return s.objectRoute(ctx, id, acct)
+	}
+	return s.catalogRoute(ctx, id, acct)
+}
+
 // hostCall sends a JSON call about database id to its object host, with one
 // retry through the catalog when the host says the route is stale (421, or
-// 404/410 for the object) — the same rule as queries.
-func (s *Server) hostCall(ctx context.Context, acct, id, method, suffix string, body, out any) error {
-	rt, err := s.res.lookup(ctx, id)
-	if err == nil {
-		err = usable(rt, acct)
-	}
+// 404/410 for the object) — the same rule as queries. via says whether the
+// first route may come from the object hosts.
+func (s *Server) hostCall(ctx context.Context, acct, id string, via routeVia, method, suffix string, body, out any) error {
+	rt, err := s.route(ctx, id, acct, via)
 	if err != nil {
 		return err
 	}
@@ -251,7 +268,7 @@ func (s *Server) handleExport(w http.ResponseWriter, r *http.Request, _ principa
 		c.Bookmark = body.CurrentBookmark
 		start["bookmark"], start["retention_days"] = c.Bookmark, rq.Get("retention_days")
 	}
-	if err := s.hostCall(r.Context(), acct, id, http.MethodPost, "/export", start, nil); err != nil {
+	if err := s.hostCall(r.Context(), acct, id, viaHosts, http.MethodPost, "/export", start, nil); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -332,12 +349,14 @@ func (s *Server) streamToHost(ctx context.Context, c urlClaims, method, suffix s
 		var rt Route
 		var err error
 		if attempt == 0 {
-			rt, err = s.res.lookup(ctx, c.Database)
+			// The dump or upload only reaches the object: the hosts may
+			// route it while the catalog is unavailable.
+			rt, err = s.objectRoute(ctx, c.Database, c.Account)
 		} else {
 			rt, err = s.res.fill(ctx, c.Database)
-		}
-		if err == nil {
-			err = usable(rt, c.Account)
+			if err == nil {
+				err = usable(rt, c.Account)
+			}
 		}
 		if err != nil {
 			return nil, err

@@ -508,6 +508,9 @@ func (h *fakeHost) serveObject(w http.ResponseWriter, r *http.Request, id, op st
 		h.answer(w, op, body)
 	case "export":
 		v4.WriteResult(w, map[string]any{})
+	case "export/download":
+		w.Header().Set("Content-Type", "application/sql")
+		_, _ = w.Write([]byte("CREATE TABLE t(x);\n"))
 	case "bindings":
 		v4.WriteResult(w, map[string]any{"epoch": o.epoch, "revoked": len(o.revoked)})
 	case "bindings/revoke":

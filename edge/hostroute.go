@@ -6,18 +6,17 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/shoaldb/shoal/pipeline/event"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
-// The last-resort route lookup. A query whose route is neither in the
+// The last-resort route lookup. A query (or another call that only reaches
+// the object) whose route is neither in the
 // cache (nor fed to it) and whose catalog read fails as unavailable —
-// breaker open, timeout, unreachable, fallback at capacity; never a
-// definite "not found" — asks the object hosts this edge knows which
+// breaker open, timeout, unreachable; never a definite "not found", nor
+// this edge's own cap on catalog reads being full (load to shed) — asks the object hosts this edge knows which
 // objects of the database they hold (GET /v1/databases/{uuid}/objects,
 // objecthost/locate.go). It closes the gap where a database's route
 // reached only the cache of the edge that created it (the host's
@@ -28,7 +27,10 @@ import (
 // feed record's, not the catalog's: it goes through RouteCache.Put's rule
 // (never over a newer route or a tombstone — a route the cache refuses is
 // not used), it never becomes a negative entry, and nothing destructive
-// follows from it. Only the query path uses it.
+// follows from it. Only the calls that merely reach the object use it
+// (objectRoute below; edge/DESIGN.md, "Which endpoints route through the
+// object hosts"). The hosts to ask come from the host book (hostbook.go),
+// which survives restarts.
 //
 // Bounds, like the catalog fallback: one lookup per database and account
 // at a time (singleflight), at most HostRouteCap in flight (TryAcquire: no
@@ -58,58 +60,11 @@ func (c *HostClient) Locate(ctx context.Context, addr, uuid, acct string) ([]Loc
 	return out.Objects, err
 }
 
-// maxKnownHosts bounds the addresses remembered from forwarded queries (a
-// garbled cached route could otherwise add any number).
-const maxKnownHosts = 1024
-
-// knownHosts is the set of object host addresses this edge has forwarded
-// queries to. Reads are lock-free (one atomic load and a map lookup on the
-// query path); an address not yet in it copies the set under mu.
-type knownHosts struct {
-	mu  sync.Mutex
-	set atomic.Pointer[map[string]struct{}]
-}
-
-func (k *knownHosts) note(addr string) {
-	if m := k.set.Load(); m != nil {
-		if _, ok := (*m)[addr]; ok {
-			return
-		}
-	}
-	if addr == "" {
-		return
-	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	old := k.set.Load()
-	next := make(map[string]struct{}, 8)
-	if old != nil {
-		if _, ok := (*old)[addr]; ok || len(*old) >= maxKnownHosts {
-			return
-		}
-		for a := range *old {
-			next[a] = struct{}{}
-		}
-	}
-	next[addr] = struct{}{}
-	k.set.Store(&next)
-}
-
-func (k *knownHosts) list() []string {
-	m := k.set.Load()
-	if m == nil {
-		return nil
-	}
-	out := make([]string, 0, len(*m))
-	for a := range *m {
-		out = append(out, a)
-	}
-	return out
-}
-
 // locateTargets returns the addresses to ask: the last host list read from
-// the catalog (for placement; not read again here), the configured ones
-// (Options.KnownHosts) and those queries were forwarded to.
+// the catalog (not read again here), the configured ones
+// (Options.KnownHosts) and the host book (hostbook.go: every host the
+// catalog listed or a stored route or a query named, kept across
+// restarts).
 func (s *Server) locateTargets() (addrs []string) {
 	seen := map[string]bool{}
 	add := func(a string) {
@@ -127,11 +82,44 @@ func (s *Server) locateTargets() (addrs []string) {
 	for _, a := range s.o.KnownHosts {
 		add(a)
 	}
-	for _, a := range s.known.list() {
+	for _, a := range s.cache.Hosts() {
 		add(a)
 	}
 	sort.Strings(addrs)
 	return addrs
+}
+
+// objectRoute resolves database id's route for a request of account acct
+// that only needs to reach the object — a query, an export, an import, a
+// bookmark read, an insights check (edge/DESIGN.md lists which endpoints
+// use it and why the others do not): the route cache, else a bounded
+// catalog read, else, when that read fails as unavailable (never on the
+// catalog's "not found", nor when this edge's own cap on catalog reads is
+// full: that is load to shed), the object hosts (routeFromHosts). The
+// route is usable by acct, or the error says why not. Nothing destructive
+// may follow from a route found this way (principle 8): the catalog-only
+// endpoints use catalogRoute.
+func (s *Server) objectRoute(ctx context.Context, id, acct string) (Route, error) {
+	rt, err := s.res.lookup(ctx, id)
+	if errors.Is(err, ErrUnavailable) && !errors.Is(err, errFallbackFull) {
+		rt, err = s.routeFromHosts(ctx, id, acct, err)
+	}
+	if err == nil {
+		err = usable(rt, acct)
+	}
+	return rt, err
+}
+
+// catalogRoute is objectRoute without the hosts: the route cache, else the
+// catalog. For calls whose route must not come from the hosts' partial
+// view (binding revocations: a 200 must mean in force on the live object;
+// restores).
+func (s *Server) catalogRoute(ctx context.Context, id, acct string) (Route, error) {
+	rt, err := s.res.lookup(ctx, id)
+	if err == nil {
+		err = usable(rt, acct)
+	}
+	return rt, err
 }
 
 // betterLocated orders candidate routes: the higher routing generation;

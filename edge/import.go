@@ -100,12 +100,10 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request, _ principa
 		}
 		// The database must exist, and be this account's, before we hand
 		// out an upload URL: another account's database is "not found"
-		// here as everywhere (no existence oracle).
-		rt, err := s.res.lookup(r.Context(), id)
-		if err == nil {
-			err = usable(rt, acct)
-		}
-		if err != nil {
+		// here as everywhere (no existence oracle). The object hosts may
+		// answer while the catalog is unavailable (objectRoute: never a
+		// 404 on their partial view).
+		if _, err := s.objectRoute(r.Context(), id, acct); err != nil {
 			s.writeErr(w, r, err)
 			return
 		}
@@ -125,7 +123,7 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request, _ principa
 			return
 		}
 		var st ImportStatus
-		if err := s.hostCall(r.Context(), acct, id, http.MethodPost, "/import/ingest",
+		if err := s.hostCall(r.Context(), acct, id, viaHosts, http.MethodPost, "/import/ingest",
 			map[string]string{"etag": etag, "filename": body.Filename}, &st); err != nil {
 			s.writeErr(w, r, err)
 			return
@@ -134,7 +132,7 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request, _ principa
 	case "poll":
 		job, seen := splitImportBookmark(body.CurrentBookmark)
 		var st ImportStatus
-		if err := s.hostCall(r.Context(), acct, id, http.MethodPost, "/import/poll",
+		if err := s.hostCall(r.Context(), acct, id, viaHosts, http.MethodPost, "/import/poll",
 			map[string]string{"current_bookmark": job}, &st); err != nil {
 			s.writeErr(w, r, err)
 			return

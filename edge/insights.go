@@ -224,18 +224,15 @@ func (s *Server) insights(r *http.Request) ([]QueryShape, error) {
 
 // topShapes answers a validated request: the database must be an active
 // one of acct (resolved like the query path: the route cache, else a
-// bounded catalog read; another account's database is "not found"), then
+// bounded catalog read, else while the catalog is unavailable the object
+// hosts; another account's database is "not found"), then
 // one bounded read of the source. Any source failure is
 // errInsightsUnavailable; no source at all is errNoInsightsSource.
 func (s *Server) topShapes(ctx context.Context, acct, id string, iq insightsQuery) ([]QueryShape, error) {
 	if s.o.Insights == nil {
 		return nil, errNoInsightsSource
 	}
-	rt, err := s.res.lookup(ctx, id)
-	if err == nil {
-		err = usable(rt, acct)
-	}
-	if err != nil {
+	if _, err := s.objectRoute(ctx, id, acct); err != nil {
 		return nil, err
 	}
 	since := s.o.Now().Add(-iq.period)

@@ -63,17 +63,9 @@ func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request, kind string
 		s.writeErr(w, r, err)
 		return
 	}
-	rt, err := s.res.lookup(r.Context(), id)
-	if errors.Is(err, ErrUnavailable) && !errors.Is(err, errFallbackFull) {
-		// No route cached and the catalog cannot be read now (never on
-		// its "not found", nor when this edge's own cap on catalog reads
-		// is full: that is load to shed, not an outage): ask the object
-		// hosts (hostroute.go).
-		rt, err = s.routeFromHosts(r.Context(), id, acct, err)
-	}
-	if err == nil {
-		err = usable(rt, acct)
-	}
+	// The cache, else the catalog, else — only when the catalog is
+	// unavailable — the object hosts (hostroute.go).
+	rt, err := s.objectRoute(r.Context(), id, acct)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -182,7 +174,7 @@ func (s *Server) forwardQuery(r *http.Request, rt Route, kind string, body []byt
 	if v := r.Header.Get(HeaderNumbers); v != "" {
 		h.Set(HeaderNumbers, v)
 	}
-	s.known.note(rt.HostAddress)
+	_ = s.cache.NoteHost(rt.HostAddress) // best effort (hostbook.go); a known address costs a map lookup
 	resp, err := s.hosts.forward(r.Context(), s.hosts.URL(rt.HostAddress, "/v1/objects/"+rt.ObjectID+"/"+kind), h, body)
 	if err != nil {
 		return nil, fmt.Errorf("%w: object host unreachable: %w", ErrUnavailable, err)

@@ -94,9 +94,9 @@ func (c *RouteCache) setFeedTopic(topic string, id [16]byte, dropPositions bool)
 // is stale. Without any cached route it leaves a bare deleted marker (the
 // query path answers not found for it, like any deleted route).
 func (c *RouteCache) applyFeed(topic string, partition int32, entries []feedEntry, next int64) (applied, stale int, err error) {
-	var stored []string
+	var stored, hosts []string
 	err = c.db.Update(func(tx *bolt.Tx) error {
-		applied, stale, stored = 0, 0, stored[:0]
+		applied, stale, stored, hosts = 0, 0, stored[:0], hosts[:0]
 		b := tx.Bucket(routesBucket)
 		for _, e := range entries {
 			r := e.route
@@ -120,6 +120,9 @@ func (c *RouteCache) applyFeed(topic string, partition int32, entries []feedEntr
 			if ok {
 				applied++
 				stored = append(stored, r.DatabaseUUID)
+				if r.HostAddress != "" {
+					hosts = append(hosts, r.HostAddress)
+				}
 			} else {
 				stale++
 			}
@@ -144,6 +147,9 @@ func (c *RouteCache) applyFeed(topic string, partition int32, entries []feedEntr
 			delete(c.negative, u)
 		}
 		c.mu.Unlock()
+	}
+	for _, h := range hosts {
+		_ = c.NoteHost(h) // best effort, as noteRouteHosts
 	}
 	return applied, stale, nil
 }

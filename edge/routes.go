@@ -69,6 +69,8 @@ type RouteCache struct {
 	maxMemo   int
 
 	hits, misses, negHits atomic.Int64
+
+	book hostBook // the object host addresses known (hostbook.go)
 }
 
 // defaultMaxMemo bounds RouteCache.memo; a full memo starts over empty.
@@ -122,17 +124,25 @@ func OpenRouteCache(path string, o RouteCacheOptions) (*RouteCache, error) {
 		if _, err := tx.CreateBucketIfNotExists(deletedAtBucket); err != nil {
 			return err
 		}
+		if _, err := tx.CreateBucketIfNotExists(tokensBucket); err != nil {
+			return err
+		}
 		_, err := tx.CreateBucketIfNotExists(feedBucket)
 		return err
 	}); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("init route cache: %w", err)
 	}
-	return &RouteCache{
+	c := &RouteCache{
 		db: db, now: o.Now, negativeTTL: o.NegativeTTL, tombTTL: o.TombstoneTTL,
 		maxNegative: o.MaxNegative, negative: make(map[string]time.Time),
 		memo: make(map[string]Route), maxMemo: defaultMaxMemo,
-	}, nil
+	}
+	if err := db.Update(c.loadHosts); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("init route cache: %w", err)
+	}
+	return c, nil
 }
 
 // Close closes the file.
@@ -263,6 +273,7 @@ func (c *RouteCache) Put(r Route) (bool, error) {
 		c.mu.Lock()
 		delete(c.negative, r.DatabaseUUID)
 		c.mu.Unlock()
+		c.noteRouteHosts(r)
 	}
 	return stored, nil
 }
@@ -299,6 +310,11 @@ func (c *RouteCache) PutMany(rs []Route) ([]bool, error) {
 		}
 	}
 	c.mu.Unlock()
+	for i, r := range rs {
+		if stored[i] {
+			c.noteRouteHosts(r)
+		}
+	}
 	return stored, nil
 }
 

@@ -190,7 +190,6 @@ type Server struct {
 	cb createBatching // coalesced create steps (createbatch.go)
 
 	// The last-resort route lookup on object hosts (hostroute.go).
-	known       knownHosts
 	locateGroup singleflight.Group
 	locateSem   *semaphore.Weighted
 
@@ -234,6 +233,12 @@ func New(o Options) (*Server, error) {
 		staleGrace: o.TokenStaleGrace, max: 100_000, maxNegative: 10_000, now: o.Now, unreachableFor: defaultUnreachableFor,
 		unknown: semaphore.NewWeighted(unknownTokenLookups(o.FallbackCap)),
 		m:       make(map[[sha256.Size]byte]tokenEntry), neg: make(map[[sha256.Size]byte]time.Time)}
+	s.auth.book = cache
+	if err := s.auth.loadBook(); err != nil {
+		// A cache: without it the edge starts as before (tokens are
+		// validated by the catalog as they come).
+		s.log.Warn("loading validated tokens failed", "err", err)
+	}
 	if o.AdminToken != "" {
 		h := HashToken(o.AdminToken)
 		s.auth.adminHash = mustHex(h)

@@ -61,10 +61,16 @@ func (s *Server) bookmarkAt(r *http.Request, acct, id, timestamp string) (bookma
 		q.Set("timestamp", timestamp)
 	}
 	var out bookmarkJSON
-	if err := s.timeTravelRetention(r, acct, q); err != nil {
-		return out, err
+	if timestamp != "" {
+		// Only a past point needs the tier's retention; the current
+		// bookmark needs no catalog read at all.
+		if err := s.timeTravelRetention(r, acct, q); err != nil {
+			return out, err
+		}
 	}
-	err := s.hostCall(r.Context(), acct, id, http.MethodGet, "/time_travel/bookmark?"+q.Encode(), nil, &out)
+	// A read: the object hosts may route it while the catalog is
+	// unavailable.
+	err := s.hostCall(r.Context(), acct, id, viaHosts, http.MethodGet, "/time_travel/bookmark?"+q.Encode(), nil, &out)
 	return out, err
 }
 
@@ -91,7 +97,7 @@ func (s *Server) handleTimeTravelRestore(w http.ResponseWriter, r *http.Request,
 		return
 	}
 	var out restoreJSON
-	if err := s.hostCall(r.Context(), acct, id, http.MethodPost, "/time_travel/restore?"+q.Encode(), nil, &out); err != nil {
+	if err := s.hostCall(r.Context(), acct, id, viaCatalog, http.MethodPost, "/time_travel/restore?"+q.Encode(), nil, &out); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
