@@ -395,8 +395,17 @@ func (c *frameConn) roundTrip(ctx context.Context, path string, hdr http.Header,
 	if h == nil {
 		h = http.Header{}
 	}
-	return &http.Response{Status: strconv.Itoa(status) + " " + http.StatusText(status), StatusCode: status,
+	return &http.Response{Status: statusLine(status), StatusCode: status,
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: h, Body: b, ContentLength: -1}, nil
+}
+
+// statusLine is http.Response's Status for status: "200 OK" without a
+// concatenation per answer for the common one.
+func statusLine(status int) string {
+	if status == http.StatusOK {
+		return "200 OK"
+	}
+	return strconv.Itoa(status) + " " + http.StatusText(status)
 }
 
 // forget drops a stream; reset tells the host (the request is
