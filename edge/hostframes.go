@@ -287,6 +287,10 @@ type frameStream struct {
 	eof      bool
 	err      error
 	expired  bool // past its deadline (set by the reaper)
+
+	// The caller's side, set by roundTrip (not under c.mu).
+	body frameBody
+	resp http.Response
 }
 
 func (c *frameConn) start() {
@@ -384,7 +388,10 @@ func (c *frameConn) roundTrip(ctx context.Context, path string, hdr http.Header,
 	// the stream fails below like every other on it.
 	_ = err
 
-	b := &frameBody{st: st, ctx: ctx, timeout: timeout}
+	// The body and the answer live in the stream: one allocation per
+	// query instead of three.
+	b := &st.body
+	*b = frameBody{st: st, ctx: ctx, timeout: timeout}
 	if err := b.wait(func() bool { return st.head || st.err != nil }); err != nil {
 		b.abandon()
 		return nil, err
@@ -395,8 +402,9 @@ func (c *frameConn) roundTrip(ctx context.Context, path string, hdr http.Header,
 	if h == nil {
 		h = http.Header{}
 	}
-	return &http.Response{Status: statusLine(status), StatusCode: status,
-		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: h, Body: b, ContentLength: -1}, nil
+	st.resp = http.Response{Status: statusLine(status), StatusCode: status,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: h, Body: b, ContentLength: -1}
+	return &st.resp, nil
 }
 
 // statusLine is http.Response's Status for status: "200 OK" without a

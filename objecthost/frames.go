@@ -406,7 +406,8 @@ func frameRoute(path string) bool {
 // its answer.
 func (st *frameStream) run() {
 	c := st.c
-	w := &frameResponse{st: st, hdr: make(http.Header, 2)}
+	sr := &streamRun{w: frameResponse{st: st, hdr: make(http.Header, 2)}}
+	w := &sr.w
 	defer func() {
 		if p := recover(); p != nil {
 			if p != http.ErrAbortHandler {
@@ -423,12 +424,28 @@ func (st *frameStream) run() {
 		w.finish()
 		return
 	}
-	r := &http.Request{Method: http.MethodPost, URL: &url.URL{Path: st.path}, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: st.hdr, Body: io.NopCloser(bytes.NewReader(st.body)), ContentLength: int64(st.bodyLen),
+	sr.url.Path = st.path
+	sr.body.Reset(st.body)
+	r := http.Request{Method: http.MethodPost, URL: &sr.url, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: st.hdr, Body: &sr.body, ContentLength: int64(st.bodyLen),
 		Host: c.host, RemoteAddr: c.remote, RequestURI: st.path, TLS: c.tls}
 	c.handler.ServeHTTP(w, r.WithContext(st.ctx))
 	w.finish()
 }
+
+// streamRun holds what run needs per stream besides the request itself —
+// the answer's writer, the request's URL and body — in one allocation
+// instead of four.
+type streamRun struct {
+	w    frameResponse
+	url  url.URL
+	body streamBody
+}
+
+// streamBody is a stream's request body (assembled before it runs).
+type streamBody struct{ bytes.Reader }
+
+func (*streamBody) Close() error { return nil }
 
 // finished forgets an answered stream; the last one after a GoAway closes
 // the connection once its answers are written.
