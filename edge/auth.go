@@ -108,7 +108,6 @@ type tokenEntry struct {
 	tok     fsm.Token
 	found   bool
 	fetched time.Time
-	hash    string // hex of the digest (set by fetch): not re-encoded per request
 }
 
 // errTokenLookupsBusy: too many lookups of unknown tokens in flight (503).
@@ -134,11 +133,7 @@ func (a *authenticator) authenticate(ctx context.Context, authz string) (princip
 	if e.tok.ExpiresAt > 0 && a.now().UnixNano() >= e.tok.ExpiresAt {
 		return principal{}, errTokenExpired
 	}
-	hash := e.hash
-	if hash == "" {
-		hash = hex.EncodeToString(sum[:])
-	}
-	return principal{admin: e.tok.Admin, accountID: e.tok.AccountID, tokenID: e.tok.ID, tokenHash: hash,
+	return principal{admin: e.tok.Admin, accountID: e.tok.AccountID, tokenID: e.tok.ID, tokenHash: hex.EncodeToString(sum[:]),
 		readOnly: e.tok.Scope == fsm.ScopeRead, databases: e.tok.Databases}, nil
 }
 
@@ -204,7 +199,7 @@ func (a *authenticator) fetch(ctx context.Context, sum [sha256.Size]byte, hash s
 	var e tokenEntry
 	switch {
 	case err == nil:
-		e = tokenEntry{tok: tok, found: true, fetched: a.now(), hash: hash}
+		e = tokenEntry{tok: tok, found: true, fetched: a.now()}
 	case errors.Is(err, fsm.ErrNotFound):
 		e = tokenEntry{fetched: a.now()}
 	case errors.Is(err, ErrUnavailable):

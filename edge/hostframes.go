@@ -287,10 +287,6 @@ type frameStream struct {
 	eof      bool
 	err      error
 	expired  bool // past its deadline (set by the reaper)
-
-	// The caller's side, set by roundTrip (not under c.mu).
-	body frameBody
-	resp http.Response
 }
 
 func (c *frameConn) start() {
@@ -388,10 +384,7 @@ func (c *frameConn) roundTrip(ctx context.Context, path string, hdr http.Header,
 	// the stream fails below like every other on it.
 	_ = err
 
-	// The body and the answer live in the stream: one allocation per
-	// query instead of three.
-	b := &st.body
-	*b = frameBody{st: st, ctx: ctx, timeout: timeout}
+	b := &frameBody{st: st, ctx: ctx, timeout: timeout}
 	if err := b.wait(func() bool { return st.head || st.err != nil }); err != nil {
 		b.abandon()
 		return nil, err
@@ -402,18 +395,8 @@ func (c *frameConn) roundTrip(ctx context.Context, path string, hdr http.Header,
 	if h == nil {
 		h = http.Header{}
 	}
-	st.resp = http.Response{Status: statusLine(status), StatusCode: status,
-		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: h, Body: b, ContentLength: -1}
-	return &st.resp, nil
-}
-
-// statusLine is http.Response's Status for status: "200 OK" without a
-// concatenation per answer for the common one.
-func statusLine(status int) string {
-	if status == http.StatusOK {
-		return "200 OK"
-	}
-	return strconv.Itoa(status) + " " + http.StatusText(status)
+	return &http.Response{Status: strconv.Itoa(status) + " " + http.StatusText(status), StatusCode: status,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: h, Body: b, ContentLength: -1}, nil
 }
 
 // forget drops a stream; reset tells the host (the request is

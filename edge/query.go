@@ -196,10 +196,6 @@ func (s *Server) forwardQuery(r *http.Request, rt Route, kind string, body []byt
 	return resp, nil
 }
 
-// jsonContentType is the Content-Type of an answer whose host set none
-// (never modified: net/http only reads it).
-var jsonContentType = []string{"application/json"}
-
 // maxErrorBody bounds how much of an object host's error answer the edge
 // reads to learn its code (a SQL error's message is SQLite's text, short).
 const maxErrorBody = 1 << 20
@@ -208,17 +204,13 @@ const maxErrorBody = 1 << 20
 // meta are produced by the host in D1's shape. Overload and internal errors
 // keep their status; Retry-After is kept when the host sets it.
 func (s *Server) passThrough(w http.ResponseWriter, resp *http.Response) {
-	// The keys are canonical and the host's header is the edge's alone:
-	// its values are set as they are, without Set's canonicalisation and
-	// a new slice each.
-	hdr := w.Header()
-	if ct := resp.Header["Content-Type"]; len(ct) > 0 && ct[0] != "" {
-		hdr["Content-Type"] = ct[:1:1]
+	if ct := resp.Header.Get("Content-Type"); ct != "" {
+		w.Header().Set("Content-Type", ct)
 	} else {
-		hdr["Content-Type"] = jsonContentType
+		w.Header().Set("Content-Type", "application/json")
 	}
-	if ra := resp.Header["Retry-After"]; len(ra) > 0 && ra[0] != "" {
-		hdr["Retry-After"] = ra[:1:1]
+	if ra := resp.Header.Get("Retry-After"); ra != "" {
+		w.Header().Set("Retry-After", ra)
 	}
 	if resp.StatusCode >= 400 {
 		// An error answer is small: read it to learn its D1 code for the

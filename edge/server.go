@@ -3,11 +3,9 @@ package edge
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -630,24 +628,9 @@ func incomingRequestID(r *http.Request) string {
 		id = v[0]
 	}
 	if !saneRequestID(id) {
-		id = newRequestID()
+		id = uuid.NewString()
 	}
 	return id
-}
-
-// newRequestID is a random (version 4) UUID from the runtime's ChaCha8
-// generator (math/rand/v2, seeded from the system's randomness) rather
-// than uuid.NewString's read of crypto/rand: a request ID names a request
-// in logs and answers, it guards nothing, and this is one of the few
-// costs left on the edge's query path that is its own (~1% of its CPU in
-// the deploy benchmark's profile).
-func newRequestID() string {
-	var u uuid.UUID
-	binary.LittleEndian.PutUint64(u[:8], rand.Uint64())
-	binary.LittleEndian.PutUint64(u[8:], rand.Uint64())
-	u[6] = u[6]&0x0f | 0x40 // version 4
-	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
-	return u.String()
 }
 
 // pathVar returns the path variable name ("account_id" or "database_id"),

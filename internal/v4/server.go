@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -210,13 +209,6 @@ type conn struct {
 	// on every write (each move is a lock and a timer update in the
 	// runtime's poller, several per request).
 	wdl atomic.Int64
-
-	// rmu guards rdl and rset: the read deadline last applied to Conn
-	// (Unix nanoseconds, 0: none), known only while rset. SetReadDeadline
-	// skips a call that would not change what a read sees (see there).
-	rmu  sync.Mutex
-	rdl  int64
-	rset bool
 }
 
 // writeSlack: a write may run with a deadline up to WriteTimeout/32
@@ -224,59 +216,14 @@ type conn struct {
 // write.
 func writeSlack(timeout time.Duration) time.Duration { return timeout / 32 }
 
-// readSlack: a read deadline asked for at most this much later than the
-// one in force is left as it is (net/http sets the request's header
-// deadline twice, microseconds apart, on every request).
-const readSlack = time.Millisecond
-
-// SetWriteDeadline applies t, except a clear (zero t) while a deadline
-// write armed is in force: net/http clears the write deadline after every
-// answer, and the next answer's write would arm it again at once. Every
-// write goes through write, which re-arms whenever less than
-// WriteTimeout-writeSlack is left, so a deadline left in force while
-// nothing is written changes nothing a write sees.
 func (c *conn) SetWriteDeadline(t time.Time) error {
-	if t.IsZero() && c.wdl.Load() != 0 {
-		return nil
-	}
 	c.wdl.Store(0)
 	return c.Conn.SetWriteDeadline(t)
 }
 
-// SetReadDeadline applies t unless it is the deadline already in force,
-// or later than it by at most readSlack. net/http moves the read deadline
-// eight times per request on a keep-alive connection, two of them to the
-// value it already has (the header deadline set twice, a clear after a
-// clear); each move is a lock and a timer update in the runtime's poller.
-// An earlier deadline (net/http's "a long time ago" that wakes its
-// background read) is always applied.
-func (c *conn) SetReadDeadline(t time.Time) error {
-	var n int64
-	if !t.IsZero() {
-		n = t.UnixNano()
-	}
-	c.rmu.Lock()
-	defer c.rmu.Unlock()
-	if c.rset && (n == c.rdl || (n != 0 && c.rdl != 0 && n > c.rdl && n-c.rdl <= int64(readSlack))) {
-		return nil
-	}
-	err := c.Conn.SetReadDeadline(t)
-	c.rdl, c.rset = n, err == nil
-	return err
-}
-
 func (c *conn) SetDeadline(t time.Time) error {
 	c.wdl.Store(0)
-	c.rmu.Lock()
-	defer c.rmu.Unlock()
-	err := c.Conn.SetDeadline(t)
-	c.rdl, c.rset = 0, false
-	if err == nil && !t.IsZero() {
-		c.rdl, c.rset = t.UnixNano(), true
-	} else if err == nil {
-		c.rset = true
-	}
-	return err
+	return c.Conn.SetDeadline(t)
 }
 
 // cannedHeaders is what net/http writes after the status line of the
