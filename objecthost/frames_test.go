@@ -284,6 +284,29 @@ func TestFramesCancelledStreamDoesNotWedge(t *testing.T) {
 	assert.Contains(t, string(body), `"n":7`)
 }
 
+// TestFramesConnectionLossCancelsRunningQueries: when the edge's
+// connection goes away, a query still running on it is cancelled (its
+// handler ends) rather than running on with no one to answer.
+func TestFramesConnectionLossCancelsRunningQueries(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	slow := newDB("acct")
+	th.mustInit(t, slow)
+	fc := dialFrames(t, srv)
+	fc.request(1, "/v1/objects/"+slow.obj+"/query", &slow, nil,
+		`{"sql":"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"}`)
+	conn := onlyConn(t, th.Host)
+	require.Eventually(t, func() bool {
+		conn.mu.Lock()
+		defer conn.mu.Unlock()
+		st := conn.streams[1]
+		return st != nil && st.running
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, fc.nc.Close())
+	require.Eventually(t, func() bool { return streamCount(conn) == 0 }, 20*time.Second, 10*time.Millisecond,
+		"the lost connection's query was not cancelled")
+}
+
 func onlyConn(t *testing.T, h *Host) *frameConn {
 	t.Helper()
 	h.frames.mu.Lock()
