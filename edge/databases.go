@@ -123,6 +123,26 @@ func (s *Server) databaseRequest(r *http.Request) (acct, id string, err error) {
 	return acct, id, err
 }
 
+// staleAccountRow is accountRow for reads that only need the account's
+// tier (time travel's retention): while the catalog is unavailable it
+// answers the row this edge last read, if read within TokenStaleGrace —
+// the grace for which the edge already trusts the token that names the
+// account. Limits that gate a write (creates) use accountRow, which never
+// answers a stale row past AccountCacheTTL.
+func (s *Server) staleAccountRow(ctx context.Context, id string) (fsm.Account, error) {
+	a, err := s.accountRow(ctx, id)
+	if err == nil || !errors.Is(err, ErrUnavailable) {
+		return a, err
+	}
+	s.acctMu.Lock()
+	c, ok := s.accts[id]
+	s.acctMu.Unlock()
+	if ok && s.o.Now().Sub(c.fetched) < s.o.TokenStaleGrace {
+		return c.acct, nil
+	}
+	return a, err
+}
+
 // account returns the account row for limit checks: a follower read cached
 // per account (many creates in one account share one read).
 func (s *Server) accountRow(ctx context.Context, id string) (fsm.Account, error) {

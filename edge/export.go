@@ -261,7 +261,7 @@ func (s *Server) handleExport(w http.ResponseWriter, r *http.Request, _ principa
 		// D1's "export at a bookmark": the host checks it (format,
 		// retention) now and dumps the database as of it at download.
 		rq := url.Values{}
-		if err := s.timeTravelRetention(r, acct, rq); err != nil {
+		if err := s.timeTravelRetention(r, acct, rq, true); err != nil {
 			s.writeErr(w, r, err)
 			return
 		}

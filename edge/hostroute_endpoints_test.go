@@ -297,3 +297,31 @@ func TestHostAndTokenBooksAsDocumented(t *testing.T) {
 	assert.Contains(t, string(doc), "rewritten at most once a\nminute")
 	assert.Equal(t, time.Minute, tokenSaveEvery)
 }
+
+// TestTimeTravelReadsKeepAStaleTierDuringAnOutage: a bookmark at a past
+// point needs the account's tier (its retention). While the catalog is
+// unavailable the edge answers it from the account row it last read,
+// within TokenStaleGrace; past the grace it is 503 again. A restore — a
+// write — never takes the stale row.
+func TestTimeTravelReadsKeepAStaleTierDuringAnOutage(t *testing.T) {
+	e := newEndpointEnv(t)
+	d := e.create(acctA, tokA, "db")
+	past := e.clock.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+	bookmark := func() answer {
+		return e.call(http.MethodGet, dbPath(acctA)+"/"+d.UUID+"/time_travel/bookmark?timestamp="+past, tokA, nil)
+	}
+	restore := func() answer {
+		return e.call(http.MethodPost, dbPath(acctA)+"/"+d.UUID+"/time_travel/restore?timestamp="+past, tokA, nil)
+	}
+	require.Equal(t, http.StatusOK, bookmark().Status, "the catalog up: the tier read and cached")
+	e.cat.setDown(true)
+	e.clock.Advance(time.Minute) // past AccountCacheTTL (3 s), within the grace (15 min)
+	a := bookmark()
+	require.Equal(t, http.StatusOK, a.Status, "a read of history takes the tier read a minute ago: %s", a.Raw)
+	a = restore()
+	assert.Equal(t, http.StatusServiceUnavailable, a.Status, "a restore takes no stale tier: %s", a.Raw)
+	e.clock.Advance(15 * time.Minute)
+	a = bookmark()
+	assert.Equal(t, http.StatusServiceUnavailable, a.Status, "past the grace: %s", a.Raw)
+	assert.Equal(t, 7503, a.code())
+}

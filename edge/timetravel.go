@@ -64,7 +64,7 @@ func (s *Server) bookmarkAt(r *http.Request, acct, id, timestamp string) (bookma
 	if timestamp != "" {
 		// Only a past point needs the tier's retention; the current
 		// bookmark needs no catalog read at all.
-		if err := s.timeTravelRetention(r, acct, q); err != nil {
+		if err := s.timeTravelRetention(r, acct, q, true); err != nil {
 			return out, err
 		}
 	}
@@ -92,7 +92,7 @@ func (s *Server) handleTimeTravelRestore(w http.ResponseWriter, r *http.Request,
 	} else {
 		q.Set("timestamp", ts)
 	}
-	if err := s.timeTravelRetention(r, acct, q); err != nil {
+	if err := s.timeTravelRetention(r, acct, q, false); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -126,9 +126,16 @@ func (s *Server) recordAudit(ctx context.Context, a fsm.RecordAudit) {
 }
 
 // timeTravelRetention adds the account tier's retention (D1: 7 days free,
-// 30 paid) to the host call.
-func (s *Server) timeTravelRetention(r *http.Request, acct string, q url.Values) error {
-	a, err := s.accountRow(r.Context(), acct)
+// 30 paid) to the host call. For a read of history (bookmarks, exports at
+// a point), read is true and the tier may be a stale one while the catalog
+// is unavailable (staleAccountRow); a restore rewrites the database and
+// takes only a fresh one.
+func (s *Server) timeTravelRetention(r *http.Request, acct string, q url.Values, read bool) error {
+	get := s.accountRow
+	if read {
+		get = s.staleAccountRow
+	}
+	a, err := get(r.Context(), acct)
 	if err != nil {
 		return err
 	}
