@@ -385,10 +385,12 @@ func TestDeployBench(t *testing.T) {
 	if base != nil {
 		// The change against its baseline, same rounds.
 		for _, n := range levels {
+			done := map[string]bool{} // a path compared with several bases is listed once per base in allPaths
 			for _, p := range allPaths {
-				if !phases[p.name] {
+				if !phases[p.name] || done[p.name] {
 					continue
 				}
+				done[p.name] = true
 				s, b := res[key(p.name, n)], res[key(p.name+"@base", n)]
 				t.Logf("%-66s %3d this build vs baseline: %s", p.name, n, s.row(b))
 				if p.name == "raw" && os.Getenv("SHOAL_BENCH_BASELINE_SINGLE") == "1" {
