@@ -126,13 +126,19 @@ func CommandLevel(typ CommandType) int64 {
 // is applied or remembered (max_time included), exactly where a build that
 // does not know the command answers unknown_command, so replicas of both
 // builds leave the same catalog.
-func (f *FSM) checkLevel(typ CommandType) error {
-	need, cur := CommandLevel(typ), f.level.Load()
-	if need <= cur {
+func (f *FSM) checkLevel(typ CommandType) error { return CheckLevel(typ, f.level.Load()) }
+
+// CheckLevel is the refusal (ErrClusterLevelTooLow) of a command of type
+// typ in a cluster at level cluster, or nil. raftmeta also asks it before
+// proposing, so that a refused command does not even enter the log (where
+// a replica of a build without levels but with the command would apply it).
+func CheckLevel(typ CommandType, cluster int64) error {
+	need := CommandLevel(typ)
+	if need <= cluster {
 		return nil
 	}
 	return fmt.Errorf("%w: %s needs catalog level %d, the cluster is at level %d: upgrade every catalog node to a build that knows level %d first (the leader then raises the level by itself)",
-		ErrClusterLevelTooLow, typ, need, cur, need)
+		ErrClusterLevelTooLow, typ, need, cluster, need)
 }
 
 // loadClusterLevel reads the cluster level row (1 when absent).
