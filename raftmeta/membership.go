@@ -156,7 +156,7 @@ type Member struct {
 	CommitIndex  uint64 `json:"commit_index,omitempty"`
 	AppliedIndex uint64 `json:"applied_index,omitempty"`
 	// LastContactMs: since the member last heard from a leader (0 = is leader, -1 = never).
-	LastContactMs int64  `json:"last_contact_ms"`
+	LastContactMs int64 `json:"last_contact_ms"`
 	// BuildLevel is the catalog level the member's build knows (0: not
 	// reachable; 1 also for a build older than levels, which does not say);
 	// ClusterLevel the cluster's level as the member has applied it.

@@ -99,7 +99,7 @@ func NewNode(c Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("open catalog fsm: %w", err)
 	}
 	closers = append(closers, func() { n.cat.Close() })
-	n.fsm = newInstrumentedFSM(n.cat, func() *metrics { return n.metrics })
+	n.fsm = newInstrumentedFSM(n.cat, func() *metrics { return n.metrics }, cfg.Logger)
 
 	hlog := logging.HCLog(cfg.Logger, "raft", hclog.LevelFromString(cfg.RaftLogLevel))
 	if cfg.RaftLogOutput != nil {
