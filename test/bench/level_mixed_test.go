@@ -21,13 +21,15 @@ import (
 )
 
 // TestCatalogLevelMixedVersions checks the catalog-level gate across real
-// builds: three voter processes with mutual TLS, c1 and c2 of this build,
-// c3 of another build from before catalog levels (SHOAL_BENCH_BASELINE_BIN,
-// e.g. main at 224a588) as a follower. While c3 runs the old build the
-// leader keeps the cluster at level 1 (c3 answers /v1/cluster/self without
+// builds: three voter processes with mutual TLS, c2 and c3 of this build,
+// c1 of another build from before catalog levels (SHOAL_BENCH_BASELINE_BIN,
+// e.g. main at 224a588). c1 bootstraps (two nodes of this build alone would
+// raise the level at once, and c1 could then no longer join), then is
+// restarted until it is a follower. While c1 runs the old build the leader
+// keeps the cluster at level 1 (c1 answers /v1/cluster/self without
 // build_level), and delete_database_if — a level-2 command — is refused,
 // whichever node it is sent to, and the three backups stay identical.
-// Then c3 is "upgraded" (kill -9, restarted with this build on the same
+// Then c1 is "upgraded" (kill -9, restarted with this build on the same
 // data): the leader raises the level within a round or two, the same
 // delete applies, and the three backups are identical again.
 //
@@ -52,7 +54,7 @@ func TestCatalogLevelMixedVersions(t *testing.T) {
 	var procs []*harness.Proc
 	for i := range 3 {
 		bin := shoalBin.Path(t)
-		if i == 2 {
+		if i == 0 {
 			bin = oldBin
 		}
 		id := fmt.Sprintf("c%d", i+1)
@@ -70,11 +72,25 @@ func TestCatalogLevelMixedVersions(t *testing.T) {
 		procs = append(procs, proc)
 	}
 	tlsL := p.Loader(t, "bench", pki.RoleEdge, pki.RoleOperator)
-	cl, err := raftmeta.NewClient(addrs[:2], raftmeta.WithCacheTTL(0), raftmeta.WithTLS(tlsL))
+	cl, err := raftmeta.NewClient(addrs[1:], raftmeta.WithCacheTTL(0), raftmeta.WithTLS(tlsL))
 	require.NoError(t, err)
 	defer cl.Close()
 	admin := func(a string) *raftmeta.Admin {
 		return raftmeta.NewAdmin(a, 30*time.Second, p.Loader(t, "ops", pki.RoleOperator))
+	}
+	// c1 (old) leads after bootstrapping: restart it until another leads.
+	for attempt := 0; ; attempt++ {
+		var st raftmeta.ClusterStatus
+		require.Eventually(t, func() bool {
+			st, err = admin(addrs[1]).Status(ctx)
+			return err == nil && st.Leader != ""
+		}, 30*time.Second, 200*time.Millisecond, "no leader")
+		if st.Leader != "c1" {
+			break
+		}
+		require.Less(t, attempt, 5, "c1 keeps winning the election")
+		procs[0].Restart(t, 3*time.Second)
+		harness.WaitHTTP200With(t, ops, "https://"+addrs[0]+"/readyz", 30*time.Second, "c1 never ready after a restart: %s", procs[0].Log)
 	}
 
 	_, err = cl.RegisterHost(ctx, fsm.RegisterHost{ID: "h1", Address: "10.0.0.1:1", State: fsm.HostStateActive})
@@ -95,12 +111,12 @@ func TestCatalogLevelMixedVersions(t *testing.T) {
 
 	// Two level rounds (10 s each) with the old build in the group.
 	time.Sleep(21 * time.Second)
-	st, err := admin(addrs[0]).Status(ctx)
+	st, err := admin(addrs[1]).Status(ctx) // c1 (old) knows no levels
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), st.ClusterLevel)
 	for _, m := range st.Members {
 		want := int64(2)
-		if m.ID == "c3" {
+		if m.ID == "c1" {
 			want = 1 // no build_level in its answer
 		}
 		assert.Equal(t, want, m.BuildLevel, "member %s", m.ID)
@@ -110,7 +126,7 @@ func TestCatalogLevelMixedVersions(t *testing.T) {
 	assert.Contains(t, err.Error(), "upgrade every catalog node to a build that knows level 2 first")
 	// Through the old follower: it forwards, the leader refuses (the old
 	// build passes on a refusal code it does not know as it can).
-	oldCl, err := raftmeta.NewClient(addrs[2:], raftmeta.WithCacheTTL(0), raftmeta.WithTLS(tlsL))
+	oldCl, err := raftmeta.NewClient(addrs[:1], raftmeta.WithCacheTTL(0), raftmeta.WithTLS(tlsL))
 	require.NoError(t, err)
 	defer oldCl.Close()
 	_, err = oldCl.DeleteDatabaseIf(ctx, del(dbs[1]))
@@ -128,10 +144,10 @@ func TestCatalogLevelMixedVersions(t *testing.T) {
 		d.Close()
 	}
 
-	// Upgrade c3 in place.
-	procs[2].Bin = shoalBin.Path(t)
-	procs[2].Restart(t, 0)
-	harness.WaitHTTP200With(t, ops, "https://"+addrs[2]+"/readyz", 30*time.Second, "c3 never ready after the upgrade: %s", procs[2].Log)
+	// Upgrade c1 in place.
+	procs[0].Bin = shoalBin.Path(t)
+	procs[0].Restart(t, 0)
+	harness.WaitHTTP200With(t, ops, "https://"+addrs[0]+"/readyz", 30*time.Second, "c1 never ready after the upgrade: %s", procs[0].Log)
 	require.Eventually(t, func() bool {
 		for _, a := range addrs {
 			st, err := admin(a).Status(ctx)
