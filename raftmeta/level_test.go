@@ -3,6 +3,8 @@ package raftmeta
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"testing"
 	"time"
 
@@ -118,6 +120,14 @@ func TestClusterLevelGateInACluster(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, fsm.StateDeleted, d.State, "node %s", n.ID())
 	}
+
+	resp, err := http.Get("http://" + leader.HTTPAddr() + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.Contains(t, string(body), "\nshoal_raftmeta_cluster_level 2\n")
+	assert.Contains(t, string(body), "\nshoal_raftmeta_build_level 2\n")
 
 	// A server of the older build may not join a level-2 cluster.
 	cfg := testConfig(t, "n4", t.TempDir())
