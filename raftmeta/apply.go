@@ -74,6 +74,13 @@ func checkCommand(cmd *fsm.Command, now time.Time, level int64) error {
 	if err := fsm.CheckLevel(cmd.Type, level); err != nil {
 		return fsm.ToError(err)
 	}
+	if cmd.Type == fsm.CmdSetClusterLevel {
+		// Only the leader's level check proposes it, locally (level.go):
+		// from anyone else (any caller without TLS) it could raise the
+		// level past a server of a build from before levels, which would
+		// answer it unknown_command while the others write the row.
+		return &fsm.Error{Code: fsm.CodeInvalid, Message: "set_cluster_level is proposed only by the catalog leader's own level check"}
+	}
 	if cmd.RequestID == "" {
 		cmd.RequestID = ids.New()
 	}

@@ -60,6 +60,11 @@ func TestClusterLevelGateInACluster(t *testing.T) {
 	require.NoError(t, err)
 	del := fsm.DeleteDatabaseIf{AccountID: "a1", UUID: db.UUID, ExpectObjectID: db.ObjectID, ExpectRoutingGeneration: 1}
 
+	// Nobody proposes the level but the leader's own check.
+	_, err = cl.Apply(ctx, cmd(t, fsm.CmdSetClusterLevel, fsm.SetClusterLevel{Level: 2}))
+	require.ErrorIs(t, err, fsm.ErrInvalid)
+	assert.Contains(t, err.Error(), "proposed only by the catalog leader's own level check")
+
 	// One server at level 1: no raise, however often the leader asks.
 	for i := 0; i < 3; i++ {
 		got, err := leader.raiseClusterLevel(ctx)
