@@ -54,9 +54,13 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 // checkCommand refuses what must never reach the log: versions this build
-// does not know and missing request IDs are filled or refused here, the
-// rest (types, bodies) is the FSM's to judge.
-func checkCommand(cmd *fsm.Command, now time.Time) error {
+// does not know and missing request IDs are filled or refused here, and a
+// command above the cluster's catalog level (the node's applied view of
+// it, level; it only rises, so a refusal here can at worst come a moment
+// after the leader raised it — the FSM refuses it anyway, but outside the
+// log a replica of a build without levels never sees it). The rest
+// (types, bodies) is the FSM's to judge.
+func checkCommand(cmd *fsm.Command, now time.Time, level int64) error {
 	if cmd.Version == 0 {
 		cmd.Version = fsm.CommandVersion
 	}
@@ -66,6 +70,16 @@ func checkCommand(cmd *fsm.Command, now time.Time) error {
 	}
 	if cmd.Type == "" {
 		return &fsm.Error{Code: fsm.CodeInvalid, Message: "command type missing"}
+	}
+	if err := fsm.CheckLevel(cmd.Type, level); err != nil {
+		return fsm.ToError(err)
+	}
+	if cmd.Type == fsm.CmdSetClusterLevel {
+		// Only the leader's level check proposes it, locally (level.go):
+		// from anyone else (any caller without TLS) it could raise the
+		// level past a server of a build from before levels, which would
+		// answer it unknown_command while the others write the row.
+		return &fsm.Error{Code: fsm.CodeInvalid, Message: "set_cluster_level is proposed only by the catalog leader's own level check"}
 	}
 	if cmd.RequestID == "" {
 		cmd.RequestID = ids.New()
@@ -87,7 +101,7 @@ func checkCommand(cmd *fsm.Command, now time.Time) error {
 // A catalog refusal is returned as a *fsm.Error (errors.Is against fsm's
 // sentinels); no leader within the retry budget is ErrUnavailable.
 func (n *Node) Apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
-	if err := checkCommand(&cmd, n.cfg.Now()); err != nil {
+	if err := checkCommand(&cmd, n.cfg.Now(), n.cat.ClusterLevel()); err != nil {
 		return fsm.Result{}, err
 	}
 	var lastErr error

@@ -75,6 +75,14 @@ type Config struct {
 	// days; <0 keeps them forever). The leader prunes hourly.
 	AuditRetention time.Duration
 	JoinTimeout    time.Duration // default 30 s
+	// LevelCheckInterval is how often the leader asks every server for the
+	// catalog level its build knows and raises the cluster's level when all
+	// know a higher one (level.go); also after every leadership change.
+	// Default 10 s; <0 disables.
+	LevelCheckInterval time.Duration
+	// LevelCheckTimeout bounds each server's answer to that question
+	// (default 2 s): a server slower than that counts as not answering.
+	LevelCheckTimeout time.Duration
 
 	FSMOptions []fsm.Option
 
@@ -142,6 +150,8 @@ func (c *Config) withDefaults() (Config, error) {
 	def(&cfg.DrainInterval, time.Second)
 	def(&cfg.AuditRetention, 90*24*time.Hour)
 	def(&cfg.JoinTimeout, 30*time.Second)
+	def(&cfg.LevelCheckInterval, 10*time.Second)
+	def(&cfg.LevelCheckTimeout, 2*time.Second)
 	if cfg.SnapshotThreshold == 0 {
 		cfg.SnapshotThreshold = 8192
 	}

@@ -2,6 +2,7 @@ package raftmeta
 
 import (
 	"io"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +25,7 @@ import (
 type instrumentedFSM struct {
 	cat     *fsm.FSM
 	metrics func() *metrics
+	log     *slog.Logger
 
 	applied atomic.Uint64
 
@@ -40,8 +42,23 @@ var (
 	_ raft.BatchingFSM = (*instrumentedFSM)(nil)
 )
 
-func newInstrumentedFSM(cat *fsm.FSM, m func() *metrics) *instrumentedFSM {
-	return &instrumentedFSM{cat: cat, metrics: m, wakeCh: make(chan struct{})}
+func newInstrumentedFSM(cat *fsm.FSM, m func() *metrics, log *slog.Logger) *instrumentedFSM {
+	return &instrumentedFSM{cat: cat, metrics: m, log: log, wakeCh: make(chan struct{})}
+}
+
+// logHalt logs a halting FSM (fsm.HaltError: this build is older than the
+// cluster's catalog level) through the node's logger, then panics on:
+// the replica must stop rather than apply commands its build cannot know.
+// Deferred by the calls into the catalog; other panics pass untouched.
+func (f *instrumentedFSM) logHalt() {
+	r := recover()
+	if r == nil {
+		return
+	}
+	if he, ok := r.(*fsm.HaltError); ok && f.log != nil {
+		f.log.Error("catalog replica halted: "+he.Error(), "build_level", f.cat.BuildLevel())
+	}
+	panic(r)
 }
 
 func (f *instrumentedFSM) Apply(l *raft.Log) interface{} {
@@ -65,7 +82,7 @@ func (f *instrumentedFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		if m := f.metrics(); m != nil {
 			m.batchSize.Observe(float64(len(cmds)))
 		}
-		res := f.cat.ApplyBatch(cmds)
+		res := f.applyCatalog(cmds)
 		for j, r := range res {
 			out[pos[j]] = r
 		}
@@ -118,9 +135,19 @@ func (f *instrumentedFSM) Snapshot() (raft.FSMSnapshot, error) {
 	return &timedSnapshot{FSMSnapshot: s, metrics: f.metrics}, nil
 }
 
+func (f *instrumentedFSM) applyCatalog(cmds []*raft.Log) []interface{} {
+	defer f.logHalt()
+	return f.cat.ApplyBatch(cmds)
+}
+
+func (f *instrumentedFSM) restoreCatalog(rc io.ReadCloser) error {
+	defer f.logHalt()
+	return f.cat.Restore(rc)
+}
+
 func (f *instrumentedFSM) Restore(rc io.ReadCloser) error {
 	start := time.Now()
-	err := f.cat.Restore(rc)
+	err := f.restoreCatalog(rc)
 	if m := f.metrics(); m != nil {
 		m.snapshotDur.WithLabelValues("restore").Observe(time.Since(start).Seconds())
 	}

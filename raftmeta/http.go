@@ -155,7 +155,7 @@ func (n *Node) handleApply(w http.ResponseWriter, r *http.Request) {
 		n.writeErr(w, err)
 		return
 	}
-	if err := checkCommand(&cmd, n.cfg.Now()); err != nil {
+	if err := checkCommand(&cmd, n.cfg.Now(), n.cat.ClusterLevel()); err != nil {
 		n.writeErr(w, err)
 		return
 	}

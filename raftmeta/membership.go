@@ -36,6 +36,8 @@ func (n *Node) Join(ctx context.Context, r JoinRequest) error {
 	if n.raft.State() != raft.Leader {
 		return n.notLeader()
 	}
+	n.levelMu.Lock() // see raiseClusterLevel
+	defer n.levelMu.Unlock()
 	cf := n.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
 		return err
@@ -45,6 +47,14 @@ func (n *Node) Join(ctx context.Context, r JoinRequest) error {
 		if sameID && sameAddr && (s.Suffrage == raft.Voter) == r.Voter {
 			return nil
 		}
+	}
+	// Before any change: a server whose build is older than the cluster's
+	// catalog level would halt on its first entry (level.go).
+	if err := n.checkJoinLevel(ctx, r); err != nil {
+		return err
+	}
+	for _, s := range cf.Configuration().Servers {
+		sameID, sameAddr := s.ID == raft.ServerID(r.ID), s.Address == raft.ServerAddress(r.RaftAddr)
 		if sameID || sameAddr {
 			if err := n.raft.RemoveServer(s.ID, 0, n.cfg.ApplyTimeout).Error(); err != nil {
 				return n.leaderOpErr("remove stale member", err)
@@ -146,8 +156,13 @@ type Member struct {
 	CommitIndex  uint64 `json:"commit_index,omitempty"`
 	AppliedIndex uint64 `json:"applied_index,omitempty"`
 	// LastContactMs: since the member last heard from a leader (0 = is leader, -1 = never).
-	LastContactMs int64  `json:"last_contact_ms"`
-	Error         string `json:"error,omitempty"`
+	LastContactMs int64 `json:"last_contact_ms"`
+	// BuildLevel is the catalog level the member's build knows (0: not
+	// reachable; 1 also for a build older than levels, which does not say);
+	// ClusterLevel the cluster's level as the member has applied it.
+	BuildLevel   int64  `json:"build_level,omitempty"`
+	ClusterLevel int64  `json:"cluster_level,omitempty"`
+	Error        string `json:"error,omitempty"`
 }
 
 // SelfStatus is one node's own view.
@@ -164,15 +179,24 @@ type SelfStatus struct {
 	LastContactMs int64  `json:"last_contact_ms"`
 	Ready         bool   `json:"ready"`
 	ReadyReason   string `json:"ready_reason"`
+	// BuildLevel is the catalog level this node's build knows, the answer
+	// to the leader's level check (level.go); ClusterLevel the cluster's
+	// level as this node has applied it. Both absent from builds older
+	// than levels.
+	BuildLevel   int64 `json:"build_level,omitempty"`
+	ClusterLevel int64 `json:"cluster_level,omitempty"`
 }
 
 // ClusterStatus is the answer of /v1/cluster/status: the asked node's view
 // plus every member's own view, fetched with a short timeout.
 type ClusterStatus struct {
-	Self    SelfStatus `json:"self"`
-	Leader  string     `json:"leader"` // leader's ID
-	Term    uint64     `json:"term"`
-	Members []Member   `json:"members"`
+	Self   SelfStatus `json:"self"`
+	Leader string     `json:"leader"` // leader's ID
+	Term   uint64     `json:"term"`
+	// ClusterLevel is the cluster's catalog level as the asked node has
+	// applied it (level.go).
+	ClusterLevel int64    `json:"cluster_level,omitempty"`
+	Members      []Member `json:"members"`
 }
 
 // Self returns this node's own view of the cluster.
@@ -187,7 +211,7 @@ func (n *Node) Self() SelfStatus {
 		ID: n.cfg.ID, RaftAddr: n.RaftAddr(), HTTPAddr: n.httpAddr, State: n.raft.State().String(),
 		LeaderID: string(id), LeaderAddr: string(addr), Term: n.raft.CurrentTerm(),
 		CommitIndex: n.raft.CommitIndex(), AppliedIndex: n.AppliedIndex(), LastContactMs: lc,
-		Ready: ready, ReadyReason: why,
+		Ready: ready, ReadyReason: why, BuildLevel: n.cat.BuildLevel(), ClusterLevel: n.cat.ClusterLevel(),
 	}
 }
 
@@ -198,7 +222,7 @@ func (n *Node) Status(ctx context.Context) (ClusterStatus, error) {
 		return ClusterStatus{}, err
 	}
 	self := n.Self()
-	st := ClusterStatus{Self: self, Leader: self.LeaderID, Term: self.Term}
+	st := ClusterStatus{Self: self, Leader: self.LeaderID, Term: self.Term, ClusterLevel: self.ClusterLevel}
 	servers := cf.Configuration().Servers
 	st.Members = make([]Member, len(servers))
 	var wg sync.WaitGroup
@@ -227,6 +251,7 @@ func (n *Node) Status(ctx context.Context) (ClusterStatus, error) {
 			}
 			m.HTTPAddr, m.Reachable, m.State, m.Term = ss.HTTPAddr, true, ss.State, ss.Term
 			m.CommitIndex, m.AppliedIndex, m.LastContactMs = ss.CommitIndex, ss.AppliedIndex, ss.LastContactMs
+			m.BuildLevel, m.ClusterLevel = max(ss.BuildLevel, 1), ss.ClusterLevel
 		}(&st.Members[i])
 	}
 	wg.Wait()

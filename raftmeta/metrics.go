@@ -61,6 +61,10 @@ func newMetrics(n *Node) *metrics {
 			}
 			return 0
 		}),
+		gauge("shoal_raftmeta_cluster_level", "The cluster's catalog level as this node has applied it (commands above it are refused).", func() float64 {
+			return float64(n.cat.ClusterLevel())
+		}),
+		gauge("shoal_raftmeta_build_level", "The catalog level this node's build knows.", func() float64 { return float64(n.cat.BuildLevel()) }),
 		gauge("shoal_raftmeta_term", "Current Raft term.", func() float64 { return float64(n.raft.CurrentTerm()) }),
 		gauge("shoal_raftmeta_commit_index", "Raft commit index known to this node.", func() float64 { return float64(n.raft.CommitIndex()) }),
 		gauge("shoal_raftmeta_applied_index", "Highest log index applied to the catalog FSM.", func() float64 { return float64(n.AppliedIndex()) }),

@@ -59,6 +59,9 @@ type Node struct {
 	readyTarget atomic.Uint64 // commit index to reach before /readyz says ready
 	readySeen   atomic.Bool
 
+	// levelMu serialises the leader's level raise with joins (level.go).
+	levelMu sync.Mutex
+
 	ctx       context.Context
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -96,7 +99,7 @@ func NewNode(c Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("open catalog fsm: %w", err)
 	}
 	closers = append(closers, func() { n.cat.Close() })
-	n.fsm = newInstrumentedFSM(n.cat, func() *metrics { return n.metrics })
+	n.fsm = newInstrumentedFSM(n.cat, func() *metrics { return n.metrics }, cfg.Logger)
 
 	hlog := logging.HCLog(cfg.Logger, "raft", hclog.LevelFromString(cfg.RaftLogLevel))
 	if cfg.RaftLogOutput != nil {
@@ -229,6 +232,10 @@ func NewNode(c Config) (_ *Node, err error) {
 
 	n.wg.Add(1)
 	go n.leaderLoop()
+	if cfg.LevelCheckInterval > 0 {
+		n.wg.Add(1)
+		go n.levelLoop()
+	}
 	n.log.Info("raftmeta node started", "raft", n.trans.LocalAddr(), "http", n.httpAddr, "existing_state", hasState)
 	return n, nil
 }

@@ -93,7 +93,7 @@ func TestRaftmetaCLIThreeProcesses(t *testing.T) {
 	out, err = shoal("cluster", "status", "--addr", n2.httpAddr)
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "leader: n1")
-	for _, h := range []string{"ID", "SUFFRAGE", "COMMIT", "APPLIED", "LAST CONTACT"} {
+	for _, h := range []string{"ID", "SUFFRAGE", "COMMIT", "APPLIED", "LAST CONTACT", "BUILD LEVEL", "catalog level: "} {
 		assert.Contains(t, out, h)
 	}
 	assert.Equal(t, 3, strings.Count(out, " voter "), out) // three voter rows

@@ -219,13 +219,15 @@ func printStatus(out io.Writer, st raftmeta.ClusterStatus) {
 	if leader == "" {
 		leader = "(none)"
 	}
-	fmt.Fprintf(out, "leader: %s   term: %d   asked: %s (%s)\n\n", leader, st.Term, st.Self.ID, st.Self.State)
+	// A node predating catalog levels reports none: its cluster is at 1.
+	fmt.Fprintf(out, "leader: %s   term: %d   asked: %s (%s)   catalog level: %d\n\n", leader, st.Term, st.Self.ID, st.Self.State, max(st.ClusterLevel, 1))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tRAFT ADDR\tHTTP ADDR\tSUFFRAGE\tSTATE\tTERM\tCOMMIT\tAPPLIED\tLAST CONTACT")
+	fmt.Fprintln(tw, "ID\tRAFT ADDR\tHTTP ADDR\tSUFFRAGE\tSTATE\tTERM\tCOMMIT\tAPPLIED\tLAST CONTACT\tBUILD LEVEL")
 	for _, m := range st.Members {
-		state, term, commit, applied, contact := "unreachable", "-", "-", "-", "-"
+		state, term, commit, applied, contact, level := "unreachable", "-", "-", "-", "-", "-"
 		if m.Reachable {
 			state = strings.ToLower(m.State)
+			level = fmt.Sprint(max(m.BuildLevel, 1))
 			term, commit, applied = fmt.Sprint(m.Term), fmt.Sprint(m.CommitIndex), fmt.Sprint(m.AppliedIndex)
 			switch {
 			case m.Leader || m.LastContactMs == 0:
@@ -240,7 +242,7 @@ func printStatus(out io.Writer, st raftmeta.ClusterStatus) {
 		if httpAddr == "" {
 			httpAddr = "?"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, m.RaftAddr, httpAddr, strings.ToLower(m.Suffrage), state, term, commit, applied, contact)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, m.RaftAddr, httpAddr, strings.ToLower(m.Suffrage), state, term, commit, applied, contact, level)
 	}
 	tw.Flush()
 }

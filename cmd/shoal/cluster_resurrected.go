@@ -61,9 +61,10 @@ host's object at the routing generation just read, so a database relocated
 (lost-host recovery) in between is refused, reported with an error, and the
 command goes on with the others and exits non-zero. That catalog write is
 the checkpoint: a run stopped half-way leaves the rest listed, and running
-the command again resumes. Every catalog node must run a build that knows
-the conditional delete (delete_database_if); an older leader refuses it and
-nothing is deleted.
+the command again resumes. The conditional delete (delete_database_if)
+needs catalog level 2: every catalog node must run a build that knows it,
+and the leader then raises the cluster's level by itself (see
+` + "`shoal cluster status`" + `); below it the command refuses before any write.
 Databases the catalog names with another object (relocated elsewhere) are
 shown and never deleted. The hosts' alarms clear at their next check (one
 heartbeat interval).`,
@@ -98,6 +99,19 @@ heartbeat interval).`,
 				}
 			}
 			if del && zombies > 0 {
+				// Before any write: the cluster's catalog level must allow
+				// the conditional delete. The catalog refuses it anyway,
+				// but a leader of a build from before levels (which knows
+				// the command) would apply it while the others refuse it.
+				sctx, cancel := context.WithTimeout(ctx, *timeout)
+				st, err := raftmeta.NewAdmin(*addr, *timeout, tlsL).Status(sctx)
+				cancel()
+				if err != nil {
+					return fmt.Errorf("read the catalog's level at %s: %w", *addr, err)
+				}
+				if err := deleteAllowedAt(st); err != nil {
+					return fmt.Errorf("nothing deleted: %w", err)
+				}
 				if !yes {
 					ok, err := confirmPrompt(cmd.InOrStdin(), stderr, fileIsTerminal, fmt.Sprintf(
 						"Delete %d databases again in the catalog? Their deletes were acknowledged before the catalog was restored; every query to them answers 404.", zombies))
@@ -236,12 +250,21 @@ func deleteZombies(ctx context.Context, cl resurrectedCatalog, timeout time.Dura
 			v, _, _ := resurrectedVerdict(ctx, cl, timeout, rows[i])
 			rows[i].Catalog = v
 			rows[i].Error = "not deleted: the catalog changed since it was read (" + err.Error() + ")"
+		case errors.Is(err, fsm.ErrClusterLevelTooLow):
+			rows[i].Error = "not deleted: " + err.Error()
 		case errors.Is(err, fsm.ErrUnknownCommand):
 			rows[i].Error = "not deleted: the catalog leader's build does not know delete_database_if; upgrade every catalog node first"
 		default:
 			rows[i].Error = err.Error()
 		}
 	}
+}
+
+// deleteAllowedAt refuses --delete while the cluster's catalog level (as
+// the asked node applied it; none from a node predating levels: 1) is
+// below delete_database_if's.
+func deleteAllowedAt(st raftmeta.ClusterStatus) error {
+	return fsm.CheckLevel(fsm.CmdDeleteDatabaseIf, max(st.ClusterLevel, 1))
 }
 
 // resurrectedFailures is the command's exit: an error (exit status 1, the

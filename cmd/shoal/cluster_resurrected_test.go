@@ -79,7 +79,9 @@ func (c *fsmCatalog) DeleteDatabaseIf(_ context.Context, d fsm.DeleteDatabaseIf)
 func TestResurrectedDeleteIsConditional(t *testing.T) {
 	ctx := context.Background()
 	c := newFSMCatalog(t)
-	_, err := c.apply(fsm.CmdCreateAccount, fsm.CreateAccount{ID: "a1", Name: "a1", Tier: fsm.TierFree,
+	_, err := c.apply(fsm.CmdSetClusterLevel, fsm.SetClusterLevel{Level: 2}) // delete_database_if's level
+	require.NoError(t, err)
+	_, err = c.apply(fsm.CmdCreateAccount, fsm.CreateAccount{ID: "a1", Name: "a1", Tier: fsm.TierFree,
 		Limits: fsm.Limits{MaxDatabases: 10, MaxStorageBytes: 1 << 30, MaxDatabaseBytes: 1 << 30, RowsReadPerDay: 1 << 30, RowsWrittenPerDay: 1 << 30}})
 	require.NoError(t, err)
 	for _, h := range []string{"h1", "h2"} {
@@ -127,4 +129,38 @@ func TestResurrectedDeleteIsConditional(t *testing.T) {
 	err = resurrectedFailures(rows)
 	require.Error(t, err, "a refused delete makes the command exit non-zero")
 	assert.Contains(t, err.Error(), "1 databases could not be checked or deleted")
+}
+
+// TestResurrectedDeleteNeedsLevel2: below catalog level 2 the command
+// refuses before any write, naming what to do, from the cluster status
+// (a node predating levels reports none: level 1); and should a delete
+// reach a level-1 catalog anyway, the row says the same and nothing is
+// deleted.
+func TestResurrectedDeleteNeedsLevel2(t *testing.T) {
+	for _, lvl := range []int64{0, 1} {
+		err := deleteAllowedAt(raftmeta.ClusterStatus{ClusterLevel: lvl})
+		require.ErrorIs(t, err, fsm.ErrClusterLevelTooLow, "level %d", lvl)
+		assert.Contains(t, err.Error(), "upgrade every catalog node to a build that knows level 2 first")
+	}
+	require.NoError(t, deleteAllowedAt(raftmeta.ClusterStatus{ClusterLevel: 2}))
+
+	ctx := context.Background()
+	c := newFSMCatalog(t)
+	_, err := c.apply(fsm.CmdCreateAccount, fsm.CreateAccount{ID: "a1", Name: "a1", Tier: fsm.TierFree,
+		Limits: fsm.Limits{MaxDatabases: 10, MaxStorageBytes: 1 << 30, MaxDatabaseBytes: 1 << 30, RowsReadPerDay: 1 << 30, RowsWrittenPerDay: 1 << 30}})
+	require.NoError(t, err)
+	_, err = c.apply(fsm.CmdRegisterHost, fsm.RegisterHost{ID: "h1", Address: "h1:1", State: fsm.HostStateActive})
+	require.NoError(t, err)
+	u := "00000000-0000-4000-8000-000000000001"
+	_, err = c.apply(fsm.CmdCreateDatabase, fsm.CreateDatabase{UUID: u, AccountID: "a1", Name: "db1",
+		ObjectID: "obj-" + u, HostID: "h1", Region: "weur", ReadReplication: fsm.ReadReplicationDisabled})
+	require.NoError(t, err)
+	rows := []resurrectedRow{{Host: "h1", Catalog: "active", ResurrectedDatabase: objecthost.ResurrectedDatabase{
+		DatabaseUUID: u, AccountID: "a1", ObjectID: "obj-" + u}}}
+	deleteZombies(ctx, c, time.Second, rows)
+	assert.False(t, rows[0].Deleted)
+	assert.Contains(t, rows[0].Error, "upgrade every catalog node to a build that knows level 2 first")
+	d, err := c.f.Database(ctx, u)
+	require.NoError(t, err)
+	assert.Equal(t, fsm.StateActive, d.State)
 }

@@ -34,8 +34,28 @@ func storageErr(err error) error {
 }
 
 func (f *FSM) fatal(index uint64, err error) {
+	var old *BuildTooOldError
+	if errors.As(err, &old) {
+		panic(&HaltError{Index: index, Err: old})
+	}
 	panic(fmt.Sprintf("fsm: apply log index %d: %v", index, err))
 }
+
+// HaltError is the panic value of a replica that must not go on applying
+// its log (today: BuildTooOldError). raftmeta logs it before the process
+// ends.
+type HaltError struct {
+	Index uint64
+	Err   error
+}
+
+func (e *HaltError) Error() string {
+	if e.Index == 0 {
+		return fmt.Sprintf("fsm: restore: %v", e.Err)
+	}
+	return fmt.Sprintf("fsm: log index %d: %v", e.Index, e.Err)
+}
+func (e *HaltError) Unwrap() error { return e.Err }
 
 // Apply applies one log entry in its own transaction. It returns a Result
 // (value type) for every entry.
@@ -171,6 +191,12 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 		res.Err = ToError(err)
 		return res, nil
 	}
+	// The level gate, at the same place and with the same effect (none) as
+	// an older build's unknown_command for a command it does not know.
+	if err := f.checkLevel(cmd.Type); err != nil {
+		res.Err = ToError(err)
+		return res, nil
+	}
 	if cmd.Time > f.maxTime {
 		f.maxTime = cmd.Time
 	}
@@ -216,9 +242,12 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 		value, err = f.run(ctx, &cmd, nil)
 	}
 	var fe *fatalError
+	var old *BuildTooOldError
 	switch {
 	case errors.As(err, &fe):
 		return res, fe
+	case errors.As(err, &old):
+		return res, old // halt: see BuildTooOldError
 	case err != nil:
 		if sp {
 			if _, err := s.rollbackTo.ExecContext(ctx); err != nil {

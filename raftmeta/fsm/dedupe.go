@@ -159,7 +159,11 @@ func (d *dedupe) prune(tsMin int64, idxMax uint64) {
 		d.head++
 	}
 	// Free the chunks no live entry uses (the last chunk stays: it is
-	// being filled).
+	// being filled). None yet: a batch of only entries that are not
+	// remembered (envelope or level refusals) as a catalog's first.
+	if len(d.chunks) == 0 {
+		return
+	}
 	keep := uint32(len(d.chunks) - 1)
 	if d.head < len(d.q) {
 		keep = min(keep, d.q[d.head].chunk-d.chunkBase)

@@ -18,6 +18,7 @@ func TestDeleteDatabaseIf(t *testing.T) {
 	ctx := context.Background()
 	f := newFSM(t)
 	d := newDriver(t, f)
+	d.ok(CmdSetClusterLevel, SetClusterLevel{Level: 2}) // delete_database_if's level
 	d.account("a1", 100)
 	d.ok(CmdRegisterHost, RegisterHost{ID: "h1", Address: "10.0.0.1:1", State: HostStateActive})
 	d.ok(CmdRegisterHost, RegisterHost{ID: "h2", Address: "10.0.0.2:1", State: HostStateActive})

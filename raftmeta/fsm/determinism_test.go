@@ -32,7 +32,9 @@ func randomLogs(t testing.TB, seed uint64, n int) []*raft.Log {
 // previousBuildLogs are randomLogs without the commands the previous
 // build (TestApplyMatchesPreviousBuild's) does not know: one delete in
 // three of randomLogs is a delete_database_if, derived from the entry's
-// position without drawing from the generator, so both logs are otherwise
+// position without drawing from the generator, and randomLogs starts with
+// a set_cluster_level to delete_database_if's level 2 (one more entry:
+// the other entries' indexes are one higher), so both logs are otherwise
 // the same.
 func previousBuildLogs(t testing.TB, seed uint64, n int) []*raft.Log {
 	return randomLogsOf(t, seed, n, false)
@@ -47,6 +49,10 @@ func randomLogsOf(t testing.TB, seed uint64, n int, conditionalDeletes bool) []*
 	acct := func() string { return accounts[rng.IntN(len(accounts))] }
 	uid := func() string { return uuidN(rng.IntN(40)) }
 	name := func() string { return fmt.Sprintf("n%d", rng.IntN(8)) }
+	if conditionalDeletes {
+		logs = append(logs, &raft.Log{Index: 1, Type: raft.LogCommand,
+			Data: encode(t, CmdSetClusterLevel, "level-2", now, SetClusterLevel{Level: 2})})
+	}
 	for i := 0; i < n; i++ {
 		index := uint64(len(logs) + 1)
 		if rng.IntN(40) == 0 {

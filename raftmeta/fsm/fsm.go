@@ -35,6 +35,7 @@ type config struct {
 	dedupeMaxEntries uint64
 	readConns        int
 	snapshotMode     SnapshotMode
+	buildLevel       int64
 }
 
 // WithDedupeWindow sets how long (in Command.Time, the proposers' clock) a
@@ -52,6 +53,13 @@ func WithReadConns(n int) Option { return func(c *config) { c.readConns = n } }
 
 // WithSnapshotMode chooses how Persist copies the catalog (see SnapshotMode).
 func WithSnapshotMode(m SnapshotMode) Option { return func(c *config) { c.snapshotMode = m } }
+
+// WithBuildLevel makes the FSM apply only up to catalog level n, as a
+// build of that level would (tests: an older replica in a mixed group).
+// Values below 1 or above BuildLevel are clamped.
+func WithBuildLevel(n int64) Option {
+	return func(c *config) { c.buildLevel = min(max(n, 1), BuildLevel) }
+}
 
 // FSM is the catalog state machine: a SQLite database derived from the Raft
 // log. It implements raft.FSM and raft.BatchingFSM.
@@ -80,6 +88,10 @@ type FSM struct {
 	// applied is atomic so AppliedIndex can be read from any goroutine.
 	applied atomic.Uint64
 	maxTime int64
+	// level is the cluster's catalog level (meta cluster_level, 1 when
+	// absent): written by the apply goroutine (set_cluster_level, open),
+	// read by any goroutine.
+	level atomic.Int64
 	// dd remembers request IDs (apply goroutine only; see dedupe).
 	dd *dedupe
 	// activeDelta holds creates not yet added to accounts.active_databases
@@ -110,6 +122,7 @@ func New(dir string, opts ...Option) (*FSM, error) {
 		dedupeMaxEntries: DefaultDedupeMaxEntries,
 		readConns:        defaultReadConns,
 		snapshotMode:     SnapshotBackup,
+		buildLevel:       BuildLevel,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -216,8 +229,14 @@ func (f *FSM) open() error {
 		f.closeHandles()
 		return err
 	}
+	level, err := loadClusterLevel(ctx, wconn)
+	if err != nil {
+		f.closeHandles()
+		return err
+	}
 	f.applied.Store(applied)
 	f.maxTime = maxTime
+	f.level.Store(level)
 	return nil
 }
 

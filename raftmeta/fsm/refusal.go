@@ -34,6 +34,7 @@ const (
 	CodeDatabaseLimit      = "database_limit"
 	CodeExists             = "exists"
 	CodeConflict           = "conflict"
+	CodeClusterLevelTooLow = "cluster_level_too_low"
 )
 
 // Sentinel errors callers branch on.
@@ -52,6 +53,10 @@ var (
 	// database is no longer the object or routing generation expected;
 	// set_host_state: the host reported after the idle bound).
 	ErrConflict = errors.New("conflict")
+	// ErrClusterLevelTooLow: the command needs a higher catalog level than
+	// the cluster's (cmd_set_cluster_level.go): some catalog node may run
+	// a build that does not know it. Nothing was written.
+	ErrClusterLevelTooLow = errors.New("cluster catalog level too low")
 )
 
 // Refusal is one kind of refusal: its wire code and its sentinel error.
@@ -82,6 +87,7 @@ var refusals = []Refusal{
 	{CodeNotFound, ErrNotFound},
 	{CodeInvalid, ErrInvalid},
 	{CodeConflict, ErrConflict},
+	{CodeClusterLevelTooLow, ErrClusterLevelTooLow},
 }
 
 // Refusals returns every refusal the catalog can answer (a copy), in the

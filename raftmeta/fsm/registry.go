@@ -36,13 +36,48 @@ var commands = map[CommandType]commandSpec{
 	CmdSetHostState:     setHostStateCommand,
 	CmdRecordAudit:      recordAuditCommand,
 	CmdPruneAudit:       pruneAuditCommand,
+	CmdSetClusterLevel:  setClusterLevelCommand,
+}
+
+// commandLevels is the catalog level each command needs
+// (cmd_set_cluster_level.go): Apply refuses a command above the cluster's
+// level with ErrClusterLevelTooLow. Level 1 is the command set from before
+// levels existed; a command added since needs the BuildLevel of the build
+// that added it (an older build answers it unknown_command). Every command
+// of commands is listed (TestEveryCommandHasALevel); a level, once
+// released, never changes.
+var commandLevels = map[CommandType]int64{
+	CmdCreateAccount:    1,
+	CmdUpdateAccount:    1,
+	CmdCreateToken:      1,
+	CmdRevokeToken:      1,
+	CmdRegisterHost:     1,
+	CmdReportHostLoad:   1,
+	CmdCreateDatabase:   1,
+	CmdDeleteDatabase:   1,
+	CmdDeleteDatabaseIf: 2,
+	CmdUpdateDatabase:   1,
+	CmdSetDatabaseStats: 1,
+	CmdDrainStats:       1,
+	CmdNoop:             1,
+	CmdCatalogRestored:  1,
+	CmdClaimLimitNotice: 1,
+	CmdFenceOrphans:     1,
+	CmdRelocateDatabase: 1,
+	CmdSetHostState:     1,
+	CmdRecordAudit:      1,
+	CmdPruneAudit:       1,
+	// Level 1 so that it can raise a level-1 cluster; the leader proposes
+	// it only when every server reported a build that knows it.
+	CmdSetClusterLevel: 1,
 }
 
 // envelopeRefusals are the refusals any entry can get, whatever its type:
-// a malformed or future envelope, an unknown type, a body that does not
+// a malformed or future envelope, an unknown type, a type above the
+// cluster's catalog level, a body that does not
 // decode or fails a field check (ErrInvalid; also a constraint violation,
 // see storageErr). A command lists only the refusals it adds to these.
-var envelopeRefusals = []error{ErrInvalid, ErrUnknownCommand, ErrUnsupportedVersion}
+var envelopeRefusals = []error{ErrInvalid, ErrUnknownCommand, ErrUnsupportedVersion, ErrClusterLevelTooLow}
 
 // commandSpec is what Apply needs of a command, untyped so that one table
 // holds them all. Implemented only by command[B, S].

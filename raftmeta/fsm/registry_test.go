@@ -226,6 +226,9 @@ func TestApplyRefusesOnlyWithListedRefusals(t *testing.T) {
 	// One case for each refusal a command lists.
 	f := newFSM(t)
 	d := newDriver(t, f)
+	// The level-1 cluster's refusal of a level-2 command, then level 2.
+	check(t, CmdDeleteDatabaseIf, d.do(CmdDeleteDatabaseIf, DeleteDatabaseIf{AccountID: "a1", UUID: uuidN(9), ExpectObjectID: "o1", ExpectRoutingGeneration: 1}))
+	d.ok(CmdSetClusterLevel, SetClusterLevel{Level: 2})
 	d.account("a1", 1)
 	d.ok(CmdRegisterHost, RegisterHost{ID: "h1", Address: "10.0.0.1:1", State: HostStateActive})
 	d.ok(CmdCreateDatabase, createDB(uuidN(1), "a1", "one"))

@@ -307,8 +307,18 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err := migrateFile(context.Background(), path); err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
-	if _, err := checkCatalogFile(context.Background(), path, false); err != nil {
+	_, level, err := checkCatalogFile(context.Background(), path, false)
+	if err != nil {
 		return fmt.Errorf("restore: %w", err)
+	}
+	if level > f.cfg.buildLevel {
+		// Not bad input: a valid snapshot of a cluster this build is too
+		// old for. Refusing it with an error would leave the replica
+		// serving its old catalog and make raft try older snapshots (and
+		// set this one aside at start, restore.go); halting keeps the
+		// snapshot and stops the replica until it is upgraded, as Apply
+		// does for set_cluster_level (BuildTooOldError).
+		panic(&HaltError{Index: 0, Err: &BuildTooOldError{Build: f.cfg.buildLevel, Cluster: level}})
 	}
 	// Opening a WAL-mode payload for the checks can leave -wal/-shm files
 	// beside it, which the rename below would orphan.

@@ -78,9 +78,16 @@ func CheckSnapshot(ctx context.Context, r io.Reader, dir string) (SnapshotInfo, 
 	if err := migrateFile(ctx, path); err != nil {
 		return SnapshotInfo{}, err
 	}
-	applied, err := checkCatalogFile(ctx, path, true)
+	applied, level, err := checkCatalogFile(ctx, path, true)
 	if err != nil {
 		return SnapshotInfo{}, err
+	}
+	// A backup of a cluster at a higher catalog level than this build
+	// knows may hold the effects of commands this build cannot apply, and
+	// restoring it would halt every replica (see Restore).
+	if level > BuildLevel {
+		return SnapshotInfo{}, invalidSnapshot("the backup is of catalog level %d, this build knows up to level %d: restore it with a build of level %d or later",
+			level, BuildLevel, level)
 	}
 	if err := trialLoad(ctx, path); err != nil {
 		return SnapshotInfo{}, err
@@ -124,65 +131,69 @@ const sqliteMagic = "SQLite format 3\x00"
 // PRAGMA integrity_check and columnTypeCheck. It opens the file read-only (query_only) and
 // leaves it unchanged; failures that say something about the file are
 // *InvalidSnapshotError.
-func checkCatalogFile(ctx context.Context, path string, integrity bool) (uint64, error) {
+func checkCatalogFile(ctx context.Context, path string, integrity bool) (uint64, int64, error) {
 	head := make([]byte, len(sqliteMagic))
 	fh, err := os.Open(path)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	n, _ := io.ReadFull(fh, head)
 	fh.Close()
 	if n < len(head) || string(head) != sqliteMagic {
-		return 0, invalidSnapshot("the payload is not a SQLite database")
+		return 0, 0, invalidSnapshot("the payload is not a SQLite database")
 	}
 
 	db, err := sql.Open("sqlite3", "file:"+path+"?_query_only=1&_busy_timeout=1000")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(1)
 	got, err := schemaObjects(ctx, db)
 	if err != nil {
-		return 0, invalidSnapshot("the payload does not open as a SQLite database (%s)", sqliteReason(err))
+		return 0, 0, invalidSnapshot("the payload does not open as a SQLite database (%s)", sqliteReason(err))
 	}
 	if _, ok := got["table meta"]; !ok {
-		return 0, invalidSnapshot("not a catalog: the SQLite file has no meta table")
+		return 0, 0, invalidSnapshot("not a catalog: the SQLite file has no meta table")
 	}
 	var version string
 	switch err := db.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = 'schema_version'`).Scan(&version); {
 	case errors.Is(err, sql.ErrNoRows):
-		return 0, invalidSnapshot("not a catalog: meta has no schema_version")
+		return 0, 0, invalidSnapshot("not a catalog: meta has no schema_version")
 	case err != nil:
-		return 0, invalidSnapshot("not a catalog: reading meta failed (%s)", sqliteReason(err))
+		return 0, 0, invalidSnapshot("not a catalog: reading meta failed (%s)", sqliteReason(err))
 	}
 	if version != schemaVersion {
-		return 0, invalidSnapshot("catalog schema version %q unsupported (this build restores version %q, and migrates versions 1 to %d)",
+		return 0, 0, invalidSnapshot("catalog schema version %q unsupported (this build restores version %q, and migrates versions 1 to %d)",
 			version, schemaVersion, len(migrations))
 	}
 	want, err := catalogSchemaObjects(ctx, len(migrations)+1)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := compareSchema(schemaVersion, want, got); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	applied, _, err := loadMeta(ctx, db)
 	if err != nil {
-		return 0, invalidSnapshot("catalog meta unreadable (%s)", sqliteReason(err))
+		return 0, 0, invalidSnapshot("catalog meta unreadable (%s)", sqliteReason(err))
+	}
+	level, err := loadClusterLevel(ctx, db)
+	if err != nil {
+		return 0, 0, invalidSnapshot("catalog meta unreadable (%s)", sqliteReason(err))
 	}
 	if integrity {
 		if err := integrityCheck(ctx, db); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if err := columnTypeCheck(ctx, db); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if err := checkHostDigests(ctx, db); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
-	return applied, nil
+	return applied, level, nil
 }
 
 // columnTypeCheck refuses rows whose values have another type than their
