@@ -183,6 +183,21 @@ func RegisterOperations(ops []traffic.Op) []porcupine.Operation {
 		}
 		return true
 	}
+	// A write of unknown outcome whose value no read ever returned is left
+	// out: it is unobservable, so leaving it out changes no verdict. In a
+	// legal order with it, it is never the last write before a read (that
+	// read would return its value), nor before a bookmark or a restore's
+	// previous point that a read later sees through a restore (that read
+	// would return it too); so dropping it keeps every output legal, and a
+	// legal order without it is one in which it never happened. Each such
+	// write kept open to the end doubles the orders porcupine must try
+	// (seed 1796281627258977640: 20 unknown writes, 6 GiB of heap).
+	read := map[int64]bool{}
+	for _, op := range ops {
+		if op.Kind == traffic.RegRead && op.Outcome == traffic.OK {
+			read[op.Value] = true
+		}
+	}
 	ids := map[string]int{}
 	id := func(b string) int {
 		if b == "" || len(targets[b]) == 0 {
@@ -199,6 +214,8 @@ func RegisterOperations(ops []traffic.Op) []porcupine.Operation {
 		in := model.RegisterInput{DB: op.DB}
 		var res model.RegisterOutput
 		switch {
+		case op.Kind == traffic.RegWrite && op.Outcome == traffic.Unknown && !read[op.Value]:
+			continue
 		case op.Kind == traffic.RegWrite && (op.Outcome == traffic.OK || op.Outcome == traffic.Unknown):
 			in.Op, in.Value = model.RegWrite, op.Value
 		case op.Kind == traffic.RegRead && op.Outcome == traffic.OK:
