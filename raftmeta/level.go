@@ -116,6 +116,12 @@ func (n *Node) raiseClusterLevel(ctx context.Context) (int64, error) {
 	if n.raft.State() != raft.Leader {
 		return 0, n.notLeader()
 	}
+	if n.cat.ClusterLevel() >= n.cat.BuildLevel() {
+		// The lowest level any server can report is at most this
+		// build's: nothing to raise, so no server is asked (the loop's
+		// every-10-s round costs nothing once the cluster caught up).
+		return 0, nil
+	}
 	levels, err := n.serverLevels(ctx)
 	if err != nil {
 		return 0, err
