@@ -53,13 +53,34 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
+// checkFresh is checkCommand against this node's view of the cluster's
+// level, confirmed before a refusal: a node that has not yet applied the
+// leader's latest set_cluster_level (a follower a few milliseconds behind,
+// or a leader just elected) would otherwise answer a final
+// cluster_level_too_low for a command the cluster already takes. So a
+// command the local level refuses is checked again after a linearizable
+// barrier (the leader's commit index, applied here); only then is the
+// refusal final. A node that cannot reach the leader for it answers
+// unavailable (retryable), not a refusal it could not confirm. Commands
+// the local level allows — nearly all — cost nothing more.
+func (n *Node) checkFresh(ctx context.Context, cmd *fsm.Command) error {
+	err := checkCommand(cmd, n.cfg.Now(), n.cat.ClusterLevel())
+	if err == nil || !errors.Is(err, fsm.ErrClusterLevelTooLow) || n.cat.ClusterLevel() >= n.cat.BuildLevel() {
+		return err
+	}
+	if berr := n.linearizableBarrier(ctx); berr != nil {
+		return fmt.Errorf("%w: cannot confirm the cluster's catalog level: %v", ErrUnavailable, berr)
+	}
+	return checkCommand(cmd, n.cfg.Now(), n.cat.ClusterLevel())
+}
+
 // checkCommand refuses what must never reach the log: versions this build
 // does not know and missing request IDs are filled or refused here, and a
 // command above the cluster's catalog level (the node's applied view of
 // it, level; it only rises, so a refusal here can at worst come a moment
-// after the leader raised it — the FSM refuses it anyway, but outside the
-// log a replica of a build without levels never sees it). The rest
-// (types, bodies) is the FSM's to judge.
+// after the leader raised it — checkFresh confirms such a refusal; the FSM
+// refuses it anyway, but outside the log a replica of a build without
+// levels never sees it). The rest (types, bodies) is the FSM's to judge.
 func checkCommand(cmd *fsm.Command, now time.Time, level int64) error {
 	if cmd.Version == 0 {
 		cmd.Version = fsm.CommandVersion
@@ -101,7 +122,7 @@ func checkCommand(cmd *fsm.Command, now time.Time, level int64) error {
 // A catalog refusal is returned as a *fsm.Error (errors.Is against fsm's
 // sentinels); no leader within the retry budget is ErrUnavailable.
 func (n *Node) Apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
-	if err := checkCommand(&cmd, n.cfg.Now(), n.cat.ClusterLevel()); err != nil {
+	if err := n.checkFresh(ctx, &cmd); err != nil {
 		return fsm.Result{}, err
 	}
 	var lastErr error

@@ -71,7 +71,7 @@ func (n *Node) ApplyBatch(ctx context.Context, cmds []fsm.Command) ([]fsm.Result
 	errs := make([]error, len(cmds))
 	var pending []int
 	for i := range cmds {
-		if err := checkCommand(&cmds[i], n.cfg.Now(), n.cat.ClusterLevel()); err != nil {
+		if err := n.checkFresh(ctx, &cmds[i]); err != nil {
 			errs[i] = err
 			continue
 		}
@@ -264,7 +264,7 @@ func (n *Node) handleApplyBatch(w http.ResponseWriter, r *http.Request) {
 	var cmds []fsm.Command
 	for i := range req.Commands {
 		c := req.Commands[i]
-		if err := checkCommand(&c, n.cfg.Now(), n.cat.ClusterLevel()); err != nil {
+		if err := n.checkFresh(r.Context(), &c); err != nil {
 			_, we := toWire(err)
 			items[i].Error = &we
 			continue

@@ -332,7 +332,9 @@ func (c *Client) writeTarget(order *[]string) string {
 	return target
 }
 
-// noteLeader learns the leader a node's answer names.
+// noteLeader learns the leader a node's answer names: write answers, and
+// read answers (a read-only client, such as an object host sending
+// heartbeats with PreferFollowers, learns the leader to spare from them).
 func (c *Client) noteLeader(resp *http.Response) {
 	if resp != nil {
 		if l := resp.Header.Get(headerLeader); l != "" {
@@ -497,9 +499,10 @@ func (c *Client) readNodes(ctx context.Context, method, full string, body []byte
 			}
 			tried[addr] = true
 			var a readAnswer
-			_, err := c.do(ctx, c.readTO, method, addr, full, body, &a)
+			resp, err := c.do(ctx, c.readTO, method, addr, full, body, &a)
 			if err == nil {
 				c.nodes.restore(addr)
+				c.noteLeader(resp)
 				return a, nil
 			}
 			lastErr = err
@@ -563,6 +566,7 @@ func giveUpCause(ctx context.Context, lastErr error) error {
 func (c *Client) hedgedRound(ctx context.Context, method, full string, body []byte, order []string, avoid string) (a readAnswer, final, tooStale bool, err error) {
 	type result struct {
 		addr string
+		resp *http.Response
 		a    readAnswer
 		err  error
 	}
@@ -578,8 +582,8 @@ func (c *Client) hedgedRound(ctx context.Context, method, full string, body []by
 		started[addr] = time.Now()
 		go func() {
 			var a readAnswer
-			_, err := c.do(rctx, c.readTO, method, addr, full, body, &a)
-			results <- result{addr, a, err}
+			resp, err := c.do(rctx, c.readTO, method, addr, full, body, &a)
+			results <- result{addr, resp, a, err}
 		}()
 	}
 	launch()
@@ -598,6 +602,7 @@ func (c *Client) hedgedRound(ctx context.Context, method, full string, body []by
 			delete(started, r.addr)
 			if r.err == nil {
 				c.nodes.restore(r.addr)
+				c.noteLeader(r.resp)
 				// A node outrun by a hedge is slow or hung: demote it like
 				// one that timed out, so the next reads skip it.
 				for addr, at := range started {

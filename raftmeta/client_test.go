@@ -369,6 +369,22 @@ func TestClientHeartbeatsPreferFollowers(t *testing.T) {
 	}
 	assert.Equal(t, float64(n), followers)
 
+	// A client that only reads (an object host between writes) learns the
+	// leader from its first answer and spares it from then on.
+	ro, err := NewClient(tc.addrs(), WithCacheTTL(0), WithHedge(0), WithAttemptTimeouts(10*time.Second, 10*time.Second))
+	require.NoError(t, err)
+	defer ro.Close()
+	require.Empty(t, ro.Leader())
+	_, err = ro.Heartbeat(ctx, uuids, hb)
+	require.NoError(t, err)
+	require.Equal(t, leader.HTTPAddr(), ro.Leader(), "a read answer teaches the client the leader")
+	before = served()
+	for range n {
+		_, err := ro.Heartbeat(ctx, uuids, hb)
+		require.NoError(t, err)
+	}
+	assert.Zero(t, served()[leader.HTTPAddr()]-before[leader.HTTPAddr()], "a read-only client sent heartbeats to the leader")
+
 	// Plain stale reads: the leader takes its turn.
 	before = served()
 	for range n {

@@ -155,7 +155,7 @@ func (n *Node) handleApply(w http.ResponseWriter, r *http.Request) {
 		n.writeErr(w, err)
 		return
 	}
-	if err := checkCommand(&cmd, n.cfg.Now(), n.cat.ClusterLevel()); err != nil {
+	if err := n.checkFresh(r.Context(), &cmd); err != nil {
 		n.writeErr(w, err)
 		return
 	}
@@ -225,6 +225,11 @@ func (n *Node) serveRead(w http.ResponseWriter, r *http.Request, read func(ctx c
 		return
 	}
 	w.Header().Set(headerAppliedIdx, formatIndex(meta.AppliedIndex))
+	// The leader this node knows, so that a client which only reads (an
+	// object host's heartbeats, PreferFollowers) learns which node to
+	// spare; before, only write answers carried it and such a client
+	// spread its reads over all nodes, the leader included.
+	n.setLeaderHeaders(w)
 	writeJSON(w, 200, map[string]any{"result": v, "meta": meta})
 }
 

@@ -149,3 +149,55 @@ func TestClusterLevelGateInACluster(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, st.Members, 4)
 }
+
+// A replica that has not yet applied the leader's set_cluster_level (held
+// behind here; a follower a few milliseconds late in production) must not
+// answer a final cluster_level_too_low for a command the cluster already
+// takes: it confirms its view with a linearizable barrier first, and the
+// command then applies. Before, the follower refused it at once.
+func TestClusterLevelRaiseNotRefusedByALaggingFollower(t *testing.T) {
+	ctx := context.Background()
+	ports := levelPorts(25100)
+	mod := func(i int, c *Config) {
+		ports(i, c)
+		c.LevelCheckInterval = -1 // no loop: the test raises the level itself
+		if i == 0 {
+			c.FSMOptions = append(c.FSMOptions, fsm.WithBuildLevel(1))
+		}
+	}
+	tc := newTestCluster(t, 3, mod)
+	cl, err := NewClient(tc.addrs(), WithCacheTTL(0))
+	require.NoError(t, err)
+	defer cl.Close()
+	_, err = cl.Apply(ctx, cmd(t, fsm.CmdRegisterHost, fsm.RegisterHost{ID: "h1", Address: "10.0.0.1:1", State: fsm.HostStateActive}))
+	require.NoError(t, err)
+	_, err = cl.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("a1", 10)))
+	require.NoError(t, err)
+	db := newDB("a1")
+	_, err = cl.Apply(ctx, cmd(t, fsm.CmdCreateDatabase, db))
+	require.NoError(t, err)
+	del := fsm.DeleteDatabaseIf{AccountID: "a1", UUID: db.UUID, ExpectObjectID: db.ObjectID, ExpectRoutingGeneration: 1}
+
+	tc.cfgs[0].FSMOptions = nil // n0 "upgraded"
+	tc.restart(0)
+	leader := tc.waitLeader()
+	for _, n := range tc.nodes {
+		require.Eventually(t, func() bool { return n.AppliedIndex() >= leader.AppliedIndex() }, 10*time.Second, 5*time.Millisecond)
+		require.Equal(t, int64(1), n.FSM().ClusterLevel(), "node %s", n.ID())
+	}
+	f := tc.follower()
+	g := holdApplies(f)
+	defer g.release(f)
+	got, err := leader.raiseClusterLevel(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), got)
+	require.Equal(t, int64(1), f.FSM().ClusterLevel(), "the held follower applied the raise")
+
+	// Released while the follower waits on its barrier (the old code had
+	// refused long before).
+	go func() { time.Sleep(300 * time.Millisecond); g.release(f) }()
+	res, err := f.Apply(ctx, cmd(t, fsm.CmdDeleteDatabaseIf, del))
+	require.NoError(t, err, "a lagging follower refused a command the cluster takes")
+	require.Nil(t, res.Err)
+	assert.Equal(t, int64(2), f.FSM().ClusterLevel())
+}
