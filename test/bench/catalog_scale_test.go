@@ -45,7 +45,8 @@ import (
 //     ("perdb,digest": per-database chunks of 5,000 UUIDs, as hosts without
 //     digests send them, then bucket digests, as they do now), repeated
 //     SHOAL_BENCH_HB_ROUNDS times (1), with each node's CPU and the
-//     leader's share;
+//     leader's share, and per node the heartbeat calls it answered and
+//     its CPU above its own idle rate;
 //   - time to restart a follower and then the leader (kill -9, start the
 //     same command) to serving: /readyz, a linearizable read and a write
 //     through that node, each timed from the process start.
@@ -159,6 +160,10 @@ func TestCatalogScaleBench(t *testing.T) {
 	// Idle: no traffic at all.
 	cpu := s.cpuEach(t)
 	time.Sleep(idle) // the idle phase whose CPU is measured
+	idleTicks := s.cpuEach(t)
+	for i := range idleTicks {
+		idleTicks[i] -= cpu[i]
+	}
 	s.logCPU(t, fmt.Sprintf("idle, no traffic, %s", idle), cpu, idle, 0)
 
 	// Heartbeats of every database at the default interval, per database
@@ -170,6 +175,7 @@ func TestCatalogScaleBench(t *testing.T) {
 	for r := range rounds {
 		for _, mode := range modes {
 			cpu, self0 = s.cpuEach(t), selfCPU()
+			served0 := s.staleReadsEach(t)
 			var wait func()
 			if profDir != "" {
 				wait = s.cpuProfiles(t, profDir, fmt.Sprintf("cpu-heartbeats-%s-%d", mode, r), idle)
@@ -179,6 +185,7 @@ func TestCatalogScaleBench(t *testing.T) {
 				wait()
 			}
 			s.logCPU(t, fmt.Sprintf("round %d, %s heartbeats of %d databases every %s (%d hosts, chunks of %d), %s", r+1, mode, n, scaleHBInterval, hosts, scaleHBChunk, idle), cpu, idle, st.dbs, leader)
+			s.logShares(t, leader, served0, cpu, idleTicks)
 			t.Logf("heartbeats (%s): %d calls, %d DB-heartbeats (%.0f/s), %d per-database lookups, %d buckets sent, %d differing, %d unknown, %d failed calls, %d late ticks (a tick's calls took over 1 s), call p50 %.1f ms p99 %.1f ms; hosts (load generator) %.3f core; load %s",
 				mode, st.calls, st.dbs, float64(st.dbs)/idle.Seconds(), st.lookups, st.buckets, st.differ, st.unknown, st.failed, st.late, harness.Millis(st.lat.Pct(0.5)), harness.Millis(st.lat.Pct(0.99)),
 				(selfCPU()-self0).Seconds()/idle.Seconds(), loadAvg())
@@ -249,6 +256,46 @@ func (s *scaleCluster) logCPU(t *testing.T, what string, before []int64, d time.
 		per += fmt.Sprintf("; leader %s carries %.0f%%", s.cats[leader[0]].Name, 100*float64(after[leader[0]]-before[leader[0]])/100/d.Seconds()/total)
 	}
 	t.Logf("CPU, %s: %.3f cores in total (%s)%s; load %s", what, total, strings.Join(parts, ", "), per, loadAvg())
+}
+
+// staleReadsEach is each node's count of stale reads answered (the
+// heartbeat calls: nothing else reads during the heartbeat phases).
+func (s *scaleCluster) staleReadsEach(t *testing.T) []float64 {
+	out := make([]float64, len(s.cats))
+	for i := range s.cats {
+		out[i] = s.metrics(t, i)[`shoal_raftmeta_reads_total{consistency="stale",outcome="ok"}`]
+	}
+	return out
+}
+
+// logShares reports how the heartbeat load fell on the nodes: the calls
+// each answered since served0, and each node's CPU above its own idle
+// rate (idleTicks over an idle phase as long as this one) since cpu0 —
+// issue 15's "the leader carries ≤ 1/N of it".
+func (s *scaleCluster) logShares(t *testing.T, leader int, served0 []float64, cpu0, idleTicks []int64) {
+	served, cpu := s.staleReadsEach(t), s.cpuEach(t)
+	var calls, above float64
+	parts := make([]string, len(s.cats))
+	for i := range s.cats {
+		c := served[i] - served0[i]
+		a := float64(cpu[i] - cpu0[i] - idleTicks[i])
+		calls += c
+		above += max(a, 0)
+		role := "follower"
+		if i == leader {
+			role = "leader"
+		}
+		parts[i] = fmt.Sprintf("%s (%s) %.0f calls, %+.0f ms CPU above idle", s.cats[i].Name, role, c, a*10)
+	}
+	share := func(v, total float64) string {
+		if total <= 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f%%", 100*v/total)
+	}
+	la := float64(cpu[leader] - cpu0[leader] - idleTicks[leader])
+	t.Logf("heartbeat load by node: %s; the leader answered %s of the calls and took %s of the CPU above idle",
+		strings.Join(parts, ", "), share(served[leader]-served0[leader], calls), share(max(la, 0), above))
 }
 
 // leaderIndex finds the leader through a write (the client learns it).
