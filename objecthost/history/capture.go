@@ -216,9 +216,17 @@ func NewCapturer(key, dbPath string, opts CaptureOptions) (*Capturer, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	l, err := openLocalLog(opts.StagingDir, key, opts.StagingName)
+	// With a Reopen the area exists unless something removed it, which
+	// useReopen's stat of it finds (then it is created below): no
+	// MkdirAll on the common cold open.
+	l, err := localLogAt(opts.StagingDir, key, opts.StagingName)
 	if err != nil {
 		return nil, err
+	}
+	if opts.Reopen == nil || dbPath == "" {
+		if err := l.mkdir(); err != nil {
+			return nil, err
+		}
 	}
 	c := &Capturer{key: key, dbPath: dbPath, opts: opts, log: l,
 		kick: make(chan struct{}, 1), urgent: make(chan struct{}, 1), stop: make(chan struct{}), loopDone: make(chan struct{}),
@@ -238,6 +246,9 @@ func NewCapturer(key, dbPath string, opts CaptureOptions) (*Capturer, error) {
 		if used {
 			return c, nil
 		}
+		if err := l.mkdir(); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.finishRestore(); err != nil {
 		return nil, err
@@ -255,13 +266,23 @@ func (c *Capturer) Attach(ctx context.Context, db *sqlexec.DB) error {
 	return db.SetCommitHook(ctx, c, c.attach)
 }
 
+// AttachAtOpen is Attach done by sqlexec.Open itself: it sets opts so
+// that Open attaches c on the opening goroutine, before the database
+// serves anything (sqlexec.Options.CommitHook), instead of through a job
+// on its writer goroutine after Open returned. The same work in the same
+// kind of write transaction; a cold open saves the round trip. If the
+// attach fails, Open fails (and the caller closes c).
+func (c *Capturer) AttachAtOpen(opts *sqlexec.Options) {
+	opts.CommitHook, opts.HookAttach = c, c.attach
+}
+
 func (c *Capturer) attach(w sqlexec.HookConn) error {
 	var err error
-	if c.dbF, err = os.Open(c.dbPath); err != nil {
+	if c.dbF, err = openRead(c.dbPath); err != nil {
 		return fmt.Errorf("history: open database file: %w", err)
 	}
 	// The WAL exists once the writer set journal_mode=WAL (persistent WAL).
-	if c.walF, err = os.Open(c.dbPath + "-wal"); err != nil {
+	if c.walF, err = openRead(c.dbPath + "-wal"); err != nil {
 		return fmt.Errorf("history: open wal: %w", err)
 	}
 	var st tip
