@@ -40,9 +40,10 @@ type Reopen struct {
 	// What the area looked like at the close, checked again by
 	// NewCapturer (a read of the tip and two stats) so that a Reopen the
 	// caller should have dropped is refused rather than trusted: the tip
-	// file's bytes (any later state writes a different tip: its last
-	// record or its generation differ; an identical tip means recovery
-	// would return st again), no open.seg, and the area directory's link
+	// file's bytes as this log wrote them (any later state writes a
+	// different tip: its last record or its generation differ; an
+	// identical tip means recovery would return st again), no open.seg,
+	// and the area directory's link
 	// count (a new generation directory adds one). The tip's inode is no
 	// stamp: ext4 hands a freed inode number to the next file created,
 	// which is what the tip's rewrite does (found by TestStaleReopenRefused).
