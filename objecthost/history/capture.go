@@ -92,8 +92,17 @@ type Capturer struct {
 	opts   CaptureOptions
 	log    *localLog
 
-	// Opened by attach, then only read (ReadAt) by any goroutine.
-	walF, dbF *os.File
+	// The capturer's own read-only descriptors of the WAL and the database
+	// file, opened by files() at the first need (attach when the WAL holds
+	// frames or a generation starts, else the first capture or snapshot),
+	// then only read (ReadAt) by any goroutine, after files() returned.
+	// A read-only session at a clean reopen never opens them: attach
+	// learns that the WAL is empty from a stat (Close ends lazy opening
+	// for good: see files).
+	walF, dbF   *os.File
+	filesMu     sync.Mutex
+	filesOpen   bool
+	filesClosed bool // Close ran: files() fails
 
 	// Capture state: written by attach (writer goroutine, before the
 	// capture goroutine starts), then by the capture goroutine only.
@@ -278,12 +287,18 @@ func (c *Capturer) AttachAtOpen(opts *sqlexec.Options) {
 
 func (c *Capturer) attach(w sqlexec.HookConn) error {
 	var err error
-	if c.dbF, err = openRead(c.dbPath); err != nil {
-		return fmt.Errorf("history: open database file: %w", err)
-	}
 	// The WAL exists once the writer set journal_mode=WAL (persistent WAL).
-	if c.walF, err = openRead(c.dbPath + "-wal"); err != nil {
-		return fmt.Errorf("history: open wal: %w", err)
+	// Shorter than its header, it holds no frame (readWALHeader would say
+	// so): the common cold open after a clean close, where the last close
+	// truncated it. Nothing can write it during attach (its transaction).
+	fi, err := os.Stat(c.dbPath + "-wal")
+	if err != nil {
+		return fmt.Errorf("history: wal: %w", err)
+	}
+	if fi.Size() >= walHeaderSize {
+		if err := c.files(); err != nil {
+			return err
+		}
 	}
 	var st tip
 	var ok bool
@@ -292,9 +307,12 @@ func (c *Capturer) attach(w sqlexec.HookConn) error {
 	} else if st, ok, err = c.log.recover(); err != nil {
 		return err
 	}
-	h, walOK, err := readWALHeader(c.walF)
-	if err != nil {
-		return err
+	var h walHeader
+	walOK := false
+	if fi.Size() >= walHeaderSize {
+		if h, walOK, err = readWALHeader(c.walF); err != nil {
+			return err
+		}
 	}
 	continuous := false
 	c.genReason = "no local history"
@@ -351,6 +369,42 @@ func (c *Capturer) attach(w sqlexec.HookConn) error {
 	return nil
 }
 
+// files opens the capturer's descriptors of the database file and the WAL
+// unless they are open (any goroutine; see walF). After Close it fails:
+// a descriptor opened then would never be closed, and closing it later,
+// with the database open again in this process, would drop SQLite's POSIX
+// lock on the file (every descriptor of a file shares the process's
+// locks), so the capturer's descriptors are closed only by Close, after
+// sqlexec.DB.Close.
+func (c *Capturer) files() error {
+	c.filesMu.Lock()
+	defer c.filesMu.Unlock()
+	if c.filesOpen {
+		return nil
+	}
+	if c.filesClosed {
+		return errCaptureStopped
+	}
+	// What opened stays until Close, even if the other open fails (see
+	// above: closing it now would drop SQLite's lock).
+	if c.dbF == nil {
+		f, err := openRead(c.dbPath)
+		if err != nil {
+			return fmt.Errorf("history: open database file: %w", err)
+		}
+		c.dbF = f
+	}
+	if c.walF == nil {
+		f, err := openRead(c.dbPath + "-wal")
+		if err != nil {
+			return fmt.Errorf("history: open wal: %w", err)
+		}
+		c.walF = f
+	}
+	c.filesOpen = true
+	return nil
+}
+
 // startLoop starts the capture goroutine unless it runs (c.mu held).
 func (c *Capturer) startLoop() {
 	if !c.looping && c.running {
@@ -366,6 +420,9 @@ func (c *Capturer) startLoop() {
 // nothing else runs, and on the capture goroutine the writer waits for
 // capture before it checkpoints.
 func (c *Capturer) newGeneration(afterUs int64, limit int) error {
+	if err := c.files(); err != nil {
+		return err
+	}
 	h, walOK, err := readWALHeader(c.walF)
 	if err != nil {
 		return err
@@ -648,6 +705,9 @@ func (c *Capturer) captureEntries(entries []commitEntry) error {
 	}
 	if limit <= 0 {
 		return nil // commits that wrote no frames
+	}
+	if err := c.files(); err != nil {
+		return err
 	}
 	h := c.hdr
 	if !c.hdrOK || c.restartOK {
@@ -966,6 +1026,8 @@ func (c *Capturer) Close() error {
 	if cerr := c.log.close(); err == nil {
 		err = cerr
 	}
+	c.filesMu.Lock()
+	c.filesClosed = true // no lazy open after this: see files
 	for _, f := range []*os.File{c.walF, c.dbF} {
 		if f != nil {
 			if cerr := f.Close(); err == nil {
@@ -973,7 +1035,8 @@ func (c *Capturer) Close() error {
 			}
 		}
 	}
-	if err == nil && c.walF != nil {
+	c.filesMu.Unlock()
+	if err == nil && c.attached.Load() {
 		// Attached, flushed (or the log is not settled and cleanTip says
 		// no), sealed, closed: the next open may skip the recovery.
 		c.mu.Lock()
@@ -1028,6 +1091,9 @@ func (c *Capturer) snapshot(force bool) (Position, bool, error) {
 	}
 	if cur.gen == "" {
 		return Position{}, false, errCaptureStopped // not attached
+	}
+	if err := c.files(); err != nil {
+		return Position{}, false, err
 	}
 	h, walOK, err := readWALHeader(c.walF)
 	if err != nil {

@@ -337,3 +337,37 @@ func TestReopenOfRemovedArea(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, want, dumpRestored(t, out))
 }
+
+// TestReadOnlyReopenOpensNoDescriptors: at a clean reopen with an empty
+// WAL the capturer opens no descriptor of its own (attach learns the WAL
+// is empty from a stat); a session that only reads never opens them and
+// still hands out a Reopen; the first write opens them, is captured, and
+// the archive restores it. After Close, nothing opens them again.
+func TestReadOnlyReopenOpensNoDescriptors(t *testing.T) {
+	e := newReopenEnv(t)
+	s := openSessionHow(t, true, e.key, e.path, e.staging, e.store, nil, CaptureOptions{})
+	s.exec("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
+	r, ok := s.close()
+	require.True(t, ok)
+
+	s = openSessionHow(t, true, e.key, e.path, e.staging, e.store, &r, CaptureOptions{})
+	require.True(t, s.cap.reopened)
+	assert.False(t, s.cap.filesOpen, "a clean reopen with an empty WAL opens nothing")
+	s.exec("SELECT count(*) FROM t")
+	assert.False(t, s.cap.filesOpen, "a read opens nothing")
+	r, ok = s.close()
+	require.True(t, ok, "a read-only session still hands out a Reopen")
+	require.ErrorIs(t, s.cap.files(), errCaptureStopped, "no descriptor after Close")
+	assert.Nil(t, s.cap.walF)
+
+	s = openSessionHow(t, true, e.key, e.path, e.staging, e.store, &r, CaptureOptions{})
+	require.True(t, s.cap.reopened)
+	s.exec("INSERT INTO t(v) VALUES (randomblob(50))")
+	last := s.cap.Current()
+	assert.True(t, s.cap.filesOpen, "the first write's capture opened them")
+	assert.Zero(t, s.cap.Stats().Generations, "continuity")
+	want := dumpDB(t, s.db)
+	_, ok = s.close()
+	require.True(t, ok)
+	e.verify(t, e.store, want, last)
+}
