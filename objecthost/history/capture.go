@@ -79,7 +79,8 @@ const eagerFrames = 64
 // staging log. It is the sqlexec.CommitHook of that database.
 //
 // Lifecycle: NewCapturer (before sqlexec.Open: it finishes a restore that a
-// crash interrupted), Attach (right after Open), Flush (before
+// crash interrupted), Attach (right after Open; or AttachAtOpen, which has
+// Open attach it), Flush (before
 // sqlexec.DB.Close), Close (after it: it stops the capture goroutine,
 // which the first commit that wrote frames started). Committed is called by sqlexec on the writer goroutine
 // only: it publishes the commit (its WAL frame count and time) and
