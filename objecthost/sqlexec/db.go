@@ -118,6 +118,7 @@ func Open(path string, opts Options) (*DB, error) {
 		// through a job on the writer goroutine (SetCommitHook).
 		if err := db.attachHook(w, opts.CommitHook, opts.HookAttach); err != nil {
 			w.close()
+			db.stopClosing()
 			return nil, err
 		}
 	}
