@@ -371,14 +371,14 @@ func (hh *hostHistory) open(h *Host, objectID, path string) (*liveDB, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := sqlexec.Open(path, sqlexec.Options{Limits: h.cfg.Limits, ReadConns: h.cfg.ReadConns, Region: h.cfg.Region, Host: h.cfg.ID})
+	sopts := sqlexec.Options{Limits: h.cfg.Limits, ReadConns: h.cfg.ReadConns, Region: h.cfg.Region, Host: h.cfg.ID}
+	// Attached by Open itself, before the handle serves anything: no round
+	// trip to the writer goroutine on a cold open.
+	c.AttachAtOpen(&sopts)
+	db, err := sqlexec.Open(path, sopts)
 	if err != nil {
-		return nil, err
-	}
-	if err := c.Attach(context.Background(), db); err != nil {
-		_ = db.Close()
 		_ = c.Close()
-		return nil, fmt.Errorf("history attach: %w", err)
+		return nil, fmt.Errorf("open with history: %w", err)
 	}
 	hh.ship.Add(c)
 	if hh.cfg.Archived {

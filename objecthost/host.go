@@ -301,6 +301,15 @@ func Open(cfg Config) (*Host, error) {
 	if cfg.ID == "" || cfg.Dir == "" {
 		return nil, fmt.Errorf("%w: host id and data dir are required", ErrInvalid)
 	}
+	// Absolute, so that every database path is too: sqlexec's VFS takes a
+	// clean absolute path as its full name, where SQLite's own would
+	// getcwd(3) and lstat(2) every directory from the root at each open
+	// (and refuse a symbolic link among them).
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	cfg.Dir = dir
 	if err := os.MkdirAll(filepath.Join(cfg.Dir, "dbs"), 0o755); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}

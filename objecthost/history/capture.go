@@ -79,7 +79,8 @@ const eagerFrames = 64
 // staging log. It is the sqlexec.CommitHook of that database.
 //
 // Lifecycle: NewCapturer (before sqlexec.Open: it finishes a restore that a
-// crash interrupted), Attach (right after Open), Flush (before
+// crash interrupted), Attach (right after Open; or AttachAtOpen, which has
+// Open attach it), Flush (before
 // sqlexec.DB.Close), Close (after it: it stops the capture goroutine,
 // which the first commit that wrote frames started). Committed is called by sqlexec on the writer goroutine
 // only: it publishes the commit (its WAL frame count and time) and
@@ -92,8 +93,17 @@ type Capturer struct {
 	opts   CaptureOptions
 	log    *localLog
 
-	// Opened by attach, then only read (ReadAt) by any goroutine.
-	walF, dbF *os.File
+	// The capturer's own read-only descriptors of the WAL and the database
+	// file, opened by files() at the first need (attach when the WAL holds
+	// frames or a generation starts, else the first capture or snapshot),
+	// then only read (ReadAt) by any goroutine, after files() returned.
+	// A read-only session at a clean reopen never opens them: attach
+	// learns that the WAL is empty from a stat (Close ends lazy opening
+	// for good: see files).
+	walF, dbF   *os.File
+	filesMu     sync.Mutex
+	filesOpen   bool
+	filesClosed bool // Close ran: files() fails
 
 	// Capture state: written by attach (writer goroutine, before the
 	// capture goroutine starts), then by the capture goroutine only.
@@ -216,9 +226,17 @@ func NewCapturer(key, dbPath string, opts CaptureOptions) (*Capturer, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	l, err := openLocalLog(opts.StagingDir, key, opts.StagingName)
+	// With a Reopen the area exists unless something removed it, which
+	// useReopen's stat of it finds (then it is created below): no
+	// MkdirAll on the common cold open.
+	l, err := localLogAt(opts.StagingDir, key, opts.StagingName)
 	if err != nil {
 		return nil, err
+	}
+	if opts.Reopen == nil || dbPath == "" {
+		if err := l.mkdir(); err != nil {
+			return nil, err
+		}
 	}
 	c := &Capturer{key: key, dbPath: dbPath, opts: opts, log: l,
 		kick: make(chan struct{}, 1), urgent: make(chan struct{}, 1), stop: make(chan struct{}), loopDone: make(chan struct{}),
@@ -238,6 +256,9 @@ func NewCapturer(key, dbPath string, opts CaptureOptions) (*Capturer, error) {
 		if used {
 			return c, nil
 		}
+		if err := l.mkdir(); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.finishRestore(); err != nil {
 		return nil, err
@@ -255,14 +276,30 @@ func (c *Capturer) Attach(ctx context.Context, db *sqlexec.DB) error {
 	return db.SetCommitHook(ctx, c, c.attach)
 }
 
+// AttachAtOpen is Attach done by sqlexec.Open itself: it sets opts so
+// that Open attaches c on the opening goroutine, before the database
+// serves anything (sqlexec.Options.CommitHook), instead of through a job
+// on its writer goroutine after Open returned. The same work in the same
+// kind of write transaction; a cold open saves the round trip. If the
+// attach fails, Open fails (and the caller closes c).
+func (c *Capturer) AttachAtOpen(opts *sqlexec.Options) {
+	opts.CommitHook, opts.HookAttach = c, c.attach
+}
+
 func (c *Capturer) attach(w sqlexec.HookConn) error {
 	var err error
-	if c.dbF, err = os.Open(c.dbPath); err != nil {
-		return fmt.Errorf("history: open database file: %w", err)
-	}
 	// The WAL exists once the writer set journal_mode=WAL (persistent WAL).
-	if c.walF, err = os.Open(c.dbPath + "-wal"); err != nil {
-		return fmt.Errorf("history: open wal: %w", err)
+	// Shorter than its header, it holds no frame (readWALHeader would say
+	// so): the common cold open after a clean close, where the last close
+	// truncated it. Nothing can write it during attach (its transaction).
+	fi, err := os.Stat(c.dbPath + "-wal")
+	if err != nil {
+		return fmt.Errorf("history: wal: %w", err)
+	}
+	if fi.Size() >= walHeaderSize {
+		if err := c.files(); err != nil {
+			return err
+		}
 	}
 	var st tip
 	var ok bool
@@ -271,9 +308,12 @@ func (c *Capturer) attach(w sqlexec.HookConn) error {
 	} else if st, ok, err = c.log.recover(); err != nil {
 		return err
 	}
-	h, walOK, err := readWALHeader(c.walF)
-	if err != nil {
-		return err
+	var h walHeader
+	walOK := false
+	if fi.Size() >= walHeaderSize {
+		if h, walOK, err = readWALHeader(c.walF); err != nil {
+			return err
+		}
 	}
 	continuous := false
 	c.genReason = "no local history"
@@ -330,6 +370,42 @@ func (c *Capturer) attach(w sqlexec.HookConn) error {
 	return nil
 }
 
+// files opens the capturer's descriptors of the database file and the WAL
+// unless they are open (any goroutine; see walF). After Close it fails:
+// a descriptor opened then would never be closed, and closing it later,
+// with the database open again in this process, would drop SQLite's POSIX
+// lock on the file (every descriptor of a file shares the process's
+// locks), so the capturer's descriptors are closed only by Close, after
+// sqlexec.DB.Close.
+func (c *Capturer) files() error {
+	c.filesMu.Lock()
+	defer c.filesMu.Unlock()
+	if c.filesOpen {
+		return nil
+	}
+	if c.filesClosed {
+		return errCaptureStopped
+	}
+	// What opened stays until Close, even if the other open fails (see
+	// above: closing it now would drop SQLite's lock).
+	if c.dbF == nil {
+		f, err := openRead(c.dbPath)
+		if err != nil {
+			return fmt.Errorf("history: open database file: %w", err)
+		}
+		c.dbF = f
+	}
+	if c.walF == nil {
+		f, err := openRead(c.dbPath + "-wal")
+		if err != nil {
+			return fmt.Errorf("history: open wal: %w", err)
+		}
+		c.walF = f
+	}
+	c.filesOpen = true
+	return nil
+}
+
 // startLoop starts the capture goroutine unless it runs (c.mu held).
 func (c *Capturer) startLoop() {
 	if !c.looping && c.running {
@@ -345,6 +421,9 @@ func (c *Capturer) startLoop() {
 // nothing else runs, and on the capture goroutine the writer waits for
 // capture before it checkpoints.
 func (c *Capturer) newGeneration(afterUs int64, limit int) error {
+	if err := c.files(); err != nil {
+		return err
+	}
 	h, walOK, err := readWALHeader(c.walF)
 	if err != nil {
 		return err
@@ -627,6 +706,9 @@ func (c *Capturer) captureEntries(entries []commitEntry) error {
 	}
 	if limit <= 0 {
 		return nil // commits that wrote no frames
+	}
+	if err := c.files(); err != nil {
+		return err
 	}
 	h := c.hdr
 	if !c.hdrOK || c.restartOK {
@@ -945,6 +1027,8 @@ func (c *Capturer) Close() error {
 	if cerr := c.log.close(); err == nil {
 		err = cerr
 	}
+	c.filesMu.Lock()
+	c.filesClosed = true // no lazy open after this: see files
 	for _, f := range []*os.File{c.walF, c.dbF} {
 		if f != nil {
 			if cerr := f.Close(); err == nil {
@@ -952,7 +1036,8 @@ func (c *Capturer) Close() error {
 			}
 		}
 	}
-	if err == nil && c.walF != nil {
+	c.filesMu.Unlock()
+	if err == nil && c.attached.Load() {
 		// Attached, flushed (or the log is not settled and cleanTip says
 		// no), sealed, closed: the next open may skip the recovery.
 		c.mu.Lock()
@@ -1007,6 +1092,9 @@ func (c *Capturer) snapshot(force bool) (Position, bool, error) {
 	}
 	if cur.gen == "" {
 		return Position{}, false, errCaptureStopped // not attached
+	}
+	if err := c.files(); err != nil {
+		return Position{}, false, err
 	}
 	h, walOK, err := readWALHeader(c.walF)
 	if err != nil {

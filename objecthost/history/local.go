@@ -79,6 +79,16 @@ type tip struct {
 }
 
 func openLocalLog(root, db, obj string) (*localLog, error) {
+	l, err := localLogAt(root, db, obj)
+	if err != nil {
+		return nil, err
+	}
+	return l, l.mkdir()
+}
+
+// localLogAt is openLocalLog without creating the directory (mkdir):
+// NewCapturer with a Reopen, whose check stats the area anyway.
+func localLogAt(root, db, obj string) (*localLog, error) {
 	dir := filepath.Join(root, db)
 	if obj != "" {
 		if !validKey(obj) {
@@ -86,10 +96,14 @@ func openLocalLog(root, db, obj string) (*localLog, error) {
 		}
 		dir = filepath.Join(dir, obj)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("history: staging dir: %w", err)
-	}
 	return &localLog{dir: dir, settled: -1}, nil
+}
+
+func (l *localLog) mkdir() error {
+	if err := os.MkdirAll(l.dir, 0o755); err != nil {
+		return fmt.Errorf("history: staging dir: %w", err)
+	}
+	return nil
 }
 
 func (l *localLog) genDir(gen string) string { return filepath.Join(l.dir, gen) }

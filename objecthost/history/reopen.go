@@ -40,9 +40,10 @@ type Reopen struct {
 	// What the area looked like at the close, checked again by
 	// NewCapturer (a read of the tip and two stats) so that a Reopen the
 	// caller should have dropped is refused rather than trusted: the tip
-	// file's bytes (any later state writes a different tip: its last
-	// record or its generation differ; an identical tip means recovery
-	// would return st again), no open.seg, and the area directory's link
+	// file's bytes as this log wrote them (any later state writes a
+	// different tip: its last record or its generation differ; an
+	// identical tip means recovery would return st again), no open.seg,
+	// and the area directory's link
 	// count (a new generation directory adds one). The tip's inode is no
 	// stamp: ext4 hands a freed inode number to the next file created,
 	// which is what the tip's rewrite does (found by TestStaleReopenRefused).
@@ -67,31 +68,45 @@ func (c *Capturer) Reopen() (r Reopen, ok bool) {
 	}
 	r = Reopen{key: c.key, name: c.opts.StagingName, dir: c.log.dir, st: st}
 	var err error
-	if r.tipBytes, r.areaLinks, err = areaStamp(c.log.dir, c.log.genDir(st.Gen)); err != nil {
+	// The stamp's tip bytes are the ones this log wrote (writeTip
+	// marshals the same tip), not read back from disk: NewCapturer
+	// compares them with the file, so a tip that is not this log's is
+	// refused there all the same (it used to be read here too, one more
+	// file open per cold query's close).
+	if r.tipBytes, err = json.Marshal(st); err != nil {
 		return Reopen{}, false
 	}
-	if want, err := json.Marshal(st); err != nil || !bytes.Equal(want, r.tipBytes) {
-		return Reopen{}, false // the file is not the tip this log wrote
+	if r.areaLinks, err = areaLinks(c.log.dir, c.log.genDir(st.Gen)); err != nil {
+		return Reopen{}, false
 	}
 	return r, true
+}
+
+// areaLinks is areaStamp without the tip: the link count of the area
+// directory, failing if genDir holds an open.seg.
+func areaLinks(area, genDir string) (uint64, error) {
+	if _, err := os.Stat(filepath.Join(genDir, "open.seg")); err == nil {
+		return 0, errors.New("history: open segment present")
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return 0, err
+	}
+	fi, err := os.Stat(area)
+	if err != nil {
+		return 0, err
+	}
+	return fileLinks(fi), nil
 }
 
 // areaStamp returns the bytes of genDir's tip and the link count of the
 // area directory, and fails if genDir holds an open.seg.
 func areaStamp(area, genDir string) (tipBytes []byte, links uint64, err error) {
-	if tipBytes, err = os.ReadFile(filepath.Join(genDir, "tip")); err != nil {
+	if tipBytes, err = readSmallFile(filepath.Join(genDir, "tip")); err != nil {
 		return nil, 0, err
 	}
-	if _, err := os.Stat(filepath.Join(genDir, "open.seg")); err == nil {
-		return nil, 0, errors.New("history: open segment present")
-	} else if !errors.Is(err, os.ErrNotExist) {
+	if links, err = areaLinks(area, genDir); err != nil {
 		return nil, 0, err
 	}
-	fi, err := os.Stat(area)
-	if err != nil {
-		return nil, 0, err
-	}
-	return tipBytes, fileLinks(fi), nil
+	return tipBytes, links, nil
 }
 
 // useReopen makes c start from r instead of recovering its staging area

@@ -26,14 +26,27 @@ type session struct {
 }
 
 func openSession(t *testing.T, key, path, staging string, store Store, r *Reopen, opts CaptureOptions) *session {
+	return openSessionHow(t, false, key, path, staging, store, r, opts)
+}
+
+// openSessionHow is openSession; atOpen attaches the capturer the way the
+// object host does since 2026-12-03, by sqlexec.Open itself
+// (AttachAtOpen), instead of Attach after Open.
+func openSessionHow(t *testing.T, atOpen bool, key, path, staging string, store Store, r *Reopen, opts CaptureOptions) *session {
 	t.Helper()
 	ship := NewShipper(store, ShipperOptions{})
 	opts.StagingDir, opts.Reopen, opts.OnAppend = staging, r, ship.Notify
 	c, err := NewCapturer(key, path, opts)
 	require.NoError(t, err)
-	db, err := sqlexec.Open(path, sqlexec.Options{ReadConns: 1})
+	sopts := sqlexec.Options{ReadConns: 1}
+	if atOpen {
+		c.AttachAtOpen(&sopts)
+	}
+	db, err := sqlexec.Open(path, sopts)
 	require.NoError(t, err)
-	require.NoError(t, c.Attach(context.Background(), db))
+	if !atOpen {
+		require.NoError(t, c.Attach(context.Background(), db))
+	}
 	ship.Add(c)
 	return &session{t: t, db: db, cap: c, ship: ship}
 }
@@ -261,4 +274,100 @@ func TestUncleanCloseGivesNoReopen(t *testing.T) {
 	require.NoError(t, s.cap.Close())
 	_, ok := s.cap.Reopen()
 	assert.False(t, ok, "no Reopen after an unclean close")
+}
+
+// TestReopenAttachAtOpen: the object host's cold open — a Reopen, the
+// capturer attached by sqlexec.Open itself (AttachAtOpen) — keeps the
+// history one chain: no new generation, every commit captured once, the
+// archive restores the last state; a crash-left WAL is still caught up
+// at such an open.
+func TestReopenAttachAtOpen(t *testing.T) {
+	e := newReopenEnv(t)
+	s := openSessionHow(t, true, e.key, e.path, e.staging, e.store, nil, CaptureOptions{})
+	assert.EqualValues(t, 1, s.cap.Stats().Generations, "a first open starts the first generation")
+	s.exec("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
+	first := s.cap.Current()
+	r, ok := s.close()
+	require.True(t, ok)
+	for round := range 3 {
+		s = openSessionHow(t, true, e.key, e.path, e.staging, e.store, &r, CaptureOptions{})
+		assert.True(t, s.cap.reopened, "round %d", round)
+		assert.Zero(t, s.cap.Stats().Generations, "round %d: continuity", round)
+		s.exec("SELECT count(*) FROM t")
+		for range 4 {
+			s.exec("INSERT INTO t(v) VALUES (randomblob(50))")
+		}
+		r, ok = s.close()
+		require.True(t, ok)
+	}
+	s = openSessionHow(t, true, e.key, e.path, e.staging, e.store, &r, CaptureOptions{})
+	last := s.cap.Current()
+	assert.Equal(t, first.Gen, last.Gen)
+	assert.Equal(t, first.Txid+12, last.Txid, "every commit captured once")
+	want := dumpDB(t, s.db)
+	_, ok = s.close()
+	require.True(t, ok)
+	e.verify(t, e.store, want, last)
+}
+
+// TestReopenOfRemovedArea: a Reopen whose staging area was removed since
+// (a caller that should have dropped it) is refused, and the open
+// creates the area again (NewCapturer skips its MkdirAll only while the
+// Reopen's check holds) and starts a new generation.
+func TestReopenOfRemovedArea(t *testing.T) {
+	e := newReopenEnv(t)
+	s := openSessionHow(t, true, e.key, e.path, e.staging, e.store, nil, CaptureOptions{})
+	s.exec("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
+	s.exec("INSERT INTO t(v) VALUES (randomblob(50))")
+	r, ok := s.close()
+	require.True(t, ok)
+	require.NoError(t, os.RemoveAll(filepath.Join(e.staging, e.key)))
+
+	s = openSessionHow(t, true, e.key, e.path, e.staging, e.store, &r, CaptureOptions{})
+	assert.False(t, s.cap.reopened, "the area is gone: refused")
+	assert.EqualValues(t, 1, s.cap.Stats().Generations, "no local history: a new generation")
+	s.exec("INSERT INTO t(v) VALUES (randomblob(50))")
+	last := s.cap.Current()
+	want := dumpDB(t, s.db)
+	_, ok = s.close()
+	require.True(t, ok)
+	a := NewArchive(e.store)
+	out := filepath.Join(t.TempDir(), "r.db")
+	_, err := a.Restore(context.Background(), e.key, last, out)
+	require.NoError(t, err)
+	assert.Equal(t, want, dumpRestored(t, out))
+}
+
+// TestReadOnlyReopenOpensNoDescriptors: at a clean reopen with an empty
+// WAL the capturer opens no descriptor of its own (attach learns the WAL
+// is empty from a stat); a session that only reads never opens them and
+// still hands out a Reopen; the first write opens them, is captured, and
+// the archive restores it. After Close, nothing opens them again.
+func TestReadOnlyReopenOpensNoDescriptors(t *testing.T) {
+	e := newReopenEnv(t)
+	s := openSessionHow(t, true, e.key, e.path, e.staging, e.store, nil, CaptureOptions{})
+	s.exec("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
+	r, ok := s.close()
+	require.True(t, ok)
+
+	s = openSessionHow(t, true, e.key, e.path, e.staging, e.store, &r, CaptureOptions{})
+	require.True(t, s.cap.reopened)
+	assert.False(t, s.cap.filesOpen, "a clean reopen with an empty WAL opens nothing")
+	s.exec("SELECT count(*) FROM t")
+	assert.False(t, s.cap.filesOpen, "a read opens nothing")
+	r, ok = s.close()
+	require.True(t, ok, "a read-only session still hands out a Reopen")
+	require.ErrorIs(t, s.cap.files(), errCaptureStopped, "no descriptor after Close")
+	assert.Nil(t, s.cap.walF)
+
+	s = openSessionHow(t, true, e.key, e.path, e.staging, e.store, &r, CaptureOptions{})
+	require.True(t, s.cap.reopened)
+	s.exec("INSERT INTO t(v) VALUES (randomblob(50))")
+	last := s.cap.Current()
+	assert.True(t, s.cap.filesOpen, "the first write's capture opened them")
+	assert.Zero(t, s.cap.Stats().Generations, "continuity")
+	want := dumpDB(t, s.db)
+	_, ok = s.close()
+	require.True(t, ok)
+	e.verify(t, e.store, want, last)
 }

@@ -111,6 +111,14 @@ type Options struct {
 	ReadConns int
 	// Region and Host fill meta.served_by_region and meta.served_by_colo.
 	Region, Host string
+	// CommitHook, when set, is attached by Open itself, as SetCommitHook
+	// would attach it with HookAttach as its attach function, but on the
+	// opening goroutine before the writer goroutine starts: no request can
+	// be queued yet, and a cold open costs no round trip to the writer
+	// (what SetCommitHook costs). If HookAttach fails, Open fails and
+	// closes what it opened.
+	CommitHook CommitHook
+	HookAttach func(HookConn) error
 }
 
 // Request is one D1 /query or /raw call: its statements run in order as one

@@ -121,30 +121,7 @@ var ErrHookAttached = errors.New("sqlexec: commit hook already attached")
 // the whole database) before the first Committed. If attach fails nothing is
 // attached. Requests queued before SetCommitHook commit before attach runs.
 func (db *DB) SetCommitHook(ctx context.Context, h CommitHook, attach func(HookConn) error) error {
-	fn := func(c *conn) error {
-		if h != nil && db.hook != nil {
-			return ErrHookAttached
-		}
-		if h == nil {
-			if db.hook != nil {
-				C.shoal_wal_frames_remove(c.db, db.hook.frames)
-			}
-			db.hook = nil
-			C.sqlite3_wal_autocheckpoint(c.db, 1000) // SQLite's default
-			return nil
-		}
-		// Off before attach reads anything: from here on only the hook
-		// checkpoints. (autocheckpoint is itself a WAL hook: ours replaces it.)
-		C.sqlite3_wal_autocheckpoint(c.db, 0)
-		if attach != nil {
-			if err := attach(HookConn{c: c}); err != nil {
-				C.sqlite3_wal_autocheckpoint(c.db, 1000)
-				return err
-			}
-		}
-		db.hook = &commitHook{h: h, frames: C.shoal_wal_frames_install(c.db)}
-		return nil
-	}
+	fn := func(c *conn) error { return db.setHook(c, h, attach) }
 	rq := newReqCtx(ctx, time.Hour) // attach may snapshot a large database
 	j := &job{rq: rq, done: make(chan struct{}), fn: fn}
 	if err := db.enqueue(j); err != nil {
@@ -152,6 +129,62 @@ func (db *DB) SetCommitHook(ctx context.Context, h CommitHook, attach func(HookC
 	}
 	<-j.done
 	return j.err
+}
+
+// setHook attaches h (nil detaches) on c, the writer connection, inside a
+// write transaction the caller holds (writer goroutine, or Open before the
+// writer goroutine starts).
+func (db *DB) setHook(c *conn, h CommitHook, attach func(HookConn) error) error {
+	if h != nil && db.hook != nil {
+		return ErrHookAttached
+	}
+	if h == nil {
+		if db.hook != nil {
+			C.shoal_wal_frames_remove(c.db, db.hook.frames)
+		}
+		db.hook = nil
+		C.sqlite3_wal_autocheckpoint(c.db, 1000) // SQLite's default
+		return nil
+	}
+	// Off before attach reads anything: from here on only the hook
+	// checkpoints. (autocheckpoint is itself a WAL hook: ours replaces it.)
+	C.sqlite3_wal_autocheckpoint(c.db, 0)
+	if attach != nil {
+		if err := attach(HookConn{c: c}); err != nil {
+			C.sqlite3_wal_autocheckpoint(c.db, 1000)
+			return err
+		}
+	}
+	db.hook = &commitHook{h: h, frames: C.shoal_wal_frames_install(c.db)}
+	return nil
+}
+
+// attachHook is SetCommitHook for Open (Options.CommitHook): the same
+// attach in the same kind of write transaction (BEGIN IMMEDIATE … COMMIT,
+// nothing else can commit or checkpoint meanwhile), run on the opening
+// goroutine before the writer goroutine exists. The transaction writes
+// nothing; the hook is told of its COMMIT, as of the COMMIT of
+// SetCommitHook's job.
+func (db *DB) attachHook(c *conn, h CommitHook, attach func(HookConn) error) error {
+	if err := c.execInternal("BEGIN IMMEDIATE"); err != nil {
+		return err
+	}
+	if err := db.setHook(c, h, attach); err != nil {
+		if C.sqlite3_get_autocommit(c.db) == 0 {
+			_ = c.execInternal("ROLLBACK")
+		}
+		return err
+	}
+	if err := c.execInternal("COMMIT"); err != nil {
+		if C.sqlite3_get_autocommit(c.db) == 0 {
+			_ = c.execInternal("ROLLBACK")
+		}
+		_ = db.setHook(c, nil, nil)
+		return err
+	}
+	// As after SetCommitHook's job: the hook sees the (empty) commit that
+	// closed its attach.
+	return db.committed(c)
 }
 
 // Path is the database file's path (its WAL is Path()+"-wal").

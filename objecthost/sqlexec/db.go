@@ -113,6 +113,15 @@ func Open(path string, opts Options) (*DB, error) {
 		return nil, err
 	}
 	db.writerConn = w
+	if opts.CommitHook != nil {
+		// Nothing else can use the connection yet: attach here rather than
+		// through a job on the writer goroutine (SetCommitHook).
+		if err := db.attachHook(w, opts.CommitHook, opts.HookAttach); err != nil {
+			w.close()
+			db.stopClosing()
+			return nil, err
+		}
+	}
 	if nreaders > 0 {
 		db.readers = make(chan *conn, nreaders) // filled lazily, see readerSlots
 	}

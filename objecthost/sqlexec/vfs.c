@@ -194,6 +194,41 @@ static int shoal_xopen(sqlite3_vfs *v, const char *name, sqlite3_file *f, int fl
 	return rc;
 }
 
+// clean_absolute reports whether path is absolute with no empty, "." or
+// ".." component and no trailing slash: a name SQLite's own
+// xFullPathname would only copy, after an lstat(2) of every prefix.
+static int clean_absolute(const char *p) {
+	if (p[0] != '/') return 0;
+	for (const char *s = p; *s; s++) {
+		if (s[0] != '/') continue;
+		if (s[1] == '/' || s[1] == 0) return 0;
+		if (s[1] == '.' && (s[2] == '/' || s[2] == 0 || (s[2] == '.' && (s[3] == '/' || s[3] == 0)))) return 0;
+	}
+	return 1;
+}
+
+// shoal_xfullpathname: a clean absolute name is its own full name. Unix's
+// xFullPathname resolves symbolic links by lstat(2)-ing every prefix of
+// the path (8–10 system calls per open for dbs/ab/cd/<id>.db under a data
+// directory), on every cold open of a database. The object host builds
+// its paths with filepath.Join under its own data directory; the
+// database file and its -wal are still opened with O_NOFOLLOW
+// (SQLITE_OPEN_NOFOLLOW), so a symbolic link planted as either is still
+// refused. What changes: a symbolic link among the directories above the
+// file (a data directory on another disk, say) is followed instead of
+// failing the open with SQLITE_CANTOPEN_SYMLINK. Anything else (relative,
+// "..", "//") goes to unix's own.
+static int shoal_xfullpathname(sqlite3_vfs *v, const char *name, int n, char *out) {
+	(void)v;
+	if (clean_absolute(name)) {
+		size_t len = strlen(name);
+		if ((long long)len + 1 > (long long)n) return 1; // SQLITE_ERROR, as unix's own
+		memcpy(out, name, len + 1);
+		return SHOAL_OK;
+	}
+	return shoal_base->xFullPathname(shoal_base, name, n, out);
+}
+
 // shoal_vfs_register registers "shoal-excl" (once; Go calls it under a
 // sync.Once before the first open). It returns 0 on success.
 int shoal_vfs_register(void) {
@@ -204,6 +239,7 @@ int shoal_vfs_register(void) {
 	shoal_vfs.pNext = 0;
 	shoal_vfs.szOsFile = (int)sizeof(shoal_tfile) + shoal_base->szOsFile;
 	shoal_vfs.xOpen = shoal_xopen;
+	shoal_vfs.xFullPathname = shoal_xfullpathname;
 	// Version 3 has system-call overrides whose pointers are the base's
 	// own; keep the copy at version 2 so nobody calls them through us.
 	if (shoal_vfs.iVersion > 2) shoal_vfs.iVersion = 2;
