@@ -19,14 +19,17 @@ import (
 
 // Batched writes: POST /v1/apply-batch carries up to MaxApplyBatch
 // independent commands in one request. Each keeps its own request ID and
-// becomes its own Raft entry with its own result, exactly as if it had come
-// through /v1/apply: the log holds nothing a node of an older build cannot
-// apply, so builds with and without this endpoint keep identical catalogs.
-// What the batch saves is the transport: one HTTP request, one TLS record
-// stream and one handler per batch instead of per command (the edge
-// coalesces concurrent creates into one, edge/createbatch.go), and the
-// proposals enter Raft's apply channel together, so they share one
-// AppendEntries, one fsync per replica and one FSM transaction.
+// its own result, exactly as if it had come through /v1/apply. What the
+// batch saves is the transport: one HTTP request, one TLS record stream and
+// one handler per batch instead of per command (the edge coalesces
+// concurrent creates into one, edge/createbatch.go). In the log, from
+// catalog level 3 (fsm.LevelBatchEntry: every server's build knows it) the
+// leader proposes the batch as one entry carrying its commands
+// (fsm.AppendBatchEntry), which every replica applies as those commands
+// one by one — one entry to encode, store, replicate and decode instead of
+// N; below level 3, as N entries proposed together, so they share one
+// AppendEntries, one fsync per replica and one FSM transaction and the log
+// holds nothing a node of an older build cannot apply.
 //
 // Answers: 200 with one item per command, in order — a result (refusals
 // included, as fsm.Result.Err) or an error (not leader, unavailable,
@@ -124,7 +127,7 @@ func (n *Node) ApplyBatch(ctx context.Context, cmds []fsm.Command) ([]fsm.Result
 // cluster's catalog level allows it (fsm.LevelBatchEntry), else each as its
 // own entry, every one proposed before waiting for any.
 func (n *Node) applyLocalBatch(ctx context.Context, cmds []fsm.Command) ([]fsm.Result, []error) {
-	if len(cmds) > 1 && n.cat.ClusterLevel() >= fsm.LevelBatchEntry {
+	if len(cmds) > 1 && n.cat.ClusterLevel() >= fsm.LevelBatchEntry && !n.noBatchEntries.Load() {
 		if res, errs, ok := n.applyBatchEntry(ctx, cmds); ok {
 			return res, errs
 		}
