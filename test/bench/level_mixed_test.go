@@ -120,7 +120,7 @@ func TestCatalogLevelMixedVersions(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), st.ClusterLevel)
 	for _, m := range st.Members {
-		want := int64(2)
+		want := fsm.BuildLevel
 		if m.ID == "c1" {
 			want = 1 // no build_level in its answer
 		}
@@ -156,12 +156,12 @@ func TestCatalogLevelMixedVersions(t *testing.T) {
 	require.Eventually(t, func() bool {
 		for _, a := range addrs {
 			st, err := admin(a).Status(ctx)
-			if err != nil || st.ClusterLevel != 2 {
+			if err != nil || st.ClusterLevel != fsm.BuildLevel {
 				return false
 			}
 		}
 		return true
-	}, 60*time.Second, 500*time.Millisecond, "the catalog level never rose to 2 on every node")
+	}, 60*time.Second, 500*time.Millisecond, "the catalog level never rose to this build's on every node")
 	for _, d := range dbs[:2] {
 		got, err := cl.DeleteDatabaseIf(ctx, del(d))
 		require.NoError(t, err)
