@@ -243,3 +243,34 @@ func TestBatchEntriesOnlyAtLevel3(t *testing.T) {
 		assert.GreaterOrEqual(t, n.FSM().BatchEntries(), uint64(5), "node %s", n.ID())
 	}
 }
+
+// TestBatchEntryRefusedWholeFallsBack: a batch entry the FSM refuses as a
+// whole (below level 3 — in a cluster only after a restore from an older
+// backup lowered the level between the leader's check and the commit)
+// applies nothing, and the leader proposes the commands one by one
+// instead, each answering as always.
+func TestBatchEntryRefusedWholeFallsBack(t *testing.T) {
+	ctx := context.Background()
+	tc := newTestCluster(t, 1, func(i int, c *Config) {
+		levelPorts(22250)(i, c)
+		c.FSMOptions = append(c.FSMOptions, fsm.WithBuildLevel(2))
+	})
+	n := tc.waitLeader()
+	_, err := n.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("a1", 100)))
+	require.NoError(t, err)
+	_, err = n.Apply(ctx, cmd(t, fsm.CmdRegisterHost, fsm.RegisterHost{ID: "h1", Address: "10.0.0.1:1", State: fsm.HostStateActive}))
+	require.NoError(t, err)
+	cmds := []fsm.Command{cmd(t, fsm.CmdCreateDatabase, newDB("a1")), cmd(t, fsm.CmdCreateDatabase, newDB("a1"))}
+	before := catalogDump(t, n)
+	_, _, ok := n.applyBatchEntry(ctx, cmds)
+	require.False(t, ok, "a batch entry below level 3 must be refused whole")
+	assert.Equal(t, before, catalogDump(t, n), "the refused batch entry applied something")
+	assert.Equal(t, uint64(1), n.FSM().BatchEntries())
+	// The leader's path: one by one, each its own result.
+	res, errs := n.ApplyBatch(ctx, cmds)
+	for i := range cmds {
+		require.NoError(t, errs[i])
+		require.Nil(t, res[i].Err)
+	}
+	assert.NotEqual(t, res[0].Index, res[1].Index, "one entry each")
+}
