@@ -19,14 +19,17 @@ import (
 
 // Batched writes: POST /v1/apply-batch carries up to MaxApplyBatch
 // independent commands in one request. Each keeps its own request ID and
-// becomes its own Raft entry with its own result, exactly as if it had come
-// through /v1/apply: the log holds nothing a node of an older build cannot
-// apply, so builds with and without this endpoint keep identical catalogs.
-// What the batch saves is the transport: one HTTP request, one TLS record
-// stream and one handler per batch instead of per command (the edge
-// coalesces concurrent creates into one, edge/createbatch.go), and the
-// proposals enter Raft's apply channel together, so they share one
-// AppendEntries, one fsync per replica and one FSM transaction.
+// its own result, exactly as if it had come through /v1/apply. What the
+// batch saves is the transport: one HTTP request, one TLS record stream and
+// one handler per batch instead of per command (the edge coalesces
+// concurrent creates into one, edge/createbatch.go). In the log, from
+// catalog level 3 (fsm.LevelBatchEntry: every server's build knows it) the
+// leader proposes the batch as one entry carrying its commands
+// (fsm.AppendBatchEntry), which every replica applies as those commands
+// one by one — one entry to encode, store, replicate and decode instead of
+// N; below level 3, as N entries proposed together, so they share one
+// AppendEntries, one fsync per replica and one FSM transaction and the log
+// holds nothing a node of an older build cannot apply.
 //
 // Answers: 200 with one item per command, in order — a result (refusals
 // included, as fsm.Result.Err) or an error (not leader, unavailable,
@@ -120,8 +123,15 @@ func (n *Node) ApplyBatch(ctx context.Context, cmds []fsm.Command) ([]fsm.Result
 	return res, errs
 }
 
-// applyLocalBatch proposes every command before waiting for any.
+// applyLocalBatch proposes the commands as one batch entry once the
+// cluster's catalog level allows it (fsm.LevelBatchEntry), else each as its
+// own entry, every one proposed before waiting for any.
 func (n *Node) applyLocalBatch(ctx context.Context, cmds []fsm.Command) ([]fsm.Result, []error) {
+	if len(cmds) > 1 && n.cat.ClusterLevel() >= fsm.LevelBatchEntry && !n.noBatchEntries.Load() {
+		if res, errs, ok := n.applyBatchEntry(ctx, cmds); ok {
+			return res, errs
+		}
+	}
 	res := make([]fsm.Result, len(cmds))
 	errs := make([]error, len(cmds))
 	futures := make([]raft.ApplyFuture, len(cmds))
@@ -169,6 +179,92 @@ func (n *Node) applyLocalBatch(ctx context.Context, cmds []fsm.Command) ([]fsm.R
 		}
 	}
 	return res, errs
+}
+
+// applyBatchEntry proposes cmds as one log entry (fsm.AppendBatchEntry)
+// and returns each command's outcome as applyLocal would return it for the
+// command as its own entry, every Result carrying the batch entry's index.
+// The entry is atomic in the log: every command applies or none does, so
+// an unknown outcome (leader lost, node closing) is every command's, and
+// each is retried with its request ID as before.
+//
+// The level was read from this node's applied catalog, so every replica
+// applies the entry that raised it before this one; the only way the FSM
+// still refuses the entry as a whole is a catalog restored from a backup of
+// a lower level between the check and the commit. Nothing was applied then,
+// and ok=false tells the caller to propose the commands one by one.
+func (n *Node) applyBatchEntry(ctx context.Context, cmds []fsm.Command) (res []fsm.Result, errs []error, ok bool) {
+	res = make([]fsm.Result, len(cmds))
+	errs = make([]error, len(cmds))
+	enc := make([][]byte, len(cmds))
+	for i := range cmds {
+		b, err := marshalCommand(cmds[i])
+		if err != nil {
+			for j := range errs {
+				errs[j] = fmt.Errorf("encode command: %w", err)
+			}
+			return res, errs, true
+		}
+		enc[i] = b
+	}
+	timeout := n.cfg.ApplyTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		if d := time.Until(dl); d < timeout {
+			timeout = d
+		}
+	}
+	start := time.Now()
+	f := n.raft.Apply(fsm.AppendBatchEntry(nil, enc), timeout)
+	if err := n.awaitFuture(f); err != nil {
+		_, err = n.outcome(f, err, start)
+		for i := range errs {
+			errs[i] = err
+		}
+		return res, errs, true
+	}
+	switch r := f.Response().(type) {
+	case fsm.BatchResults:
+		if len(r) != len(cmds) {
+			err := fmt.Errorf("batch entry answered %d results for %d commands", len(r), len(cmds))
+			for i := range errs {
+				errs[i] = err
+			}
+			return res, errs, true
+		}
+		d := time.Since(start).Seconds()
+		for i := range r {
+			n.metrics.applyLatency.Observe(d)
+			res[i] = r[i]
+			if res[i].Index == 0 {
+				res[i].Index = f.Index()
+			}
+			if res[i].Err != nil {
+				errs[i] = res[i].Err
+			}
+		}
+		return res, errs, true
+	case fsm.Result:
+		if r.Err != nil && r.Err.Code == fsm.CodeClusterLevelTooLow {
+			n.log.Warn("batch entry refused by the catalog's level (restored from an older backup?); proposing its commands one by one", "err", r.Err)
+			return nil, nil, false
+		}
+		err := fmt.Errorf("batch entry refused as a whole: %v", r.Err)
+		for i := range errs {
+			errs[i] = err
+		}
+		return res, errs, true
+	case error:
+		for i := range errs {
+			errs[i] = r
+		}
+		return res, errs, true
+	default:
+		err := fmt.Errorf("unexpected fsm response %T to a batch entry", r)
+		for i := range errs {
+			errs[i] = err
+		}
+		return res, errs, true
+	}
 }
 
 // forwardApplyBatch sends the batch to the leader's /v1/apply-batch, or,

@@ -278,3 +278,93 @@ func processCPU() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// TestBenchBatchEntry is the A/B of batch entries alone: 3 in-process
+// voters over loopback TCP with fsync (raft-wal), the leader's
+// Node.ApplyBatch called with batches of create_database commands (what a
+// coalescing client's /v1/apply-batch hands it, without the HTTP hop), one
+// batch in flight, as one batch entry (level 3) or as N entries
+// (noBatchEntries), alternating every round (the order flips), so both
+// share the machine's load. CPU is the whole process's (three replicas and
+// the caller) per create. Run with:
+//
+//	SHOAL_BENCH=1 go test ./raftmeta -run TestBenchBatchEntry -v -count=1
+//	# SHOAL_BENCH_ROUNDS (6), SHOAL_BENCH_SECONDS per phase (3), SHOAL_BENCH_WORKERS (batch sizes: 8,32)
+func TestBenchBatchEntry(t *testing.T) {
+	if os.Getenv("SHOAL_BENCH") == "" {
+		t.Skip("set SHOAL_BENCH=1")
+	}
+	dur, err := benchenv.Duration(3 * time.Second)
+	require.NoError(t, err)
+	sizes, err := benchenv.Workers(8, 32)
+	require.NoError(t, err)
+	rounds := 6
+	if s := os.Getenv("SHOAL_BENCH_ROUNDS"); s != "" {
+		_, err := fmt.Sscan(s, &rounds)
+		require.NoError(t, err)
+	}
+	defer srvruntime.Apply(true)()
+	tc := newTestCluster(t, 3, func(i int, c *Config) { c.LevelCheckInterval = 200 * time.Millisecond })
+	leader := tc.waitLeader()
+	ctx := context.Background()
+	_, err = leader.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("bench", 1<<40)))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return leader.cat.ClusterLevel() >= fsm.LevelBatchEntry }, 20*time.Second, 50*time.Millisecond)
+	type sample struct{ rate, cpu, p99 float64 }
+	res := map[string][]sample{}
+	for r := range rounds {
+		for _, b := range sizes {
+			modes := []bool{true, false}
+			if r%2 == 1 {
+				modes = []bool{false, true}
+			}
+			for _, batchEntries := range modes {
+				leader.noBatchEntries.Store(!batchEntries)
+				out := benchRun(1, dur, func(int) func(context.Context) error {
+					return func(ctx context.Context) error {
+						cmds := make([]fsm.Command, b)
+						for i := range cmds {
+							cmds[i] = cmd(t, fsm.CmdCreateDatabase, newDB("bench"))
+						}
+						_, errs := leader.ApplyBatch(ctx, cmds)
+						for _, err := range errs {
+							if err != nil {
+								return err
+							}
+						}
+						return nil
+					}
+				})
+				require.Zero(t, out.errors, "%v", out.firstErr)
+				k := fmt.Sprintf("batch=%d entries=%v", b, map[bool]string{true: "one", false: "N"}[batchEntries])
+				res[k] = append(res[k], sample{rate: out.rate * float64(b), cpu: float64(out.cpuPerOp) / 1e3 / float64(b), p99: ms(out.p99)})
+			}
+		}
+		var la [3]float64
+		if l, err := os.ReadFile("/proc/loadavg"); err == nil {
+			fmt.Sscan(string(l), &la[0], &la[1], &la[2])
+		}
+		t.Logf("round %d/%d done, load average %.2f", r+1, rounds, la[0])
+	}
+	med := func(xs []float64) float64 {
+		s := append([]float64(nil), xs...)
+		sort.Float64s(s)
+		return s[len(s)/2]
+	}
+	for _, b := range sizes {
+		one, n := res[fmt.Sprintf("batch=%d entries=one", b)], res[fmt.Sprintf("batch=%d entries=N", b)]
+		var rates, cpus, cpuOne, cpuN, rOne, rN, p99One, p99N []float64
+		for i := range one {
+			rates = append(rates, one[i].rate/n[i].rate)
+			cpus = append(cpus, one[i].cpu/n[i].cpu)
+			cpuOne, cpuN = append(cpuOne, one[i].cpu), append(cpuN, n[i].cpu)
+			rOne, rN = append(rOne, one[i].rate), append(rN, n[i].rate)
+			p99One, p99N = append(p99One, one[i].p99), append(p99N, n[i].p99)
+		}
+		sort.Float64s(cpus)
+		sort.Float64s(rates)
+		t.Logf("batch of %2d: one entry %6.0f creates/s, %5.1f µs CPU/create, batch p99 %5.2f ms | N entries %6.0f/s, %5.1f µs, p99 %5.2f ms | same-round ratio one/N: CPU %.2f× (%.2f–%.2f), rate %.2f× (%.2f–%.2f)",
+			b, med(rOne), med(cpuOne), med(p99One), med(rN), med(cpuN), med(p99N),
+			med(cpus), cpus[0], cpus[len(cpus)-1], med(rates), rates[0], rates[len(rates)-1])
+	}
+}

@@ -81,6 +81,15 @@ func (f *instrumentedFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	if len(cmds) > 0 {
 		if m := f.metrics(); m != nil {
 			m.batchSize.Observe(float64(len(cmds)))
+			n := 0
+			for _, l := range cmds {
+				if k := fsm.BatchEntryCommands(l.Data); k > 0 {
+					n += k
+				} else {
+					n++
+				}
+			}
+			m.batchCommands.Observe(float64(n))
 		}
 		res := f.applyCatalog(cmds)
 		for j, r := range res {

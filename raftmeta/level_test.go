@@ -75,7 +75,7 @@ func TestClusterLevelGateInACluster(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), st.ClusterLevel)
 	for _, m := range st.Members {
-		want := int64(2)
+		want := fsm.BuildLevel
 		if m.ID == "n0" {
 			want = 1
 		}
@@ -103,17 +103,18 @@ func TestClusterLevelGateInACluster(t *testing.T) {
 		assert.Equal(t, int64(1), n.FSM().ClusterLevel(), "node %s", n.ID())
 	}
 
-	// Every server answers, all of level 2: the loop raises the level.
+	// Every server answers, all of this build's level: the loop raises the
+	// level to it.
 	tc.restart(3)
 	leader = tc.waitLeader()
 	require.Eventually(t, func() bool {
 		for _, n := range tc.nodes {
-			if n.FSM().ClusterLevel() != 2 {
+			if n.FSM().ClusterLevel() != fsm.BuildLevel {
 				return false
 			}
 		}
 		return true
-	}, 20*time.Second, 50*time.Millisecond, "the level never rose to 2 on every node")
+	}, 20*time.Second, 50*time.Millisecond, "the level never rose to this build's on every node")
 	res, err := cl.Apply(ctx, cmd(t, fsm.CmdDeleteDatabaseIf, del))
 	require.NoError(t, err)
 	require.Nil(t, res.Err)
@@ -131,8 +132,8 @@ func TestClusterLevelGateInACluster(t *testing.T) {
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	require.NoError(t, err)
-	assert.Contains(t, string(body), "\nshoal_raftmeta_cluster_level 2\n")
-	assert.Contains(t, string(body), "\nshoal_raftmeta_build_level 2\n")
+	assert.Contains(t, string(body), fmt.Sprintf("\nshoal_raftmeta_cluster_level %d\n", fsm.BuildLevel))
+	assert.Contains(t, string(body), fmt.Sprintf("\nshoal_raftmeta_build_level %d\n", fsm.BuildLevel))
 
 	// A server of the older build may not join a level-2 cluster.
 	cfg := testConfig(t, "n4", t.TempDir())
@@ -144,10 +145,134 @@ func TestClusterLevelGateInACluster(t *testing.T) {
 		n.Close()
 	}
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), `"n4" runs a build of catalog level 1, the cluster is at level 2`)
+	assert.Contains(t, err.Error(), fmt.Sprintf(`"n4" runs a build of catalog level 1, the cluster is at level %d`, fsm.BuildLevel))
 	st, err = leader.Status(ctx)
 	require.NoError(t, err)
 	assert.Len(t, st.Members, 4)
+}
+
+// TestBatchEntriesOnlyAtLevel3 runs real nodes over TCP (raft-wal with
+// fsync) with one voter whose build knows only catalog level 2
+// (fsm.WithBuildLevel(2): it would refuse a batch entry). The cluster
+// rises to level 2 and stays there, and batched writes (/v1/apply-batch,
+// which the leader proposes as one batch entry from level 3 on) reach the
+// log as one entry per command: no replica is ever handed a batch entry.
+// Once that voter is "upgraded" the level rises to 3, the same batches go
+// as batch entries on every replica, each command answers as before
+// (refusals included), and the catalogs stay identical.
+func TestBatchEntriesOnlyAtLevel3(t *testing.T) {
+	ctx := context.Background()
+	ports := levelPorts(22200)
+	mod := func(i int, c *Config) {
+		ports(i, c)
+		c.LevelCheckInterval = 200 * time.Millisecond
+		if i == 0 {
+			c.FSMOptions = append(c.FSMOptions, fsm.WithBuildLevel(2))
+		}
+	}
+	tc := newTestCluster(t, 3, mod)
+	cl, err := NewClient(tc.addrs(), WithCacheTTL(0))
+	require.NoError(t, err)
+	defer cl.Close()
+	_, err = cl.Apply(ctx, cmd(t, fsm.CmdRegisterHost, fsm.RegisterHost{ID: "h1", Address: "10.0.0.1:1", State: fsm.HostStateActive}))
+	require.NoError(t, err)
+	_, err = cl.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("a1", 1000)))
+	require.NoError(t, err)
+
+	levelIs := func(want int64) func() bool {
+		return func() bool {
+			for _, n := range tc.nodes {
+				if n.FSM().ClusterLevel() != want {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	// A batch: creates, a name taken by an earlier command of the same
+	// batch, an unknown account. Each command its own answer.
+	batch := func() {
+		t.Helper()
+		var dbs []fsm.CreateDatabase
+		for range 6 {
+			dbs = append(dbs, newDB("a1"))
+		}
+		dup := newDB("a1")
+		dup.Name = dbs[0].Name
+		stranger := newDB("nobody")
+		dbs = append(dbs, dup, stranger)
+		got, errs := cl.CreateDatabases(ctx, dbs)
+		for i := range 6 {
+			require.NoError(t, errs[i], "create %d", i)
+			assert.Equal(t, dbs[i].UUID, got[i].UUID)
+		}
+		require.ErrorIs(t, errs[6], fsm.ErrNameTaken)
+		require.ErrorIs(t, errs[7], fsm.ErrAccountNotFound)
+	}
+	sameCatalogs := func() {
+		t.Helper()
+		leader := tc.waitLeader()
+		idx := leader.AppliedIndex()
+		for _, n := range tc.nodes {
+			require.Eventually(t, func() bool { return n.AppliedIndex() >= idx }, 10*time.Second, 20*time.Millisecond)
+			assert.Equal(t, catalogDump(t, leader), catalogDump(t, n), "node %s", n.ID())
+		}
+	}
+
+	require.Eventually(t, levelIs(2), 20*time.Second, 50*time.Millisecond, "the level never rose to 2")
+	for range 5 {
+		batch()
+	}
+	time.Sleep(time.Second) // several rounds of the level loop
+	require.True(t, levelIs(2)(), "the level rose past the level-2 build")
+	sameCatalogs()
+	for _, n := range tc.nodes {
+		assert.Zero(t, n.FSM().BatchEntries(), "node %s was handed a batch entry below level 3", n.ID())
+	}
+
+	// The level-2 voter upgraded: level 3, batch entries on every replica.
+	tc.cfgs[0].FSMOptions = nil
+	tc.restart(0)
+	tc.waitLeader()
+	require.Eventually(t, levelIs(fsm.LevelBatchEntry), 20*time.Second, 50*time.Millisecond, "the level never rose to 3")
+	for range 5 {
+		batch()
+	}
+	sameCatalogs()
+	for _, n := range tc.nodes {
+		assert.GreaterOrEqual(t, n.FSM().BatchEntries(), uint64(5), "node %s", n.ID())
+	}
+}
+
+// TestBatchEntryRefusedWholeFallsBack: a batch entry the FSM refuses as a
+// whole (below level 3 — in a cluster only after a restore from an older
+// backup lowered the level between the leader's check and the commit)
+// applies nothing, and the leader proposes the commands one by one
+// instead, each answering as always.
+func TestBatchEntryRefusedWholeFallsBack(t *testing.T) {
+	ctx := context.Background()
+	tc := newTestCluster(t, 1, func(i int, c *Config) {
+		levelPorts(22250)(i, c)
+		c.FSMOptions = append(c.FSMOptions, fsm.WithBuildLevel(2))
+	})
+	n := tc.waitLeader()
+	_, err := n.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("a1", 100)))
+	require.NoError(t, err)
+	_, err = n.Apply(ctx, cmd(t, fsm.CmdRegisterHost, fsm.RegisterHost{ID: "h1", Address: "10.0.0.1:1", State: fsm.HostStateActive}))
+	require.NoError(t, err)
+	cmds := []fsm.Command{cmd(t, fsm.CmdCreateDatabase, newDB("a1")), cmd(t, fsm.CmdCreateDatabase, newDB("a1"))}
+	before := catalogDump(t, n)
+	_, _, ok := n.applyBatchEntry(ctx, cmds)
+	require.False(t, ok, "a batch entry below level 3 must be refused whole")
+	assert.Equal(t, before, catalogDump(t, n), "the refused batch entry applied something")
+	assert.Equal(t, uint64(1), n.FSM().BatchEntries())
+	// The leader's path: one by one, each its own result.
+	res, errs := n.ApplyBatch(ctx, cmds)
+	for i := range cmds {
+		require.NoError(t, errs[i])
+		require.Nil(t, res[i].Err)
+	}
+	assert.NotEqual(t, res[0].Index, res[1].Index, "one entry each")
 }
 
 // A replica that has not yet applied the leader's set_cluster_level (held
@@ -190,7 +315,7 @@ func TestClusterLevelRaiseNotRefusedByALaggingFollower(t *testing.T) {
 	defer g.release(f)
 	got, err := leader.raiseClusterLevel(ctx)
 	require.NoError(t, err)
-	require.Equal(t, int64(2), got)
+	require.Equal(t, fsm.BuildLevel, got)
 	require.Equal(t, int64(1), f.FSM().ClusterLevel(), "the held follower applied the raise")
 
 	// Released while the follower waits on its barrier (the old code had
@@ -199,5 +324,5 @@ func TestClusterLevelRaiseNotRefusedByALaggingFollower(t *testing.T) {
 	res, err := f.Apply(ctx, cmd(t, fsm.CmdDeleteDatabaseIf, del))
 	require.NoError(t, err, "a lagging follower refused a command the cluster takes")
 	require.Nil(t, res.Err)
-	assert.Equal(t, int64(2), f.FSM().ClusterLevel())
+	assert.Equal(t, fsm.BuildLevel, f.FSM().ClusterLevel())
 }

@@ -13,10 +13,13 @@ type metrics struct {
 	reg          *prometheus.Registry
 	applyLatency prometheus.Histogram
 	batchSize    prometheus.Histogram
-	snapshotDur  *prometheus.HistogramVec
-	forwarded    *prometheus.CounterVec
-	reads        *prometheus.CounterVec
-	drains       prometheus.Counter
+	// batchCommands: commands per FSM transaction (a batch entry counts
+	// its commands).
+	batchCommands prometheus.Histogram
+	snapshotDur   *prometheus.HistogramVec
+	forwarded     *prometheus.CounterVec
+	reads         *prometheus.CounterVec
+	drains        prometheus.Counter
 }
 
 func newMetrics(n *Node) *metrics {
@@ -30,6 +33,11 @@ func newMetrics(n *Node) *metrics {
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "shoal_raftmeta_fsm_batch_entries",
 			Help:    "Log entries per FSM ApplyBatch call (group commit).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+		}),
+		batchCommands: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "shoal_raftmeta_fsm_batch_commands",
+			Help:    "Commands per FSM ApplyBatch call: log entries, a batch entry counted by its commands.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 		}),
 		snapshotDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -53,7 +61,7 @@ func newMetrics(n *Node) *metrics {
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
-	m.reg.MustRegister(m.applyLatency, m.batchSize, m.snapshotDur, m.forwarded, m.reads, m.drains,
+	m.reg.MustRegister(m.applyLatency, m.batchSize, m.batchCommands, m.snapshotDur, m.forwarded, m.reads, m.drains,
 		stateCollector{n: n},
 		gauge("shoal_raftmeta_is_leader", "1 when this node is the leader.", func() float64 {
 			if n.raft.State() == raft.Leader {
@@ -64,6 +72,10 @@ func newMetrics(n *Node) *metrics {
 		gauge("shoal_raftmeta_cluster_level", "The cluster's catalog level as this node has applied it (commands above it are refused).", func() float64 {
 			return float64(n.cat.ClusterLevel())
 		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "shoal_raftmeta_fsm_batch_entries_total",
+			Help: "Batch entries (one log entry carrying many commands; catalog level 3) this replica's FSM was handed since the process started, applied or refused whole.",
+		}, func() float64 { return float64(n.cat.BatchEntries()) }),
 		gauge("shoal_raftmeta_build_level", "The catalog level this node's build knows.", func() float64 { return float64(n.cat.BuildLevel()) }),
 		gauge("shoal_raftmeta_term", "Current Raft term.", func() float64 { return float64(n.raft.CurrentTerm()) }),
 		gauge("shoal_raftmeta_commit_index", "Raft commit index known to this node.", func() float64 { return float64(n.raft.CommitIndex()) }),

@@ -36,14 +36,17 @@ type Node struct {
 		Error(string, ...any)
 	}
 
-	cat     *fsm.FSM
-	fsm     *instrumentedFSM
-	raft    *raft.Raft
-	store   logStore
-	snaps   *raft.FileSnapshotStore
-	trans   *commitWatch // Raft's NetworkTransport, watching leader commit indexes
-	mux     *muxLayer
-	metrics *metrics
+	cat *fsm.FSM
+	fsm *instrumentedFSM
+	// noBatchEntries (tests only: the A/B of TestBenchBatchEntry) makes
+	// the leader propose batches as N entries even at catalog level 3.
+	noBatchEntries atomic.Bool
+	raft           *raft.Raft
+	store          logStore
+	snaps          *raft.FileSnapshotStore
+	trans          *commitWatch // Raft's NetworkTransport, watching leader commit indexes
+	mux            *muxLayer
+	metrics        *metrics
 
 	httpLn   net.Listener
 	httpSrv  *http.Server

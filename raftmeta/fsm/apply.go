@@ -93,7 +93,13 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		if l.Type != raft.LogCommand {
 			continue
 		}
-		r, err := f.applyOne(ctx, l)
+		var r any
+		var err error
+		if IsBatchEntry(l.Data) {
+			r, err = f.applyBatchEntry(ctx, l)
+		} else {
+			r, err = f.applyOne(ctx, l.Data, l.Index, l.Index+f.batchOffset)
+		}
 		if err != nil {
 			s.rollback.ExecContext(ctx) //nolint:errcheck // panicking anyway
 			f.fatal(l.Index, err)
@@ -147,9 +153,16 @@ func (f *FSM) finishTx(ctx context.Context, applied uint64) error {
 	if err := f.flushActive(ctx); err != nil {
 		return err
 	}
-	f.dd.prune(f.dedupeThresholds(applied))
+	// The last entry's position (batchentry.go): its index in a log
+	// without batch entries.
+	f.dd.prune(f.dedupeThresholds(applied + f.batchOffset))
 	if _, err := s.metaSet.ExecContext(ctx, "applied_index", strconv.FormatUint(applied, 10)); err != nil {
 		return err
+	}
+	if f.batchOffset > 0 { // absent until a batch entry: the catalog of a log without them is a previous build's
+		if _, err := s.metaPut.ExecContext(ctx, batchOffsetKey, strconv.FormatUint(f.batchOffset, 10)); err != nil {
+			return err
+		}
 	}
 	if _, err := s.metaSet.ExecContext(ctx, "max_time", strconv.FormatInt(f.maxTime, 10)); err != nil {
 		return err
@@ -160,7 +173,10 @@ func (f *FSM) finishTx(ctx context.Context, applied uint64) error {
 // dedupeThresholds: a remembered request counts while its ts >= tsMin (the
 // window measured back from the largest Command.Time applied so far, which
 // only grows, so a proposer with a slow clock cannot resurrect anything) and
-// its log index > idxMax (the last dedupeMaxEntries entries).
+// its position > idxMax (the last dedupeMaxEntries commands). index is the
+// position of the command being applied (or of the batch's last entry): its
+// log index, plus batchOffset once batch entries were applied
+// (batchentry.go).
 func (f *FSM) dedupeThresholds(index uint64) (tsMin int64, idxMax uint64) {
 	tsMin = f.maxTime - int64(f.cfg.dedupeWindow)
 	if index > f.cfg.dedupeMaxEntries {
@@ -169,18 +185,21 @@ func (f *FSM) dedupeThresholds(index uint64) (tsMin int64, idxMax uint64) {
 	return tsMin, idxMax
 }
 
-// applyOne applies one command inside the open transaction. It returns an
+// applyOne applies one command (data: json.Marshal(Command), an entry's or
+// one of a batch entry's) inside the open transaction. index is the log
+// index of its entry (its Result's Index), pos its request-ID position
+// (batchentry.go; index in a log without batch entries). It returns an
 // error only for fatal failures; refusals are in Result.Err.
-func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
-	res := Result{Index: l.Index}
-	cmd, pre, fast := decodeCreateFast(l.Data)
+func (f *FSM) applyOne(ctx context.Context, data []byte, index, pos uint64) (Result, error) {
+	res := Result{Index: index}
+	cmd, pre, fast := decodeCreateFast(data)
 	var stats SetDatabaseStats
 	statsFast := false
 	if !fast {
-		cmd, stats, statsFast = decodeStatsFast(l.Data)
+		cmd, stats, statsFast = decodeStatsFast(data)
 	}
 	if !fast && !statsFast {
-		if err := json.Unmarshal(l.Data, &cmd); err != nil {
+		if err := json.Unmarshal(data, &cmd); err != nil {
 			res.Err = ToError(fmt.Errorf("%w: malformed command: %v", ErrInvalid, err))
 			return res, nil
 		}
@@ -204,7 +223,7 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 
 	// Dedupe: a retried command is answered with the original Result.
 	if prev := f.dd.get(cmd.RequestID); prev != nil {
-		tsMin, idxMax := f.dedupeThresholds(l.Index)
+		tsMin, idxMax := f.dedupeThresholds(pos)
 		if prev.ts >= tsMin && prev.index > idxMax {
 			var orig Result
 			if err := json.Unmarshal(prev.result, &orig); err != nil {
@@ -284,8 +303,8 @@ func (f *FSM) applyOne(ctx context.Context, l *raft.Log) (Result, error) {
 	}
 	// An entry whose time is already outside the window (a proposer with a
 	// slow clock) would never be used: not remembering it is the same.
-	if tsMin, _ := f.dedupeThresholds(l.Index); cmd.Time >= tsMin {
-		f.dd.put(&reqEntry{id: cmd.RequestID, index: l.Index, ts: cmd.Time, result: b})
+	if tsMin, _ := f.dedupeThresholds(pos); cmd.Time >= tsMin {
+		f.dd.put(&reqEntry{id: cmd.RequestID, index: pos, ts: cmd.Time, result: b})
 	}
 	return res, nil
 }

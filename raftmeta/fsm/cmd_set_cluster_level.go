@@ -25,10 +25,11 @@ import (
 
 // BuildLevel is the catalog level this build knows: 1 is the command set
 // before levels existed, 2 adds delete_database_if (and set_cluster_level
-// itself). Raise it by one, in the same change, when a command is added
-// that an older build would answer unknown_command, and give that command
-// the new level in commandLevels.
-const BuildLevel int64 = 2
+// itself), 3 adds batch entries (LevelBatchEntry, batchentry.go: one log
+// entry carrying many commands). Raise it by one, in the same change, when
+// a command (or an entry format) is added that an older build would not
+// apply, and give that command the new level in commandLevels.
+const BuildLevel int64 = 3
 
 // CmdSetClusterLevel raises the cluster's catalog level. Only the leader's
 // level check proposes it (raftmeta: no client role may), with the lowest

@@ -74,7 +74,10 @@ func (c *chunk) unref() {
 
 // reqRec is one remembered command (pointer-free).
 type reqRec struct {
-	key   [16]byte
+	key [16]byte
+	// index is the command's position (batchentry.go): its log index, or
+	// past it once batch entries were applied — one per command, in log
+	// order. Snapshots store it as requests.log_index.
 	index uint64
 	ts    int64
 	chunk uint32 // absolute chunk number

@@ -3,7 +3,9 @@
 // deterministic commands and concurrent read-only queries.
 //
 // Commands. Every log entry is a Command envelope (command.go: version,
-// type, request ID, proposer time, JSON body). Each command type is one
+// type, request ID, proposer time, JSON body), or, from catalog level 3, a
+// batch entry carrying many such envelopes, each applied as if it were an
+// entry of its own (batchentry.go). Each command type is one
 // file, cmd_<type>.go, holding its CommandType constant, body type,
 // validation, apply function, the prepared statements only it uses and the
 // refusals it can answer, as a command[B, S] value; the one table commands
@@ -35,7 +37,8 @@
 // when a database is deleted) to account_database_stats_changes;
 // account_database_stats (drained totals); requests (remembered request IDs,
 // filled only in snapshots); meta (schema
-// version, applied index, largest command time). database_stats carries
+// version, applied index, largest command time, cluster level, batch
+// offset). database_stats carries
 // each size's seq (schema version 2). Every read is a primary-key
 // or index search; list pages skip OFFSET rows inside a covering index.
 //

@@ -9,8 +9,9 @@ import (
 // Fast paths for decoding the hottest log entries: create_database, and
 // set_database_stats (few entries, but thousands of sizes each).
 //
-// Every entry in the log is json.Marshal(Command) (the HTTP API and
-// Node.Apply re-encode what they accept), so in practice entries are in
+// Every command in the log — an entry's data, or one command of a batch
+// entry (batchentry.go) — is json.Marshal(Command) (the HTTP API and
+// Node.Apply re-encode what they accept), so in practice commands are in
 // canonical form: no whitespace, keys exactly as tagged, plain ASCII
 // strings. decodeCreateFast and decodeStatsFast parse exactly that form in
 // one pass (the envelope and the body together, no reflection). Anything

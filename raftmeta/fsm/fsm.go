@@ -94,6 +94,11 @@ type FSM struct {
 	level atomic.Int64
 	// dd remembers request IDs (apply goroutine only; see dedupe).
 	dd *dedupe
+	// batchOffset is how many request-ID positions batch entries took
+	// beyond one each (apply goroutine only; meta batch_offset,
+	// batchentry.go); batchEntries counts the batch entries seen.
+	batchOffset  uint64
+	batchEntries atomic.Uint64
 	// activeDelta holds creates not yet added to accounts.active_databases
 	// (apply goroutine only; see flushActive). Empty between batches.
 	activeDelta map[string]int64
@@ -234,10 +239,34 @@ func (f *FSM) open() error {
 		f.closeHandles()
 		return err
 	}
+	off, err := loadBatchOffset(ctx, wconn)
+	if err != nil {
+		f.closeHandles()
+		return err
+	}
 	f.applied.Store(applied)
 	f.maxTime = maxTime
 	f.level.Store(level)
+	f.batchOffset = off
 	return nil
+}
+
+// loadBatchOffset reads the batch_offset meta row (0 when absent).
+func loadBatchOffset(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}) (uint64, error) {
+	var v string
+	switch err := q.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = '`+batchOffsetKey+`'`).Scan(&v); {
+	case errors.Is(err, sql.ErrNoRows):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("read batch offset: %w", err)
+	}
+	off, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse batch offset %q: bad value", v)
+	}
+	return off, nil
 }
 
 func loadMeta(ctx context.Context, q interface {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -143,11 +145,12 @@ func TestOlderBuildHalts(t *testing.T) {
 	assert.Equal(t, before, dump(t, f), "the old replica's catalog was replaced")
 
 	// A backup of a cluster above this build's level is refused on upload.
-	_, err := g.wconn.ExecContext(context.Background(), `UPDATE meta SET value = '3' WHERE key = 'cluster_level'`)
+	above := strconv.FormatInt(BuildLevel+1, 10)
+	_, err := g.wconn.ExecContext(context.Background(), `UPDATE meta SET value = ? WHERE key = 'cluster_level'`, above)
 	require.NoError(t, err)
 	_, err = CheckSnapshot(context.Background(), bytes.NewReader(snapshotBytes(t, g)), t.TempDir())
 	require.ErrorIs(t, err, ErrInvalidSnapshot)
-	assert.Contains(t, err.Error(), "the backup is of catalog level 3, this build knows up to level 2")
+	assert.Contains(t, err.Error(), fmt.Sprintf("the backup is of catalog level %s, this build knows up to level %d", above, BuildLevel))
 }
 
 // TestEveryCommandHasALevel: the registry says which level each command

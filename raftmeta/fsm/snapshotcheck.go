@@ -182,6 +182,9 @@ func checkCatalogFile(ctx context.Context, path string, integrity bool) (uint64,
 	if err != nil {
 		return 0, 0, invalidSnapshot("catalog meta unreadable (%s)", sqliteReason(err))
 	}
+	if _, err := loadBatchOffset(ctx, db); err != nil {
+		return 0, 0, invalidSnapshot("catalog meta unreadable (%s)", sqliteReason(err))
+	}
 	if integrity {
 		if err := integrityCheck(ctx, db); err != nil {
 			return 0, 0, err

@@ -74,6 +74,8 @@ type stmts struct {
 	begin, commit, rollback, savepoint, rollbackTo, release *sql.Stmt
 
 	metaSet *sql.Stmt
+	// metaPut inserts or updates a meta row that may be absent (batch_offset).
+	metaPut *sql.Stmt
 
 	accountGet, accountIncr *sql.Stmt
 	tokenGet, hostGet       *sql.Stmt
@@ -96,6 +98,7 @@ func prepareStmts(ctx context.Context, c *sql.Conn) (*stmts, error) {
 	s.release = p.prep(`RELEASE cmd`)
 
 	s.metaSet = p.prep(`UPDATE meta SET value = ?2 WHERE key = ?1`)
+	s.metaPut = p.prep(`INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE SET value = excluded.value`)
 	s.auditInsert = p.prep(`INSERT INTO audit_log (time, type, actor, source, account_id, subject, detail) VALUES (?, ?, ?, ?, ?, ?, ?)`)
 	s.auditPrune = p.prep(`DELETE FROM audit_log WHERE id IN (SELECT id FROM audit_log ORDER BY id LIMIT ?1) AND time < ?2`)
 

@@ -317,7 +317,7 @@ func TestDeployBench(t *testing.T) {
 				if strings.HasPrefix(name, "create") {
 					before = clusterFor(name).edgeCreateMetrics(t)
 				}
-				var fsmBefore [2]float64
+				var fsmBefore [3]float64
 				if strings.HasPrefix(name, "raw") {
 					fsmBefore = clusterFor(name).leaderBatches(t)
 				}
@@ -327,6 +327,7 @@ func TestDeployBench(t *testing.T) {
 					after := clusterFor(name).leaderBatches(t)
 					s.fsmEntries += after[0] - fsmBefore[0]
 					s.fsmBatches += after[1] - fsmBefore[1]
+					s.fsmCommands += after[2] - fsmBefore[2]
 				}
 				if before != nil {
 					after := clusterFor(name).edgeCreateMetrics(t)
@@ -370,7 +371,11 @@ func TestDeployBench(t *testing.T) {
 		for _, n := range levels {
 			for _, name := range []string{"raw", "raw-single", "raw@base"} {
 				if s := res[key(name, n)]; s != nil && s.fsmBatches > 0 {
-					t.Logf("%-12s %3d entries per FSM batch on the leader (shoal_raftmeta_fsm_batch_entries): %.1f", name, n, s.fsmEntries/s.fsmBatches)
+					cmds := s.fsmCommands
+					if cmds == 0 { // a build before batch entries: one command per entry
+						cmds = s.fsmEntries
+					}
+					t.Logf("%-12s %3d per FSM batch on the leader: %.1f entries (shoal_raftmeta_fsm_batch_entries), %.1f commands", name, n, s.fsmEntries/s.fsmBatches, cmds/s.fsmBatches)
 				}
 			}
 		}
@@ -688,6 +693,7 @@ func (d *deployCluster) prepare(t *testing.T, ecl *clientv3.Client, withEtcd boo
 		_, err := d.raw.CreateAccount(ctx, fsm.CreateAccount{ID: id, Name: id, Tier: fsm.TierPaid, Limits: limits})
 		require.NoError(t, err)
 	}
+	d.waitCatalogLevel(t) // after a write: the raw client knows the leader
 	w := workload{acct: "bench"}
 	a := harness.Call(t, http.MethodPost, d.edgeURL+"/admin/v1/accounts/bench/tokens", "Bearer "+d.admin, map[string]any{"name": "bench"})
 	require.Equal(t, http.StatusOK, a.Status, "%s", a.Raw)
@@ -824,19 +830,53 @@ func (d *deployCluster) edgeCreateMetrics(t *testing.T) map[string]float64 {
 	return out
 }
 
-// leaderBatches reads the sum and count of the catalog leader's FSM batch
-// sizes (shoal_raftmeta_fsm_batch_entries) from its /metrics: how many
-// entries each FSM transaction applied. The leader is the raw client's.
-func (d *deployCluster) leaderBatches(t *testing.T) [2]float64 {
+// waitCatalogLevel waits until the leader's catalog level is its build's
+// (the level loop raises it within a round, 10 s): a build whose write
+// path changes with the level (batch entries from level 3) is measured as
+// it runs once every node is upgraded.
+func (d *deployCluster) waitCatalogLevel(t *testing.T) {
+	ops := d.pki.HTTPClient(t, "ops", pki.RoleOperator)
+	var last string
+	require.Eventually(t, func() bool {
+		resp, err := ops.Get("https://" + d.raw.Leader() + "/metrics")
+		if err != nil {
+			return false
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return false
+		}
+		var cluster, build string
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "shoal_raftmeta_cluster_level "); ok {
+				cluster = v
+			}
+			if v, ok := strings.CutPrefix(line, "shoal_raftmeta_build_level "); ok {
+				build = v
+			}
+		}
+		last = fmt.Sprintf("cluster level %s, build level %s", cluster, build)
+		return cluster != "" && cluster == build
+	}, 60*time.Second, 250*time.Millisecond, "the catalog never reached its build's level: %s", last)
+	t.Logf("catalog %s: %s", d.raw.Leader(), last)
+}
+
+// leaderBatches reads the sums and count of the catalog leader's FSM batch
+// sizes from its /metrics: entries (shoal_raftmeta_fsm_batch_entries) and
+// commands (shoal_raftmeta_fsm_batch_commands, where a batch entry counts
+// its commands; absent from builds before batch entries, which apply one
+// command per entry) per FSM transaction. The leader is the raw client's.
+func (d *deployCluster) leaderBatches(t *testing.T) [3]float64 {
 	ops := d.pki.HTTPClient(t, "ops", pki.RoleOperator)
 	resp, err := ops.Get("https://" + d.raw.Leader() + "/metrics")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	var out [2]float64
+	var out [3]float64
 	for _, line := range strings.Split(string(b), "\n") {
-		for i, name := range []string{"shoal_raftmeta_fsm_batch_entries_sum ", "shoal_raftmeta_fsm_batch_entries_count "} {
+		for i, name := range []string{"shoal_raftmeta_fsm_batch_entries_sum ", "shoal_raftmeta_fsm_batch_entries_count ", "shoal_raftmeta_fsm_batch_commands_sum "} {
 			if strings.HasPrefix(line, name) {
 				v, err := strconv.ParseFloat(strings.TrimPrefix(line, name), 64)
 				require.NoError(t, err)
@@ -925,7 +965,7 @@ type phaseSeries struct {
 	cpu   [][]float64       // per round: µs per op per group
 	load  []float64         // 1-minute load average at each round's start
 	// raw writes: the leader's FSM entries and batches over every round
-	fsmEntries, fsmBatches float64
+	fsmEntries, fsmBatches, fsmCommands float64
 }
 
 func (s *phaseSeries) add(t *testing.T, groups []procGroup, n int, dur time.Duration, op func(int, *rand.Rand) error) {
