@@ -222,7 +222,9 @@ secrets come from the file; flags given explicitly win.`,
 				defer dsrv.Close()
 				logs.announce(cmd.OutOrStdout(), logger, "edge: profiles (/debug/pprof/, operators) on %s", dln.Addr())
 			}
-			hs := v4.NewServer(srv, v4.ServerOptions{})
+			// The query routes on the lean HTTP/1.1 path (internal/v4
+			// lean.go), everything else on net/http.
+			hs := v4.NewServer(srv, v4.ServerOptions{Lean: srv.LeanRoute})
 			// The public API: no cluster TLS (clients are D1 clients;
 			// terminate TLS in front of the edge).
 			return serveRole(ctx, httpAddr, hs, nil, func(a net.Addr) {
