@@ -259,7 +259,7 @@ func TestLeanSlowHeaderCutOff(t *testing.T) {
 
 // A body that stops arriving fails the handler's read with ErrSlowBody.
 func TestLeanSlowBody(t *testing.T) {
-	lean, la, _ := startPair(t, leanTestHandler(), ServerOptions{BodyTimeout: 200 * time.Millisecond})
+	lean, la, _ := startPair(t, leanTestHandler(), ServerOptions{BodyTimeout: 200 * time.Millisecond, ReadHeaderTimeout: time.Minute})
 	c, err := net.Dial("tcp", la)
 	require.NoError(t, err)
 	defer c.Close()
