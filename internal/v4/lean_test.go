@@ -67,7 +67,9 @@ func leanTestHandler() http.Handler {
 	})
 }
 
-func hotQ(method, path string) bool { return method == http.MethodPost && strings.HasPrefix(path, "/q/") }
+func hotQ(method, path string) bool {
+	return method == http.MethodPost && strings.HasPrefix(path, "/q/")
+}
 
 // startPair serves h on a lean server and on a plain one (net/http only),
 // with the same options.
@@ -341,6 +343,8 @@ func FuzzParseLeanHead(f *testing.F) {
 		"POST /q/x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n",
 		"POST /q/x HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
 		"POST /q/x HTTP/1.1\r\nHost: h\r\nX: a\r\n b\r\n\r\n",
+		"POST /q/x HTTP/1.1\r\nHost: h\r\nX-A: 1\r\nx-a: 2\r\n\r\n",
+		"POST /q/x HTTP/1.1\r\nHost: h\r\nX-A: a\x01b\r\nHost: g\r\n\r\n",
 		"POST /q/x?y HTTP/1.1\r\nHost: h\r\n\r\n",
 		"GET /q/x HTTP/1.0\r\nHost: h\r\n\r\n",
 	} {
