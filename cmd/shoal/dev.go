@@ -259,6 +259,7 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 		return fmt.Errorf("edge: %w (is another shoal dev running? use --addr)", err)
 	}
 	defer shutdownHTTP(edgeSrv)
+	registerLeanMetrics(edgeReg, edgeSrv)
 	st.APIURL = "http://" + o.addr
 
 	// 5. First start: the default account and its token, through the admin API
