@@ -2,6 +2,7 @@ package edge
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -49,9 +50,9 @@ func serveV4(t *testing.T, s *v4.Server) string {
 	return ln.Addr().String()
 }
 
-// The edge's query routes answer the same bytes (Date aside) on the lean
-// path as through net/http, for successes and every refusal, and are
-// served lean.
+// The edge's query routes (bearer and binding token) answer the same
+// bytes (Date aside) on the lean path as through net/http, for successes
+// and every refusal, and are served lean.
 func TestLeanQueryMatchesNetHTTP(t *testing.T) {
 	e := newEnv(t, func(o *Options) { o.Limits.MaxBodyBytes = 4096 })
 	d := e.create(acctA, tokA, "lean")
@@ -60,6 +61,11 @@ func TestLeanQueryMatchesNetHTTP(t *testing.T) {
 	lean := serveV4(t, leanSrv)
 
 	q := dbPath(acctA) + "/" + d.UUID + "/query"
+	minted := e.call("POST", dbPath(acctA)+"/"+d.UUID+"/binding", tokA, nil)
+	require.Equal(t, 200, minted.Status, "%s", minted.Raw)
+	var m mintResult
+	require.NoError(t, json.Unmarshal(minted.Result, &m))
+	bindingAuth := "Authorization: Binding " + m.Token
 	req := func(path, auth, body string, extra ...string) string {
 		h := "Host: edge.example\r\nContent-Type: application/json\r\nX-Request-Id: lean-1\r\nUser-Agent: test\r\n"
 		if auth != "" {
@@ -89,6 +95,11 @@ func TestLeanQueryMatchesNetHTTP(t *testing.T) {
 		{"oversized body", req(q, tokA, `{"sql":"SELECT '`+strings.Repeat("a", 5000)+`'"}`), 413},
 		{"malformed JSON", req(q, tokA, `{"sql":`), 400},
 		{"empty body", req(q, tokA, ""), 400},
+		{"binding token on the query route", req(q, "", sel, bindingAuth), 200},
+		{"bound query", req("/client/v4/bound/query", "", sel, bindingAuth), 200},
+		{"bound raw", req("/client/v4/bound/raw", "", sel, bindingAuth), 200},
+		{"bound, bad token", req("/client/v4/bound/query", "", sel, "Authorization: Binding v2.AAAA"), 401},
+		{"bound, no token", req("/client/v4/bound/query", "", sel), 401},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before, _ := leanSrv.LeanStats()

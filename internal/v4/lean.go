@@ -21,7 +21,8 @@ package v4
 // same header order, Date, Content-Length under 2 KiB of body and chunked
 // above, Connection: close where net/http would add it).
 //
-// What it does not do: cancel a request's context when the client goes
+// What it does not do: honour http.Server.SetKeepAlivesEnabled (Shoal
+// never calls it; Shutdown is honoured), cancel a request's context when the client goes
 // away mid-request (net/http notices through its background read; here
 // the handler runs to its end, bounded by its own timeouts, and the write
 // fails), and serve TLS (ServeWrapped always uses net/http).
@@ -96,7 +97,7 @@ func (ls *leanServer) serve(wl net.Listener) error {
 	for {
 		c, err := wl.Accept()
 		if err != nil {
-			if ne, ok := err.(net.Error); ok && ne.Timeout() && !ls.shutting.Load() {
+			if te, ok := err.(interface{ Temporary() bool }); ok && te.Temporary() && !ls.shutting.Load() {
 				// As net/http: a temporary accept failure (out of
 				// file descriptors) is retried with a growing pause.
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)

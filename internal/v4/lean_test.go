@@ -377,3 +377,35 @@ func FuzzParseLeanHead(f *testing.F) {
 		}
 	})
 }
+
+type tempErr struct{}
+
+func (tempErr) Error() string   { return "accept: too many open files" }
+func (tempErr) Timeout() bool   { return false }
+func (tempErr) Temporary() bool { return true }
+
+// flakyListener fails its first Accept with a temporary error.
+type flakyListener struct {
+	net.Listener
+	failed bool
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if !l.failed {
+		l.failed = true
+		return nil, tempErr{}
+	}
+	return l.Listener.Accept()
+}
+
+// A temporary accept error (out of file descriptors) does not stop the
+// server, as with net/http.
+func TestLeanAcceptRetries(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := NewServer(leanTestHandler(), ServerOptions{Lean: hotQ})
+	go func() { _ = srv.Serve(&flakyListener{Listener: ln}) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	got := converse(t, ln.Addr().String(), post("/q/small", "{}"))
+	assert.True(t, strings.HasPrefix(got, "HTTP/1.1 200 OK\r\n"), "%q", got)
+}
