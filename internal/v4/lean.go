@@ -286,23 +286,26 @@ func (lc *leanConn) serve() {
 	o := &ls.srv.o
 	for first := true; ; first = false {
 		now := time.Now()
+		// Idle while waiting: Shutdown closes the connection (one that
+		// has not sent its first request yet too; net/http gives those
+		// 5 s, then closes them as well).
+		if !ls.setIdle(lc, true) {
+			return
+		}
 		if first {
 			// net/http: the first request's line and headers within
 			// ReadHeaderTimeout of the accept.
 			lc.setReadDeadline(now.Add(o.ReadHeaderTimeout))
 		} else {
-			if !ls.setIdle(lc, true) {
-				return
-			}
 			lc.idleDeadline(now, o.IdleTimeout)
 		}
 		if _, err := lc.br.Peek(1); err != nil {
 			return // closed, idle or header timeout: net/http closes silently
 		}
+		if !ls.setIdle(lc, false) {
+			return
+		}
 		if !first {
-			if !ls.setIdle(lc, false) {
-				return
-			}
 			// RFC 7230 section 3's tolerance after a POST, as net/http.
 			peek, _ := lc.br.Peek(min(4, lc.br.Buffered()))
 			k := 0

@@ -278,7 +278,8 @@ func TestLeanSlowBody(t *testing.T) {
 }
 
 // Shutdown lets a lean request in flight finish (its answer says
-// Connection: close), closes idle lean connections and returns.
+// Connection: close), closes idle lean connections (and those that have
+// not sent a request yet) and returns.
 func TestLeanShutdown(t *testing.T) {
 	release := make(chan struct{})
 	started := make(chan struct{}, 1)
@@ -292,10 +293,16 @@ func TestLeanShutdown(t *testing.T) {
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	srv := NewServer(h, ServerOptions{Lean: hotQ})
+	srv := NewServer(h, ServerOptions{Lean: hotQ, ReadHeaderTimeout: time.Minute})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	addr := ln.Addr().String()
+
+	// A connection that has sent nothing yet.
+	fresh, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer fresh.Close()
+	require.NoError(t, fresh.SetDeadline(time.Now().Add(20*time.Second)))
 
 	idle, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
@@ -321,6 +328,9 @@ func TestLeanShutdown(t *testing.T) {
 	// The idle connection is closed.
 	rest, err := io.ReadAll(ibr)
 	require.NoError(t, err)
+	assert.Empty(t, rest)
+	rest, err = io.ReadAll(fresh)
+	require.NoError(t, err, "a connection without a request is closed too")
 	assert.Empty(t, rest)
 	close(release)
 	resp, err = http.ReadResponse(bufio.NewReader(busy), nil)
