@@ -49,6 +49,10 @@ import (
 // net/http, whose MaxHeaderBytes then applies).
 const leanReadBuffer = 4096
 
+// leanIdleSlack: the idle deadline is moved only once it is more than
+// IdleTimeout/leanIdleSlack short of IdleTimeout.
+const leanIdleSlack = 32
+
 // leanMaxHeaders: a request with more header lines goes to net/http.
 const leanMaxHeaders = 64
 
@@ -262,7 +266,7 @@ func (lc *leanConn) setReadDeadline(t time.Time) {
 // already at least d-d/32 away (it is never later than d from now): under
 // load the deadline is then moved about once per d/32, not per request.
 func (lc *leanConn) idleDeadline(now time.Time, d time.Duration) {
-	if lc.rdl != 0 && time.Duration(lc.rdl-now.UnixNano()) >= d-d/32 {
+	if lc.rdl != 0 && time.Duration(lc.rdl-now.UnixNano()) >= d-d/leanIdleSlack {
 		return
 	}
 	lc.setReadDeadline(now.Add(d))

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -418,4 +419,21 @@ func TestLeanAcceptRetries(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Close() })
 	got := converse(t, ln.Addr().String(), post("/q/small", "{}"))
 	assert.True(t, strings.HasPrefix(got, "HTTP/1.1 200 OK\r\n"), "%q", got)
+}
+
+// The limits edge/DESIGN.md states for the lean path are the code's.
+func TestLeanDocumentedLimits(t *testing.T) {
+	doc, err := os.ReadFile("../../edge/DESIGN.md")
+	require.NoError(t, err)
+	text := strings.Join(strings.Fields(string(doc)), " ")
+	s := NewServer(http.NotFoundHandler(), ServerOptions{Lean: hotQ})
+	for _, want := range []string{
+		fmt.Sprintf("a %d KiB `bufio.Reader`", leanReadBuffer>>10),
+		fmt.Sprintf("`LeanMaxBody` (%d KiB;", s.lean.maxBody>>10),
+		fmt.Sprintf("at most %d headers", leanMaxHeaders),
+		fmt.Sprintf("fit in %d KiB", bufferBeforeChunking>>10),
+		fmt.Sprintf("up to 1/%d earlier", leanIdleSlack),
+	} {
+		assert.Contains(t, text, want)
+	}
 }
