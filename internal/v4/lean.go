@@ -263,10 +263,12 @@ func (lc *leanConn) setReadDeadline(t time.Time) {
 }
 
 // idleDeadline sets the read deadline d from now unless the one set is
-// already at least d-d/32 away (it is never later than d from now): under
-// load the deadline is then moved about once per d/32, not per request.
+// already between d-d/leanIdleSlack and d away (an idle deadline set by an
+// earlier request; a header or body deadline further away is replaced):
+// under load the deadline is then moved about once per d/leanIdleSlack,
+// not per request.
 func (lc *leanConn) idleDeadline(now time.Time, d time.Duration) {
-	if lc.rdl != 0 && time.Duration(lc.rdl-now.UnixNano()) >= d-d/leanIdleSlack {
+	if left := time.Duration(lc.rdl - now.UnixNano()); lc.rdl != 0 && left >= d-d/leanIdleSlack && left <= d {
 		return
 	}
 	lc.setReadDeadline(now.Add(d))

@@ -437,3 +437,24 @@ func TestLeanDocumentedLimits(t *testing.T) {
 		assert.Contains(t, text, want)
 	}
 }
+
+// A keep-alive connection idle for IdleTimeout after a lean request is
+// closed.
+func TestLeanIdleTimeout(t *testing.T) {
+	lean, la, _ := startPair(t, leanTestHandler(), ServerOptions{IdleTimeout: 300 * time.Millisecond, ReadHeaderTimeout: time.Minute})
+	c, err := net.Dial("tcp", la)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetDeadline(time.Now().Add(20*time.Second)))
+	_, err = io.WriteString(c, post("/q/small", "{}"))
+	require.NoError(t, err)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	rest, err := io.ReadAll(br)
+	require.NoError(t, err, "the idle connection was not closed")
+	assert.Empty(t, rest)
+	served, _ := lean.LeanStats()
+	assert.EqualValues(t, 1, served)
+}
