@@ -46,19 +46,23 @@ import (
 // run the edge with logging discarded, like the deploy benchmark's
 // --log-level warn.
 //
+// "mtls+lean" is "mtls" with the public listener's lean HTTP/1.1 path for
+// the query routes (internal/v4 lean.go), as `shoal edge serve` runs it.
+//
 // "…-http" forwards over one HTTP/1.1 exchange per query
 // (--host-transport http) instead of the multiplexed frame connection:
 // the A/B of the edge→host transport when nothing runs concurrently (no
 // batching to gain, one goroutine hand-over more per answer).
 func BenchmarkSerialEdgeCPU(b *testing.B) {
-	b.Run("plain", func(b *testing.B) { serialEdgeCPU(b, false, false, edge.TransportFrames) })
-	b.Run("mtls", func(b *testing.B) { serialEdgeCPU(b, true, false, edge.TransportFrames) })
-	b.Run("mtls+accesslog", func(b *testing.B) { serialEdgeCPU(b, true, true, edge.TransportFrames) })
-	b.Run("plain-http", func(b *testing.B) { serialEdgeCPU(b, false, false, edge.TransportHTTP) })
-	b.Run("mtls-http", func(b *testing.B) { serialEdgeCPU(b, true, false, edge.TransportHTTP) })
+	b.Run("plain", func(b *testing.B) { serialEdgeCPU(b, false, false, false, edge.TransportFrames) })
+	b.Run("mtls", func(b *testing.B) { serialEdgeCPU(b, true, false, false, edge.TransportFrames) })
+	b.Run("mtls+lean", func(b *testing.B) { serialEdgeCPU(b, true, false, true, edge.TransportFrames) })
+	b.Run("mtls+accesslog", func(b *testing.B) { serialEdgeCPU(b, true, true, false, edge.TransportFrames) })
+	b.Run("plain-http", func(b *testing.B) { serialEdgeCPU(b, false, false, false, edge.TransportHTTP) })
+	b.Run("mtls-http", func(b *testing.B) { serialEdgeCPU(b, true, false, false, edge.TransportHTTP) })
 }
 
-func serialEdgeCPU(b *testing.B, mtls, accessLog bool, transport string) {
+func serialEdgeCPU(b *testing.B, mtls, accessLog, lean bool, transport string) {
 	quiet := slog.New(slog.DiscardHandler)
 	edgeLog := quiet
 	if accessLog {
@@ -113,6 +117,11 @@ func serialEdgeCPU(b *testing.B, mtls, accessLog bool, transport string) {
 	eln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)
 	es := serveEdgeBench(srv)
+	if lean {
+		// The public listener as `shoal edge serve` builds it: the
+		// query routes on the lean HTTP/1.1 path.
+		es = v4.NewServer(srv, v4.ServerOptions{Lean: srv.LeanRoute})
+	}
 	go func() { _ = es.Serve(eln) }()
 	defer es.Close()
 	base := "http://" + eln.Addr().String()
@@ -168,6 +177,11 @@ func serialEdgeCPU(b *testing.B, mtls, accessLog bool, transport string) {
 		bodies[i] = []byte(`{"sql":"SELECT id, v FROM kv WHERE id = ?","params":[` + strconv.Itoa(i+1) + `]}`)
 	}
 	run := func(b *testing.B, url, auth string) {
+		// The queries on a connection of their own: one that carried a
+		// control-plane call (the set-up above) is net/http's for the
+		// rest of its life on a lean listener.
+		c.CloseIdleConnections()
+		served0, _ := es.LeanStats()
 		for i := 0; i < 100; i++ {
 			_, err := call("POST", url, auth, bodies[i%10])
 			require.NoError(b, err)
@@ -180,6 +194,9 @@ func serialEdgeCPU(b *testing.B, mtls, accessLog bool, transport string) {
 			}
 		}
 		b.ReportMetric(float64(benchCPU()-c0)/float64(b.N), "cpu-ns/op")
+		if served, _ := es.LeanStats(); lean && served-served0 < int64(b.N) {
+			b.Fatalf("only %d of %d queries on the lean path", served-served0, b.N)
+		}
 	}
 	b.Run("Bearer", func(b *testing.B) { run(b, dbs+"/"+db.UUID+"/query", bearer) })
 	b.Run("Binding", func(b *testing.B) { run(b, base+"/client/v4/bound/query", "Binding "+mint.Token) })

@@ -358,6 +358,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.router.ServeHTTP(w, r)
 }
 
+// LeanRoute reports whether a request is on the edge's hot routes (POST
+// …/{database_id}/query and …/raw in canonical form, and the binding-token
+// routes /client/v4/bound/query and /raw): v4.ServerOptions.Lean for the
+// public listener, which serves those on its lean HTTP/1.1 path with this
+// same handler.
+func (s *Server) LeanRoute(method, path string) bool {
+	if method != http.MethodPost {
+		return false
+	}
+	if path == "/client/v4/bound/query" || path == "/client/v4/bound/raw" {
+		return true
+	}
+	_, _, _, ok := matchQueryPath(path)
+	return ok
+}
+
 const queryPathPrefix = "/client/v4/accounts/"
 
 // matchQueryPath recognises /client/v4/accounts/{a}/d1/database/{id}/query

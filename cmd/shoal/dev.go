@@ -230,7 +230,7 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 		return fmt.Errorf("start object host: %w", err)
 	}
 	defer host.Close()
-	hostSrv, err := serveHTTP(hostAddr, host.Handler(), loaders["host"])
+	hostSrv, err := serveHTTP(hostAddr, host.Handler(), loaders["host"], nil)
 	if err != nil {
 		return fmt.Errorf("object host: %w", err)
 	}
@@ -254,11 +254,12 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 		return fmt.Errorf("start edge: %w", err)
 	}
 	defer srv.Close()
-	edgeSrv, err := serveHTTP(o.addr, srv.Handler(), nil) // the public API
+	edgeSrv, err := serveHTTP(o.addr, srv.Handler(), nil, srv.LeanRoute) // the public API, query routes on the lean path
 	if err != nil {
 		return fmt.Errorf("edge: %w (is another shoal dev running? use --addr)", err)
 	}
 	defer shutdownHTTP(edgeSrv)
+	registerLeanMetrics(edgeReg, edgeSrv)
 	st.APIURL = "http://" + o.addr
 
 	// 5. First start: the default account and its token, through the admin API
@@ -282,12 +283,12 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	return nil
 }
 
-func serveHTTP(addr string, h http.Handler, tlsL *pki.Loader) (*v4.Server, error) {
+func serveHTTP(addr string, h http.Handler, tlsL *pki.Loader, lean func(method, path string) bool) (*v4.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	s := v4.NewServer(h, v4.ServerOptions{})
+	s := v4.NewServer(h, v4.ServerOptions{Lean: lean})
 	go func() { _ = serveTLS(s, ln, tlsL) }()
 	return s, nil
 }

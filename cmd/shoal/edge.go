@@ -181,6 +181,7 @@ secrets come from the file; flags given explicitly win.`,
 			if err != nil {
 				return err
 			}
+			reg := edgeRegistry()
 			srv, err := edge.New(edge.Options{
 				Failpoint:      fp,
 				RouteFeed:      feed,
@@ -192,7 +193,7 @@ secrets come from the file; flags given explicitly win.`,
 				AccountRate:  edge.RateLimit{Rate: acctRate, Burst: int(2 * acctRate)},
 				DatabaseRate: edge.RateLimit{Rate: dbRate, Burst: int(2 * dbRate)},
 				FallbackCap:  fallbackCap, Tiers: tiers, Logger: logger, KnownHosts: knownHosts,
-				Registry:    edgeRegistry(),
+				Registry:    reg,
 				CreateBatch: createBatch, CreateBatchInflight: createBatchInflight,
 			})
 			if err != nil {
@@ -222,7 +223,10 @@ secrets come from the file; flags given explicitly win.`,
 				defer dsrv.Close()
 				logs.announce(cmd.OutOrStdout(), logger, "edge: profiles (/debug/pprof/, operators) on %s", dln.Addr())
 			}
-			hs := v4.NewServer(srv, v4.ServerOptions{})
+			// The query routes on the lean HTTP/1.1 path (internal/v4
+			// lean.go), everything else on net/http.
+			hs := v4.NewServer(srv, v4.ServerOptions{Lean: srv.LeanRoute})
+			registerLeanMetrics(reg, hs)
 			// The public API: no cluster TLS (clients are D1 clients;
 			// terminate TLS in front of the edge).
 			return serveRole(ctx, httpAddr, hs, nil, func(a net.Addr) {
@@ -258,6 +262,19 @@ secrets come from the file; flags given explicitly win.`,
 	f.StringVar(&nodeID, "node", "", "node ID in --config")
 	logs.register(f, "info")
 	return cmd
+}
+
+// registerLeanMetrics exports the public listener's lean-path counters
+// (internal/v4 lean.go): how many requests it served and how many
+// connections it handed to net/http.
+func registerLeanMetrics(reg prometheus.Registerer, hs *v4.Server) {
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shoal_edge_lean_requests_total",
+			Help: "Requests served on the public listener's lean HTTP/1.1 path (the query routes)."},
+			func() float64 { n, _ := hs.LeanStats(); return float64(n) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shoal_edge_lean_handovers_total",
+			Help: "Connections the lean path handed to net/http (a request that was not plainly simple, or not a query route)."},
+			func() float64 { _, n := hs.LeanStats(); return float64(n) }))
 }
 
 // edgeRegistry is the edge role's Prometheus registry, with the runtime

@@ -20,7 +20,8 @@ import (
 //	go test -run '^$' -bench KeepAliveRequestCPU -benchtime 20000x ./internal/v4/
 //
 // "server" is a Server (net/http behind the listener wrapping every Shoal
-// role), "floor" a bare loop on the same connection — read the request
+// role), "lean" the same Server with the route on its lean path (lean.go),
+// "floor" a bare loop on the same connection — read the request
 // line and headers, skip Content-Length bytes, write a prepared answer
 // with its Date in one write(2) — that does none of what net/http and the
 // wrapper do for robustness (no timeouts, limits, pipelining or chunked
@@ -42,6 +43,23 @@ func BenchmarkKeepAliveRequestCPU(b *testing.B) {
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 		keepAliveClient(b, ln.Addr().String())
+	})
+	b.Run("lean", func(b *testing.B) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		srv := NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header()["Content-Type"] = []string{"application/json"}
+			_, _ = w.Write(answer)
+		}), ServerOptions{Lean: func(method, path string) bool { return method == http.MethodPost && path == "/q" }})
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		keepAliveClient(b, ln.Addr().String())
+		if served, _ := srv.LeanStats(); served < int64(b.N) {
+			b.Fatalf("only %d of %d requests on the lean path", served, b.N)
+		}
 	})
 	b.Run("floor", func(b *testing.B) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -2,6 +2,7 @@ package v4
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -39,8 +40,20 @@ type ServerOptions struct {
 	WriteTimeout time.Duration
 	WriteChunk   int
 	// IdleTimeout closes keep-alive connections idle this long (default
-	// 120 s).
+	// 120 s). On the lean path a connection may close up to IdleTimeout/32
+	// earlier (its deadline is not moved on every request).
 	IdleTimeout time.Duration
+	// Lean, when set, names the hot routes served by the lean HTTP/1.1
+	// path (lean.go) instead of net/http: a plainly simple request
+	// (parseLeanHead) whose method and path Lean accepts is served by the
+	// same handler with a cheaper ResponseWriter; a connection's first
+	// request that is not is handed, with the bytes already read, to
+	// net/http for the rest of the connection's life. Only Serve uses it
+	// (not ServeWrapped: no TLS). nil: net/http serves everything.
+	Lean func(method, path string) bool
+	// LeanMaxBody is the largest Content-Length the lean path serves
+	// (default 128 KiB, at most 256 KiB - 1); larger bodies go to net/http.
+	LeanMaxBody int64
 }
 
 func (o *ServerOptions) defaults() {
@@ -82,13 +95,14 @@ const SlowBodyStatus = http.StatusRequestTimeout
 // the write timeout.
 type Server struct {
 	*http.Server
-	o ServerOptions
+	o    ServerOptions
+	lean *leanServer // nil without ServerOptions.Lean
 }
 
 // NewServer returns a server of h with o's limits.
 func NewServer(h http.Handler, o ServerOptions) *Server {
 	o.defaults()
-	return &Server{o: o, Server: &http.Server{
+	s := &Server{o: o, Server: &http.Server{
 		Handler:           &bodyGuard{h: h, timeout: o.BodyTimeout, progress: o.BodyProgress},
 		ReadHeaderTimeout: o.ReadHeaderTimeout,
 		MaxHeaderBytes:    o.MaxHeaderBytes,
@@ -99,10 +113,63 @@ func NewServer(h http.Handler, o ServerOptions) *Server {
 		// info they would flood an exposed listener's log.
 		ErrorLog: slog.NewLogLogger(slog.Default().Handler(), slog.LevelDebug),
 	}}
+	if o.Lean != nil {
+		s.lean = newLeanServer(s, h)
+	}
+	return s
 }
 
-// Serve serves on ln (wrapped, see Server) until Shutdown or Close.
-func (s *Server) Serve(ln net.Listener) error { return s.Server.Serve(WrapListener(ln, s.o)) }
+// Serve serves on ln (wrapped, see Server) until Shutdown or Close; with
+// ServerOptions.Lean, the hot routes on the lean path (lean.go).
+func (s *Server) Serve(ln net.Listener) error {
+	if s.lean != nil {
+		return s.lean.serve(WrapListener(ln, s.o))
+	}
+	return s.Server.Serve(WrapListener(ln, s.o))
+}
+
+// Shutdown is http.Server's graceful shutdown, lean connections included:
+// it stops accepting, closes idle connections, lets each request in
+// flight finish (its answer then carries "Connection: close", as
+// net/http's do) and returns when every connection is gone or ctx ends.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if s.lean == nil {
+		return s.Server.Shutdown(ctx)
+	}
+	s.lean.shutting.Store(true)
+	s.lean.closeIdle(false)
+	err := s.Server.Shutdown(ctx)
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for s.lean.closeIdle(false) > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return err
+}
+
+// LeanStats reports how many requests the lean path served and how many
+// connections it handed to net/http (zeros without ServerOptions.Lean).
+func (s *Server) LeanStats() (served, handed int64) {
+	if s.lean == nil {
+		return 0, 0
+	}
+	return s.lean.served.Load(), s.lean.handed.Load()
+}
+
+// Close closes the listeners and every connection, lean ones included.
+func (s *Server) Close() error {
+	if s.lean == nil {
+		return s.Server.Close()
+	}
+	s.lean.shutting.Store(true)
+	err := s.Server.Close()
+	s.lean.closeIdle(true)
+	return err
+}
 
 // ServeWrapped is Serve with outer wrapping ln after this package's own
 // (TLS: net/http must see the *tls.Conn to know its peer, so it goes

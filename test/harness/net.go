@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	v4 "github.com/shoaldb/shoal/internal/v4"
 )
 
 // Listen opens a TCP listener on a free loopback port and returns it with
@@ -21,10 +23,25 @@ func Listen(t testing.TB) (net.Listener, string) {
 }
 
 // Serve serves h on ln until the test ends, then shuts the server down
-// (waiting up to 5 s for requests in flight).
+// (waiting up to 5 s for requests in flight). A handler with hot routes
+// (an edge: LeanRoute) is served as `shoal edge serve` serves it, those
+// routes on the v4 server's lean path.
 func Serve(t testing.TB, ln net.Listener, h http.Handler) {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
+	type shutdowner interface {
+		Shutdown(context.Context) error
+	}
+	var srv shutdowner
+	if lr, ok := h.(interface {
+		LeanRoute(method, path string) bool
+	}); ok {
+		s := v4.NewServer(h, v4.ServerOptions{Lean: lr.LeanRoute})
+		go func() { _ = s.Serve(ln) }()
+		srv = s
+	} else {
+		s := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = s.Serve(ln) }()
+		srv = s
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
