@@ -252,7 +252,9 @@ func TestDeployBench(t *testing.T) {
 		}
 		paths = append(paths, p)
 		order = append(order, p.name)
-		if base != nil && p.name != "raw-single" { // raw@base is the single-request client already
+		// raw@base is the single-request client already; the baseline
+		// cluster has no HTTP-forwarding edge (edgeH).
+		if base != nil && p.name != "raw-single" && p.name != "edge-select-http" {
 			paths = append(paths, struct{ name, label, base string }{p.name + "@base", p.label + " [baseline binary]", p.base})
 			order = append(order, p.name+"@base")
 		}
