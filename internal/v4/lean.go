@@ -335,9 +335,14 @@ func (lc *leanConn) serve() {
 			// Checkpoint of the hand-over: from here net/http owns the
 			// connection; nothing of it was consumed by the lean loop.
 			lc.setReadDeadline(time.Time{})
+			// Counted before the hand-over: once net/http has the
+			// connection it may answer before this goroutine runs
+			// again, and whoever reads the count after the answer
+			// (tests, the handovers metric) must see it.
+			ls.handed.Add(1)
 			handed = lc.hl.give(&replayConn{Conn: lc.c, br: lc.br})
-			if handed {
-				ls.handed.Add(1)
+			if !handed {
+				ls.handed.Add(-1)
 			}
 			return
 		}
