@@ -160,7 +160,11 @@ func scheduleOf(t *testing.T) schedule {
 	// ~6 s (within the hosts' 10 per 10 minutes per database, 3 of them
 	// left to the fault steps; the long schedule spreads its 7 over its run).
 	load := traffic.Config{Seed: seed, Creators: 2, DeleteEvery: 5, RowWriters: 2, Getters: 1, RegClients: 2, Pace: 50 * time.Millisecond,
-		TimeTravel: true, BookmarkEvery: 2 * time.Second, RestoreEvery: 6 * time.Second, Listers: 1, ListEvery: 500 * time.Millisecond}
+		TimeTravel: true, BookmarkEvery: 2 * time.Second, RestoreEvery: 6 * time.Second, Listers: 1, ListEvery: 500 * time.Millisecond,
+		// The export, import and insights endpoints, at a modest rate:
+		// an export and an insights request every ~2 s, an import into a
+		// fresh database every ~4 s (its create, then its import).
+		ExportEvery: 2 * time.Second, ImportEvery: 2 * time.Second, ImportRows: 20, InsightsEvery: 2 * time.Second}
 	if os.Getenv("SHOAL_FAULT") == "long" {
 		load.Creators, load.RowWriters, load.Getters = 4, 4, 2
 		load.ListEvery = time.Second
@@ -192,8 +196,9 @@ func newCluster(t *testing.T) *topology.Cluster {
 		HostDisk: hostDisk, EdgeEnv: []string{"SHOAL_FAILPOINTS=" + edgeFailpoints}, Pipeline: true,
 		PipelineEnv: []string{"SHOAL_FAILPOINTS=" + pipelineFailpoints}, Edges: 2, BindingKey: bindingKey,
 		ArchivedHosts: []string{archivedHost}, Limiter: true, Archive: true, S3Bin: s3, ArchiveAlarmLag: archiveAlarmLag.String(),
-		LimiterArgs: []string{"--floor-rows-written-per-day", strconv.FormatInt(slices.Min(limitedLimits), 10)},
-		TLS:         os.Getenv("SHOAL_ROBUSTNESS_TLS") == "1"})
+		LimiterArgs:  []string{"--floor-rows-written-per-day", strconv.FormatInt(slices.Min(limitedLimits), 10)},
+		EdgeInsights: true,
+		TLS:          os.Getenv("SHOAL_ROBUSTNESS_TLS") == "1"})
 	t.Cleanup(func() { assert.NoError(t, c.Stop(), "stopping the cluster") }) // before netw.Close
 	require.NoError(t, err, "starting the cluster")
 	return c
@@ -359,8 +364,10 @@ func scenario(t *testing.T, name string, sched schedule, steps func(e *env)) {
 			validate.ResurrectedAlarmed(ops, restoreSets, objects, final, alarms, cliActive),
 			validate.ResurrectedAlarmCleared(cleared))
 	}
+	rep.Results = append(rep.Results, validate.ExportsComplete(ops), validate.ImportsAtomic(ops), validate.InsightsAnswered(ops))
 	if len(e.cutOffs) > 0 {
-		rep.Results = append(rep.Results, validate.QueriesAvailableDuring(ops, e.cutOffs))
+		rep.Results = append(rep.Results, validate.QueriesAvailableDuring(ops, e.cutOffs),
+			validate.DumpsAvailableDuring("the catalog is cut off", ops, e.cutOffs))
 	}
 	rep.Results = append(rep.Results, storage, coverage, byValue, drained, validate.ArchiveConsistent(archived), damageReported, validate.RestoresAnswered(ops, damages))
 	rep.Results = append(rep.Results, e.limitChecks(ops, objects)...)
@@ -1699,7 +1706,8 @@ func assertTrafficChecked(t *testing.T, ops []traffic.Op) {
 			n[op.Kind]++
 		}
 	}
-	for _, k := range []traffic.Kind{traffic.Create, traffic.Delete, traffic.Insert, traffic.RegWrite, traffic.RegRead, traffic.LinGet, traffic.EdgeGet, traffic.Bookmark, traffic.Restore} {
+	for _, k := range []traffic.Kind{traffic.Create, traffic.Delete, traffic.Insert, traffic.RegWrite, traffic.RegRead, traffic.LinGet, traffic.EdgeGet, traffic.Bookmark, traffic.Restore,
+		traffic.Export, traffic.Import, traffic.ImportRead, traffic.Insights} {
 		assert.Positive(t, n[k], "no %s was acknowledged: the checks would be vacuous", k)
 	}
 }

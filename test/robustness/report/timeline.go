@@ -558,6 +558,13 @@ func opSubject(op traffic.Op) string {
 	if op.Bookmark != "" {
 		s += " bookmark " + op.Bookmark
 	}
+	switch op.Kind {
+	case traffic.Export, traffic.Import, traffic.ImportRead:
+		s += fmt.Sprintf(" %d rows", len(op.Values))
+	}
+	if op.Malformed != "" {
+		s += " malformed: " + op.Malformed
+	}
 	return s
 }
 

@@ -41,6 +41,10 @@ const (
 	// ClickHousePort is the managed clickhouse-server's native port on
 	// the pipeline node's own loopback (reach it with ClickHouseQuery).
 	ClickHousePort = 9000
+	// InsightsPort is where the pipeline node's managed ClickHouse is
+	// reachable from the other nodes (Options.EdgeInsights: a Forward in
+	// the test process, since the server listens on loopback only).
+	InsightsPort = 9010
 )
 
 // Options size a Cluster.
@@ -103,6 +107,11 @@ type Options struct {
 	// clients), and so do the Kafka-protocol broker (the embedded broker
 	// speaks no TLS) and the object store (an external S3 service).
 	TLS bool
+	// EdgeInsights gives the edges the pipeline node's ClickHouse as their
+	// insights source (--clickhouse-dsn, through a Forward on
+	// InsightsPort): GET …/insights answers from the usage the hosts
+	// produced. Without it the edges have none and answer insights 503.
+	EdgeInsights bool
 }
 
 // ArchiveBucket and ArchivePrefix are where the object hosts ship their
@@ -154,7 +163,8 @@ type Cluster struct {
 	// ArchivedConfig the one of Options.ArchivedHosts.
 	Config, ArchivedConfig string
 	Admin                  string
-	mounts                 []string // tmpfs data directories, unmounted by Stop
+	mounts                 []string   // tmpfs data directories, unmounted by Stop
+	forwards               []*Forward // closed by Stop
 	// tls is the test's own certificate (every role) under Options.TLS,
 	// nil otherwise (pki.Loader's methods take nil as "no TLS").
 	tls     *pki.Loader
@@ -252,6 +262,7 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 	}
 	catalog := c.catalogList()
 	var kafka []string
+	var insightsDSN string // the edges' --clickhouse-dsn (Options.EdgeInsights)
 	if o.Pipeline {
 		var ps []*Member
 		env = o.PipelineEnv
@@ -269,6 +280,14 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 		}
 		if err != nil {
 			return c, err
+		}
+		if o.EdgeInsights {
+			fw, err := c.Pipeline.Node().ForwardLoopback(InsightsPort, ClickHousePort)
+			if err != nil {
+				return c, err
+			}
+			c.forwards = append(c.forwards, fw)
+			insightsDSN = fmt.Sprintf("clickhouse://%s:%d/shoal", c.Pipeline.Node().IP, InsightsPort)
 		}
 		if o.Limiter {
 			var ls []*Member
@@ -368,6 +387,9 @@ func Start(ctx context.Context, net *Net, o Options) (*Cluster, error) {
 				"--account-rate", "100000", "--database-rate", "100000"}, kafka...), sec(id, pki.RoleEdge)...)
 			if o.BindingKey != "" {
 				a = append(a, "--binding-key", o.BindingKey)
+			}
+			if insightsDSN != "" {
+				a = append(a, "--clickhouse-dsn", insightsDSN)
 			}
 			return a
 		})
@@ -609,6 +631,12 @@ func (c *Cluster) Stop() error {
 		}
 	}
 	c.mounts = nil
+	for _, f := range c.forwards {
+		if err := f.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	c.forwards = nil
 	return errors.Join(errs...)
 }
 

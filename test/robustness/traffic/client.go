@@ -384,6 +384,8 @@ type answer struct {
 	} `json:"errors"`
 	raw []byte
 	err error
+	// badBody: an HTTP answer whose body was not a v4 envelope.
+	badBody bool
 }
 
 // notDone are the messages of the host's 503 answers (passed through by the
@@ -500,7 +502,8 @@ func (c *Client) call(ctx context.Context, method, url, auth string, body any) a
 	}
 	a := answer{status: resp.StatusCode, raw: raw}
 	if err := json.Unmarshal(raw, &a); err != nil {
-		a.err = fmt.Errorf("status %d, not a v4 envelope: %s", resp.StatusCode, raw)
+		a.err = fmt.Errorf("status %d, not a v4 envelope: %s", resp.StatusCode, clip(raw))
+		a.badBody = true
 	}
 	return a
 }

@@ -37,6 +37,18 @@ type Config struct {
 	// whatever the answers (it goes on after the account is refused: the
 	// refusals are what validate.LimitEnforced judges).
 	Limited []LimitedAccount
+	// ExportEvery, ImportEvery and InsightsEvery add one client each
+	// (0: none), pausing about that long between its operations: the
+	// exporter exports a live database (Client.Export), the importer
+	// creates a fresh database, then imports a dump of ImportRows rows
+	// into it and reads them back (Client.Import, Client.ImportRead),
+	// and the insights client asks a live database's query insights
+	// (Client.Insights). A modest rate: the other checks keep their
+	// volume.
+	ExportEvery   time.Duration
+	ImportEvery   time.Duration
+	ImportRows    int
+	InsightsEvery time.Duration
 }
 
 // LimitedAccount is one free-tier account of the limiter's traffic: its
@@ -94,6 +106,15 @@ func (l *Load) Run(ctx context.Context) {
 	spawn(l.cfg.Listers, l.lister)
 	for _, la := range l.cfg.Limited {
 		spawn(1, func(ctx context.Context, client int, r *rand.Rand) { l.limitWriter(ctx, client, r, la) })
+	}
+	if l.cfg.ExportEvery > 0 {
+		spawn(1, l.exporter)
+	}
+	if l.cfg.ImportEvery > 0 {
+		spawn(1, l.importer)
+	}
+	if l.cfg.InsightsEvery > 0 {
+		spawn(1, l.insighter)
 	}
 	wg.Wait()
 }
@@ -336,4 +357,67 @@ func SetupRegisters(ctx context.Context, c *Client, n int) ([]string, error) {
 		out = append(out, db)
 	}
 	return out, nil
+}
+
+// jitter is d/2 to 3d/2, chosen by r.
+func jitter(r *rand.Rand, d time.Duration) time.Duration {
+	return d/2 + time.Duration(r.Int64N(int64(d)+1))
+}
+
+// exporter exports a live database about every ExportEvery.
+func (l *Load) exporter(ctx context.Context, client int, r *rand.Rand) {
+	for ctx.Err() == nil {
+		l.pause(ctx, jitter(r, l.cfg.ExportEvery))
+		if db, ok := l.pick(r); ok && ctx.Err() == nil {
+			l.c.Export(ctx, client, l.edge(r), db)
+		}
+	}
+}
+
+// insighter asks a live database's insights about every InsightsEvery.
+func (l *Load) insighter(ctx context.Context, client int, r *rand.Rand) {
+	for ctx.Err() == nil {
+		l.pause(ctx, jitter(r, l.cfg.InsightsEvery))
+		if db, ok := l.pick(r); ok && ctx.Err() == nil {
+			l.c.Insights(ctx, client, l.edge(r), db)
+		}
+	}
+}
+
+// importReadFor bounds the read-back after an import: retried while its
+// outcome is unknown (a fault in progress), then given up.
+const importReadFor = 10 * time.Second
+
+// importer creates a fresh database, then (a pause later, so that the
+// import can fall in a fault the create could not pass, e.g. a catalog
+// cut-off) imports ImportRows unique values into its table imp and reads
+// them back. The databases are not the load's live ones (no table t).
+func (l *Load) importer(ctx context.Context, client int, r *rand.Rand) {
+	rows := max(1, l.cfg.ImportRows)
+	next := ""
+	for i := 0; ctx.Err() == nil; i++ {
+		l.pause(ctx, jitter(r, l.cfg.ImportEvery))
+		if ctx.Err() != nil {
+			return
+		}
+		if next == "" {
+			if op := l.c.Create(ctx, client, l.edge(r), fmt.Sprintf("imp%d-%d", client, i)); op.Outcome == OK {
+				next = op.DB
+			}
+			continue
+		}
+		vals := make([]int64, rows)
+		for j := range vals {
+			vals[j] = l.value.Add(1)
+		}
+		l.c.Import(ctx, client, func() int { return l.edge(r) }, next, vals)
+		deadline := time.Now().Add(importReadFor)
+		for ctx.Err() == nil {
+			if rd := l.c.ImportRead(ctx, client, l.edge(r), next); rd.Outcome != Unknown || time.Now().After(deadline) {
+				break
+			}
+			l.pause(ctx, 200*time.Millisecond)
+		}
+		next = ""
+	}
 }

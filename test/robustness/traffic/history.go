@@ -39,6 +39,30 @@ const (
 	// List: the account's databases listed through the edge (GET
 	// /database, every page); Listed is what it showed.
 	List Kind = "list"
+	// Export: D1's export of a database the load writes (POST
+	// …/export with output_format "polling" until complete, then a GET of
+	// the signed URL): Call is the POST, From the download's request (the
+	// dump is read from a snapshot taken after it: edge/export.go), Return
+	// the end of the download; Values are the values of table t the dump
+	// held. A 200 whose dump is truncated or unparsable stays OK with
+	// Malformed saying why (the validator's to judge).
+	Export Kind = "export"
+	// Import: D1's import (init, PUT of the file to the upload URL,
+	// ingest, poll until complete or error) of a small dump creating
+	// table imp into a fresh database; Values are the rows the dump
+	// inserts. OK is "complete"; Refused a definite refusal or a job that
+	// ended in "error" (it ran in one transaction: nothing imported);
+	// Failed a step before the ingest that did not answer (nothing was
+	// sent that could import); Unknown an ingest or poll without a final
+	// answer.
+	Import Kind = "import"
+	// ImportRead: SELECT v FROM imp of an import's database right after
+	// the import returned; Found is whether table imp exists, Values its
+	// rows.
+	ImportRead Kind = "import-read"
+	// Insights: GET …/insights (query shapes from the analytics store);
+	// Value is how many shapes it returned.
+	Insights Kind = "insights"
 )
 
 // Outcome is what the client knows of an operation's effect.
@@ -89,6 +113,17 @@ type Op struct {
 	Answer   string        `json:"answer,omitempty"` // status/code or error, for the report
 	Call     time.Duration `json:"call"`
 	Return   time.Duration `json:"return"`
+	// Values: an export's rows of table t, an import's rows, an
+	// import-read's rows of table imp.
+	Values []int64 `json:"values,omitempty"`
+	// From: an export's download request (0: the call).
+	From time.Duration `json:"from,omitempty"`
+	// Malformed says what was wrong with an answer of the export, import
+	// and insights endpoints: a 200 dump that was truncated or did not
+	// parse, or an error that was not a D1-style error (the v4 envelope
+	// with success false and a numbered error). Empty: well formed, or no
+	// HTTP answer at all (a transport error, an aborted transfer).
+	Malformed string `json:"malformed,omitempty"`
 	// EffectBy, for an Unknown outcome, is the latest instant its effect
 	// can have happened (0: any time until the end). Set by the checkers'
 	// caller from what it knows, e.g. its host was killed and restarted.

@@ -134,6 +134,16 @@ func FileValues(o Object) (map[int64]bool, error) {
 		return nil, err
 	}
 	defer db.Close()
+	// A database without table t (an import's: traffic.Import) holds no
+	// value of t; a database of the load that lost its table is caught by
+	// its acknowledged values, absent from the empty answer.
+	var tables int
+	if err := db.QueryRow("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 't'").Scan(&tables); err != nil {
+		return nil, fmt.Errorf("%s/%s: %w", o.Host, o.ObjectID, err)
+	}
+	if tables == 0 {
+		return out, nil
+	}
 	rows, err := db.Query("SELECT v FROM t")
 	if err != nil {
 		return nil, fmt.Errorf("%s/%s: %w", o.Host, o.ObjectID, err)

@@ -9,6 +9,7 @@ import (
 	"github.com/shoaldb/shoal/objecthost/history"
 	"math"
 	"runtime"
+	"slices"
 	"sort"
 	"time"
 
@@ -451,7 +452,13 @@ func QueriesAvailableDuring(ops []traffic.Op, windows []Window) Result {
 // until it is done or fails — with the store down, until the store answers
 // or the request gives up.
 func QueriesAvailable(what string, ops []traffic.Op, windows []Window) Result {
-	r := Result{Check: "100% of queries to existing databases succeed while " + what}
+	return available("100% of queries to existing databases succeed while "+what,
+		[]traffic.Kind{traffic.Insert, traffic.RegWrite, traffic.RegRead, traffic.BoundRead}, ops, windows)
+}
+
+// available is QueriesAvailable for the operations of kinds.
+func available(check string, kinds []traffic.Kind, ops []traffic.Op, windows []Window) Result {
+	r := Result{Check: check}
 	createdAt := map[string]time.Duration{}
 	restoring := map[string][]Window{}
 	for _, op := range ops {
@@ -468,9 +475,7 @@ func QueriesAvailable(what string, ops []traffic.Op, windows []Window) Result {
 			if op.Call < w.From || op.Call > w.To {
 				continue
 			}
-			switch op.Kind {
-			case traffic.Insert, traffic.RegWrite, traffic.RegRead, traffic.BoundRead:
-			default:
+			if !slices.Contains(kinds, op.Kind) {
 				continue
 			}
 			if at, ok := createdAt[op.DB]; (ok && at > w.From) || w.Exceptions[op.DB] {
