@@ -300,6 +300,14 @@ func (c *Client) Import(ctx context.Context, client int, edge func() int, db str
 			if st.Error == "" && len(st.Errors) == 0 {
 				mal = "import status error without an error message"
 			}
+			if strings.Contains(last, "the write is committed on the host") {
+				// Durability "archived" and the archive store did not
+				// confirm: the import's transaction committed on the
+				// host (the answer says so), only its archiving is
+				// pending — the outcome a query write with the same
+				// 7503 has: unknown, all or nothing.
+				return done(Unknown, last, mal)
+			}
 			// The job runs in one transaction: it ended, nothing imported.
 			return done(Refused, last, mal)
 		}
