@@ -83,6 +83,8 @@ type HostClient struct {
 	scheme  string // "https" with TLS
 	// Forwards by transport (the edge's /metrics).
 	sentFrames, sentHTTP atomic.Int64
+	// Batched lifecycle calls by transport (the edge's /metrics).
+	batchFrames, batchHTTP atomic.Int64
 }
 
 // NewHostClient returns a client with a connection pool sized for an edge
@@ -320,7 +322,7 @@ func (c *HostClient) roundTrip(ctx context.Context, url string, hdr http.Header,
 		if err != nil {
 			return nil, err
 		}
-		if resp, ok, err := c.frames.roundTrip(ctx, addr, path, hdr, body, c.timeout); ok {
+		if resp, ok, err := c.frames.roundTrip(ctx, addr, path, hdr, body, c.timeout, false); ok {
 			c.sentFrames.Add(1)
 			return resp, err
 		}
@@ -335,9 +337,22 @@ var errHostBatchUnsupported = errors.New("object host does not take batched life
 // batchCall posts a batched lifecycle request and returns its items (one
 // per item sent, in order). A request-level 404 is a host without the
 // route (the route itself never answers 404): errHostBatchUnsupported.
+//
+// The request goes on the host's frame connection when the host serves
+// lifecycle calls there (hostFrames; the same JSON body and answer as
+// over HTTP), else as an HTTP request of its own: a host of an earlier
+// version, or --host-transport http. A frame connection lost with the
+// batch on it fails the batch like a lost HTTP answer (each item's
+// outcome unknown); it is never resent here.
 func (c *HostClient) batchCall(ctx context.Context, addr, path string, body any, n int) ([]event.BatchItemAnswer, error) {
 	var out event.BatchAnswer
-	err := c.call(ctx, addr, http.MethodPost, path, nil, body, &out)
+	var err error
+	if ok, ferr := c.batchOverFrames(ctx, addr, path, body, &out); ok {
+		err = ferr
+	} else {
+		c.batchHTTP.Add(1)
+		err = c.call(ctx, addr, http.MethodPost, path, nil, body, &out)
+	}
 	var he *HostError
 	if errors.As(err, &he) && he.Status == http.StatusNotFound {
 		return nil, errHostBatchUnsupported
@@ -350,6 +365,33 @@ func (c *HostClient) batchCall(ctx context.Context, addr, path string, body any,
 			Message: fmt.Sprintf("object host answered %d items for %d", len(out.Items), n)}
 	}
 	return out.Items, nil
+}
+
+// batchOverFrames sends a batched lifecycle call on the host's frame
+// connection and decodes its answer into out. ok false: the host is not
+// sent lifecycle calls on frames (nothing was sent; use HTTP).
+func (c *HostClient) batchOverFrames(ctx context.Context, addr, path string, body any, out any) (ok bool, err error) {
+	if c.frames == nil {
+		return false, nil
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		return true, err
+	}
+	hdr := http.Header{"Content-Type": {"application/json"}}
+	if id := requestIDFrom(ctx); id != "" {
+		hdr[headerRequestIDCanonical] = []string{id}
+	}
+	resp, ok, err := c.frames.roundTrip(ctx, addr, path, hdr, b, c.timeout, true)
+	if !ok {
+		return false, nil
+	}
+	c.batchFrames.Add(1)
+	if err != nil {
+		return true, err
+	}
+	defer resp.Body.Close()
+	return true, decodeEnvelope(resp, out)
 }
 
 // itemErr is a batch item's outcome as the single call would have

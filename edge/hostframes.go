@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,11 @@ import (
 // that does not know the protocol answers the upgrade with 404 (an older
 // version during a rolling upgrade): the edge then uses HTTP (hostConns)
 // for that host and asks again after httpRecheck.
+//
+// The create flow's batched lifecycle calls (POST /v1/batch/init and
+// /v1/batch/confirm, createbatch.go) go the same way to a host whose 101
+// answer names frame.RoutesLifecycle; to a host of an earlier version,
+// which serves only queries on streams, they keep their own HTTP request.
 //
 // Retries follow the HTTP path's rule: a query is sent again only if it
 // provably never reached the host — the dial failed, the connection failed
@@ -64,9 +70,10 @@ func newHostFrames(p *hostConns) *hostFrames {
 	return &hostFrames{p: p, hosts: map[string]*frameHost{}}
 }
 
-// roundTrip sends one query on a frame connection to addr. ok false: the
-// host is reached over HTTP (the caller falls back); nothing was sent.
-func (f *hostFrames) roundTrip(ctx context.Context, addr, path string, hdr http.Header, body []byte, timeout time.Duration) (resp *http.Response, ok bool, err error) {
+// roundTrip sends one request on a frame connection to addr: a query, or
+// with lifecycle a batched lifecycle call. ok false: the host is reached
+// over HTTP for it (the caller falls back); nothing was sent.
+func (f *hostFrames) roundTrip(ctx context.Context, addr, path string, hdr http.Header, body []byte, timeout time.Duration, lifecycle bool) (resp *http.Response, ok bool, err error) {
 	for attempt := 0; ; attempt++ {
 		c, err := f.conn(ctx, addr, timeout)
 		if errors.Is(err, errUseHTTP) {
@@ -74,6 +81,9 @@ func (f *hostFrames) roundTrip(ctx context.Context, addr, path string, hdr http.
 		}
 		if err != nil {
 			return nil, true, &errNotSent{err}
+		}
+		if lifecycle && !c.lifecycle {
+			return nil, false, nil // an earlier version: its streams take queries only
 		}
 		resp, err := c.roundTrip(ctx, path, hdr, body, timeout)
 		var ns *errNotSent
@@ -238,9 +248,22 @@ func (f *hostFrames) dial(ctx context.Context, addr string, timeout time.Duratio
 	}
 	_ = hc.nc.SetDeadline(time.Time{})
 	c := &frameConn{nc: hc.nc, rd: frame.NewReader(hc.br), streams: map[uint32]*frameStream{}, done: make(chan struct{}),
-		reapTick: min(max(timeout/32, 5*time.Millisecond), time.Second)}
+		reapTick: min(max(timeout/32, 5*time.Millisecond), time.Second), lifecycle: headerToken(resp.Header, frame.HeaderRoutes, frame.RoutesLifecycle)}
 	c.wr = frame.NewWriter(hc.nc, func(err error) { c.die(err) })
 	return c, nil
+}
+
+// headerToken reports whether a comma-separated header holds token (case
+// insensitive).
+func headerToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // frameConn is one multiplexed connection to a host.
@@ -254,6 +277,9 @@ type frameConn struct {
 	// deadline: a request's timeout takes effect up to one tick late
 	// (1/32 of it, between 5 ms and 1 s).
 	reapTick time.Duration
+	// lifecycle: the host serves the batched lifecycle calls on streams
+	// (its 101 answer named frame.RoutesLifecycle).
+	lifecycle bool
 
 	mu      sync.Mutex
 	streams map[uint32]*frameStream

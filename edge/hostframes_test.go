@@ -27,8 +27,10 @@ import (
 type scriptedHost struct {
 	t         *testing.T
 	ln        net.Listener
-	refuse    int // answer the upgrade with this status instead of 101
+	refuse    int  // answer the upgrade with this status instead of 101
+	lifecycle bool // the 101 answer names frame.RoutesLifecycle
 	onRequest func(c *scriptedConn, id uint32, req frame.Request, body []byte)
+	onHTTP    func(path string, body []byte) string // an HTTP request's 200 answer (nil: an echo)
 
 	accepts, upgrades, httpPosts atomic.Int32
 	resets                       chan uint32
@@ -121,7 +123,11 @@ func (c *scriptedConn) serve() {
 		if req.URL.Path == frame.UpgradePath {
 			c.h.upgrades.Add(1)
 			if c.h.refuse == 0 {
-				_, _ = io.WriteString(c.nc, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+frame.Protocol+"\r\n\r\n")
+				extra := ""
+				if c.h.lifecycle {
+					extra = frame.HeaderRoutes + ": " + frame.RoutesLifecycle + "\r\n"
+				}
+				_, _ = io.WriteString(c.nc, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+frame.Protocol+"\r\n"+extra+"\r\n")
 				c.frames(br)
 				return
 			}
@@ -131,6 +137,9 @@ func (c *scriptedConn) serve() {
 		}
 		c.h.httpPosts.Add(1)
 		ans := `{"result":"http ` + req.URL.Path + ` ` + string(body) + `","success":true}`
+		if c.h.onHTTP != nil {
+			ans = c.h.onHTTP(req.URL.Path, body)
+		}
 		fmt.Fprintf(c.nc, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(ans), ans)
 	}
 }

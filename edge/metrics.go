@@ -89,6 +89,12 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shoal_edge_host_forwards_total", ConstLabels: prometheus.Labels{"transport": "http"},
 			Help: "Queries forwarded to object hosts, by transport: frames (multiplexed connections) or http (hosts that do not speak frames, or --host-transport http)."},
 			func() float64 { return float64(s.hosts.sentHTTP.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shoal_edge_host_lifecycle_batches_total", ConstLabels: prometheus.Labels{"transport": "frames"},
+			Help: "Batched lifecycle calls (create inits and confirms) sent to object hosts, by transport: frames (the hosts' multiplexed connections) or http (hosts of an earlier version, or --host-transport http)."},
+			func() float64 { return float64(s.hosts.batchFrames.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shoal_edge_host_lifecycle_batches_total", ConstLabels: prometheus.Labels{"transport": "http"},
+			Help: "Batched lifecycle calls (create inits and confirms) sent to object hosts, by transport: frames (the hosts' multiplexed connections) or http (hosts of an earlier version, or --host-transport http)."},
+			func() float64 { return float64(s.hosts.batchHTTP.Load()) }),
 	)
 	return m
 }

@@ -22,10 +22,20 @@ import (
 // instead of one per create. Each init's checkpoint is still its index
 // commit, and an item's answer is given only after it: a batch answered
 // is a batch of durable inits (or of refusals, item by item).
+//
+// The same two routes are served on the edge's frame connection
+// (frames.go) when it was upgraded to this version: the same handlers,
+// bodies and answers, without an HTTP exchange of their own.
+
+// The batched lifecycle routes.
+const (
+	batchInitPath    = "/v1/batch/init"
+	batchConfirmPath = "/v1/batch/confirm"
+)
 
 func (h *Host) batchRoutes(r *mux.Router) {
-	r.HandleFunc("/v1/batch/init", h.handleInitBatch).Methods(http.MethodPost)
-	r.HandleFunc("/v1/batch/confirm", h.handleConfirmBatch).Methods(http.MethodPost)
+	r.HandleFunc(batchInitPath, h.handleInitBatch).Methods(http.MethodPost)
+	r.HandleFunc(batchConfirmPath, h.handleConfirmBatch).Methods(http.MethodPost)
 }
 
 func (h *Host) handleInitBatch(w http.ResponseWriter, r *http.Request) {

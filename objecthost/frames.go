@@ -28,8 +28,12 @@ import (
 // apiHandler like any other, so the listener's mutual TLS and peerAllowed
 // admitted the peer; every stream's request goes through apiHandler again
 // (the same role check, routes, limits and error envelopes as over HTTP),
-// with the connection's TLS state. Only the query routes are served this
-// way (POST /v1/objects/{id}/query|raw, /v1/bound/query|raw).
+// with the connection's TLS state. Only the query routes (POST
+// /v1/objects/{id}/query|raw, /v1/bound/query|raw) and the batched
+// lifecycle calls of the create flow (POST /v1/batch/init and
+// /v1/batch/confirm, batch.go) are served this way; the 101 answer says
+// the latter with frame.HeaderRoutes, so an edge sends them here only to a
+// host of this version or later (an earlier one refused them on streams).
 //
 // Each connection has one reading goroutine; each stream runs its handler
 // on a worker goroutine of its own (never queued behind another stream),
@@ -54,6 +58,11 @@ type frameServer struct {
 	closed bool
 	wg     sync.WaitGroup // connections' readers, streams' handlers and workers
 
+	// lifecycle: the batched lifecycle calls are served on streams (and
+	// the 101 answer says so). Always true but in tests, which turn it off
+	// to stand for a host of an earlier version.
+	lifecycle bool
+
 	work     chan *frameStream // idle workers receive here (unbuffered: never queues)
 	idle     atomic.Int32      // workers waiting on work (approximately)
 	stop     chan struct{}     // closed by shutdown: idle workers exit
@@ -73,7 +82,7 @@ const frameDrain = 30 * time.Second
 const frameWriteTimeout = 30 * time.Second
 
 func newFrameServer(h *Host) *frameServer {
-	return &frameServer{h: h, conns: map[*frameConn]struct{}{}, work: make(chan *frameStream), stop: make(chan struct{})}
+	return &frameServer{h: h, conns: map[*frameConn]struct{}{}, lifecycle: true, work: make(chan *frameStream), stop: make(chan struct{})}
 }
 
 // dispatch runs st on an idle worker, or on a new one when none waits.
@@ -145,7 +154,11 @@ func (s *frameServer) upgrade(w http.ResponseWriter, r *http.Request, handler ht
 	s.mu.Lock()
 	s.conns[c] = struct{}{}
 	s.mu.Unlock()
-	if _, err := io.WriteString(nc, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+frame.Protocol+"\r\n\r\n"); err != nil {
+	answer := "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + frame.Protocol + "\r\n"
+	if s.lifecycle {
+		answer += frame.HeaderRoutes + ": " + frame.RoutesLifecycle + "\r\n"
+	}
+	if _, err := io.WriteString(nc, answer+"\r\n"); err != nil {
 		c.close(err)
 		s.wg.Done()
 		return
@@ -386,16 +399,23 @@ func (st *frameStream) addBody(p []byte, end bool, max int) error {
 	return nil
 }
 
-// frameRoute reports whether path is one of the query routes served over
-// frames (plain paths only: no query string or escapes).
-func frameRoute(path string) bool {
+// frameRoute reports whether path is one of the routes served over frames
+// (plain paths only: no query string or escapes): the query routes, and
+// with lifecycle the batched lifecycle calls.
+func frameRoute(path string, lifecycle bool) bool {
 	if strings.ContainsAny(path, "?#%") {
 		return false
 	}
 	if _, _, ok := queryRoute(path); ok {
 		return true
 	}
-	return path == "/v1/bound/query" || path == "/v1/bound/raw"
+	switch path {
+	case "/v1/bound/query", "/v1/bound/raw":
+		return true
+	case batchInitPath, batchConfirmPath:
+		return lifecycle
+	}
+	return false
 }
 
 // run serves the stream's request through the host's handler and queues
@@ -414,7 +434,7 @@ func (st *frameStream) run() {
 		c.finished(st)
 		c.s.wg.Done()
 	}()
-	if !frameRoute(st.path) {
+	if !frameRoute(st.path, c.s.lifecycle) {
 		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "route not served over "+frame.Protocol)
 		w.finish()
 		return

@@ -17,11 +17,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/shoaldb/shoal/internal/frame"
 	"github.com/shoaldb/shoal/internal/pki"
+	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/pipeline/event"
 )
 
 // frameClient is a bare client of the frame protocol, driving the host the
@@ -32,6 +35,7 @@ type frameClient struct {
 	rd    *frame.Reader
 	held  map[uint32][]heldFrame // frames read while waiting for another stream
 	ended map[uint32]bool
+	hdr   http.Header // the 101 answer's
 }
 
 type heldFrame struct {
@@ -60,7 +64,7 @@ func upgradeFrames(t *testing.T, addr string, tlsCfg *tls.Config) (*frameClient,
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return nil, resp.StatusCode
 	}
-	return &frameClient{t: t, nc: nc, rd: frame.NewReader(br), held: map[uint32][]heldFrame{}, ended: map[uint32]bool{}}, resp.StatusCode
+	return &frameClient{t: t, nc: nc, rd: frame.NewReader(br), held: map[uint32][]heldFrame{}, ended: map[uint32]bool{}, hdr: resp.Header}, resp.StatusCode
 }
 
 func dialFrames(t *testing.T, srv *httptest.Server) *frameClient {
@@ -234,8 +238,8 @@ func TestFramesAnswerAsHTTP(t *testing.T) {
 	assert.Contains(t, mustJSON(t, res), `"n":2`)
 }
 
-// TestFramesOnlyQueryRoutes: a stream to any other route is refused
-// without running it (over frames the host serves queries only).
+// TestFramesOnlyQueryRoutes: a stream to any route but the query routes
+// and the batched lifecycle calls is refused without running it.
 func TestFramesOnlyQueryRoutes(t *testing.T) {
 	th := newTestHost(t, nil)
 	srv := serve(t, th)
@@ -552,4 +556,97 @@ func TestFrameWorkersAsDocumented(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(doc), "(up to 256 wait,")
 	assert.Equal(t, 256, maxIdleWorkers)
+}
+
+// TestFramesLifecycleBatches: the batched lifecycle calls on a stream get
+// the answer the same call gets over HTTP — per-item refusals included —
+// and run (the inits are there, the confirm took); the 101 answer says
+// the host serves them. A host standing for an earlier version (lifecycle
+// off) says nothing, and refuses them on streams without running them.
+func TestFramesLifecycleBatches(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	fc := dialFrames(t, srv)
+	assert.Equal(t, frame.RoutesLifecycle, fc.hdr.Get(frame.HeaderRoutes))
+
+	a, b, taken := newDB("acct"), newDB("acct"), newDB("acct")
+	th.mustInit(t, taken)
+	inits := mustJSON(t, event.InitBatchRequest{Inits: []event.InitBatchItem{
+		{ObjectID: a.obj, Init: a.init()},
+		{ObjectID: "not-hex", Init: b.init()},
+		{ObjectID: taken.obj, Init: InitRequest{DatabaseUUID: uuid.NewString(), AccountID: "acct"}},
+		{ObjectID: b.obj, Init: b.init()},
+	}})
+	hdr := func() http.Header { return http.Header{"Content-Type": {"application/json"}} }
+	fc.request(1, "/v1/batch/init", nil, hdr(), inits)
+	fs, fh, fb := fc.answer(1)
+	require.Equal(t, http.StatusOK, fs, "%s", fb)
+	var ans envelope
+	require.NoError(t, json.Unmarshal(fb, &ans))
+	items := batchItems(t, ans)
+	require.Len(t, items, 4)
+	assert.Nil(t, items[0].Error)
+	require.NotNil(t, items[1].Error)
+	assert.Equal(t, http.StatusBadRequest, items[1].Error.Status)
+	require.NotNil(t, items[2].Error)
+	assert.Equal(t, http.StatusConflict, items[2].Error.Status)
+	assert.Nil(t, items[3].Error)
+	for _, d := range []db{a, b} {
+		info, err := th.Info(context.Background(), d.obj)
+		require.NoError(t, err, "the init over frames ran")
+		assert.Equal(t, d.uuid, info.DatabaseUUID)
+	}
+	// The same batch over HTTP (init is idempotent): the same answer.
+	hs, hh, hb := httpAnswer(t, srv, "/v1/batch/init", nil, hdr(), inits)
+	assert.Equal(t, hs, fs)
+	assert.Equal(t, hh.Get("Content-Type"), fh.Get("Content-Type"))
+	assert.JSONEq(t, string(hb), string(fb))
+
+	confirms := mustJSON(t, event.ConfirmBatchRequest{Confirms: []event.ConfirmBatchItem{
+		{ObjectID: a.obj, DatabaseUUID: a.uuid, AccountID: a.account, RoutingGeneration: 1},
+		{ObjectID: b.obj, DatabaseUUID: a.uuid, AccountID: b.account, RoutingGeneration: 1}, // wrong database
+		{ObjectID: newObjectID(), DatabaseUUID: b.uuid, AccountID: b.account, RoutingGeneration: 1},
+	}})
+	fc.request(3, "/v1/batch/confirm", nil, hdr(), confirms)
+	fs, _, fb = fc.answer(3)
+	require.Equal(t, http.StatusOK, fs, "%s", fb)
+	require.NoError(t, json.Unmarshal(fb, &ans))
+	items = batchItems(t, ans)
+	require.Len(t, items, 3)
+	assert.Nil(t, items[0].Error)
+	require.NotNil(t, items[1].Error)
+	assert.Equal(t, v4.CodeWrongHost, items[1].Error.Code)
+	require.NotNil(t, items[2].Error)
+	assert.Equal(t, http.StatusNotFound, items[2].Error.Status)
+	info, err := th.Info(context.Background(), a.obj)
+	require.NoError(t, err)
+	assert.True(t, info.Confirmed, "the confirm over frames took")
+	info, err = th.Info(context.Background(), b.obj)
+	require.NoError(t, err)
+	assert.False(t, info.Confirmed)
+	hs, _, hb = httpAnswer(t, srv, "/v1/batch/confirm", nil, hdr(), confirms)
+	assert.Equal(t, hs, fs)
+	assert.JSONEq(t, string(hb), string(fb))
+
+	// A refused request: the same refusal both ways.
+	fc.request(5, "/v1/batch/init", nil, hdr(), `{"inits":[]}`)
+	fs, _, fb = fc.answer(5)
+	hs, _, hb = httpAnswer(t, srv, "/v1/batch/init", nil, hdr(), `{"inits":[]}`)
+	assert.Equal(t, http.StatusBadRequest, fs)
+	assert.Equal(t, hs, fs)
+	assert.JSONEq(t, string(hb), string(fb))
+
+	// An earlier version: no lifecycle in the 101 answer, refused on a
+	// stream, nothing run.
+	old := newTestHost(t, nil)
+	old.frames.lifecycle = false
+	oldSrv := serve(t, old)
+	oc := dialFrames(t, oldSrv)
+	assert.Empty(t, oc.hdr.Get(frame.HeaderRoutes))
+	c := newDB("acct")
+	oc.request(1, "/v1/batch/init", nil, hdr(), mustJSON(t, event.InitBatchRequest{Inits: []event.InitBatchItem{{ObjectID: c.obj, Init: c.init()}}}))
+	status, _, body := oc.answer(1)
+	assert.Equal(t, http.StatusBadRequest, status, "%s", body)
+	_, err = old.Info(context.Background(), c.obj)
+	assert.ErrorIs(t, err, ErrNotFound, "the init did not run")
 }

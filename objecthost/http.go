@@ -135,6 +135,19 @@ func (a *apiHandler) serve(w *failRecorder, r *http.Request) {
 			a.h.serveQuery(w, r, id, Identity{DatabaseUUID: r.Header.Get(HeaderDatabase), AccountID: r.Header.Get(HeaderAccount)}, raw)
 			return
 		}
+		// The create flow's batched calls (batch.go), also matched by
+		// hand: with frames they are most of what a host serves besides
+		// queries during a burst of creates.
+		switch r.URL.Path {
+		case batchInitPath:
+			w.route = batchInitPath
+			a.h.handleInitBatch(w, r)
+			return
+		case batchConfirmPath:
+			w.route = batchConfirmPath
+			a.h.handleConfirmBatch(w, r)
+			return
+		}
 	}
 	a.router.ServeHTTP(w, r)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/shoaldb/shoal/edge"
+	"github.com/shoaldb/shoal/internal/frame"
 	"github.com/shoaldb/shoal/objecthost"
 	"github.com/shoaldb/shoal/pipeline/event"
 	"github.com/shoaldb/shoal/raftmeta"
@@ -44,12 +45,18 @@ func TestEdgeCreateFaultsConverge(t *testing.T) {
 		HeartbeatInterval: 300 * time.Millisecond, HeartbeatTick: 50 * time.Millisecond, CreationGrace: time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = h.Close() })
-	// Record every object id the edge initialises.
+	// Record every object id the edge initialises. The host refuses the
+	// frame transport's upgrade (as a host of a version without it does),
+	// so the edge's inits come as HTTP requests this wrapper sees (on a
+	// frame connection they would reach the host's handler directly).
 	var mu sync.Mutex
 	var inits []string
 	inner := h.Handler()
 	harness.Serve(t, ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
+		case r.URL.Path == frame.UpgradePath:
+			http.Error(w, "no such route", http.StatusNotFound)
+			return
 		case r.URL.Path == "/v1/batch/init": // the edge's coalesced inits
 			body, err := io.ReadAll(r.Body)
 			require.NoError(t, err)

@@ -26,9 +26,18 @@ import (
 // query with a retryable 503 (not resent: it may have run), and once the
 // host is back the next query through e1 dials again and succeeds.
 //
+// Creates through e1 send their batched inits and confirms on the same
+// frame connection; through e2 as HTTP requests.
+//
 // SHOAL_OLD_HOST_BIN, when set, names a shoal binary of an earlier version
-// (one without the frame transport) for the host: then e1 must fall back to
-// HTTP for it, with the same answers (the mixed-version rolling upgrade).
+// for the host: one without the frame transport (then e1 must fall back to
+// HTTP for queries too), or one whose frame connections take queries only
+// (then e1 sends its lifecycle batches over HTTP and its queries over
+// frames) — the same answers either way (the mixed-version rolling
+// upgrade). SHOAL_OLD_FRAMES=1 says the old host has the frame transport.
+// SHOAL_OLD_EDGE_BIN, when set, adds an edge e3 of an earlier version:
+// its creates (lifecycle batches over HTTP, or single calls) must work
+// against this host, and its databases must answer through e1.
 func TestHostTransportProcesses(t *testing.T) {
 	bin := shoalBin.Path(t)
 	hostBin := bin
@@ -36,6 +45,8 @@ func TestHostTransportProcesses(t *testing.T) {
 	if oldHost != "" {
 		hostBin = oldHost
 	}
+	oldFrames := os.Getenv("SHOAL_OLD_FRAMES") == "1"
+	oldEdge := os.Getenv("SHOAL_OLD_EDGE_BIN")
 	dir := t.TempDir()
 	p := harness.NewPKI(t)
 	ops := p.HTTPClient(t, "ops", pki.RoleOperator)
@@ -50,9 +61,14 @@ func TestHostTransportProcesses(t *testing.T) {
 		p.Args(t, "h1", pki.RoleHost)...)...)
 	harness.WaitHTTP200With(t, ops, "https://"+hostAddr+"/healthz", 30*time.Second, "host never healthy: %s", host.Log)
 	edges := map[string]string{}
-	for _, e := range []struct{ name, transport string }{{"e1", "frames"}, {"e2", "http"}} {
+	type edgeSpec struct{ name, transport, bin string }
+	specs := []edgeSpec{{"e1", "frames", bin}, {"e2", "http", bin}}
+	if oldEdge != "" {
+		specs = append(specs, edgeSpec{"e3", "frames", oldEdge})
+	}
+	for _, e := range specs {
 		addr := harness.FreeAddr(t)
-		proc := harness.StartProc(t, bin, e.name, append([]string{"edge", "serve", "--http-addr", addr, "--dir", filepath.Join(dir, e.name),
+		proc := harness.StartProc(t, e.bin, e.name, append([]string{"edge", "serve", "--http-addr", addr, "--dir", filepath.Join(dir, e.name),
 			"--region", "weur", "--catalog", catAddr, "--admin-token", "admin", "--host-transport", e.transport,
 			"--account-rate", "100000", "--database-rate", "100000", "--log-level", "warn"}, p.Args(t, e.name, pki.RoleEdge)...)...)
 		edges[e.name] = "http://" + addr
@@ -90,31 +106,56 @@ func TestHostTransportProcesses(t *testing.T) {
 		assert.Equal(t, h.Status, f.Status, "%v", q.body)
 		assert.Equal(t, withoutTimings(t, h.Raw), withoutTimings(t, f.Raw), "%v", q.body)
 	}
-	forwards := func(edge string) (frames, plain int) {
+	// Creates through every edge, each database then queried through e1.
+	for name := range edges {
+		a := harness.Call(t, http.MethodPost, dbURL(name), bearer, map[string]any{"name": "made-by-" + name})
+		require.Equal(t, http.StatusOK, a.Status, "create through %s: %s", name, a.Raw)
+		var made struct{ UUID string }
+		require.NoError(t, json.Unmarshal(a.Result, &made))
+		a = harness.Call(t, http.MethodPost, dbURL("e1")+"/"+made.UUID+"/query", bearer, map[string]any{"sql": "SELECT 1 AS one"})
+		require.Equal(t, http.StatusOK, a.Status, "query of %s's database: %s", name, a.Raw)
+	}
+	counter := func(edge, metric string) (frames, plain int) {
 		resp, err := http.Get(edges[edge] + "/metrics")
 		require.NoError(t, err)
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)
 		require.NoError(t, err)
 		count := func(transport string) int {
-			m := regexp.MustCompile(`shoal_edge_host_forwards_total\{transport="` + transport + `"\} (\d+)`).FindSubmatch(b)
-			require.NotNil(t, m, "no %s forwards series on %s", transport, edge)
+			m := regexp.MustCompile(metric + `\{transport="` + transport + `"\} (\d+)`).FindSubmatch(b)
+			require.NotNil(t, m, "no %s %s series on %s", transport, metric, edge)
 			n, _ := strconv.Atoi(string(m[1]))
 			return n
 		}
 		return count("frames"), count("http")
 	}
+	forwards := func(edge string) (int, int) { return counter(edge, "shoal_edge_host_forwards_total") }
+	batches := func(edge string) (int, int) { return counter(edge, "shoal_edge_host_lifecycle_batches_total") }
 	f1, h1 := forwards("e1")
 	f2, h2 := forwards("e2")
-	if oldHost == "" {
+	bf1, bh1 := batches("e1")
+	bf2, bh2 := batches("e2")
+	switch {
+	case oldHost == "":
 		assert.Positive(t, f1, "e1 forwarded over frames")
 		assert.Zero(t, h1)
-	} else {
+		assert.Positive(t, bf1, "e1's creates batched over frames")
+		assert.Zero(t, bh1)
+	case oldFrames:
+		assert.Positive(t, f1, "an older host with frames: e1 forwards over them")
+		assert.Zero(t, h1)
+		assert.Zero(t, bf1, "an older host takes only queries on frames: e1's batches go over HTTP")
+		assert.Positive(t, bh1)
+	default:
 		assert.Zero(t, f1, "an older host: e1 falls back to HTTP")
 		assert.Positive(t, h1)
+		assert.Zero(t, bf1)
+		assert.Positive(t, bh1)
 	}
 	assert.Zero(t, f2)
 	assert.Positive(t, h2)
+	assert.Zero(t, bf2, "--host-transport http: batches over HTTP too")
+	assert.Positive(t, bh2)
 
 	// A host killed with a query in flight: that query fails (503, retry),
 	// the next one after the restart succeeds through e1 (a new

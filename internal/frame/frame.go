@@ -28,6 +28,14 @@
 //     closing: streams up to that ID are answered; those above were not and
 //     will not be executed (the client may send them again elsewhere).
 //
+// The server's 101 answer to the upgrade may carry HeaderRoutes, naming
+// what it serves on streams beyond the query routes (comma-separated
+// tokens; RoutesLifecycle: the batched lifecycle calls POST
+// /v1/batch/init and /v1/batch/confirm, their JSON bodies and answers as
+// over HTTP). A server of an earlier version sends none, and a client
+// sends only the query routes to it (the rest over HTTP), so either side
+// may be upgraded first.
+//
 // A header block is a uint16 count, then per field a uint16 name length,
 // the name (an HTTP token), a uint16 value length and the value (no CR, LF
 // or NUL). Anything else — an unknown type or flag, an oversized frame, a
@@ -53,6 +61,12 @@ const (
 	Protocol = "shoal-frames/1"
 	// UpgradePath is the request path of the upgrade (GET).
 	UpgradePath = "/v1/frames"
+	// HeaderRoutes, on the server's 101 answer, lists the routes it serves
+	// on streams beyond the query routes.
+	HeaderRoutes = "Shoal-Frame-Routes"
+	// RoutesLifecycle (in HeaderRoutes): POST /v1/batch/init and
+	// /v1/batch/confirm are served on streams.
+	RoutesLifecycle = "lifecycle"
 	// HeaderLen is the size of a frame header.
 	HeaderLen = 12
 	// MaxPayload bounds one frame's payload. Bodies longer than a frame
