@@ -346,12 +346,15 @@ var errHostBatchUnsupported = errors.New("object host does not take batched life
 // outcome unknown); it is never resent here.
 func (c *HostClient) batchCall(ctx context.Context, addr, path string, body any, n int) ([]event.BatchItemAnswer, error) {
 	var out event.BatchAnswer
-	var err error
-	if ok, ferr := c.batchOverFrames(ctx, addr, path, body, &out); ok {
+	b, err := json.Marshal(body) // once, for either transport
+	if err != nil {
+		return nil, err
+	}
+	if ok, ferr := c.batchOverFrames(ctx, addr, path, b, &out); ok {
 		err = ferr
 	} else {
 		c.batchHTTP.Add(1)
-		err = c.call(ctx, addr, http.MethodPost, path, nil, body, &out)
+		err = c.call(ctx, addr, http.MethodPost, path, nil, json.RawMessage(b), &out)
 	}
 	var he *HostError
 	if errors.As(err, &he) && he.Status == http.StatusNotFound {
@@ -370,13 +373,9 @@ func (c *HostClient) batchCall(ctx context.Context, addr, path string, body any,
 // batchOverFrames sends a batched lifecycle call on the host's frame
 // connection and decodes its answer into out. ok false: the host is not
 // sent lifecycle calls on frames (nothing was sent; use HTTP).
-func (c *HostClient) batchOverFrames(ctx context.Context, addr, path string, body any, out any) (ok bool, err error) {
+func (c *HostClient) batchOverFrames(ctx context.Context, addr, path string, b []byte, out any) (ok bool, err error) {
 	if c.frames == nil {
 		return false, nil
-	}
-	b, err := json.Marshal(body)
-	if err != nil {
-		return true, err
 	}
 	hdr := http.Header{"Content-Type": {"application/json"}}
 	if id := requestIDFrom(ctx); id != "" {

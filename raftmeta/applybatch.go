@@ -196,14 +196,18 @@ func (n *Node) applyLocalBatch(ctx context.Context, cmds []fsm.Command) ([]fsm.R
 func (n *Node) applyBatchEntry(ctx context.Context, cmds []fsm.Command) (res []fsm.Result, errs []error, ok bool) {
 	res = make([]fsm.Result, len(cmds))
 	errs = make([]error, len(cmds))
+	// all gives every command the entry's outcome (it is atomic).
+	all := func(err error) ([]fsm.Result, []error, bool) {
+		for i := range errs {
+			errs[i] = err
+		}
+		return res, errs, true
+	}
 	enc := make([][]byte, len(cmds))
 	for i := range cmds {
 		b, err := marshalCommand(cmds[i])
 		if err != nil {
-			for j := range errs {
-				errs[j] = fmt.Errorf("encode command: %w", err)
-			}
-			return res, errs, true
+			return all(fmt.Errorf("encode command: %w", err))
 		}
 		enc[i] = b
 	}
@@ -217,19 +221,12 @@ func (n *Node) applyBatchEntry(ctx context.Context, cmds []fsm.Command) (res []f
 	f := n.raft.Apply(fsm.AppendBatchEntry(nil, enc), timeout)
 	if err := n.awaitFuture(f); err != nil {
 		_, err = n.outcome(f, err, start)
-		for i := range errs {
-			errs[i] = err
-		}
-		return res, errs, true
+		return all(err)
 	}
 	switch r := f.Response().(type) {
 	case fsm.BatchResults:
 		if len(r) != len(cmds) {
-			err := fmt.Errorf("batch entry answered %d results for %d commands", len(r), len(cmds))
-			for i := range errs {
-				errs[i] = err
-			}
-			return res, errs, true
+			return all(fmt.Errorf("batch entry answered %d results for %d commands", len(r), len(cmds)))
 		}
 		d := time.Since(start).Seconds()
 		for i := range r {
@@ -248,22 +245,11 @@ func (n *Node) applyBatchEntry(ctx context.Context, cmds []fsm.Command) (res []f
 			n.log.Warn("batch entry refused by the catalog's level (restored from an older backup?); proposing its commands one by one", "err", r.Err)
 			return nil, nil, false
 		}
-		err := fmt.Errorf("batch entry refused as a whole: %v", r.Err)
-		for i := range errs {
-			errs[i] = err
-		}
-		return res, errs, true
+		return all(fmt.Errorf("batch entry refused as a whole: %v", r.Err))
 	case error:
-		for i := range errs {
-			errs[i] = r
-		}
-		return res, errs, true
+		return all(r)
 	default:
-		err := fmt.Errorf("unexpected fsm response %T to a batch entry", r)
-		for i := range errs {
-			errs[i] = err
-		}
-		return res, errs, true
+		return all(fmt.Errorf("unexpected fsm response %T to a batch entry", r))
 	}
 }
 

@@ -231,6 +231,7 @@ type leanConn struct {
 	hl *handoffListener
 	br *bufio.Reader
 	bw *bufio.Writer
+	rw *bufio.Writer // the current answer's buffer (serveRequest)
 	ew errWriter
 	// rdl is the read deadline last set (Unix ns; 0: none).
 	rdl        int64
@@ -428,7 +429,14 @@ func (lc *leanConn) serveRequest(connCtx context.Context, h leanHead) (keep bool
 	req = req.WithContext(ctx)
 	w := &leanResponse{lc: lc, req: req, body: body, handlerHeader: make(http.Header, 4), contentLength: -1}
 	w.cw.res = w
-	w.w = bufio.NewWriterSize(&w.cw, bufferBeforeChunking)
+	// One response buffer per connection (one request at a time; finish
+	// flushes it), as net/http pools its own: not 2 KiB per request.
+	if lc.rw == nil {
+		lc.rw = bufio.NewWriterSize(&w.cw, bufferBeforeChunking)
+	} else {
+		lc.rw.Reset(&w.cw)
+	}
+	w.w = lc.rw
 	defer func() {
 		if p := recover(); p != nil {
 			if p != http.ErrAbortHandler {
