@@ -17,8 +17,8 @@ import (
 // one round trip, divided by the slots.
 //
 // A batcher may also linger (newLingeringBatcher): the slot holder then
-// sends a batch only once its oldest call has waited linger (or maxBatch
-// calls queued), so batches hold about the calls of linger instead of one
+// sends a batch only once its oldest call has waited linger (or as soon as
+// maxBatch calls queued), so batches hold about the calls of linger instead of one
 // round trip. Only for calls nobody waits on: the create flow's confirms,
 // sent after the client's answer, whose cost is per batch (a frame stream,
 // its JSON and goroutines on both sides) and whose delay changes nothing
@@ -45,6 +45,7 @@ type batcher[T, R any] struct {
 	wg          *sync.WaitGroup
 	observe     func(n int) // each batch's size, when set
 	linger      time.Duration
+	full        chan struct{} // lingering: the queue reached maxBatch (wakes the wait early)
 
 	mu       sync.Mutex
 	queue    []*batchCall[T, R]
@@ -71,6 +72,7 @@ func newLingeringBatcher[T, R any](ctx context.Context, wg *sync.WaitGroup, maxB
 	send func(ctx context.Context, items []T) ([]R, []error)) *batcher[T, R] {
 	b := newBatcher(ctx, wg, maxBatch, maxInflight, timeout, send)
 	b.linger = max(0, linger)
+	b.full = make(chan struct{}, 1)
 	return b
 }
 
@@ -82,6 +84,12 @@ func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 	}
 	b.mu.Lock()
 	b.queue = append(b.queue, c)
+	if b.full != nil && len(b.queue) == b.maxBatch {
+		select { // a full batch need not wait for its linger
+		case b.full <- struct{}{}:
+		default:
+		}
+	}
 	var batch []*batchCall[T, R]
 	if b.inflight < b.maxInflight {
 		b.inflight++
@@ -138,8 +146,10 @@ func (b *batcher[T, R]) drain(batch []*batchCall[T, R]) {
 // nextLocked is the slot holder's next batch: takeLocked, after waiting (with
 // b.mu released) until the oldest queued call has lingered. Only the slot
 // holder takes from the queue, and the queue is not empty when it is called,
-// so it returns a batch of at least one call. The owner's context ending
-// cuts the wait short (Close: what queued is sent, or fails, at once).
+// so it returns a batch of at least one call. A queue reaching maxBatch
+// cuts the wait short (a stale signal only makes a later batch smaller),
+// and so does the owner's context ending (Close: what queued is sent, or
+// fails, at once).
 func (b *batcher[T, R]) nextLocked() []*batchCall[T, R] {
 	if b.linger > 0 && len(b.queue) < b.maxBatch {
 		if wait := b.linger - time.Since(b.queue[0].at); wait > 0 {
@@ -147,6 +157,8 @@ func (b *batcher[T, R]) nextLocked() []*batchCall[T, R] {
 			t := time.NewTimer(wait)
 			select {
 			case <-t.C:
+			case <-b.full:
+				t.Stop()
 			case <-b.ctx.Done():
 				t.Stop()
 			}

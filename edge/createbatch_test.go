@@ -304,6 +304,31 @@ func TestLingeringBatcherWaitsForMore(t *testing.T) {
 	b.mu.Unlock()
 }
 
+// A lingering batch is sent as soon as maxBatch calls queued, without
+// waiting out its linger (an hour here: only the full queue can end it).
+func TestLingeringBatcherSendsAFullBatchAtOnce(t *testing.T) {
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel) // on failure, ends the linger so the goroutines finish
+	var mu sync.Mutex
+	var sizes []int
+	b := newLingeringBatcher(ctx, &wg, 3, 1, time.Minute, time.Hour, func(_ context.Context, items []int) ([]int, []error) {
+		mu.Lock()
+		sizes = append(sizes, len(items))
+		mu.Unlock()
+		return items, make([]error, len(items))
+	})
+	for i := range 3 {
+		go func() { _, _ = b.do(context.Background(), i) }()
+	}
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(sizes) == 1 }, 10*time.Second, time.Millisecond,
+		"the full batch was not sent")
+	wg.Wait()
+	mu.Lock()
+	assert.Equal(t, []int{3}, sizes)
+	mu.Unlock()
+}
+
 // PutMany keeps Put's rule for each route (never backwards) in one
 // transaction.
 func TestRouteCachePutMany(t *testing.T) {
