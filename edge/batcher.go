@@ -18,8 +18,8 @@ import (
 //
 // A batcher may also linger (newLingeringBatcher): the slot holder then
 // sends a batch only once its oldest call has waited linger (or as soon as
-// maxBatch calls queued), so batches hold about the calls of linger instead of one
-// round trip. Only for calls nobody waits on: the create flow's confirms,
+// maxBatch calls queued), so batches hold about the calls of linger
+// instead of one round trip. Only for calls nobody waits on: the create flow's confirms,
 // sent after the client's answer, whose cost is per batch (a frame stream,
 // its JSON and goroutines on both sides) and whose delay changes nothing
 // anyone sees (an unconfirmed object accepts queries; the catalog row is the
