@@ -234,9 +234,10 @@ func (s *Server) bookHosts(fresh []fsm.Host) {
 // constraint). Among candidates, the least loaded by databases per capacity,
 // counting the creates this edge placed since the last host list refresh so
 // a burst of creates spreads out — except that a candidate with inits in
-// flight or queuing for a batch is preferred while it is within placementSlack
-// databases of the least loaded (placeAmong). Hosts in exclude failed
-// earlier attempts of the same create and are avoided while others remain.
+// flight or queuing for a batch is preferred while it is within
+// placementSlack databases of the least loaded (placeAmongQueued). Hosts in
+// exclude failed earlier attempts of the same create and are avoided while
+// others remain.
 func (s *Server) pickHost(ctx context.Context, jurisdiction, hint string, exclude map[string]bool) (fsm.Host, error) {
 	hosts, err := s.activeHosts(ctx)
 	if err != nil {
@@ -277,9 +278,9 @@ func placeAmong(hosts []fsm.Host, jurisdiction, region string, exclude map[strin
 // placeAmongQueued is placeAmong for creates: queued(address) is how busy
 // that host's init batcher is (queuedInits; nil: never). Among the
 // candidates within placementSlack databases of the least loaded, the
-// busiest is chosen, so concurrent creates meet in
-// one host's batch — one request and one index commit (fsync) on the host
-// for all of them — instead of spreading one or two over every host
+// busiest is chosen, so concurrent creates meet in one host's batch — one
+// request and one index commit (fsync) on the host for all of them —
+// instead of spreading one or two over every host
 // (measured: ~1.7 inits per batch at 16 concurrent creates on 3 hosts; the
 // host's index commit was half its CPU per create). With no queue anywhere
 // (an idle edge, batching off) the least loaded is chosen, as before; the
