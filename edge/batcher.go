@@ -16,6 +16,15 @@ import (
 // So the batch size follows the load: about the calls that arrive during
 // one round trip, divided by the slots.
 //
+// A batcher may also linger (newLingeringBatcher): the slot holder then
+// sends a batch only once its oldest call has waited linger (or as soon as
+// maxBatch calls queued), so batches hold about the calls of linger
+// instead of one round trip. Only for calls nobody waits on: the create flow's confirms,
+// sent after the client's answer, whose cost is per batch (a frame stream,
+// its JSON and goroutines on both sides) and whose delay changes nothing
+// anyone sees (an unconfirmed object accepts queries; the catalog row is the
+// checkpoint and heartbeats confirm what a lost confirm left).
+//
 // Every call keeps its own identity inside the batch (its own request ID,
 // its own result or refusal); batching changes how many requests carry
 // them, never what any one of them means. A caller whose ctx ends while
@@ -35,6 +44,8 @@ type batcher[T, R any] struct {
 	ctx         context.Context
 	wg          *sync.WaitGroup
 	observe     func(n int) // each batch's size, when set
+	linger      time.Duration
+	full        chan struct{} // lingering: the queue reached maxBatch (wakes the wait early)
 
 	mu       sync.Mutex
 	queue    []*batchCall[T, R]
@@ -43,6 +54,7 @@ type batcher[T, R any] struct {
 
 type batchCall[T, R any] struct {
 	item T
+	at   time.Time // when it was queued (lingering batchers only)
 	res  R
 	err  error
 	done chan struct{}
@@ -54,15 +66,34 @@ func newBatcher[T, R any](ctx context.Context, wg *sync.WaitGroup, maxBatch, max
 		timeout: timeout, ctx: ctx, wg: wg}
 }
 
+// newLingeringBatcher is newBatcher whose batches wait until their oldest
+// call has queued for linger (see batcher).
+func newLingeringBatcher[T, R any](ctx context.Context, wg *sync.WaitGroup, maxBatch, maxInflight int, timeout, linger time.Duration,
+	send func(ctx context.Context, items []T) ([]R, []error)) *batcher[T, R] {
+	b := newBatcher(ctx, wg, maxBatch, maxInflight, timeout, send)
+	b.linger = max(0, linger)
+	b.full = make(chan struct{}, 1)
+	return b
+}
+
 // do submits item and waits for its result.
 func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 	c := &batchCall[T, R]{item: item, done: make(chan struct{})}
+	if b.linger > 0 {
+		c.at = time.Now()
+	}
 	b.mu.Lock()
 	b.queue = append(b.queue, c)
+	if b.full != nil && len(b.queue) == b.maxBatch {
+		select { // a full batch need not wait for its linger
+		case b.full <- struct{}{}:
+		default:
+		}
+	}
 	var batch []*batchCall[T, R]
 	if b.inflight < b.maxInflight {
 		b.inflight++
-		batch = b.takeLocked()
+		batch = b.nextLocked()
 	}
 	b.mu.Unlock()
 	if batch != nil {
@@ -74,10 +105,14 @@ func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 		if len(b.queue) == 0 {
 			b.inflight--
 		} else {
-			next := b.takeLocked()
+			// The slot passes to a goroutine; it takes the next batch
+			// itself (a lingering batcher waits there, not this caller).
 			b.wg.Add(1)
 			go func() {
 				defer b.wg.Done()
+				b.mu.Lock()
+				next := b.nextLocked()
+				b.mu.Unlock()
 				b.drain(next)
 			}()
 		}
@@ -103,9 +138,34 @@ func (b *batcher[T, R]) drain(batch []*batchCall[T, R]) {
 			b.mu.Unlock()
 			return
 		}
-		batch = b.takeLocked()
+		batch = b.nextLocked()
 		b.mu.Unlock()
 	}
+}
+
+// nextLocked is the slot holder's next batch: takeLocked, after waiting (with
+// b.mu released) until the oldest queued call has lingered. Only the slot
+// holder takes from the queue, and the queue is not empty when it is called,
+// so it returns a batch of at least one call. A queue reaching maxBatch
+// cuts the wait short (a stale signal only makes a later batch smaller),
+// and so does the owner's context ending (Close: what queued is sent, or
+// fails, at once).
+func (b *batcher[T, R]) nextLocked() []*batchCall[T, R] {
+	if b.linger > 0 && len(b.queue) < b.maxBatch {
+		if wait := b.linger - time.Since(b.queue[0].at); wait > 0 {
+			b.mu.Unlock()
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-b.full:
+				t.Stop()
+			case <-b.ctx.Done():
+				t.Stop()
+			}
+			b.mu.Lock()
+		}
+	}
+	return b.takeLocked()
 }
 
 // takeLocked removes up to maxBatch calls from the head of the queue.

@@ -260,6 +260,75 @@ func TestBatcherCallerGivesUp(t *testing.T) {
 	assert.EqualValues(t, 2, sent.Load(), "the abandoned call was still sent (its outcome is unknown to its caller)")
 }
 
+// A lingering batcher (the confirms') does not send the call that found
+// its slot free at once: it waits for more, and the calls that arrive
+// meanwhile go in the same batch. The owner's context ending (Close) cuts
+// the wait short and what queued is still sent. No timing is asserted: the
+// linger is an hour, so only the owner's context can end the wait.
+func TestLingeringBatcherWaitsForMore(t *testing.T) {
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var sizes []int
+	b := newLingeringBatcher(ctx, &wg, 10, 1, time.Minute, time.Hour, func(_ context.Context, items []int) ([]int, []error) {
+		mu.Lock()
+		sizes = append(sizes, len(items))
+		mu.Unlock()
+		return items, make([]error, len(items))
+	})
+	var cw sync.WaitGroup
+	for i := range 3 {
+		cw.Add(1)
+		go func() {
+			defer cw.Done()
+			v, err := b.do(context.Background(), i)
+			assert.NoError(t, err)
+			assert.Equal(t, i, v)
+		}()
+	}
+	require.Eventually(t, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue) == 3 && b.inflight == 1
+	}, 5*time.Second, time.Millisecond, "every call queued behind the lingering slot")
+	mu.Lock()
+	assert.Empty(t, sizes, "nothing sent while the batch lingers")
+	mu.Unlock()
+	cancel()
+	cw.Wait()
+	wg.Wait()
+	assert.Equal(t, []int{3}, sizes, "the three calls went in one batch")
+	b.mu.Lock()
+	assert.Zero(t, b.inflight, "slot released")
+	b.mu.Unlock()
+}
+
+// A lingering batch is sent as soon as maxBatch calls queued, without
+// waiting out its linger (an hour here: only the full queue can end it).
+func TestLingeringBatcherSendsAFullBatchAtOnce(t *testing.T) {
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel) // on failure, ends the linger so the goroutines finish
+	var mu sync.Mutex
+	var sizes []int
+	b := newLingeringBatcher(ctx, &wg, 3, 1, time.Minute, time.Hour, func(_ context.Context, items []int) ([]int, []error) {
+		mu.Lock()
+		sizes = append(sizes, len(items))
+		mu.Unlock()
+		return items, make([]error, len(items))
+	})
+	for i := range 3 {
+		go func() { _, _ = b.do(context.Background(), i) }()
+	}
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(sizes) == 1 }, 10*time.Second, time.Millisecond,
+		"the full batch was not sent")
+	wg.Wait()
+	mu.Lock()
+	assert.Equal(t, []int{3}, sizes)
+	mu.Unlock()
+}
+
 // PutMany keeps Put's rule for each route (never backwards) in one
 // transaction.
 func TestRouteCachePutMany(t *testing.T) {

@@ -233,8 +233,11 @@ func (s *Server) bookHosts(fresh []fsm.Host) {
 // back to any active host (not for a jurisdiction: that is a legal
 // constraint). Among candidates, the least loaded by databases per capacity,
 // counting the creates this edge placed since the last host list refresh so
-// a burst of creates spreads out. Hosts in exclude failed earlier attempts of
-// the same create and are avoided while others remain.
+// a burst of creates spreads out — except that a candidate with inits in
+// flight or queuing for a batch is preferred while it is within
+// placementSlack databases of the least loaded (placeAmongQueued). Hosts in
+// exclude failed earlier attempts of the same create and are avoided while
+// others remain.
 func (s *Server) pickHost(ctx context.Context, jurisdiction, hint string, exclude map[string]bool) (fsm.Host, error) {
 	hosts, err := s.activeHosts(ctx)
 	if err != nil {
@@ -245,7 +248,7 @@ func (s *Server) pickHost(ctx context.Context, jurisdiction, hint string, exclud
 		region = hint
 	}
 	s.hostsMu.Lock()
-	h, err := placeAmong(hosts, jurisdiction, region, exclude, s.hostsPending)
+	h, err := placeAmongQueued(hosts, jurisdiction, region, exclude, s.hostsPending, s.queuedInits)
 	s.hostsMu.Unlock()
 	if err != nil {
 		var nj *noJurisdictionError
@@ -257,6 +260,11 @@ func (s *Server) pickHost(ctx context.Context, jurisdiction, hint string, exclud
 	return h, nil
 }
 
+// placementSlack is how many databases more than the least loaded
+// candidate a host may hold and still be preferred because inits queue for
+// it (placeAmongQueued).
+const placementSlack = 64
+
 // placeAmong is the placement rule shared by creates and relocations
 // (relocate.go): among active hosts, those of the jurisdiction if one is
 // given (a legal constraint: no fallback), else those of region, falling
@@ -264,6 +272,23 @@ func (s *Server) pickHost(ctx context.Context, jurisdiction, hint string, exclud
 // least loaded by databases per capacity, counting pending (placements made
 // since the host list was read, incremented for the chosen host).
 func placeAmong(hosts []fsm.Host, jurisdiction, region string, exclude map[string]bool, pending map[string]int64) (fsm.Host, error) {
+	return placeAmongQueued(hosts, jurisdiction, region, exclude, pending, nil)
+}
+
+// placeAmongQueued is placeAmong for creates: queued(address) is how busy
+// that host's init batcher is (queuedInits; nil: never). Among the
+// candidates within placementSlack databases of the least loaded, the
+// busiest is chosen, so concurrent creates meet in one host's batch — one
+// request and one index commit (fsync) on the host for all of them —
+// instead of spreading one or two over every host
+// (measured: ~1.7 inits per batch at 16 concurrent creates on 3 hosts; the
+// host's index commit was half its CPU per create). With no queue anywhere
+// (an idle edge, batching off) the least loaded is chosen, as before; the
+// slack bounds the skew, so the spread over hosts is unchanged beyond
+// placementSlack databases. The eligibility rules (jurisdiction, region,
+// exclude) come first and are never traded for a batch.
+func placeAmongQueued(hosts []fsm.Host, jurisdiction, region string, exclude map[string]bool, pending map[string]int64,
+	queued func(addr string) int) (fsm.Host, error) {
 	filter := func(keep func(fsm.Host) bool) []fsm.Host {
 		var out []fsm.Host
 		for _, h := range hosts {
@@ -299,19 +324,48 @@ func placeAmong(hosts []fsm.Host, jurisdiction, region string, exclude map[strin
 			cands = rest
 		}
 	}
-	best, bestLoad := -1, 0.0
-	for i, h := range cands {
-		capacity := h.Capacity
-		if capacity <= 0 {
-			capacity = 100_000
+	capacityOf := func(h fsm.Host) float64 {
+		if h.Capacity <= 0 {
+			return 100_000
 		}
-		load := float64(h.Databases+pending[h.ID]) / float64(capacity)
-		if best < 0 || load < bestLoad {
-			best, bestLoad = i, load
+		return float64(h.Capacity)
+	}
+	best, bestLoad := -1, 0.0
+	loads := make([]float64, len(cands))
+	for i, h := range cands {
+		loads[i] = float64(h.Databases+pending[h.ID]) / capacityOf(h)
+		if best < 0 || loads[i] < bestLoad {
+			best, bestLoad = i, loads[i]
+		}
+	}
+	if queued != nil && len(cands) > 1 {
+		most := 0
+		for i, h := range cands {
+			if loads[i] > bestLoad+placementSlack/capacityOf(h) {
+				continue
+			}
+			if q := queued(h.Address); q > most {
+				best, most = i, q
+			}
 		}
 	}
 	pending[cands[best].ID]++
 	return cands[best], nil
+}
+
+// queuedInits is how busy the init batcher of the host at addr is: the
+// inits waiting for its next batch, plus one per batch in flight (0: idle,
+// or batching off). A create placed on a busy host joins its next batch.
+func (s *Server) queuedInits(addr string) int {
+	s.cb.mu.Lock()
+	b := s.cb.inits[addr]
+	s.cb.mu.Unlock()
+	if b == nil {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queue) + b.inflight
 }
 
 func newObjectID() string {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
 // lockedBuffer is a log sink the server writes from its handlers.
@@ -81,4 +83,54 @@ func TestCreateInJurisdictionWithoutHost(t *testing.T) {
 	e.hosts[1].mu.Lock()
 	assert.Len(t, e.hosts[1].inits, 1, "placed on the eu host")
 	e.hosts[1].mu.Unlock()
+}
+
+// Creates go to a host whose init batcher is busy (a batch in flight or
+// inits queued) while it is within placementSlack databases of the least
+// loaded, so concurrent creates share one host's init batch; past the
+// slack, or with no busy host, the least loaded is chosen as before. The
+// eligibility rules come first: a busy host outside the jurisdiction or in
+// exclude is never chosen for its batch.
+func TestPlacementJoinsABusyHostsBatch(t *testing.T) {
+	hosts := []fsm.Host{
+		{ID: "h1", Address: "a1", Region: "weur", Capacity: 1000, Databases: 10},
+		{ID: "h2", Address: "a2", Region: "weur", Capacity: 1000, Databases: 12},
+		{ID: "h3", Address: "a3", Region: "weur", Capacity: 1000, Databases: 10, Jurisdiction: "eu"},
+	}
+	busy := map[string]int{}
+	queued := func(addr string) int { return busy[addr] }
+	place := func(jur string, exclude map[string]bool, pending map[string]int64) string {
+		t.Helper()
+		h, err := placeAmongQueued(hosts, jur, "weur", exclude, pending, queued)
+		require.NoError(t, err)
+		return h.ID
+	}
+
+	assert.Equal(t, "h1", place("", nil, map[string]int64{}), "no busy host: the least loaded")
+	busy["a2"] = 3
+	assert.Equal(t, "h2", place("", nil, map[string]int64{}), "a busy host within the slack takes the create")
+	busy["a1"] = 5
+	assert.Equal(t, "h1", place("", nil, map[string]int64{}), "the busiest host within the slack")
+	assert.Equal(t, "h2", place("", map[string]bool{"h1": true}, map[string]int64{}), "exclude still holds")
+	busy["a1"] = 0
+	assert.Equal(t, "h1", place("", nil, map[string]int64{"h2": placementSlack}),
+		"a busy host more than the slack above the least loaded is passed over")
+	busy["a1"], busy["a2"], busy["a3"] = 0, 9, 0
+	assert.Equal(t, "h3", place("eu", nil, map[string]int64{}), "the jurisdiction is never traded for a batch")
+
+	// Without a queue function (relocations) the rule is the least loaded.
+	h, err := placeAmong(hosts, "", "weur", nil, map[string]int64{})
+	require.NoError(t, err)
+	assert.Equal(t, "h1", h.ID)
+
+	// Spread over many placements with one host always busy: the skew is
+	// bounded by the slack.
+	pending := map[string]int64{}
+	busy["a1"], busy["a2"], busy["a3"] = 0, 1, 0
+	for range 1000 {
+		place("", nil, pending)
+	}
+	load := func(id string, base int64) int64 { return base + pending[id] }
+	assert.LessOrEqual(t, load("h2", 12)-min(load("h1", 10), load("h3", 10)), int64(placementSlack)+1,
+		"placements %v", pending)
 }

@@ -87,6 +87,9 @@ type Options struct {
 	// CPU per create than two at the same throughput, docs/benchmarks.md).
 	CreateBatch         int
 	CreateBatchInflight int
+	// ConfirmLinger is how long a batch of confirms to one host waits for
+	// more before it is sent (createbatch.go); default 20ms, negative: none.
+	ConfirmLinger time.Duration
 
 	CloseGrace time.Duration // Close waits this long for background work before cancelling it; default 5s
 
