@@ -50,6 +50,10 @@ type batcher[T, R any] struct {
 	mu       sync.Mutex
 	queue    []*batchCall[T, R]
 	inflight int
+	// progress is when a batch was last taken or last came back: with
+	// batches in flight and no progress for a while, the peer is stalled
+	// (load).
+	progress time.Time
 }
 
 type batchCall[T, R any] struct {
@@ -102,6 +106,7 @@ func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 		// can answer its client.
 		b.sendBatch(batch)
 		b.mu.Lock()
+		b.progress = time.Now()
 		if len(b.queue) == 0 {
 			b.inflight--
 		} else {
@@ -133,6 +138,7 @@ func (b *batcher[T, R]) drain(batch []*batchCall[T, R]) {
 	for {
 		b.sendBatch(batch)
 		b.mu.Lock()
+		b.progress = time.Now()
 		if len(b.queue) == 0 {
 			b.inflight--
 			b.mu.Unlock()
@@ -168,9 +174,23 @@ func (b *batcher[T, R]) nextLocked() []*batchCall[T, R] {
 	return b.takeLocked()
 }
 
+// load is how busy the batcher is — the calls queued for its next batch
+// plus one per batch in flight — or 0 when it has batches in flight but
+// took or finished none for stall: a peer that stopped answering is not
+// "busy" (placement must not pile creates onto a hung host's batch).
+func (b *batcher[T, R]) load(stall time.Duration) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inflight > 0 && time.Since(b.progress) > stall {
+		return 0
+	}
+	return len(b.queue) + b.inflight
+}
+
 // takeLocked removes up to maxBatch calls from the head of the queue.
 func (b *batcher[T, R]) takeLocked() []*batchCall[T, R] {
 	n := min(len(b.queue), b.maxBatch)
+	b.progress = time.Now()
 	batch := make([]*batchCall[T, R], n)
 	copy(batch, b.queue[:n])
 	rest := copy(b.queue, b.queue[n:])

@@ -346,3 +346,35 @@ func TestRouteCachePutMany(t *testing.T) {
 	require.Equal(t, cacheHit, res)
 	assert.Equal(t, "o2", got.ObjectID)
 }
+
+// A batcher whose batch is stuck in flight stops counting as busy once it
+// made no progress for the stall time, so placement stops joining a hung
+// host's batch (queuedInits); while batches come back it counts its queue
+// and slots. No timing is asserted: the stall times used are 0 (any age is
+// stalled) and an hour (never stalled).
+func TestBatcherLoadIgnoresAStalledPeer(t *testing.T) {
+	var wg sync.WaitGroup
+	release := make(chan struct{})
+	b := newBatcher(context.Background(), &wg, 10, 1, time.Minute, func(_ context.Context, items []int) ([]int, []error) {
+		<-release
+		return items, make([]error, len(items))
+	})
+	assert.Zero(t, b.load(time.Hour), "idle")
+	var cw sync.WaitGroup
+	for i := range 3 {
+		cw.Add(1)
+		go func() {
+			defer cw.Done()
+			_, err := b.do(context.Background(), i)
+			assert.NoError(t, err)
+		}()
+	}
+	require.Eventually(t, func() bool { return b.load(time.Hour) == 3 }, 5*time.Second, time.Millisecond,
+		"one batch in flight, two calls queued")
+	time.Sleep(time.Millisecond) // the clock moves past the last take
+	assert.Zero(t, b.load(0), "in flight with no progress since: a stalled peer is not busy")
+	close(release)
+	cw.Wait()
+	wg.Wait()
+	assert.Zero(t, b.load(0), "nothing in flight: idle")
+}

@@ -355,7 +355,7 @@ func placeAmongQueued(hosts []fsm.Host, jurisdiction, region string, exclude map
 
 // queuedInits is how busy the init batcher of the host at addr is: the
 // inits waiting for its next batch, plus one per batch in flight (0: idle,
-// or batching off). A create placed on a busy host joins its next batch.
+// batching off, or stalled: see initStall). A create placed on a busy host joins its next batch.
 func (s *Server) queuedInits(addr string) int {
 	s.cb.mu.Lock()
 	b := s.cb.inits[addr]
@@ -363,10 +363,15 @@ func (s *Server) queuedInits(addr string) int {
 	if b == nil {
 		return 0
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.queue) + b.inflight
+	return b.load(initStall)
 }
+
+// initStall is how long a host's init batcher may have a batch in flight
+// without any batch coming back before the host stops counting as busy for
+// placement (queuedInits): an init batch is answered after one index commit
+// (~10 ms under load), so a host silent for this long is hung or drowning,
+// and new creates go by the least-loaded rule instead of joining its batch.
+const initStall = 200 * time.Millisecond
 
 func newObjectID() string {
 	var b [16]byte
