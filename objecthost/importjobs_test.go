@@ -296,4 +296,3 @@ func TestImportPollAfterRelocationAndFork(t *testing.T) {
 	code, _, env = pollOnce(t, srv, fork, "f.sql")
 	assert.Equal(t, http.StatusBadRequest, code, "a fork did not run the import: %+v", env)
 }
-
