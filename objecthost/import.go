@@ -442,7 +442,9 @@ func (d *dumpAPI) handlePoll(w http.ResponseWriter, r *http.Request) {
 const staleUpload = 24 * time.Hour
 
 // removeStale deletes an object's old uploads, so abandoned imports do not
-// accumulate. Files of a running job are younger than a day or already open.
+// accumulate, and (in jobs/) the job files of imports that ended over
+// jobRetention ago (a job file is last written when its job ends). Files of
+// a running job are younger than a day or already open.
 func (d *dumpAPI) removeStale(dir string) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -450,6 +452,10 @@ func (d *dumpAPI) removeStale(dir string) {
 	}
 	cutoff := d.h.now().Add(-staleUpload)
 	for _, e := range ents {
+		if e.IsDir() && e.Name() == "jobs" {
+			d.removeStale(filepath.Join(dir, e.Name()))
+			continue
+		}
 		if fi, err := e.Info(); err == nil && fi.ModTime().Before(cutoff) {
 			_ = os.Remove(filepath.Join(dir, e.Name()))
 		}

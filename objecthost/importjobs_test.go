@@ -296,3 +296,31 @@ func TestImportPollAfterRelocationAndFork(t *testing.T) {
 	code, _, env = pollOnce(t, srv, fork, "f.sql")
 	assert.Equal(t, http.StatusBadRequest, code, "a fork did not run the import: %+v", env)
 }
+
+// TestImportJobFilesExpire: a job file is removed by the next upload to its
+// object once its job ended over a day ago, and a swept (deleted) object's
+// uploads and job files go with its database file.
+func TestImportJobFilesExpire(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	ingest(t, srv, d, "old.sql", smallImport)
+	require.Equal(t, "complete", waitImport(t, srv, d, "old.sql").Status)
+	jobs := filepath.Join(th.dir, "imports", d.obj, "jobs")
+	old := filepath.Join(jobs, "old.sql.json")
+	require.FileExists(t, old)
+	past := th.clock.Now().Add(-jobRetention - time.Hour) // the host sweeps on its own clock
+	require.NoError(t, os.Chtimes(old, past, past))
+	code, env := upload(t, srv, d, "new.sql", "SELECT 1;\n")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	assert.NoFileExists(t, old)
+
+	ctx := context.Background()
+	_, err := th.Delete(ctx, d.obj, 0)
+	require.NoError(t, err)
+	th.clock.Advance(25 * time.Hour)
+	_, err = th.Sweep(ctx)
+	require.NoError(t, err)
+	assert.NoDirExists(t, filepath.Join(th.dir, "imports", d.obj))
+}
