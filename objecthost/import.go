@@ -196,7 +196,7 @@ func (d *dumpAPI) handleIngest(w http.ResponseWriter, r *http.Request) {
 	// A retried ingest of a job an earlier process of this host ran
 	// answers that job (its job file says it exists): one file is one
 	// import, run at most once.
-	if j, err := d.recoverJob(o, m, req.Filename, true); err != nil {
+	if j, err := d.recoverJob(o, m, req.Filename, true, true); err != nil {
 		d.mu.Unlock()
 		writeErr(w, err)
 		return
@@ -417,7 +417,7 @@ func (d *dumpAPI) handlePoll(w http.ResponseWriter, r *http.Request) {
 		if req.CurrentBookmark != "" && validFilename(req.CurrentBookmark) {
 			// Not in memory: a restart, or the database moved here. Read
 			// outside d.mu (it may open the database).
-			if j, err = d.recoverJob(o, m, req.CurrentBookmark, false); err != nil {
+			if j, err = d.recoverJob(o, m, req.CurrentBookmark, false, false); err != nil {
 				writeErr(w, err)
 				return
 			}

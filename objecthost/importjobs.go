@@ -1,6 +1,8 @@
 package objecthost
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,9 +49,23 @@ const interruptedMsg = "import interrupted: the object host stopped before the i
 
 // jobFile is the content of an import's job file.
 type jobFile struct {
-	DatabaseUUID string       `json:"database_uuid"`
-	FinishedUs   int64        `json:"finished_us,omitempty"` // 0 while active
-	Status       ImportStatus `json:"status"`
+	DatabaseUUID string `json:"database_uuid"`
+	// Incarnation names the host process that wrote the file: an active
+	// job of this process is running (or its start failed as the host
+	// closed), never "interrupted".
+	Incarnation string       `json:"incarnation"`
+	FinishedUs  int64        `json:"finished_us,omitempty"` // 0 while active
+	Status      ImportStatus `json:"status"`
+}
+
+// incarnation is this process's name in job files (random, made once).
+func (d *dumpAPI) incarnation() string {
+	d.incOnce.Do(func() {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		d.inc = hex.EncodeToString(b[:])
+	})
+	return d.inc
 }
 
 func (d *dumpAPI) jobPath(id, filename string) string {
@@ -60,7 +76,7 @@ func (d *dumpAPI) jobPath(id, filename string) string {
 // the directory): after it returns, a restart finds this status.
 func (d *dumpAPI) saveJob(id, uuid string, j *importJob) error {
 	st := j.snapshot()
-	jf := jobFile{DatabaseUUID: uuid, Status: st}
+	jf := jobFile{DatabaseUUID: uuid, Incarnation: d.incarnation(), Status: st}
 	if st.Status != "active" {
 		jf.FinishedUs = j.finished.UnixMicro()
 	}
@@ -142,12 +158,28 @@ func (d *dumpAPI) committedRecord(o *object, m *Meta, filename string) (*ImportS
 // of a relocated or restored database and never run on this host). With
 // needFile, an import without a job file is nil without reading the
 // database (an ingest's cheap check: every new job has none).
-func (d *dumpAPI) recoverJob(o *object, m *Meta, filename string, needFile bool) (*importJob, error) {
+//
+// locked says the caller holds d.mu (the ingest does, the poll does not).
+func (d *dumpAPI) recoverJob(o *object, m *Meta, filename string, needFile, locked bool) (*importJob, error) {
 	jf := d.loadJob(m.ObjectID, filename)
 	if jf != nil && jf.DatabaseUUID != m.DatabaseUUID {
 		jf = nil
 	}
 	if jf == nil && needFile {
+		return nil, nil
+	}
+	if jf != nil && jf.Status.Status == "active" && jf.Incarnation == d.incarnation() {
+		// Started by this process: it is the job in memory (a poll that
+		// raced its ingest finds it once the ingest released d.mu), or
+		// none if its start failed because the host is closing. Never
+		// resolved as interrupted while it may be running.
+		if !locked {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+		}
+		if j := d.jobs[m.ObjectID]; j != nil && j.filename == filename {
+			return j, nil
+		}
 		return nil, nil
 	}
 	if jf != nil && jf.Status.Status != "active" {

@@ -324,3 +324,26 @@ func TestImportJobFilesExpire(t *testing.T) {
 	require.NoError(t, err)
 	assert.NoDirExists(t, filepath.Join(th.dir, "imports", d.obj))
 }
+
+// TestImportActiveJobOfThisProcessIsNotInterrupted: an "active" job file
+// written by this very process is a job that is running (a poll can race
+// its ingest: the client lost the ingest's answer and polls the file name),
+// so a poll never resolves it as interrupted — which would also delete the
+// upload under the running job.
+func TestImportActiveJobOfThisProcessIsNotInterrupted(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	code, env := upload(t, srv, d, "x.sql", smallImport)
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	// The state between the ingest's job file and its map entry.
+	j := &importJob{filename: "x.sql", status: ImportStatus{Type: "import", Status: "active", AtBookmark: "x.sql", Messages: []string{"Import started"}}}
+	require.NoError(t, th.Host.dump.saveJob(d.obj, d.uuid, j))
+	code, st, env := pollOnce(t, srv, d, "x.sql")
+	assert.NotEqual(t, "error", st.Status, "%d %+v", code, env)
+	assert.FileExists(t, filepath.Join(th.dir, "imports", d.obj, "x.sql"), "the upload stays")
+	code, env = call(t, srv.Client(), srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/ingest", &d, map[string]string{"etag": md5hex(smallImport), "filename": "x.sql"})
+	require.Equal(t, http.StatusOK, code, "the ingest runs the job: %+v", env)
+	assert.Equal(t, "complete", waitImport(t, srv, d, "x.sql").Status)
+}
