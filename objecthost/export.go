@@ -30,6 +30,9 @@ type dumpAPI struct {
 	h    *Host
 	mu   sync.Mutex
 	jobs map[string]*importJob // object ID → its latest import
+
+	incOnce sync.Once
+	inc     string // this process's name in import job files (importjobs.go)
 }
 
 // dumpRoutes registers the export/import endpoints on the host's router.

@@ -74,6 +74,7 @@ type importJob struct {
 	filename string
 	mu       sync.Mutex
 	status   ImportStatus
+	finished time.Time // when status left "active" (host clock)
 }
 
 func (j *importJob) snapshot() ImportStatus {
@@ -178,6 +179,7 @@ func (d *dumpAPI) handleIngest(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.mu.Lock()
+	d.expireJobs()
 	if j := d.jobs[id]; j != nil {
 		st := j.snapshot()
 		if j.filename == req.Filename {
@@ -190,6 +192,19 @@ func (d *dumpAPI) handleIngest(w http.ResponseWriter, r *http.Request) {
 			v4.WriteError(w, http.StatusConflict, v4.CodeInvalidRequest, "another import is running on this database")
 			return
 		}
+	}
+	// A retried ingest of a job an earlier process of this host ran
+	// answers that job (its job file says it exists): one file is one
+	// import, run at most once.
+	if j, err := d.recoverJob(o, m, req.Filename, true, true); err != nil {
+		d.mu.Unlock()
+		writeErr(w, err)
+		return
+	} else if j != nil {
+		d.jobs[id] = j
+		d.mu.Unlock()
+		v4.WriteResult(w, j.snapshot())
+		return
 	}
 	path := filepath.Join(d.uploadDir(id), req.Filename)
 	sum, err := os.ReadFile(path + ".md5")
@@ -213,6 +228,16 @@ func (d *dumpAPI) handleIngest(w http.ResponseWriter, r *http.Request) {
 		Type: "import", Status: "active", AtBookmark: req.Filename, Messages: []string{"Import started"},
 		Progress: ImportProgress{TotalBytes: fi.Size()},
 	}}
+	// Checkpoint: the job file. Once it is on disk the job exists for
+	// every later process of this host: a crash from here on is answered
+	// "complete" (the database's record says it committed) or "failed, not
+	// applied" — never "no such import". Written under d.mu, as the job's
+	// entry below, so a concurrent ingest cannot start a second job.
+	if err := d.saveJob(id, m.DatabaseUUID, j); err != nil {
+		d.mu.Unlock()
+		writeErr(w, fmt.Errorf("import job file: %w", err))
+		return
+	}
 	// The job is a goroutine owned by the Host: Close waits for it (and the
 	// job notices h.closed at its next progress report and rolls back).
 	if !d.h.startJob(func() { d.run(o, m, j, path) }) {
@@ -230,12 +255,22 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	start := time.Now()
+	// finish makes the job's final status durable (its job file); the
+	// in-memory status is final already. A failed write is logged: a
+	// restart then resolves the job from the database's record instead.
+	finish := func() {
+		if err := d.saveJob(m.ObjectID, m.DatabaseUUID, j); err != nil {
+			d.h.log.Warn("import job file not written", "object", m.ObjectID, "err", err)
+		}
+	}
 	fail := func(msg string) {
 		j.mu.Lock()
 		j.status.Status, j.status.Error = "error", msg
 		j.status.Messages = append(j.status.Messages, msg)
+		j.finished = d.h.now()
 		j.mu.Unlock()
 		d.h.log.Warn("import failed", "object", m.ObjectID, "err", msg)
+		finish()
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -264,8 +299,28 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 	// over its storage total, or this database is at its size limit.
 	acct := d.h.account(m.AccountID)
 	blockGrowth := acct.blockGrowth || (acct.maxDatabaseBytes > 0 && o.size.Load() >= acct.maxDatabaseBytes)
+	// complete is the job's final status for an import that did res: the
+	// same text for the record its transaction commits and for the job.
+	complete := func(res dump.ImportResult, finalBookmark string, at time.Time) ImportStatus {
+		st := j.snapshot()
+		st.Status = "complete"
+		st.Progress.Bytes, st.Progress.Statements = res.Bytes, res.Statements
+		st.Messages = append(st.Messages, fmt.Sprintf("Imported %d statements (%d bytes)", res.Statements, res.Bytes))
+		st.Result = &ImportSummary{FinalBookmark: finalBookmark, NumQueries: res.Statements, Meta: ImportMeta{
+			ServedBy: d.h.cfg.ID, Duration: float64(at.Sub(start).Microseconds()) / 1000, Changes: res.Changes,
+			ChangedDB: res.RowsWritten > 0 || res.Statements > 0, SizeAfter: res.SizeAfter, RowsRead: res.RowsRead, RowsWritten: res.RowsWritten,
+		}}
+		return st
+	}
 	res, err := dump.ImportDB(ctx, hd.db.DB, f, dump.ImportOptions{
 		BlockGrowth: blockGrowth,
+		// Checkpoint: the import's COMMIT, which commits this record with
+		// it (final_bookmark is the upload's name there: the time-travel
+		// bookmark is known only after the commit).
+		Record: func(r dump.ImportResult) []sqlexec.InternalStatement {
+			now := d.h.now()
+			return importRecord(m.DatabaseUUID, j.filename, now, complete(r, j.filename, time.Now()))
+		},
 		Progress: func(p dump.Progress) {
 			// Runs on the DB's writer goroutine: only cheap checks here.
 			if d.h.closed.Load() {
@@ -281,7 +336,8 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 			j.mu.Unlock()
 		},
 	})
-	if err != nil {
+	var committed *sqlexec.CommittedError
+	if err != nil && !errors.As(err, &committed) {
 		var se *dump.StatementError
 		var te *dump.TextError
 		switch {
@@ -305,10 +361,6 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 	now := d.h.now()
 	d.h.cfg.Usage.RecordUsage(UsageEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, RowsRead: res.RowsRead, RowsWritten: res.RowsWritten, Time: now})
 	d.h.noteSize(o, m, func() int64 { return res.SizeAfter })
-	j.mu.Lock()
-	j.status.Status = "complete"
-	j.status.Progress.Bytes, j.status.Progress.Statements = res.Bytes, res.Statements
-	j.status.Messages = append(j.status.Messages, fmt.Sprintf("Imported %d statements (%d bytes)", res.Statements, res.Bytes))
 	// D1's final_bookmark is the time-travel bookmark just after the
 	// import (restoring to it gets the imported state back); a host without
 	// history has no bookmarks, and keeps answering the upload's name.
@@ -316,11 +368,22 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 	if c := hd.db.cap; c != nil {
 		final = string(history.MakeBookmark(c.Key(), c.Current()))
 	}
-	j.status.Result = &ImportSummary{FinalBookmark: final, NumQueries: res.Statements, Meta: ImportMeta{
-		ServedBy: d.h.cfg.ID, Duration: float64(time.Since(start).Microseconds()) / 1000, Changes: res.Changes,
-		ChangedDB: res.RowsWritten > 0 || res.Statements > 0, SizeAfter: res.SizeAfter, RowsRead: res.RowsRead, RowsWritten: res.RowsWritten,
-	}}
+	st := complete(res, final, time.Now())
+	if committed != nil {
+		// Durability "archived" and the archive store did not confirm:
+		// the import IS applied on the host (its transaction committed),
+		// so it is complete in D1's vocabulary — an "error" would make
+		// the client retry into "table exists". The capture keeps the
+		// commit's frames in the WAL and retries until the store takes
+		// them, as for a query write answered 7503.
+		st.Messages = append(st.Messages, "Warning: the import is committed on the object host but the archive store has not confirmed it yet (durability = archived); it will be archived when the store is back")
+		d.h.log.Warn("import committed, archive not confirmed", "object", m.ObjectID, "err", committed.Err)
+	}
+	j.mu.Lock()
+	j.status = st
+	j.finished = d.h.now()
 	j.mu.Unlock()
+	finish()
 }
 
 type pollBody struct {
@@ -329,7 +392,8 @@ type pollBody struct {
 
 func (d *dumpAPI) handlePoll(w http.ResponseWriter, r *http.Request) {
 	id := mux.Vars(r)["id"]
-	if _, _, err := d.checkObject(r, id); err != nil {
+	o, m, err := d.checkObject(r, id)
+	if err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -349,7 +413,25 @@ func (d *dumpAPI) handlePoll(w http.ResponseWriter, r *http.Request) {
 	j := d.jobs[id]
 	d.mu.Unlock()
 	if j == nil || (req.CurrentBookmark != "" && req.CurrentBookmark != j.filename) {
-		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "no import with that bookmark on this database")
+		j = nil
+		if req.CurrentBookmark != "" && validFilename(req.CurrentBookmark) {
+			// Not in memory: a restart, or the database moved here. Read
+			// outside d.mu (it may open the database).
+			if j, err = d.recoverJob(o, m, req.CurrentBookmark, false, false); err != nil {
+				writeErr(w, err)
+				return
+			}
+			if j != nil {
+				d.mu.Lock()
+				if d.jobs[id] == nil {
+					d.jobs[id] = j
+				}
+				d.mu.Unlock()
+			}
+		}
+	}
+	if j == nil {
+		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "no import with that bookmark on this database (an import's status is kept for 24 hours after it ends)")
 		return
 	}
 	v4.WriteResult(w, j.snapshot())
@@ -360,7 +442,9 @@ func (d *dumpAPI) handlePoll(w http.ResponseWriter, r *http.Request) {
 const staleUpload = 24 * time.Hour
 
 // removeStale deletes an object's old uploads, so abandoned imports do not
-// accumulate. Files of a running job are younger than a day or already open.
+// accumulate, and (in jobs/) the job files of imports that ended over
+// jobRetention ago (a job file is last written when its job ends). Files of
+// a running job are younger than a day or already open.
 func (d *dumpAPI) removeStale(dir string) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -368,6 +452,10 @@ func (d *dumpAPI) removeStale(dir string) {
 	}
 	cutoff := d.h.now().Add(-staleUpload)
 	for _, e := range ents {
+		if e.IsDir() && e.Name() == "jobs" {
+			d.removeStale(filepath.Join(dir, e.Name()))
+			continue
+		}
 		if fi, err := e.Info(); err == nil && fi.ModTime().Before(cutoff) {
 			_ = os.Remove(filepath.Join(dir, e.Name()))
 		}

@@ -164,6 +164,9 @@ func (h *Host) Sweep(ctx context.Context) (int, error) {
 			h.log.Error("removing deleted database file failed; retrying next sweep", "object", id, "err", rmErr)
 			continue
 		}
+		// Its uploads and import job files go with it (best effort: they
+		// are answered only for an active object).
+		_ = os.RemoveAll(h.dump.uploadDir(id))
 		if h.holdsTombstone(id) || h.markPending(o.meta.Load()) {
 			// A restored catalog lists its database active again, or its
 			// delete marker is not in the archive yet: the files go on

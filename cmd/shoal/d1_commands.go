@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/olekukonko/tablewriter"
 	"github.com/spf13/cobra"
@@ -324,6 +325,13 @@ func (e *d1Env) importFile(ctx context.Context, c *d1client.Client, name, id, pa
 	p.done()
 	if err != nil {
 		return err
+	}
+	for _, m := range st.Messages {
+		// The import applied, with a caveat (durability "archived": the
+		// archive store has not confirmed it yet).
+		if strings.HasPrefix(m, "Warning:") {
+			fmt.Fprintln(e.stderr, m)
+		}
 	}
 	if e.jsonOut {
 		b, err := json.Marshal(st)

@@ -28,6 +28,10 @@ type ImportOptions struct {
 	// BlockGrowth refuses an import that grows the file (the account is
 	// over its storage limit), as for user SQL.
 	BlockGrowth bool
+	// Record, when set, is sqlexec's ScriptOptions.Record: internal
+	// statements committed in the import's own transaction (the object
+	// host's record of its import job), given the import's result.
+	Record func(ImportResult) []sqlexec.InternalStatement
 }
 
 // ImportResult is what a successful import did.
@@ -99,6 +103,11 @@ var skipRe = regexp.MustCompile(`(?is)^\s*(BEGIN(\s+(DEFERRED|IMMEDIATE|EXCLUSIV
 //
 // While it runs, other writes to db queue behind it and run after its
 // commit; reads keep being served from the state before it.
+//
+// An error wrapping *sqlexec.CommittedError is the one failure after which
+// the import HAS applied (the commit hook refused to acknowledge it, e.g.
+// durability "archived" without the archive's confirmation): the result
+// is then complete.
 func ImportDB(ctx context.Context, db *sqlexec.DB, r io.Reader, o ImportOptions) (ImportResult, error) {
 	if o.MaxStatementBytes <= 0 {
 		o.MaxStatementBytes = 64 << 20
@@ -138,7 +147,7 @@ func ImportDB(ctx context.Context, db *sqlexec.DB, r io.Reader, o ImportOptions)
 			o.Progress(Progress{Bytes: res.Bytes, Statements: res.Statements})
 		}
 	}
-	sr, err := db.ExecScript(ctx, next, sqlexec.ScriptOptions{
+	so := sqlexec.ScriptOptions{
 		Progress:          report,
 		ProgressEvery:     o.ProgressEvery,
 		DeferForeignKeys:  true,
@@ -146,9 +155,19 @@ func ImportDB(ctx context.Context, db *sqlexec.DB, r io.Reader, o ImportOptions)
 		MaxStatementBytes: o.MaxStatementBytes,
 		// .dump restores AUTOINCREMENT counters with DML on sqlite_sequence.
 		AllowSequenceWrites: true,
-	})
+	}
+	if o.Record != nil {
+		so.Record = func(sr sqlexec.ScriptResult) []sqlexec.InternalStatement {
+			r := res // writer goroutine, as next: no race on res
+			r.Bytes, r.Statements = sp.Offset(), int64(sr.Statements)
+			r.RowsRead, r.RowsWritten, r.Changes, r.SizeAfter = sr.RowsRead, sr.RowsWritten, sr.Changes, sr.SizeAfter
+			return o.Record(r)
+		}
+	}
+	sr, err := db.ExecScript(ctx, next, so)
 	res.Bytes = sp.Offset()
-	if err != nil {
+	var committed *sqlexec.CommittedError
+	if err != nil && !errors.As(err, &committed) {
 		var te *TextError
 		if errors.As(err, &te) {
 			return res, te
@@ -173,7 +192,7 @@ func ImportDB(ctx context.Context, db *sqlexec.DB, r io.Reader, o ImportOptions)
 	}
 	res.Statements = int64(sr.Statements)
 	res.RowsRead, res.RowsWritten, res.Changes, res.SizeAfter = sr.RowsRead, sr.RowsWritten, sr.Changes, sr.SizeAfter
-	return res, nil
+	return res, err // nil, or the import applied: *sqlexec.CommittedError
 }
 
 // Import opens the SQLite file at path with sqlexec (default limits, no

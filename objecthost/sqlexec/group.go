@@ -60,6 +60,7 @@ func (db *DB) writer(c *conn) {
 			j.script.res = res
 			if err == nil {
 				// After the script's COMMIT, before its acknowledgement.
+				j.script.committed = true
 				err = db.committed(c)
 			}
 			j.finish(nil, err)

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"time"
+	"unsafe"
 
 	v4 "github.com/shoaldb/shoal/internal/v4"
 )
@@ -41,7 +42,37 @@ type ScriptOptions struct {
 	// counters (and SQLite documents as legitimate); user SQL may not. It
 	// is the sandbox's only script-specific rule (shim.c, allow_seq).
 	AllowSequenceWrites bool
+	// Record, when set, is called once every statement of the script ran
+	// and its deferred checks passed, inside its transaction and just
+	// before the COMMIT, with what the script did (SizeAfter measured
+	// there); the internal statements it returns run in that transaction,
+	// outside the sandbox (they may write reserved _shoal_* tables) and
+	// uncounted. The record therefore commits with the script or not at
+	// all: the object host keeps its import jobs' outcome this way. A
+	// failing record statement rolls the script back (*ScriptError,
+	// Statement 0).
+	Record func(ScriptResult) []InternalStatement
 }
+
+// InternalStatement is one statement of ScriptOptions.Record: SQL with ?
+// parameters, bound in order to Args as text. Keep SQL constant (the
+// connection caches internal statements by their text).
+type InternalStatement struct {
+	SQL  string
+	Args []string
+}
+
+// CommittedError is ExecScript's error when the script committed but the
+// commit hook failed its acknowledgement (CommitHook: e.g. durability
+// "archived" and the archive store did not confirm). Unlike a
+// *ScriptError, the script's changes are in the database, and ExecScript
+// returns its ScriptResult with this error.
+type CommittedError struct {
+	Err error // the hook's error (an *Error with CodeUnavailable for "archived")
+}
+
+func (e *CommittedError) Error() string { return "committed, then: " + e.Err.Error() }
+func (e *CommittedError) Unwrap() error { return e.Err }
 
 // ScriptResult is what a committed script did.
 type ScriptResult struct {
@@ -87,6 +118,9 @@ type scriptJob struct {
 	next func() (string, error)
 	opt  ScriptOptions
 	res  ScriptResult
+	// committed is set by the writer once the script's COMMIT succeeded,
+	// before its commit hook runs (read after done is closed).
+	committed bool
 }
 
 // scriptQueueRetry is how often ExecScript retries to queue while the
@@ -113,7 +147,8 @@ const scriptQueueRetry = 5 * time.Millisecond
 //
 // All or nothing: a failing statement, a limit, the deferred foreign-key
 // check, ctx's end (SQLite is interrupted) or Close rolls everything back
-// and returns a *ScriptError. Each statement is bounded by
+// and returns a *ScriptError. The one error after which the script HAS
+// applied is a *CommittedError (the commit hook refused the acknowledgement). Each statement is bounded by
 // Limits.QueryTimeout; the script as a whole only by ctx.
 func (db *DB) ExecScript(ctx context.Context, next func() (string, error), opt ScriptOptions) (ScriptResult, error) {
 	if opt.ProgressEvery <= 0 {
@@ -138,6 +173,9 @@ func (db *DB) ExecScript(ctx context.Context, next func() (string, error), opt S
 		}
 	}
 	<-j.done
+	if j.err != nil && sj.committed {
+		return sj.res, &CommittedError{Err: j.err}
+	}
 	return sj.res, j.err
 }
 
@@ -260,6 +298,17 @@ func (db *DB) script(c *conn, sj *scriptJob) (res ScriptResult, err error) {
 		// the way a request's deferred check does.
 		return fail(0, sqlErr(v4.CodeSQL, -1, "FOREIGN KEY constraint failed: SQLITE_CONSTRAINT (extended: SQLITE_CONSTRAINT_FOREIGNKEY)"))
 	}
+	if opt.Record != nil {
+		if size, err := c.usedBytes(); err == nil {
+			res.SizeAfter = size
+		}
+		for _, is := range opt.Record(res) {
+			if err := c.execInternalArgs(is.SQL, is.Args); err != nil {
+				return fail(0, err)
+			}
+		}
+		st.ddl = true // the record may have created its table
+	}
 	if st.ddl {
 		c.schemaGen.Add(1) // before COMMIT too: see runGroup
 	}
@@ -276,4 +325,41 @@ func (db *DB) script(c *conn, sj *scriptJob) (res ScriptResult, err error) {
 		opt.Progress(res.Statements)
 	}
 	return res, nil
+}
+
+// execInternalArgs runs an internal statement (outside the sandbox) with
+// its ? parameters bound to args as text.
+func (c *conn) execInternalArgs(sql string, args []string) error {
+	s, err := c.internalStmt(sql)
+	if err != nil {
+		return err
+	}
+	c.sc.user = 0
+	for i, a := range args {
+		C.shoal_bind_text(s, C.int(i+1), (*C.char)(unsafe.Pointer(unsafe.StringData(a))), C.int(len(a)))
+	}
+	rc := C.sqlite3_step(s)
+	for rc == rcRow {
+		rc = C.sqlite3_step(s)
+	}
+	C.sqlite3_reset(s)
+	if rc != rcDone {
+		return c.errorFor(rc, -1)
+	}
+	return nil
+}
+
+// InternalStrings runs one read-only internal statement (outside the
+// sandbox: it may read reserved _shoal_* tables, e.g. ScriptOptions.Record's)
+// with one text argument on a reader connection, and returns every column
+// of every row as text, flattened. Keep sql constant (statements are
+// cached by their text); it must not write.
+func (db *DB) InternalStrings(sql, arg string) ([]string, error) {
+	var out []string
+	err := db.inspect(func(c *conn) error {
+		var err error
+		out, err = c.queryStrings(sql, arg)
+		return err
+	})
+	return out, err
 }

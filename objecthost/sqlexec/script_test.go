@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -340,4 +341,63 @@ func errDetail(t *testing.T, err error) string {
 	var e *Error
 	require.True(t, errors.As(err, &e), "%v is not an *Error", err)
 	return e.Detail
+}
+
+// TestExecScriptRecord: Record's statements commit in the script's own
+// transaction (outside the sandbox: a reserved table), with what the script
+// did; a script that fails leaves no record; user SQL cannot read it.
+func TestExecScriptRecord(t *testing.T) {
+	db, _ := openTest(t, Options{})
+	rec := func(name string) func(ScriptResult) []InternalStatement {
+		return func(r ScriptResult) []InternalStatement {
+			return []InternalStatement{
+				{SQL: "CREATE TABLE IF NOT EXISTS _shoal_rec(name TEXT PRIMARY KEY, n INTEGER)"},
+				{SQL: "INSERT INTO _shoal_rec VALUES (?, CAST(? AS INTEGER))", Args: []string{name, fmt.Sprint(r.Statements)}},
+			}
+		}
+	}
+	_, err := db.ExecScript(context.Background(), lines("CREATE TABLE a(x)", "INSERT INTO nope VALUES (1)"), ScriptOptions{Record: rec("failed")})
+	scriptErr(t, err)
+	n, err := db.InternalStrings("SELECT count(*) FROM sqlite_schema WHERE name = ?", "_shoal_rec")
+	require.NoError(t, err)
+	require.Equal(t, []string{"0"}, n, "a failed script leaves no record")
+
+	res, err := db.ExecScript(context.Background(), lines("CREATE TABLE a(x)", "INSERT INTO a VALUES (1)"), ScriptOptions{Record: rec("ok")})
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Statements)
+	row, err := db.InternalStrings("SELECT name, n FROM _shoal_rec WHERE name = ?", "ok")
+	require.NoError(t, err)
+	require.Equal(t, []string{"ok", "2"}, row)
+	e := runErr(t, db, stmt("SELECT * FROM _shoal_rec"))
+	require.Contains(t, e.Message, "prohibited")
+}
+
+// failingHook refuses every commit's acknowledgement once fail is set (as
+// history's capturer does in durability "archived" without the archive).
+type failingHook struct{ fail atomic.Bool }
+
+func (h *failingHook) Committed(HookConn) error {
+	if h.fail.Load() {
+		return &Error{Code: v4.CodeUnavailable, Statement: -1, Message: "not archived"}
+	}
+	return nil
+}
+
+// TestExecScriptCommittedError: a script whose commit the hook refused to
+// acknowledge is committed: ExecScript says so (*CommittedError, not a
+// *ScriptError) and returns its result.
+func TestExecScriptCommittedError(t *testing.T) {
+	h := &failingHook{}
+	db, _ := openTest(t, Options{CommitHook: h})
+	h.fail.Store(true)
+	res, err := db.ExecScript(context.Background(), lines("CREATE TABLE a(x)", "INSERT INTO a VALUES (1), (2)"), ScriptOptions{})
+	var ce *CommittedError
+	require.True(t, errors.As(err, &ce), "%v (%T)", err, err)
+	var se *ScriptError
+	require.False(t, errors.As(err, &se))
+	require.Equal(t, 2, res.Statements)
+	require.Positive(t, res.SizeAfter)
+	n, err := db.InternalStrings("SELECT count(*) FROM a WHERE ? = ''", "")
+	require.NoError(t, err)
+	require.Equal(t, []string{"2"}, n)
 }

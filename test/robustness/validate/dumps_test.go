@@ -65,25 +65,33 @@ func TestImportsAtomic(t *testing.T) {
 		o.Found, o.Values = found, vals
 		return o
 	}
+	pending := func(vals ...int64) traffic.Op {
+		o := imp(traffic.OK, vals...)
+		o.Answer = traffic.ImportArchivePending + "; poll: 200/0 {…}"
+		return o
+	}
 	malformed := imp(traffic.Unknown, 1, 2)
 	malformed.Malformed = "status 500 without the v4 envelope: internal error"
 	for name, tc := range map[string]struct {
 		ops        []traffic.Op
 		violations int
 	}{
-		"complete, every row":             {[]traffic.Op{imp(traffic.OK, 1, 2, 3), read(true, 3, 1, 2)}, 0},
-		"complete, a row missing":         {[]traffic.Op{imp(traffic.OK, 1, 2, 3), read(true, 1, 2)}, 1},
-		"complete, an extra row":          {[]traffic.Op{imp(traffic.OK, 1, 2), read(true, 1, 2, 9)}, 1},
-		"complete, no table":              {[]traffic.Op{imp(traffic.OK, 1, 2), read(false)}, 1},
-		"failed, no table":                {[]traffic.Op{imp(traffic.Refused, 1, 2), read(false)}, 0},
-		"failed, a partial table":         {[]traffic.Op{imp(traffic.Refused, 1, 2), read(true, 1)}, 1},
-		"failed, an empty table":          {[]traffic.Op{imp(traffic.Failed, 1, 2), read(true)}, 1},
-		"failed, yet every row":           {[]traffic.Op{imp(traffic.Refused, 1, 2), read(true, 1, 2)}, 1},
-		"unknown, nothing":                {[]traffic.Op{imp(traffic.Unknown, 1, 2), read(false)}, 0},
-		"unknown, everything":             {[]traffic.Op{imp(traffic.Unknown, 1, 2), read(true, 1, 2)}, 0},
-		"unknown, partial":                {[]traffic.Op{imp(traffic.Unknown, 1, 2), read(true, 2)}, 1},
-		"a read that failed says nothing": {[]traffic.Op{imp(traffic.OK, 1, 2), op(traffic.ImportRead, "i", 0, traffic.Unknown, 20, 30)}, 0},
-		"an error without the envelope":   {[]traffic.Op{malformed, read(false)}, 1},
+		"complete, every row":                  {[]traffic.Op{imp(traffic.OK, 1, 2, 3), read(true, 3, 1, 2)}, 0},
+		"complete, a row missing":              {[]traffic.Op{imp(traffic.OK, 1, 2, 3), read(true, 1, 2)}, 1},
+		"complete, an extra row":               {[]traffic.Op{imp(traffic.OK, 1, 2), read(true, 1, 2, 9)}, 1},
+		"complete, no table":                   {[]traffic.Op{imp(traffic.OK, 1, 2), read(false)}, 1},
+		"failed, no table":                     {[]traffic.Op{imp(traffic.Refused, 1, 2), read(false)}, 0},
+		"failed, a partial table":              {[]traffic.Op{imp(traffic.Refused, 1, 2), read(true, 1)}, 1},
+		"failed, an empty table":               {[]traffic.Op{imp(traffic.Failed, 1, 2), read(true)}, 1},
+		"failed, yet every row":                {[]traffic.Op{imp(traffic.Refused, 1, 2), read(true, 1, 2)}, 1},
+		"unknown, nothing":                     {[]traffic.Op{imp(traffic.Unknown, 1, 2), read(false)}, 0},
+		"unknown, everything":                  {[]traffic.Op{imp(traffic.Unknown, 1, 2), read(true, 1, 2)}, 0},
+		"unknown, partial":                     {[]traffic.Op{imp(traffic.Unknown, 1, 2), read(true, 2)}, 1},
+		"complete, archive pending, every row": {[]traffic.Op{pending(1, 2), read(true, 2, 1)}, 0},
+		"complete, archive pending, lost":      {[]traffic.Op{pending(1, 2), read(false)}, 0},
+		"complete, archive pending, partial":   {[]traffic.Op{pending(1, 2), read(true, 1)}, 1},
+		"a read that failed says nothing":      {[]traffic.Op{imp(traffic.OK, 1, 2), op(traffic.ImportRead, "i", 0, traffic.Unknown, 20, 30)}, 0},
+		"an error without the envelope":        {[]traffic.Op{malformed, read(false)}, 1},
 	} {
 		t.Run(name, func(t *testing.T) {
 			res := ImportsAtomic(tc.ops)

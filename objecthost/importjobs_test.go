@@ -1,0 +1,357 @@
+package objecthost
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/shoaldb/shoal/objecthost/history"
+)
+
+// ingest uploads sql as name and starts its import.
+func ingest(t *testing.T, srv *httptest.Server, d db, name, sql string) {
+	t.Helper()
+	code, env := call(t, clientOf(srv), srv, http.MethodPut, "/v1/objects/"+d.obj+"/import/upload/"+name, &d, sql)
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	code, env = call(t, clientOf(srv), srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/ingest", &d, map[string]string{"etag": md5hex(sql), "filename": name})
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+}
+
+// pollOnce is one poll of the import named bookmark.
+func pollOnce(t *testing.T, srv *httptest.Server, d db, bookmark string) (int, ImportStatus, envelope) {
+	t.Helper()
+	code, env := call(t, clientOf(srv), srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/poll", &d, map[string]string{"current_bookmark": bookmark})
+	var st ImportStatus
+	if code == http.StatusOK {
+		require.NoError(t, json.Unmarshal(env.Result, &st))
+	}
+	return code, st, env
+}
+
+// clientOf is srv's client; a server of another process (an
+// httptest.Server value naming its URL only) has none.
+func clientOf(srv *httptest.Server) *http.Client {
+	if c := srv.Client(); c != nil {
+		return c
+	}
+	return http.DefaultClient
+}
+
+func count(t *testing.T, th *testHost, d db, table string) (int64, error) {
+	t.Helper()
+	res, err := th.Query(context.Background(), d.obj, d.id(), q("SELECT count(*) AS n FROM "+table))
+	if err != nil {
+		return 0, err
+	}
+	b, err := json.Marshal(res[0].Results)
+	require.NoError(t, err)
+	var rows []struct{ N int64 }
+	require.NoError(t, json.Unmarshal(b, &rows), "%s", b)
+	require.Len(t, rows, 1)
+	return rows[0].N, nil
+}
+
+const smallImport = "CREATE TABLE imp(v INTEGER PRIMARY KEY);\nINSERT INTO imp VALUES (1);\nINSERT INTO imp VALUES (2);\nINSERT INTO imp VALUES (3);\n"
+
+// TestImportStatusSurvivesRestart: a poll after the host restarted answers
+// a committed import complete, with its meta (it used to answer 400 "no
+// import with that bookmark", and a client could not tell it succeeded);
+// a retried ingest of the same file answers it too, without running it
+// again; the status expires after jobRetention.
+func TestImportStatusSurvivesRestart(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	ingest(t, srv, d, "f.sql", smallImport)
+	before := waitImport(t, srv, d, "f.sql")
+	require.Equal(t, "complete", before.Status, "%+v", before)
+
+	th.reopen(t)
+	srv = serve(t, th)
+	code, st, env := pollOnce(t, srv, d, "f.sql")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	assert.Equal(t, "complete", st.Status)
+	require.NotNil(t, st.Result)
+	assert.Equal(t, before.Result.NumQueries, st.Result.NumQueries)
+	assert.Equal(t, before.Result.Meta.RowsWritten, st.Result.Meta.RowsWritten)
+	assert.Equal(t, before.Messages, st.Messages)
+
+	code, env = call(t, srv.Client(), srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/ingest", &d, map[string]string{"etag": md5hex(smallImport), "filename": "f.sql"})
+	require.Equal(t, http.StatusOK, code, "a retried ingest answers the job: %+v", env)
+	assert.Contains(t, string(env.Result), `"status":"complete"`)
+	n, err := count(t, th, d, "imp")
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), n, "the import ran once")
+
+	th.clock.Advance(jobRetention + time.Minute)
+	th.reopen(t)
+	srv = serve(t, th)
+	code, _, env = pollOnce(t, srv, d, "f.sql")
+	assert.Equal(t, http.StatusBadRequest, code, "expired: %+v", env)
+}
+
+// TestImportCommittedBeforeJobFileIsComplete: a host that died after the
+// import's COMMIT but before its job file said so (the file still reads
+// "active") answers complete after the restart — the record committed in
+// the import's own transaction decides, not the job file.
+func TestImportCommittedBeforeJobFileIsComplete(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	ingest(t, srv, d, "f.sql", smallImport)
+	require.Equal(t, "complete", waitImport(t, srv, d, "f.sql").Status)
+	require.NoError(t, th.Host.Close())
+	// What the disk holds when the crash came between the two writes.
+	path := filepath.Join(th.dir, "imports", d.obj, "jobs", "f.sql.json")
+	var jf jobFile
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &jf))
+	jf.FinishedUs, jf.Status.Status, jf.Status.Result = 0, "active", nil
+	b, err = json.Marshal(jf)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, b, 0o644))
+
+	th.open(t)
+	srv = serve(t, th)
+	code, st, env := pollOnce(t, srv, d, "f.sql")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	assert.Equal(t, "complete", st.Status, "%+v", st)
+	require.NotNil(t, st.Result)
+	assert.Equal(t, int64(4), st.Result.NumQueries)
+	n, err := count(t, th, d, "imp")
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), n)
+	// The record is the host's: user SQL cannot read it, exports skip it.
+	_, err = th.Query(context.Background(), d.obj, d.id(), q("SELECT * FROM "+importsTable))
+	assert.ErrorContains(t, err, "prohibited")
+}
+
+// TestImportKilledMidIngest: a real host process (this test binary, run
+// as TestImportHostProcess) is killed with SIGKILL while its import runs;
+// the host reopened on the same files answers the poll failed, saying
+// nothing was imported, and the database has none of the import's rows.
+func TestImportKilledMidIngest(t *testing.T) {
+	dir := t.TempDir()
+	d := newDB("acct")
+	var b strings.Builder
+	b.WriteString("CREATE TABLE imp(v INTEGER);\n")
+	for i := 0; i < 400_000; i++ {
+		fmt.Fprintf(&b, "INSERT INTO imp VALUES (%d);\n", i)
+	}
+	sql := b.String()
+
+	// The child listens on a port of its choosing and writes its address
+	// to addrFile (no fixed port: runs side by side must not collide).
+	addrFile := filepath.Join(t.TempDir(), "addr")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestImportHostProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "SHOAL_IMPORT_HOST_DIR="+dir, "SHOAL_IMPORT_HOST_ADDR_FILE="+addrFile,
+		"SHOAL_IMPORT_HOST_DB="+d.obj+","+d.uuid+","+d.account)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	require.NoError(t, cmd.Start())
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	var addr string
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(addrFile)
+		addr = strings.TrimSpace(string(b))
+		return err == nil && strings.HasSuffix(string(b), "\n")
+	}, 60*time.Second, 20*time.Millisecond, "the host process never listened")
+	srv := &httptest.Server{URL: "http://" + addr, Config: &http.Server{}}
+	ingest(t, srv, d, "big.sql", sql)
+	// Kill once the import has run statements (its transaction is open).
+	require.Eventually(t, func() bool {
+		code, st, _ := pollOnce(t, srv, d, "big.sql")
+		require.Equal(t, http.StatusOK, code)
+		require.Equal(t, "active", st.Status, "the import finished before the kill: make it bigger")
+		return st.Progress.Statements > 0
+	}, 60*time.Second, 5*time.Millisecond)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+
+	th := &testHost{dir: dir, clock: newFakeClock(), cat: newFakeCatalog(), sink: &MemSink{}}
+	th.cfg = Config{ID: "host-1", Dir: dir, Address: "127.0.0.1:1", Region: "WEUR",
+		Catalog: th.cat, Usage: th.sink, Sizes: th.sink, Routes: th.sink, Now: th.clock.Now, Manual: true}
+	th.open(t)
+	hsrv := serve(t, th)
+	code, st, env := pollOnce(t, hsrv, d, "big.sql")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	assert.Equal(t, "error", st.Status, "%+v", st)
+	assert.Contains(t, st.Error, "nothing was imported")
+	_, err := count(t, th, d, "imp")
+	assert.ErrorContains(t, err, "no such table: imp", "no partial rows")
+	_, err = os.Stat(filepath.Join(dir, "imports", d.obj, "big.sql"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "the failed job's upload is removed")
+}
+
+// TestImportHostProcess is the host process of TestImportKilledMidIngest
+// (skipped unless that test starts it).
+func TestImportHostProcess(t *testing.T) {
+	dir := os.Getenv("SHOAL_IMPORT_HOST_DIR")
+	if dir == "" {
+		t.Skip("the host process of TestImportKilledMidIngest")
+	}
+	ids := strings.Split(os.Getenv("SHOAL_IMPORT_HOST_DB"), ",")
+	th := &testHost{dir: dir, clock: newFakeClock(), cat: newFakeCatalog(), sink: &MemSink{}}
+	th.cfg = Config{ID: "host-1", Dir: dir, Address: "127.0.0.1:1", Region: "WEUR",
+		Catalog: th.cat, Usage: th.sink, Sizes: th.sink, Routes: th.sink, Now: th.clock.Now, Manual: true}
+	th.open(t)
+	th.mustInit(t, db{obj: ids[0], uuid: ids[1], account: ids[2]})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	// Written whole (a trailing newline marks the end) once listening.
+	tmp := os.Getenv("SHOAL_IMPORT_HOST_ADDR_FILE") + ".tmp"
+	require.NoError(t, os.WriteFile(tmp, []byte(ln.Addr().String()+"\n"), 0o600))
+	require.NoError(t, os.Rename(tmp, os.Getenv("SHOAL_IMPORT_HOST_ADDR_FILE")))
+	srv := &http.Server{Handler: th.Handler()}
+	t.Log(srv.Serve(ln)) // until the parent kills this process
+}
+
+// TestImportArchivedUnconfirmedIsComplete: with durability "archived" and
+// the archive store refusing, an import that committed on the host is
+// complete (its statements applied: "error" made clients retry into "table
+// exists"), with the pending archiving in its messages; when the store is
+// back the archive catches up with it.
+func TestImportArchivedUnconfirmedIsComplete(t *testing.T) {
+	dir, err := history.NewDirStore(t.TempDir())
+	require.NoError(t, err)
+	store := &refusingStore{Store: dir}
+	th := newTestHost(t, func(c *Config) {
+		c.History = &HistoryConfig{Store: store, Archived: true, Shipper: history.ShipperOptions{MaxLag: 100 * time.Millisecond, PutTimeout: time.Second}}
+	})
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	require.Eventually(t, func() bool {
+		_, err := th.Query(context.Background(), d.obj, d.id(), q("CREATE TABLE IF NOT EXISTS t(v INTEGER)"))
+		return err == nil
+	}, 30*time.Second, 50*time.Millisecond, "a first write acknowledged")
+
+	store.refuse.Store(true)
+	ingest(t, srv, d, "f.sql", smallImport)
+	st := waitImport(t, srv, d, "f.sql")
+	assert.Equal(t, "complete", st.Status, "%+v", st)
+	assert.Empty(t, st.Error)
+	assert.Contains(t, strings.Join(st.Messages, "\n"), "archive store has not confirmed")
+	require.NotNil(t, st.Result)
+	assert.Equal(t, int64(4), st.Result.NumQueries)
+
+	store.refuse.Store(false)
+	require.Eventually(t, func() bool {
+		_, err := th.Query(context.Background(), d.obj, d.id(), q("INSERT INTO t VALUES (1)"))
+		return err == nil
+	}, 30*time.Second, 50*time.Millisecond, "writes acknowledged again once the store is back")
+	n, err := count(t, th, d, "imp")
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), n, "the import applied on the host")
+	b := th.archivedUpTo(t, d) // the archive holds every commit, the import's too
+	fork := newDB("acct")
+	req := fork.init()
+	req.RestoreFrom = &RestoreSource{DatabaseUUID: d.uuid, Bookmark: b}
+	_, err = th.Init(context.Background(), fork.obj, req)
+	require.NoError(t, err)
+	n, err = count(t, th, fork, "imp")
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), n, "the archived state holds the import")
+}
+
+// TestImportPollAfterRelocationAndFork: the import's record travels with
+// the database through the archive. A relocation (the same database UUID
+// restored on another object) answers the committed import complete; a
+// fork (another database) does not know it (400).
+func TestImportPollAfterRelocationAndFork(t *testing.T) {
+	dir, err := history.NewDirStore(t.TempDir())
+	require.NoError(t, err)
+	th := historyHost(t, dir)
+	srv := serve(t, th)
+	src := newDB("acct")
+	th.mustInit(t, src)
+	ingest(t, srv, src, "f.sql", smallImport)
+	require.Equal(t, "complete", waitImport(t, srv, src, "f.sql").Status)
+	th.archivedUpTo(t, src)
+
+	moved := db{obj: newObjectID(), uuid: src.uuid, account: src.account}
+	req := moved.init()
+	req.RestoreFrom = &RestoreSource{DatabaseUUID: src.uuid}
+	_, err = th.Init(context.Background(), moved.obj, req)
+	require.NoError(t, err)
+	code, st, env := pollOnce(t, srv, moved, "f.sql")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	assert.Equal(t, "complete", st.Status, "%+v", st)
+
+	fork := newDB("acct")
+	req = fork.init()
+	req.RestoreFrom = &RestoreSource{DatabaseUUID: src.uuid}
+	_, err = th.Init(context.Background(), fork.obj, req)
+	require.NoError(t, err)
+	n, err := count(t, th, fork, "imp")
+	require.NoError(t, err)
+	require.Equal(t, int64(3), n)
+	code, _, env = pollOnce(t, srv, fork, "f.sql")
+	assert.Equal(t, http.StatusBadRequest, code, "a fork did not run the import: %+v", env)
+}
+
+// TestImportJobFilesExpire: a job file is removed by the next upload to its
+// object once its job ended over a day ago, and a swept (deleted) object's
+// uploads and job files go with its database file.
+func TestImportJobFilesExpire(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	ingest(t, srv, d, "old.sql", smallImport)
+	require.Equal(t, "complete", waitImport(t, srv, d, "old.sql").Status)
+	jobs := filepath.Join(th.dir, "imports", d.obj, "jobs")
+	old := filepath.Join(jobs, "old.sql.json")
+	require.FileExists(t, old)
+	past := th.clock.Now().Add(-jobRetention - time.Hour) // the host sweeps on its own clock
+	require.NoError(t, os.Chtimes(old, past, past))
+	code, env := upload(t, srv, d, "new.sql", "SELECT 1;\n")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	assert.NoFileExists(t, old)
+
+	ctx := context.Background()
+	_, err := th.Delete(ctx, d.obj, 0)
+	require.NoError(t, err)
+	th.clock.Advance(25 * time.Hour)
+	_, err = th.Sweep(ctx)
+	require.NoError(t, err)
+	assert.NoDirExists(t, filepath.Join(th.dir, "imports", d.obj))
+}
+
+// TestImportActiveJobOfThisProcessIsNotInterrupted: an "active" job file
+// written by this very process is a job that is running (a poll can race
+// its ingest: the client lost the ingest's answer and polls the file name),
+// so a poll never resolves it as interrupted — which would also delete the
+// upload under the running job.
+func TestImportActiveJobOfThisProcessIsNotInterrupted(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	code, env := upload(t, srv, d, "x.sql", smallImport)
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	// The state between the ingest's job file and its map entry.
+	j := &importJob{filename: "x.sql", status: ImportStatus{Type: "import", Status: "active", AtBookmark: "x.sql", Messages: []string{"Import started"}}}
+	require.NoError(t, th.Host.dump.saveJob(d.obj, d.uuid, j))
+	code, st, env := pollOnce(t, srv, d, "x.sql")
+	assert.NotEqual(t, "error", st.Status, "%d %+v", code, env)
+	assert.FileExists(t, filepath.Join(th.dir, "imports", d.obj, "x.sql"), "the upload stays")
+	code, env = call(t, srv.Client(), srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/ingest", &d, map[string]string{"etag": md5hex(smallImport), "filename": "x.sql"})
+	require.Equal(t, http.StatusOK, code, "the ingest runs the job: %+v", env)
+	assert.Equal(t, "complete", waitImport(t, srv, d, "x.sql").Status)
+}
