@@ -417,9 +417,9 @@ func (lc *leanConn) serveRequest(connCtx context.Context, h leanHead) (keep bool
 	ctx, cancel := context.WithCancel(connCtx)
 	defer cancel()
 	req := &http.Request{
-		Method: h.method, URL: &url.URL{Path: h.path}, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Method: h.method, URL: &url.URL{Path: h.path, RawQuery: h.rawQuery}, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: h.header, ContentLength: h.contentLength, Host: h.host, RemoteAddr: lc.remoteAddr,
-		RequestURI: h.path, Body: http.NoBody,
+		RequestURI: h.uri, Body: http.NoBody,
 	}
 	var body *leanBody
 	if h.contentLength > 0 {
