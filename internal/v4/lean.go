@@ -1,9 +1,10 @@
 package v4
 
-// The lean HTTP/1.1 path (issue #15): a server-side loop for the few routes
-// that carry nearly all of a role's requests (the edge's POST …/query and
-// …/raw), beside net/http, for everything else. See ServerOptions.Lean and
-// the "lean path" section of edge/DESIGN.md.
+// The lean HTTP/1.1 path (issue #15): a server-side loop for the plainly
+// simple requests of the routes ServerOptions.Lean names (the edge: every
+// route but its two streamed ones, so that a client pool mixing control
+// calls and queries stays on it), beside net/http, for everything else.
+// See ServerOptions.Lean and the "lean path" section of edge/DESIGN.md.
 //
 // What it saves, per keep-alive request, against net/http (measured with
 // BenchmarkKeepAliveRequestCPU): the background read goroutine with its
