@@ -80,28 +80,6 @@ type leanServer struct {
 
 	mu    sync.Mutex
 	conns map[*leanConn]bool // value: idle (waiting for a request)
-
-	// dateCache is the Date header of the current second (formatting it
-	// was ~3% of the edge's CPU per query in the profile of issue #15).
-	dateCache atomic.Pointer[leanDate]
-}
-
-// leanDate is the Date header value (http.TimeFormat) of one Unix second.
-type leanDate struct {
-	sec int64
-	b   []byte // read-only once stored
-}
-
-// date is now's Date header value, as net/http formats it for an answer
-// written at now (whole seconds, so one formatting serves the second).
-func (ls *leanServer) date(now time.Time) []byte {
-	sec := now.Unix()
-	if d := ls.dateCache.Load(); d != nil && d.sec == sec {
-		return d.b
-	}
-	d := &leanDate{sec: sec, b: now.UTC().AppendFormat(make([]byte, 0, 29), http.TimeFormat)}
-	ls.dateCache.Store(d)
-	return d.b
 }
 
 func newLeanServer(s *Server, h http.Handler) *leanServer {
@@ -439,24 +417,18 @@ func (lc *leanConn) serveRequest(connCtx context.Context, h leanHead) (keep bool
 	_, _ = lc.br.Discard(h.n)
 	ctx, cancel := context.WithCancel(connCtx)
 	defer cancel()
-	// One allocation for the request's URL, body and response writer; the
-	// request itself is WithContext's copy of a template on the stack (a
-	// heap template would be a second Request per request).
-	x := &leanExchange{url: url.URL{Path: h.path, RawQuery: h.rawQuery}}
-	tmpl := http.Request{
-		Method: h.method, URL: &x.url, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+	req := &http.Request{
+		Method: h.method, URL: &url.URL{Path: h.path, RawQuery: h.rawQuery}, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: h.header, ContentLength: h.contentLength, Host: h.host, RemoteAddr: lc.remoteAddr,
 		RequestURI: h.uri, Body: http.NoBody,
 	}
 	var body *leanBody
 	if h.contentLength > 0 {
-		x.body = leanBody{lc: lc, n: h.contentLength}
-		body = &x.body
-		tmpl.Body = body
+		body = &leanBody{lc: lc, n: h.contentLength}
+		req.Body = body
 	}
-	req := tmpl.WithContext(ctx)
-	w := &x.res
-	*w = leanResponse{lc: lc, req: req, body: body, handlerHeader: make(http.Header, 4), contentLength: -1}
+	req = req.WithContext(ctx)
+	w := &leanResponse{lc: lc, req: req, body: body, handlerHeader: make(http.Header, 4), contentLength: -1}
 	w.cw.res = w
 	// One response buffer per connection (one request at a time; finish
 	// flushes it), as net/http pools its own: not 2 KiB per request.
@@ -488,14 +460,6 @@ func (lc *leanConn) serveRequest(connCtx context.Context, h leanHead) (keep bool
 		return false
 	}
 	return true
-}
-
-// leanExchange holds what one lean request allocates besides its
-// http.Request and header maps.
-type leanExchange struct {
-	url  url.URL
-	body leanBody
-	res  leanResponse
 }
 
 // closeWriteAndWait is net/http's closing of a connection after an answer
@@ -823,7 +787,7 @@ func (cw *leanChunkWriter) writeHeader(p []byte) {
 		}
 	}
 	if !headerHas(header, "Date") {
-		date = w.lc.ls.date(time.Now())
+		date = time.Now().UTC().AppendFormat(make([]byte, 0, 29), http.TimeFormat)
 	}
 	if hasCL && hasTE && te != "identity" {
 		w.lc.ls.srv.logf("http: WriteHeader called with both Transfer-Encoding of %q and a Content-Length of %d", te, w.contentLength)
