@@ -361,21 +361,25 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.router.ServeHTTP(w, r)
 }
 
-// LeanRoute reports whether a request is on the edge's hot routes (POST
-// …/{database_id}/query and …/raw in canonical form, and the binding-token
-// routes /client/v4/bound/query and /raw): v4.ServerOptions.Lean for the
-// public listener, which serves those on its lean HTTP/1.1 path with this
-// same handler.
+// LeanRoute reports whether a request may be served on the public
+// listener's lean HTTP/1.1 path (v4.ServerOptions.Lean), which runs this
+// same handler — authentication, scopes, rate limits, validation, access
+// log and metrics unchanged. Every route is, except the two whose bodies
+// are streamed (the export download, GET /client/v4/shoal/dump/…, and the
+// import upload, PUT /client/v4/shoal/upload/…): they keep net/http's
+// cancellation when the client goes away, MaxBytesReader's closing of the
+// connection, and bodies of any size, so the connection is handed over.
+// Unrouted paths are lean too (their 404/405 is the same handler's).
+// Whatever the route, the lean path itself hands over any request that is
+// not plainly simple (internal/v4's parseLeanHead), HEAD and OPTIONS
+// included.
 func (s *Server) LeanRoute(method, path string) bool {
-	if method != http.MethodPost {
-		return false
-	}
-	if path == "/client/v4/bound/query" || path == "/client/v4/bound/raw" {
-		return true
-	}
-	_, _, _, ok := matchQueryPath(path)
-	return ok
+	return !strings.HasPrefix(path, streamedPathPrefix)
 }
+
+// streamedPathPrefix is the common prefix of the export download and
+// import upload routes (LeanRoute).
+const streamedPathPrefix = "/client/v4/shoal/"
 
 const queryPathPrefix = "/client/v4/accounts/"
 

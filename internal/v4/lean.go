@@ -1,9 +1,10 @@
 package v4
 
-// The lean HTTP/1.1 path (issue #15): a server-side loop for the few routes
-// that carry nearly all of a role's requests (the edge's POST …/query and
-// …/raw), beside net/http, for everything else. See ServerOptions.Lean and
-// the "lean path" section of edge/DESIGN.md.
+// The lean HTTP/1.1 path (issue #15): a server-side loop for the plainly
+// simple requests of the routes ServerOptions.Lean names (the edge: every
+// route but its two streamed ones, so that a client pool mixing control
+// calls and queries stays on it), beside net/http, for everything else.
+// See ServerOptions.Lean and the "lean path" section of edge/DESIGN.md.
 //
 // What it saves, per keep-alive request, against net/http (measured with
 // BenchmarkKeepAliveRequestCPU): the background read goroutine with its
@@ -417,9 +418,9 @@ func (lc *leanConn) serveRequest(connCtx context.Context, h leanHead) (keep bool
 	ctx, cancel := context.WithCancel(connCtx)
 	defer cancel()
 	req := &http.Request{
-		Method: h.method, URL: &url.URL{Path: h.path}, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Method: h.method, URL: &url.URL{Path: h.path, RawQuery: h.rawQuery}, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: h.header, ContentLength: h.contentLength, Host: h.host, RemoteAddr: lc.remoteAddr,
-		RequestURI: h.path, Body: http.NoBody,
+		RequestURI: h.uri, Body: http.NoBody,
 	}
 	var body *leanBody
 	if h.contentLength > 0 {

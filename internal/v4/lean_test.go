@@ -35,7 +35,8 @@ func leanTestHandler() http.Handler {
 		switch strings.TrimPrefix(r.URL.Path, "/q") {
 		case "/small", "/noread":
 			WriteResult(w, map[string]any{"len": len(body), "host": r.Host, "ct": r.Header.Get("Content-Type"),
-				"cl": r.ContentLength, "method": r.Method, "uri": r.RequestURI, "pragma": r.Header.Get("Cache-Control")})
+				"cl": r.ContentLength, "method": r.Method, "uri": r.RequestURI, "pragma": r.Header.Get("Cache-Control"),
+				"url": r.URL.String(), "raw_query": r.URL.RawQuery, "query": r.URL.Query()})
 		case "/big":
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write([]byte(strings.Repeat("x", 5000)))
@@ -171,6 +172,9 @@ func TestLeanAnswersMatchNetHTTP(t *testing.T) {
 		{"body in a later segment", []string{partial(strings.TrimSuffix(post("/q/small", body), body)), body}},
 		{"body split", []string{partial(strings.TrimSuffix(post("/q/small", body), body) + body[:5]), body[5:]}},
 		{"CRLF after a POST", []string{post("/q/small", body), "\r\n" + post("/q/small", body)}},
+		{"query string", []string{post("/q/small?x=1", body)}},
+		{"query string, escapes and sub-delims", []string{post("/q/small?a=%20b+c&d=e;f&g=/h?i:j@k,(l)*m!n$o'p&x=%zz", body)}},
+		{"query then none", []string{post("/q/small?page=2&per_page=10", body), post("/q/small", body)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			served, _ := lean.LeanStats()
@@ -213,7 +217,9 @@ func TestLeanHandsOver(t *testing.T) {
 		{"no Host", []string{"POST /q/small HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"}},
 		{"two Hosts", []string{post("/q/small", body, "Host: other")}},
 		{"bad Host", []string{post("/q/small", body, "X: y")[:0] + "POST /q/small HTTP/1.1\r\nHost: a b\r\nContent-Length: 2\r\n\r\n{}"}},
-		{"query string", []string{post("/q/small?x=1", body)}},
+		{"bare '?'", []string{post("/q/small?", body)}},
+		{"fragment", []string{post("/q/small?x=1#f", body)}},
+		{"quote in the query", []string{post("/q/small?x=\"1\"", body)}},
 		{"escaped path", []string{post("/q/sm%61ll", body)}},
 		{"body over the lean limit", []string{post("/q/small", strings.Repeat("a", 2000))}},
 		{"bad Content-Length", []string{"POST /q/small HTTP/1.1\r\nHost: h\r\nContent-Length: +2\r\n\r\n{}"}},
@@ -357,6 +363,12 @@ func FuzzParseLeanHead(f *testing.F) {
 		"POST /q/x HTTP/1.1\r\nHost: h\r\nX-A: 1\r\nx-a: 2\r\n\r\n",
 		"POST /q/x HTTP/1.1\r\nHost: h\r\nX-A: a\x01b\r\nHost: g\r\n\r\n",
 		"POST /q/x?y HTTP/1.1\r\nHost: h\r\n\r\n",
+		"GET /q/x?y=1&z=%20a+b HTTP/1.1\r\nHost: h\r\n\r\n",
+		"GET /q/x?a=1?b=2;c=(3)&d=/e:f@g,h*i!j$k'l HTTP/1.1\r\nHost: h\r\n\r\n",
+		"GET /q/x? HTTP/1.1\r\nHost: h\r\n\r\n",
+		"GET /q/x?a#frag HTTP/1.1\r\nHost: h\r\n\r\n",
+		"GET /q/x?%zz HTTP/1.1\r\nHost: h\r\n\r\n",
+		"DELETE /q/x?? HTTP/1.1\r\nHost: h\r\n\r\n",
 		"GET /q/x HTTP/1.0\r\nHost: h\r\n\r\n",
 	} {
 		f.Add([]byte(s))
@@ -375,8 +387,9 @@ func FuzzParseLeanHead(f *testing.F) {
 		if err != nil {
 			t.Fatalf("lean accepted what net/http refuses (%v): %q", err, b)
 		}
-		if r.Method != h.method || r.URL.Path != h.path || r.URL.RawPath != "" || r.URL.RawQuery != "" ||
-			r.RequestURI != h.path || r.Host != h.host || r.ContentLength != h.contentLength || r.Close ||
+		if r.Method != h.method || r.URL.Path != h.path || r.URL.RawPath != "" || r.URL.RawQuery != h.rawQuery ||
+			r.URL.ForceQuery || r.URL.Fragment != "" || r.URL.Opaque != "" ||
+			r.RequestURI != h.uri || r.Host != h.host || r.ContentLength != h.contentLength || r.Close ||
 			r.ProtoMajor != 1 || r.ProtoMinor != 1 || len(r.TransferEncoding) != 0 {
 			t.Fatalf("differs from net/http: %+v vs %+v for %q", h, r, b)
 		}

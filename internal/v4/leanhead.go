@@ -9,6 +9,8 @@ import (
 type leanHead struct {
 	n             int // bytes of the request line and headers, final CRLF included
 	method, path  string
+	rawQuery      string // after the '?', as url.ParseRequestURI keeps it ("": none)
+	uri           string // the request target as sent (Request.RequestURI)
 	host          string
 	header        http.Header // as net/http builds it: canonical keys, no Host
 	contentLength int64
@@ -18,9 +20,11 @@ type leanHead struct {
 // empty line, and reports whether the request is plainly simple enough to
 // be served lean — anything it is not sure of goes to net/http (false):
 //
-//   - the request line is "METHOD SP /path SP HTTP/1.1" with a path of
-//     unreserved characters and '/' only (no query, no escapes), and
-//     hot(method, path) holds;
+//   - the request line is "METHOD SP /path[?query] SP HTTP/1.1" with a
+//     path of unreserved characters and '/' only (no escapes), an optional
+//     non-empty query of unreserved characters, '%' and the sub-delims
+//     url.ParseRequestURI keeps as they are (isQueryByte), and hot(method,
+//     path) holds;
 //   - every line ends with CRLF; every header is "Name: value" with a
 //     token name and a value without control characters (HTAB aside), no
 //     obs-fold, no name twice, at most leanMaxHeaders of them;
@@ -56,7 +60,19 @@ func parseLeanHead(b []byte, maxBody int64, hot func(method, path string) bool) 
 			return h, false
 		}
 	}
-	for _, c := range target {
+	path, query := target, []byte(nil)
+	if q := bytes.IndexByte(target, '?'); q >= 0 {
+		path, query = target[:q], target[q+1:]
+		if len(query) == 0 {
+			return h, false // a bare '?' (url.URL.ForceQuery): net/http
+		}
+		for _, c := range query {
+			if !isQueryByte(c) {
+				return h, false
+			}
+		}
+	}
+	for _, c := range path {
 		if !isPathByte(c) {
 			return h, false
 		}
@@ -75,9 +91,17 @@ func parseLeanHead(b []byte, maxBody int64, hot func(method, path string) bool) 
 	default:
 		return h, false // HEAD, CONNECT, OPTIONS, …: net/http
 	}
-	h.path = string(target)
+	h.path = string(path)
 	if hot == nil || !hot(h.method, h.path) {
 		return h, false
+	}
+	h.uri = h.path
+	if query != nil {
+		// url.ParseRequestURI keeps everything after the first '?' as
+		// the raw query, unvalidated; a later Query() decodes it the
+		// same way on either path.
+		h.rawQuery = string(query)
+		h.uri = string(target)
 	}
 
 	b = b[i+1:]
@@ -190,6 +214,21 @@ func isPathByte(c byte) bool {
 		return true
 	}
 	return c == '-' || c == '.' || c == '_' || c == '~' || c == '/'
+}
+
+// isQueryByte: what a lean request's query may hold — unreserved
+// characters, '%' (escapes are kept raw in RawQuery and decoded by the
+// handler's Query(), as with net/http), '/', '?' and the sub-delims and
+// ':' '@' of RFC 3986's query production. No '#', space or control byte.
+func isQueryByte(c byte) bool {
+	if isPathByte(c) {
+		return true
+	}
+	switch c {
+	case '%', '?', ':', '@', '!', '$', '&', '\'', '(', ')', '*', '+', ',', ';', '=':
+		return true
+	}
+	return false
 }
 
 // isHostByte: a host name, IPv4 or bracketed IPv6 address and port.

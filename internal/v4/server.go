@@ -43,8 +43,9 @@ type ServerOptions struct {
 	// 120 s). On the lean path a connection may close up to IdleTimeout/32
 	// earlier (its deadline is not moved on every request).
 	IdleTimeout time.Duration
-	// Lean, when set, names the hot routes served by the lean HTTP/1.1
-	// path (lean.go) instead of net/http: a plainly simple request
+	// Lean, when set, names the routes served by the lean HTTP/1.1
+	// path (lean.go) instead of net/http (it is given the path without
+	// the query): a plainly simple request
 	// (parseLeanHead) whose method and path Lean accepts is served by the
 	// same handler with a cheaper ResponseWriter; a connection's first
 	// request that is not is handed, with the bytes already read, to

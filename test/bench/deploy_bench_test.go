@@ -294,6 +294,10 @@ func TestDeployBench(t *testing.T) {
 		}
 		return d
 	}
+	// The public listener's lean-path counters over each edge phase
+	// (shoal_edge_lean_requests_total, _handovers_total): whether the
+	// generator's mixed pool is served lean.
+	leanDelta := map[string][2]float64{}
 	start := time.Now()
 	for r := range rounds {
 		seqOrder := order
@@ -323,8 +327,20 @@ func TestDeployBench(t *testing.T) {
 				if strings.HasPrefix(name, "raw") {
 					fsmBefore = clusterFor(name).leaderBatches(t)
 				}
+				edgePhase := strings.HasPrefix(name, "create") || (strings.HasPrefix(name, "edge-select") && !strings.HasPrefix(name, "edge-select-http"))
+				var leanBefore [2]float64
+				if edgePhase {
+					leanBefore = clusterFor(name).leanCounters(t)
+				}
 				s.add(t, groupsFor(name), n, dur, ops[name])
 				stop()
+				if edgePhase {
+					after := clusterFor(name).leanCounters(t)
+					acc := leanDelta[key(name, n)]
+					acc[0] += after[0] - leanBefore[0]
+					acc[1] += after[1] - leanBefore[1]
+					leanDelta[key(name, n)] = acc
+				}
 				if strings.HasPrefix(name, "raw") {
 					after := clusterFor(name).leaderBatches(t)
 					s.fsmEntries += after[0] - fsmBefore[0]
@@ -379,6 +395,15 @@ func TestDeployBench(t *testing.T) {
 					}
 					t.Logf("%-12s %3d per FSM batch on the leader: %.1f entries (shoal_raftmeta_fsm_batch_entries), %.1f commands", name, n, s.fsmEntries/s.fsmBatches, cmds/s.fsmBatches)
 				}
+			}
+		}
+	}
+	for _, n := range levels {
+		for _, name := range []string{"create", "create@base", "edge-select", "edge-select@base"} {
+			if l, ok := leanDelta[key(name, n)]; ok {
+				ops := res[key(name, n)].lat.Len()
+				t.Logf("%-16s %3d edge's lean path over the phases: %.0f requests served lean for %d operations (%.0f%%), %.0f connections handed to net/http (the counter reads, sent with Connection: close, are one hand-over each phase)",
+					name, n, l[0], ops, 100*l[0]/float64(max(ops, 1)), l[1])
 			}
 		}
 	}
@@ -827,6 +852,29 @@ func (d *deployCluster) edgeCreateMetrics(t *testing.T) map[string]float64 {
 				v, err := strconv.ParseFloat(f[len(f)-1], 64)
 				require.NoError(t, err)
 				out[f[0]] = v
+			}
+		}
+	}
+	return out
+}
+
+// leanCounters reads the edge's lean-path counters (requests served lean,
+// connections handed to net/http) from its /metrics, on a connection of
+// its own (not the generator's pool, whose connections it would otherwise
+// add to or hand over).
+func (d *deployCluster) leanCounters(t *testing.T) [2]float64 {
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	resp, err := c.Get(d.edgeURL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var out [2]float64
+	for _, line := range strings.Split(string(b), "\n") {
+		for i, name := range []string{"shoal_edge_lean_requests_total ", "shoal_edge_lean_handovers_total "} {
+			if v, ok := strings.CutPrefix(line, name); ok {
+				out[i], err = strconv.ParseFloat(strings.TrimSpace(v), 64)
+				require.NoError(t, err)
 			}
 		}
 	}

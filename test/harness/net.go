@@ -6,6 +6,9 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,10 +104,27 @@ func DevBasePort(t testing.TB) int { return FreePortBase(t, 0, 100, 200, 300, 31
 // ports seconds after the probe, after opening many outgoing connections
 // of its own, any of which could otherwise be handed one of them (seen in
 // CI: "object host: bind: address already in use").
+//
+// SHOAL_TEST_PORT_RANGE=LO-HI keeps every probed port within [LO, HI]
+// (engineers sharing a machine each run in their own range).
 func FreePortBase(t testing.TB, offsets ...int) int {
 	t.Helper()
+	lo, span := 20000, 12000-400
+	if r := os.Getenv("SHOAL_TEST_PORT_RANGE"); r != "" {
+		a, b, ok := strings.Cut(r, "-")
+		l, err1 := strconv.Atoi(a)
+		h, err2 := strconv.Atoi(b)
+		top := 0
+		for _, off := range offsets {
+			top = max(top, off)
+		}
+		if !ok || err1 != nil || err2 != nil || h-l-top < 1 {
+			t.Fatalf("SHOAL_TEST_PORT_RANGE %q: want LO-HI wider than %d", r, top)
+		}
+		lo, span = l, h-l-top+1
+	}
 	for range 200 {
-		p := 20000 + rand.IntN(12000-400)
+		p := lo + rand.IntN(span)
 		ok := true
 		for _, off := range offsets {
 			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+off))
