@@ -124,6 +124,11 @@ type conn struct {
 	// ddlRuns counts DDL statements run on this connection (see prepare).
 	ddlRuns uint64
 
+	// stats receives shoal_stmt_done's counters: a local passed to C
+	// escapes, and was an allocation per statement. It holds no Go
+	// pointer (cgo's rule for a pointer to a struct field).
+	stats C.shoal_stats
+
 	cancelMu sync.Mutex
 	reqGen   uint64      // guarded by cancelMu; odd while a request is armed
 	armed    reqCtx      // guarded by cancelMu; the armed request
@@ -1018,12 +1023,12 @@ func (c *conn) exec(rq reqCtx, cs *cstmt, params []param, raw bool, st *reqState
 		return StatementResult{}, accountStorageErr(idx)
 	}
 	elapsed := time.Since(start)
-	var stats C.shoal_stats
+	stats := &c.stats
 	d1c := C.int(0)
 	if c.d1counts {
 		d1c = 1
 	}
-	C.shoal_stmt_done(c.db, cs.s, d1c, C.longlong(totalBefore), &stats) // also resets the counters
+	C.shoal_stmt_done(c.db, cs.s, d1c, C.longlong(totalBefore), stats) // also resets the counters
 	if err != nil {
 		C.sqlite3_reset(cs.s)
 		if c.canceled() {

@@ -173,7 +173,7 @@ func (db *DB) runInSavepoint(c *conn, j *job) ([]StatementResult, bool, error) {
 	}
 	var res []StatementResult
 	var err error
-	st := reqState{base: db.base, classify: db.classify}
+	st := reqState{base: db.base, classify: db.classifyFn}
 	if j.fn != nil {
 		err = j.fn(c)
 	} else {
