@@ -272,10 +272,14 @@ type frameStream struct {
 	// every stream (each was an allocation per query): the request's body
 	// reader, its URL, the response writer and apiHandler's recorder.
 	bodyRd streamBody
+	small  [smallBody]byte // the body when it fits (a point query's does)
 	url    url.URL
 	resp   frameResponse
 	rec    failRecorder
 }
+
+// smallBody is the largest request body held in the stream itself.
+const smallBody = 512
 
 // streamBody is a stream's request body (http.Request.Body).
 type streamBody struct{ bytes.Reader }
@@ -397,7 +401,11 @@ func (st *frameStream) addBody(p []byte, end bool, max int) error {
 	}
 	if keep := min(len(p), max+1-len(st.body)); keep > 0 {
 		if st.body == nil {
-			st.body = make([]byte, 0, min(st.bodyLen, max+1))
+			if n := min(st.bodyLen, max+1); n <= smallBody {
+				st.body = st.small[:0:n]
+			} else {
+				st.body = make([]byte, 0, n)
+			}
 		}
 		st.body = append(st.body, p[:keep]...)
 	}

@@ -182,6 +182,7 @@ func (db *DB) runInSavepoint(c *conn, j *job) ([]StatementResult, bool, error) {
 		if err == nil {
 			res, err = c.body(j.rq, j.req, params, &st)
 		}
+		c.releaseParams()
 	}
 	if err == nil {
 		err = c.execInternal("RELEASE shoal_request")
