@@ -599,6 +599,11 @@ func TestFrameWorkersAsDocumented(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(doc), "(up to 256 wait,")
 	assert.Equal(t, 256, maxIdleWorkers)
+	flat := strings.Join(strings.Fields(string(doc)), " ")
+	assert.Contains(t, flat, "(in the stream itself up to 512 bytes)")
+	assert.Equal(t, 512, smallBody)
+	assert.Contains(t, flat, "reuses up to 64 freed account slots")
+	assert.Equal(t, 64, maxFreeSlots)
 }
 
 // TestFramesLifecycleBatches: the batched lifecycle calls on a stream get

@@ -1,6 +1,8 @@
 package sqlexec
 
 import (
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -43,4 +45,12 @@ func TestParamsScratch(t *testing.T) {
 			assert.Nil(t, s, "writer %v", c.writer)
 		}
 	}
+}
+
+// DESIGN.md states the scratch's bound.
+func TestParamsScratchAsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("DESIGN.md")
+	require.NoError(t, err)
+	assert.Contains(t, strings.Join(strings.Fields(string(doc)), " "), "room for at most 1,024 values is kept")
+	assert.Equal(t, 1024, maxKeptParams)
 }
