@@ -101,8 +101,9 @@ func (s *frameServer) dispatch(st *frameStream) {
 // server stops.
 func (s *frameServer) worker(st *frameStream) {
 	defer s.wg.Done()
+	var scratch workerScratch
 	for {
-		st.run()
+		st.run(&scratch)
 		if s.idle.Add(1) > maxIdleWorkers {
 			s.idle.Add(-1)
 			return
@@ -260,9 +261,40 @@ type frameStream struct {
 	cancel  context.CancelFunc
 
 	// Answer side, under c.mu.
-	credit int64         // answer bytes the edge will take
-	wake   chan struct{} // Window or reset arrived
-	reset  bool          // the edge abandoned the stream
+	credit int64 // answer bytes the edge will take
+	// wake: a Window or reset arrived. Made (under c.mu) only when the
+	// answer waits for the window, which a point query's never does;
+	// signalled only when made.
+	wake  chan struct{}
+	reset bool // the edge abandoned the stream
+
+	// Per-request values held here rather than allocated one by one for
+	// every stream (each was an allocation per query): the request's body
+	// reader, its URL, the response writer and apiHandler's recorder.
+	bodyRd streamBody
+	small  [smallBody]byte // the body when it fits (a point query's does)
+	url    url.URL
+	resp   frameResponse
+	rec    failRecorder
+}
+
+// smallBody is the largest request body held in the stream itself.
+const smallBody = 512
+
+// streamBody is a stream's request body (http.Request.Body).
+type streamBody struct{ bytes.Reader }
+
+func (*streamBody) Close() error { return nil }
+
+// wakeLocked signals a wait for the window, if the answer waits (c.mu held).
+func (st *frameStream) wakeLocked() {
+	if st.wake == nil {
+		return
+	}
+	select {
+	case st.wake <- struct{}{}:
+	default:
+	}
 }
 
 // serve reads frames until the connection fails or closes.
@@ -302,7 +334,7 @@ func (c *frameConn) read() error {
 			}
 			c.lastOK = h.Stream
 			st := &frameStream{c: c, id: h.Stream, path: req.Path, hdr: req.Header, bodyLen: req.BodyLen,
-				credit: frame.InitialWindow, wake: make(chan struct{}, 1)}
+				credit: frame.InitialWindow}
 			c.streams[h.Stream] = st
 			c.mu.Unlock()
 			if err := st.addBody(req.Chunk, h.End(), maxBody); err != nil {
@@ -334,10 +366,7 @@ func (c *frameConn) read() error {
 					delete(c.streams, h.Stream)
 					c.idleCheckLocked()
 				}
-				select {
-				case st.wake <- struct{}{}:
-				default:
-				}
+				st.wakeLocked()
 			}
 			c.mu.Unlock()
 			if st != nil && st.running {
@@ -352,10 +381,7 @@ func (c *frameConn) read() error {
 					c.mu.Unlock()
 					return fmt.Errorf("%w: window over 2 GiB", frame.ErrProtocol)
 				}
-				select {
-				case st.wake <- struct{}{}:
-				default:
-				}
+				st.wakeLocked()
 			}
 			c.mu.Unlock()
 		default:
@@ -375,7 +401,11 @@ func (st *frameStream) addBody(p []byte, end bool, max int) error {
 	}
 	if keep := min(len(p), max+1-len(st.body)); keep > 0 {
 		if st.body == nil {
-			st.body = make([]byte, 0, min(st.bodyLen, max+1))
+			if n := min(st.bodyLen, max+1); n <= smallBody {
+				st.body = st.small[:0:n]
+			} else {
+				st.body = make([]byte, 0, n)
+			}
 		}
 		st.body = append(st.body, p[:keep]...)
 	}
@@ -418,11 +448,33 @@ func frameRoute(path string, lifecycle bool) bool {
 	return false
 }
 
+// workerScratch is what a worker lends each stream it runs and takes back
+// after: the answer's header map and its buffer. Both are done with when
+// run returns (the frame writer copies the answer into its queue inside
+// Send), so the next stream reuses them instead of allocating its own.
+type workerScratch struct {
+	hdr http.Header
+	buf []byte
+}
+
+// maxScratchBuf bounds the answer buffer a worker keeps between streams.
+const maxScratchBuf = 64 << 10
+
 // run serves the stream's request through the host's handler and queues
 // its answer.
-func (st *frameStream) run() {
+func (st *frameStream) run(scratch *workerScratch) {
 	c := st.c
-	w := &frameResponse{st: st, hdr: make(http.Header, 2)}
+	if scratch.hdr == nil {
+		scratch.hdr = make(http.Header, 2)
+	}
+	st.resp = frameResponse{st: st, hdr: scratch.hdr, buf: scratch.buf[:0]}
+	w := &st.resp
+	defer func() {
+		clear(scratch.hdr)
+		if cap(w.buf) <= maxScratchBuf {
+			scratch.buf = w.buf[:0]
+		}
+	}()
 	defer func() {
 		if p := recover(); p != nil {
 			if p != http.ErrAbortHandler {
@@ -439,10 +491,18 @@ func (st *frameStream) run() {
 		w.finish()
 		return
 	}
-	r := &http.Request{Method: http.MethodPost, URL: &url.URL{Path: st.path}, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: st.hdr, Body: io.NopCloser(bytes.NewReader(st.body)), ContentLength: int64(st.bodyLen),
+	st.url = url.URL{Path: st.path}
+	st.bodyRd.Reset(st.body)
+	base := http.Request{Method: http.MethodPost, URL: &st.url, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: st.hdr, Body: &st.bodyRd, ContentLength: int64(st.bodyLen),
 		Host: c.host, RemoteAddr: c.remote, RequestURI: st.path, TLS: c.tls}
-	c.handler.ServeHTTP(w, r.WithContext(st.ctx))
+	r := base.WithContext(st.ctx) // base stays on the stack: one Request allocated, not two
+	if a, ok := c.handler.(*apiHandler); ok {
+		st.rec = failRecorder{ResponseWriter: w, status: http.StatusOK}
+		a.serveRecorded(&st.rec, r)
+	} else {
+		c.handler.ServeHTTP(w, r)
+	}
 	w.finish()
 }
 
@@ -595,6 +655,9 @@ func (w *frameResponse) send(data []byte, end bool) (int, error) {
 	var timer *time.Timer
 	c.mu.Lock()
 	for st.credit <= 0 && len(data) > 0 && !st.reset {
+		if st.wake == nil {
+			st.wake = make(chan struct{}, 1)
+		}
 		c.mu.Unlock()
 		if timer == nil {
 			timer = time.NewTimer(frameWriteTimeout)

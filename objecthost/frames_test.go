@@ -238,6 +238,49 @@ func TestFramesAnswerAsHTTP(t *testing.T) {
 	assert.Contains(t, mustJSON(t, res), `"n":2`)
 }
 
+// TestFramesStreamsShareNoAnswerState: a worker lends each stream it runs
+// the same header map and answer buffer (frames.go, workerScratch); one
+// stream's answer never carries another's headers or bytes. Streams one
+// at a time on one connection run on the same worker.
+func TestFramesStreamsShareNoAnswerState(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	_, err := th.Query(context.Background(), d.obj, d.id(), q("CREATE TABLE kv (k INTEGER PRIMARY KEY, v TEXT); INSERT INTO kv VALUES (1, 'one'), (2, 'two')"))
+	require.NoError(t, err)
+	query := "/v1/objects/" + d.obj + "/query"
+	fc := dialFrames(t, srv)
+
+	// A refusal with Retry-After (the account's row limit), then answers
+	// without it.
+	th.SetAccountLimited(d.account, th.clock.Now().Add(time.Hour))
+	fc.request(1, query, &d, nil, `{"sql":"SELECT v FROM kv WHERE k = 1"}`)
+	status, hdr, _ := fc.answer(1)
+	require.Equal(t, http.StatusTooManyRequests, status)
+	require.NotEmpty(t, hdr.Get("Retry-After"))
+	th.SetAccountLimited(d.account, time.Time{})
+
+	long := strings.Repeat(" ", 2*smallBody) // a body over the stream's own buffer
+	for i, tc := range []struct{ body, want string }{
+		{`{"sql":"SELECT v FROM kv WHERE k = ?","params":[2]}`, `"results":[{"v":"two"}]`},
+		{`{"sql":"SELECT v FROM kv WHERE k = ?` + long + `","params":[1]}`, `"results":[{"v":"one"}]`},
+		{`{"sql":"SELECT 7 AS n"}`, `"results":[{"n":7}]`},
+	} {
+		id := uint32(3 + 2*i)
+		fc.request(id, query, &d, nil, tc.body)
+		status, hdr, body := fc.answer(id)
+		require.Equal(t, http.StatusOK, status, "%s", body)
+		assert.Empty(t, hdr.Get("Retry-After"), "stream %d", id)
+		assert.Equal(t, []string{"application/json"}, hdr.Values("Content-Type"), "stream %d", id)
+		assert.Empty(t, hdr.Get("Content-Length"), "frames delimit the answer")
+		assert.Contains(t, string(body), tc.want, "stream %d", id)
+		var env envelope
+		require.NoError(t, json.Unmarshal(body, &env), "one whole answer: %s", body)
+		assert.True(t, env.Success)
+	}
+}
+
 // TestFramesOnlyQueryRoutes: a stream to any route but the query routes
 // and the batched lifecycle calls is refused without running it.
 func TestFramesOnlyQueryRoutes(t *testing.T) {
@@ -556,6 +599,11 @@ func TestFrameWorkersAsDocumented(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(doc), "(up to 256 wait,")
 	assert.Equal(t, 256, maxIdleWorkers)
+	flat := strings.Join(strings.Fields(string(doc)), " ")
+	assert.Contains(t, flat, "(in the stream itself up to 512 bytes)")
+	assert.Equal(t, 512, smallBody)
+	assert.Contains(t, flat, "reuses up to 64 freed account slots")
+	assert.Equal(t, 64, maxFreeSlots)
 }
 
 // TestFramesLifecycleBatches: the batched lifecycle calls on a stream get

@@ -108,7 +108,12 @@ type apiHandler struct {
 }
 
 func (a *apiHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rec := &failRecorder{ResponseWriter: w, status: http.StatusOK}
+	a.serveRecorded(&failRecorder{ResponseWriter: w, status: http.StatusOK}, r)
+}
+
+// serveRecorded is ServeHTTP with the recorder given (a frame stream holds
+// its own instead of allocating one per request).
+func (a *apiHandler) serveRecorded(rec *failRecorder, r *http.Request) {
 	a.serve(rec, r)
 	if rec.status >= 500 {
 		a.h.logFailure(r, rec)
@@ -405,10 +410,28 @@ func writeResults(w http.ResponseWriter, res []sqlexec.StatementResult, buf *[]b
 	b = append(b, ",\"success\":true,\"errors\":[],\"messages\":[]}\n"...)
 	*buf = b
 	hdr := w.Header()
-	hdr["Content-Type"] = []string{"application/json"}
-	hdr["Content-Length"] = []string{strconv.Itoa(len(b))}
+	hdr["Content-Type"] = jsonContentType
+	if !framed(w) { // frames delimit the answer themselves (frameResponse drops the header)
+		hdr["Content-Length"] = []string{strconv.Itoa(len(b))}
+	}
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(b)
+}
+
+// jsonContentType is the Content-Type value of every query answer, shared
+// (read only: net/http and the frame encoder only read header values, and
+// Header.Set replaces a slice rather than writing into it) instead of a
+// new slice per answer.
+var jsonContentType = []string{"application/json"}
+
+// framed reports whether w writes to a frame stream (under apiHandler's
+// recorder).
+func framed(w http.ResponseWriter) bool {
+	if rec, ok := w.(*failRecorder); ok {
+		w = rec.ResponseWriter
+	}
+	_, ok := w.(*frameResponse)
+	return ok
 }
 
 func (h *Host) query(w http.ResponseWriter, r *http.Request, objectID string, id Identity, raw bool, buf *[]byte, lease *sqlexec.ResultLease) ([]sqlexec.StatementResult, error) {

@@ -77,6 +77,10 @@ type tenantGuard struct {
 
 	mu    sync.Mutex
 	accts map[string]*acctSlot
+	// free holds slots of accounts that had nothing running any more, for
+	// reuse (at most maxFreeSlots): an account with one request at a time
+	// otherwise allocated a slot per request.
+	free []*acctSlot
 
 	refused prometheus.Counter
 	waited  prometheus.Counter
@@ -110,7 +114,13 @@ func (g *tenantGuard) admit(ctx context.Context, acct string) error {
 	g.mu.Lock()
 	s := g.accts[acct]
 	if s == nil {
-		s = &acctSlot{}
+		if n := len(g.free); n > 0 {
+			s = g.free[n-1]
+			g.free[n-1] = nil
+			g.free = g.free[:n-1]
+		} else {
+			s = &acctSlot{}
+		}
 		g.accts[acct] = s
 	}
 	if s.running < g.lim.MaxRunning && len(s.waiters) == 0 {
@@ -173,8 +183,15 @@ func (g *tenantGuard) leave(acct string) {
 	s.running--
 	if s.running <= 0 {
 		delete(g.accts, acct)
+		if len(g.free) < maxFreeSlots {
+			*s = acctSlot{waiters: s.waiters[:0]}
+			g.free = append(g.free, s)
+		}
 	}
 }
+
+// maxFreeSlots bounds tenantGuard.free.
+const maxFreeSlots = 64
 
 // isAccountBusy reports whether err is an admission refusal.
 func isAccountBusy(err error) bool {

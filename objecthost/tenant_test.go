@@ -26,6 +26,56 @@ func (g *tenantGuard) state(acct string) (running, waiting int) {
 	return 0, 0
 }
 
+// TestTenantSlotsReused: a slot freed by the last request of an account
+// is kept for reuse (at most maxFreeSlots of them) and serves another
+// account from a clean state: its limits count from zero, and a waiter of
+// the account it served before is not among its waiters.
+func TestTenantSlotsReused(t *testing.T) {
+	g := newTenantGuard(TenantLimits{MaxRunning: 1, MaxWaiting: 1, Wait: time.Hour}, prometheus.NewRegistry())
+	ctx := context.Background()
+	// Account a with one running and one waiting: the waiter is handed
+	// the slot, then both leave.
+	require.NoError(t, g.admit(ctx, "a"))
+	done := make(chan error)
+	go func() { done <- g.admit(ctx, "a") }()
+	require.Eventually(t, func() bool { _, w := g.state("a"); return w == 1 }, 5*time.Second, time.Millisecond)
+	g.leave("a")
+	require.NoError(t, <-done)
+	g.leave("a")
+	g.mu.Lock()
+	require.Len(t, g.free, 1, "a's slot kept")
+	freed := g.free[0]
+	g.mu.Unlock()
+
+	// Account b gets that slot, as new: one runs, one waits, one is refused.
+	require.NoError(t, g.admit(ctx, "b"))
+	g.mu.Lock()
+	assert.Same(t, freed, g.accts["b"], "the freed slot is reused")
+	assert.Empty(t, g.free)
+	g.mu.Unlock()
+	r, w := g.state("b")
+	assert.Equal(t, 1, r)
+	assert.Equal(t, 0, w)
+	go func() { done <- g.admit(ctx, "b") }()
+	require.Eventually(t, func() bool { _, w := g.state("b"); return w == 1 }, 5*time.Second, time.Millisecond)
+	assert.True(t, isAccountBusy(g.admit(ctx, "b")))
+	g.leave("b")
+	require.NoError(t, <-done)
+	g.leave("b")
+
+	// The free list is bounded.
+	for i := range 2 * maxFreeSlots {
+		require.NoError(t, g.admit(ctx, "acct-"+strings.Repeat("x", i)))
+	}
+	for i := range 2 * maxFreeSlots {
+		g.leave("acct-" + strings.Repeat("x", i))
+	}
+	g.mu.Lock()
+	assert.Len(t, g.free, maxFreeSlots)
+	assert.Empty(t, g.accts)
+	g.mu.Unlock()
+}
+
 // Admission per account: MaxRunning run, MaxWaiting wait in arrival order,
 // the rest are refused at once; other accounts are not affected; a wait
 // that runs out or is canceled leaves nothing behind.

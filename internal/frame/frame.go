@@ -239,23 +239,41 @@ func parseHeaderBlock(p []byte) (http.Header, []byte, error) {
 		return nil, nil, protoErr("short header block")
 	}
 	n := int(binary.BigEndian.Uint16(p))
-	p = p[2:]
 	if n > maxHeaders {
 		return nil, nil, protoErr("%d header fields", n)
 	}
+	// First the block's extent (every length checked against p), so that
+	// one string can hold all of its text: the values (and any name not
+	// among the constants of headerName) are substrings of it, not an
+	// allocation each.
+	end := 2
+	for range 2 * n {
+		if len(p) < end+2 {
+			return nil, nil, protoErr("short string")
+		}
+		end += 2 + int(binary.BigEndian.Uint16(p[end:]))
+		if len(p) < end {
+			return nil, nil, protoErr("string past the frame")
+		}
+	}
+	text := string(p[2:end]) // offsets below are into p[2:]
 	hdr := make(http.Header, n)
 	// One backing array for the values: a field's first value is a
 	// one-element slice of it (as net/textproto does), not an allocation.
 	vals := make([]string, n)
+	off := 0
+	next := func() (b []byte, s string) {
+		l := int(binary.BigEndian.Uint16(p[2+off:]))
+		b, s = p[2+off+2:2+off+2+l], text[off+2:off+2+l]
+		off += 2 + l
+		return b, s
+	}
 	for i := range n {
-		var k, v string
-		var err error
-		if k, p, err = name16(p); err != nil {
-			return nil, nil, err
+		kb, k := next()
+		if c, ok := headerName(kb); ok {
+			k = c
 		}
-		if v, p, err = string16(p); err != nil {
-			return nil, nil, err
-		}
+		_, v := next()
 		if !validName(k) || !validValue(v) {
 			return nil, nil, protoErr("invalid header field")
 		}
@@ -267,45 +285,35 @@ func parseHeaderBlock(p []byte) (http.Header, []byte, error) {
 			hdr[k] = vals[i : i+1 : i+1]
 		}
 	}
-	return hdr, p, nil
+	return hdr, p[end:], nil
 }
 
-// name16 is string16 for a header name: the names the edge and the host
-// send on every stream come back as constants instead of a new string
-// each (any other name is copied as string16 does).
-func name16(p []byte) (string, []byte, error) {
-	if len(p) < 2 {
-		return "", nil, protoErr("short string")
-	}
-	n := int(binary.BigEndian.Uint16(p))
-	if len(p) < 2+n {
-		return "", nil, protoErr("string past the frame")
-	}
-	b := p[2 : 2+n]
-	var k string
+// headerName returns the names the edge and the host send on every stream
+// as constants, so a header map keyed by them does not keep the block's
+// text alive through its keys alone and CanonicalMIMEHeaderKey finds them
+// canonical at once.
+func headerName(b []byte) (string, bool) {
 	switch string(b) { // no allocation: the compiler compares in place
 	case "Content-Type":
-		k = "Content-Type"
+		return "Content-Type", true
 	case "X-Shoal-Database":
-		k = "X-Shoal-Database"
+		return "X-Shoal-Database", true
 	case "X-Shoal-Account":
-		k = "X-Shoal-Account"
+		return "X-Shoal-Account", true
 	case "X-Shoal-Generation":
-		k = "X-Shoal-Generation"
+		return "X-Shoal-Generation", true
 	case "X-Request-Id":
-		k = "X-Request-Id"
+		return "X-Request-Id", true
 	case "X-Shoal-Read-Only":
-		k = "X-Shoal-Read-Only"
+		return "X-Shoal-Read-Only", true
 	case "Shoal-Numbers":
-		k = "Shoal-Numbers"
+		return "Shoal-Numbers", true
 	case "Authorization":
-		k = "Authorization"
+		return "Authorization", true
 	case "Retry-After":
-		k = "Retry-After"
-	default:
-		k = string(b)
+		return "Retry-After", true
 	}
-	return k, p[2+n:], nil
+	return "", false
 }
 
 func string16(p []byte) (string, []byte, error) {

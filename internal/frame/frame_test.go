@@ -309,3 +309,34 @@ func TestWriterCloseWhenFlushed(t *testing.T) {
 	assert.False(t, queued)
 	assert.Equal(t, HeaderLen, buf.Len())
 }
+
+// TestHeaderBlockValues: a header block's fields come back exactly — the
+// constant names, others, repeated names in order, names to canonicalise,
+// empty values — and owe nothing to the payload they were parsed from
+// (the Reader reuses its buffer for the next frame).
+func TestHeaderBlockValues(t *testing.T) {
+	hdr := http.Header{
+		"X-Shoal-Database": {"db-uuid"},
+		"X-Shoal-Account":  {"acct"},
+		"Content-Type":     {"application/json"},
+		"X-Custom":         {"a", "b", ""},
+		"x-lower-case":     {"v"},
+	}
+	b, err := AppendRequest(nil, 1, "/p", hdr, []byte("body"))
+	require.NoError(t, err)
+	_, ps := readAll(t, b)
+	req, err := ParseRequest(ps[0])
+	require.NoError(t, err)
+	for i := range ps[0] {
+		ps[0][i] = 'Z' // the payload's bytes change under the parsed header
+	}
+	want := http.Header{
+		"X-Shoal-Database": {"db-uuid"},
+		"X-Shoal-Account":  {"acct"},
+		"Content-Type":     {"application/json"},
+		"X-Custom":         {"a", "b", ""},
+		"X-Lower-Case":     {"v"},
+	}
+	assert.Equal(t, want, req.Header)
+	assert.Equal(t, "/p", req.Path)
+}

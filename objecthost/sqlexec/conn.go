@@ -124,6 +124,15 @@ type conn struct {
 	// ddlRuns counts DDL statements run on this connection (see prepare).
 	ddlRuns uint64
 
+	// paramSlices and paramVals are decodeParams' scratch (see there).
+	paramSlices [][]param
+	paramVals   []param
+
+	// stats receives shoal_stmt_done's counters: a local passed to C
+	// escapes, and was an allocation per statement. It holds no Go
+	// pointer (cgo's rule for a pointer to a struct field).
+	stats C.shoal_stats
+
 	cancelMu sync.Mutex
 	reqGen   uint64      // guarded by cancelMu; odd while a request is armed
 	armed    reqCtx      // guarded by cancelMu; the armed request
@@ -774,8 +783,18 @@ type reqState struct {
 }
 
 // decodeParams decodes every parameter before the database is touched.
+// The slices returned are the connection's scratch (two allocations per
+// request before): valid until the next decodeParams on this connection,
+// whose callers (run, runInSavepoint) are done with them by then, and
+// cleared by releaseParams so no value outlives its request.
 func (c *conn) decodeParams(req *Request) ([][]param, error) {
-	params := make([][]param, len(req.Statements))
+	n := len(req.Statements)
+	if cap(c.paramSlices) < n {
+		c.paramSlices = make([][]param, n)
+	}
+	params := c.paramSlices[:n]
+	clear(params)
+	vals := c.paramVals[:0]
 	for i, s := range req.Statements {
 		if len(s.Params) > c.lim.MaxParams {
 			return nil, sqlErr(v4.CodeTooLarge, i, "too many SQL variables: %d bound parameters, the limit is %d: SQLITE_ERROR", len(s.Params), c.lim.MaxParams)
@@ -783,21 +802,43 @@ func (c *conn) decodeParams(req *Request) ([][]param, error) {
 		if len(s.Params) == 0 {
 			continue
 		}
-		params[i] = make([]param, len(s.Params))
+		start := len(vals)
 		for j, raw := range s.Params {
 			p, err := decodeParam(raw)
 			if err != nil {
 				return nil, &Error{Code: v4.CodeInvalidRequest, Message: fmt.Sprintf("statement %d param %d: %s", i, j, err.Error()), Statement: i}
 			}
-			params[i][j] = p
+			vals = append(vals, p)
 		}
+		// Full slice expression: a later statement's appends (which may
+		// move vals) never write into this one's values.
+		params[i] = vals[start:len(vals):len(vals)]
 	}
+	c.paramVals = vals
 	return params, nil
+}
+
+// maxKeptParams bounds the parameter values a connection keeps room for
+// between requests.
+const maxKeptParams = 1024
+
+// releaseParams forgets the last request's parameter values (their strings
+// and blobs are not kept alive by the scratch).
+func (c *conn) releaseParams() {
+	clear(c.paramVals[:cap(c.paramVals)])
+	clear(c.paramSlices[:cap(c.paramSlices)])
+	if cap(c.paramVals) > maxKeptParams {
+		c.paramVals = nil
+	}
+	if cap(c.paramSlices) > maxKeptParams {
+		c.paramSlices = nil
+	}
 }
 
 // run executes a request as its own transaction (reader connections). On
 // any error the transaction is rolled back and no result is returned.
 func (c *conn) run(rq reqCtx, req *Request, st *reqState) ([]StatementResult, error) {
+	defer c.releaseParams()
 	params, err := c.decodeParams(req)
 	if err != nil {
 		return nil, err
@@ -1018,12 +1059,12 @@ func (c *conn) exec(rq reqCtx, cs *cstmt, params []param, raw bool, st *reqState
 		return StatementResult{}, accountStorageErr(idx)
 	}
 	elapsed := time.Since(start)
-	var stats C.shoal_stats
+	stats := &c.stats
 	d1c := C.int(0)
 	if c.d1counts {
 		d1c = 1
 	}
-	C.shoal_stmt_done(c.db, cs.s, d1c, C.longlong(totalBefore), &stats) // also resets the counters
+	C.shoal_stmt_done(c.db, cs.s, d1c, C.longlong(totalBefore), stats) // also resets the counters
 	if err != nil {
 		C.sqlite3_reset(cs.s)
 		if c.canceled() {

@@ -127,6 +127,12 @@ func TestD1ErrorTexts(t *testing.T) {
 	res, err := db.Execute(context.Background(), Request{Statements: []Statement{stmt("SELECT 1 AS x"), stmt("  -- nothing")}})
 	require.NoError(t, err)
 	require.Len(t, res, 1)
+	// ... wherever it stands; the others keep their order.
+	res, err = db.Execute(context.Background(), Request{Statements: []Statement{stmt("  -- first"), stmt("SELECT 1 AS x"), stmt(" \n -- middle"), stmt("SELECT ? AS y", 2), stmt(" ")}})
+	require.NoError(t, err)
+	require.Len(t, res, 2)
+	assert.Equal(t, []any{int64(1)}, res[0].Results.(Rows)[0].Values())
+	assert.Equal(t, []any{int64(2)}, res[1].Results.(Rows)[0].Values())
 	// Params bind to the last statement of a string.
 	res = run(t, db, stmt("SELECT 1; SELECT ? AS v", 5))
 	require.Len(t, res, 2)

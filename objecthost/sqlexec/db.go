@@ -74,6 +74,9 @@ type DB struct {
 	commits      atomic.Int64  // group commits, for tests
 	lostTxns     atomic.Int64  // transactions SQLite rolled back under a group, for tests
 	hook         *commitHook   // writer goroutine only; see commithook.go
+	// classifyFn is db.classify bound once at Open: a method value taken
+	// per request was an allocation on every read.
+	classifyFn func(sql string, ro bool)
 }
 
 type job struct {
@@ -106,6 +109,7 @@ func Open(path string, opts Options) (*DB, error) {
 		base:         Meta{ServedByRegion: strings.ToUpper(opts.Region), ServedByPrimary: true, ServedByColo: opts.Host},
 		maxGroupTime: defaultMaxGroupTime,
 	}
+	db.classifyFn = db.classify
 	db.closing, db.stopClosing = context.WithCancel(context.Background())
 	// The writer opens first: it sets WAL mode, which readers then share.
 	w, err := openConn(path, true, lim, &db.schemaGen, &db.sizeHint, &db.lastRowID)
@@ -230,7 +234,7 @@ func (db *DB) read(rq reqCtx, req *Request, fn func(*conn) error, speculative bo
 	if fn != nil {
 		return nil, fn(c)
 	}
-	st := reqState{base: db.base, classify: db.classify, speculative: speculative}
+	st := reqState{base: db.base, classify: db.classifyFn, speculative: speculative}
 	return c.run(rq, req, &st)
 }
 
@@ -298,14 +302,19 @@ var commentLines = regexp.MustCompile(`(?m)^\s+--.*`)
 // first character, ";" or /* */ comments is not dropped: SQLite finds no
 // statement in it, NoStatementMessage.)
 func dropCommentOnly(req *Request) error {
-	keep := req.Statements[:0:0]
+	var keep []Statement // allocated at the first statement dropped: most requests drop none
 	dropped := false
-	for _, s := range req.Statements {
+	for i, s := range req.Statements {
 		if strings.TrimSpace(s.SQL) == "" || strings.Contains(s.SQL, "--") && strings.TrimSpace(commentLines.ReplaceAllString(s.SQL, "")) == "" {
-			dropped = true
+			if !dropped {
+				keep = append(make([]Statement, 0, len(req.Statements)-1), req.Statements[:i]...)
+				dropped = true
+			}
 			continue
 		}
-		keep = append(keep, s)
+		if dropped {
+			keep = append(keep, s)
+		}
 	}
 	if !dropped {
 		return nil

@@ -174,7 +174,7 @@ func (db *DB) runInSavepoint(c *conn, j *job) ([]StatementResult, bool, error) {
 	}
 	var res []StatementResult
 	var err error
-	st := reqState{base: db.base, classify: db.classify}
+	st := reqState{base: db.base, classify: db.classifyFn}
 	if j.fn != nil {
 		err = j.fn(c)
 	} else {
@@ -183,6 +183,7 @@ func (db *DB) runInSavepoint(c *conn, j *job) ([]StatementResult, bool, error) {
 		if err == nil {
 			res, err = c.body(j.rq, j.req, params, &st)
 		}
+		c.releaseParams()
 	}
 	if err == nil {
 		err = c.execInternal("RELEASE shoal_request")

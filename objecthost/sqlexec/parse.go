@@ -245,7 +245,8 @@ func unquoteSimple(raw []byte) (string, bool) {
 // decoder, which also produces the error messages. The result does not
 // alias data.
 func parseSimple(data []byte) (req Request, ok bool) {
-	var spans [][2]int
+	var spanBuf [8][2]int // on the stack: most requests have a few params
+	spans := spanBuf[:0]
 	sql, hasParams, ok := d1body.Scan(data, func(start, end int, _ bool) bool {
 		spans = append(spans, [2]int{start, end})
 		return true
