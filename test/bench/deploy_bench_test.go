@@ -355,7 +355,7 @@ func TestDeployBench(t *testing.T) {
 
 	t.Logf("separate processes on loopback, mutual TLS, fsync on; %d rounds of %s per phase, systems interleaved; %s", rounds, dur, machine())
 	t.Logf("CPU per operation (µs) from /proc/PID/stat: catalog = 3 voters (catL the leader at each phase's start, catF its two followers; leader %s at the start, %s at the end), hosts = 3 object hosts, edge (frames to the hosts), edgeH = the edge forwarding over HTTP, etcd = 3 members, gen = this load generator", leaderStart, d.raw.Leader())
-	t.Logf("%-66s %3s %8s %17s %8s %8s %17s | %6s %6s %6s %6s %6s %6s %6s %6s | %s", "path", "n", "ops/s", "(min–max)", "p50 ms", "p99 ms", "ratio (min–max)", "cat", "catL", "catF", "hosts", "edge", "edgeH", "etcd", "gen", "load 1m")
+	t.Logf("%-66s %3s %8s %17s %8s %8s %17s | %6s %6s %6s %6s %6s %6s %6s %6s | %s", "path", "n", "ops/s", "(min–max)", "p50 ms", "p99 ms", "ratio (min–max)", cpuColumns[0], cpuColumns[1], cpuColumns[2], cpuColumns[3], cpuColumns[4], cpuColumns[5], cpuColumns[6], cpuColumns[7], "load 1m")
 	for _, n := range levels {
 		for _, p := range paths {
 			s, b := res[key(p.name, n)], res[key(p.base, n)]
@@ -400,6 +400,7 @@ func TestDeployBench(t *testing.T) {
 				done[p.name] = true
 				s, b := res[key(p.name, n)], res[key(p.name+"@base", n)]
 				t.Logf("%-66s %3d this build vs baseline: %s", p.name, n, s.row(b))
+				t.Logf("%-66s %3d this build vs baseline, CPU per op: %s", p.name, n, s.cpuRatioRow(b))
 				if p.name == "raw" && os.Getenv("SHOAL_BENCH_BASELINE_SINGLE") == "1" {
 					// The nodes' change alone: both send one request per write.
 					t.Logf("%-66s %3d this build vs baseline: %s", "raw-single (one /v1/apply per write)", n, res[key("raw-single", n)].row(b))
@@ -909,6 +910,9 @@ func stepMeans(m map[string]float64) string {
 	return b.String()
 }
 
+// cpuColumns names groups' columns, in groups' order.
+var cpuColumns = []string{"cat", "catL", "catF", "hosts", "edge", "edgeH", "etcd", "gen"}
+
 // procGroup is processes whose CPU is reported together.
 type procGroup struct {
 	name string
@@ -937,8 +941,12 @@ func (d *deployCluster) groups(e *harness.EtcdCluster) []procGroup {
 			followers = append(followers, p.Cmd.Process.Pid)
 		}
 	}
-	return []procGroup{{"cat", pids(d.cats)}, {"catL", leader}, {"catF", followers}, {"hosts", pids(d.hosts)}, {"edge", pids([]*harness.Proc{d.edge})}, {"edgeH", pids(procList(d.edgeH))},
-		{"etcd", pids(e.Procs)}, {"gen", []int{os.Getpid()}}}
+	pg := [][]int{pids(d.cats), leader, followers, pids(d.hosts), pids([]*harness.Proc{d.edge}), pids(procList(d.edgeH)), pids(e.Procs), {os.Getpid()}}
+	out := make([]procGroup, len(pg))
+	for i := range pg {
+		out[i] = procGroup{cpuColumns[i], pg[i]}
+	}
+	return out
 }
 
 // procList is p as a list, empty for nil.
@@ -1025,6 +1033,36 @@ func (s *phaseSeries) cpuRow() string {
 	m, lo, hi := medMinMax(s.load)
 	fmt.Fprintf(&b, "| %.2f (%.2f–%.2f)", m, lo, hi)
 	return b.String()
+}
+
+// cpuRatioRow is, per CPU column, the median (min–max) of the same-round
+// ratios of CPU per op to base's: a build's CPU cut is judged round by
+// round, as its throughput is, not from two medians taken apart. Columns
+// where either side used no CPU (etcd, a transport the path does not use)
+// are left out.
+func (s *phaseSeries) cpuRatioRow(base *phaseSeries) string {
+	names := cpuColumns
+	if base == nil || len(base.cpu) == 0 || len(s.cpu) == 0 {
+		return "no baseline"
+	}
+	var b strings.Builder
+	for g := range s.cpu[0] {
+		var ratios []float64
+		for r := range s.cpu {
+			if r >= len(base.cpu) || g >= len(base.cpu[r]) {
+				break
+			}
+			if s.cpu[r][g] > 0 && base.cpu[r][g] > 0 {
+				ratios = append(ratios, s.cpu[r][g]/base.cpu[r][g])
+			}
+		}
+		if len(ratios) == 0 || g >= len(names) || names[g] == "etcd" || names[g] == "gen" {
+			continue
+		}
+		m, lo, hi := medMinMax(ratios)
+		fmt.Fprintf(&b, "%s %.2f× (%.2f–%.2f)  ", names[g], m, lo, hi)
+	}
+	return strings.TrimSpace(b.String())
 }
 
 func medMinMax(v []float64) (med, lo, hi float64) {
