@@ -89,7 +89,8 @@ func auditInsertSQL(n int) string {
 // the queued rows, in order, before any other command runs and at the end
 // of the batch — the same rows with the same ids as one insert per
 // command, for a fraction of the statements (the audit row was ~17% of a
-// create's apply cost, mostly per-statement overhead). Only a command
+// create's apply samples; a statement's setup and the driver's round trip
+// are now paid once per chunk). Only a command
 // without a savepoint may defer (a refusal after the row was queued would
 // have to unqueue it): applyOne sets deferWrites only for those.
 func (f *FSM) recordAudit(ctx context.Context, c *Command, r auditRow) error {
