@@ -158,7 +158,9 @@ func applyCreateDatabase(f *FSM, ctx context.Context, c *Command, st *createData
 // inserting it; flushActive inserts the queue, in order, before any other
 // command and at the end of the batch, in multi-row statements: one
 // statement per up to 32 creates instead of one each (with the audit rows,
-// the same for audit_log).
+// the same for audit_log). A crash with rows queued loses nothing: they
+// belong to the batch's open transaction, whose COMMIT is the checkpoint
+// (FSM.commit), and the catalog is rebuilt from snapshot + log on start.
 type pendingCreates struct {
 	rows  []pendingCreate
 	uuids map[string]bool
