@@ -254,12 +254,7 @@ func (f *FSM) applyOne(ctx context.Context, data []byte, index, pos uint64) (Res
 	f.digestCmd = f.digestCmd[:0]
 	switch { // the body is decoded already on the fast paths
 	case fast:
-		// A create runs without a savepoint (refusesBeforeWrites): its
-		// databases and audit rows can wait for flushActive
-		// (pendingCreates, recordAudit).
-		f.deferWrites = !sp
 		value, err = f.run(ctx, &cmd, &pre)
-		f.deferWrites = false
 	case statsFast:
 		value, err = f.run(ctx, &cmd, &stats)
 	default:
@@ -319,19 +314,7 @@ func (f *FSM) applyOne(ctx context.Context, data []byte, index, pos uint64) (Res
 // create (a platform creating thousands of databases puts up to hundreds of
 // its own creates in one batch). It runs before any other command and at
 // the end of every batch, inside the batch's transaction, in account order.
-// It also inserts the creates' queued databases and audit rows
-// (flushCreates, flushAudit).
 func (f *FSM) flushActive(ctx context.Context) error {
-	if len(f.creates.rows) > 0 {
-		if err := f.flushCreates(ctx); err != nil {
-			return err
-		}
-	}
-	if len(f.auditBuf) > 0 {
-		if err := f.flushAudit(ctx); err != nil {
-			return err
-		}
-	}
 	if len(f.activeDelta) == 0 {
 		return nil
 	}

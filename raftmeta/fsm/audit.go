@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strings"
 )
 
 // The audit log of control-plane actions: who (Audit.Actor: "token:<id>",
@@ -60,39 +59,7 @@ func AuditFrom(ctx context.Context) (Audit, bool) {
 
 const maxAuditText = 256
 
-// pendingAudit is an audit row not yet inserted (flushAudit).
-type pendingAudit struct {
-	time                                         int64
-	typ, actor, source, account, subject, detail string
-}
-
-// auditChunks are the row counts of the multi-row INSERTs flushAudit
-// uses, largest first; the last must be 1.
-var auditChunks = [...]int{32, 8, 1}
-
-// auditInsertSQL inserts n audit rows: their ids are max+1 in the order of
-// the VALUES, exactly as n single-row inserts in that order would get.
-func auditInsertSQL(n int) string {
-	var b strings.Builder
-	b.WriteString(`INSERT INTO audit_log (time, type, actor, source, account_id, subject, detail) VALUES `)
-	for i := range n {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(`(?, ?, ?, ?, ?, ?, ?)`)
-	}
-	return b.String()
-}
-
-// recordAudit inserts c's audit row (inside c's savepoint). On the create
-// fast path (f.deferWrites) it queues the row instead: flushAudit inserts
-// the queued rows, in order, before any other command runs and at the end
-// of the batch — the same rows with the same ids as one insert per
-// command, for a fraction of the statements (the audit row was ~17% of a
-// create's apply samples; a statement's setup and the driver's round trip
-// are now paid once per chunk). Only a command
-// without a savepoint may defer (a refusal after the row was queued would
-// have to unqueue it): applyOne sets deferWrites only for those.
+// recordAudit inserts c's audit row (inside c's savepoint).
 func (f *FSM) recordAudit(ctx context.Context, c *Command, r auditRow) error {
 	actor, source := "unknown", ""
 	if c.Audit != nil {
@@ -109,36 +76,8 @@ func (f *FSM) recordAudit(ctx context.Context, c *Command, r auditRow) error {
 		}
 		detail = string(b)
 	}
-	if f.deferWrites {
-		f.auditBuf = append(f.auditBuf, pendingAudit{time: c.Time, typ: string(c.Type), actor: actor,
-			source: source, account: r.account, subject: r.subject, detail: detail})
-		return nil
-	}
 	_, err := exec(ctx, f.stmts.auditInsert, c.Time, string(c.Type), actor, source, r.account, r.subject, detail)
 	return err
-}
-
-// flushAudit inserts the queued audit rows in queue order, in statements
-// of auditChunks rows, and empties the queue. An error is fatal (the
-// commands that queued them have written their rows already).
-func (f *FSM) flushAudit(ctx context.Context) error {
-	rows := f.auditBuf
-	for k, n := range auditChunks {
-		for len(rows) >= n {
-			args := f.auditArgs[:0]
-			for _, r := range rows[:n] {
-				args = append(args, r.time, r.typ, r.actor, r.source, r.account, r.subject, r.detail)
-			}
-			f.auditArgs = args[:0]
-			if _, err := exec(ctx, f.stmts.auditInsertN[k], args...); err != nil {
-				return err
-			}
-			rows = rows[n:]
-		}
-	}
-	clear(f.auditBuf) // drop the strings
-	f.auditBuf = f.auditBuf[:0]
-	return nil
 }
 
 // encodeAuditDetail is json.Marshal(m) byte for byte (the detail is part of

@@ -102,14 +102,6 @@ type FSM struct {
 	// activeDelta holds creates not yet added to accounts.active_databases
 	// (apply goroutine only; see flushActive). Empty between batches.
 	activeDelta map[string]int64
-	// deferWrites says the running command (a create on the fast path,
-	// which runs without a savepoint) queues its databases row in creates
-	// and its audit row in auditBuf instead of inserting them; flushActive
-	// inserts both queues (apply goroutine only; empty between batches).
-	deferWrites bool
-	creates     pendingCreates
-	auditBuf    []pendingAudit
-	auditArgs   []any
 	// digestCmd: the running command's heartbeat digest changes;
 	// digestBatch: the batch's, added to dig when the batch commits
 	// (apply goroutine only; hbdigest.go).

@@ -82,9 +82,6 @@ type stmts struct {
 	dbGet                   *sql.Stmt
 
 	auditInsert, auditPrune *sql.Stmt
-	// auditInsertN[k] inserts auditChunks[k] rows in one statement
-	// (flushAudit).
-	auditInsertN [len(auditChunks)]*sql.Stmt
 
 	// cmds holds every registered command with its own statements.
 	cmds map[CommandType]boundCommand
@@ -102,10 +99,7 @@ func prepareStmts(ctx context.Context, c *sql.Conn) (*stmts, error) {
 
 	s.metaSet = p.prep(`UPDATE meta SET value = ?2 WHERE key = ?1`)
 	s.metaPut = p.prep(`INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE SET value = excluded.value`)
-	s.auditInsert = p.prep(auditInsertSQL(1))
-	for k, n := range auditChunks {
-		s.auditInsertN[k] = p.prep(auditInsertSQL(n))
-	}
+	s.auditInsert = p.prep(`INSERT INTO audit_log (time, type, actor, source, account_id, subject, detail) VALUES (?, ?, ?, ?, ?, ?, ?)`)
 	s.auditPrune = p.prep(`DELETE FROM audit_log WHERE id IN (SELECT id FROM audit_log ORDER BY id LIMIT ?1) AND time < ?2`)
 
 	s.accountGet = p.prep(`SELECT ` + accountCols + ` FROM ` + accountFrom + ` WHERE a.id = ?`)
