@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"encoding/json"
+	"os"
 	"strconv"
 	"syscall"
 	"testing"
@@ -134,12 +135,27 @@ func BenchmarkApplySetDatabaseStats(b *testing.B) {
 //	go test ./raftmeta/fsm -run XXX -bench ApplyCreateDeployShape -benchtime 20000x
 func BenchmarkApplyCreateDeployShape(b *testing.B) {
 	for _, n := range []int{1, 7, 25} {
-		b.Run("batch="+strconv.Itoa(n), func(b *testing.B) { benchApplyCreateDeploy(b, n) })
+		b.Run("batch="+strconv.Itoa(n), func(b *testing.B) { benchApplyCreateDeploy(b, n, false) })
 	}
 }
 
-func benchApplyCreateDeploy(b *testing.B, batch int) {
-	const prefill = 50_000
+// BenchmarkApplyCreateBatchEntry is BenchmarkApplyCreateDeployShape as the
+// deploy bench's raw writes reach the FSM since batch entries (catalog
+// level 3): one batch entry of 8 or 32 commands (16 / 64 clients) per FSM
+// transaction.
+//
+//	go test ./raftmeta/fsm -run XXX -bench ApplyCreateBatchEntry -benchtime 20000x
+func BenchmarkApplyCreateBatchEntry(b *testing.B) {
+	for _, n := range []int{8, 32} {
+		b.Run("commands="+strconv.Itoa(n), func(b *testing.B) { benchApplyCreateDeploy(b, n, true) })
+	}
+}
+
+func benchApplyCreateDeploy(b *testing.B, batch int, entries bool) {
+	prefill := 50_000
+	if n, err := strconv.Atoi(os.Getenv("SHOAL_BENCH_PREFILL")); err == nil { // e.g. smaller under valgrind
+		prefill = n
+	}
 	f := newFSM(b)
 	var index uint64
 	audit := &Audit{Actor: "cert:bench-edge", Source: "127.0.0.1:54321"}
@@ -154,6 +170,11 @@ func benchApplyCreateDeploy(b *testing.B, batch int) {
 			ObjectID: ids.New(), HostID: "raw", Region: "weur", ReadReplication: ReadReplicationDisabled})
 	}
 	f.ApplyBatch([]*raft.Log{mk(CmdCreateAccount, CreateAccount{ID: "acct-raw", Name: "raw", Tier: TierPaid, Limits: bigLimits()})})
+	if entries {
+		if r := f.ApplyBatch([]*raft.Log{mk(CmdSetClusterLevel, SetClusterLevel{Level: LevelBatchEntry})})[0].(Result); r.Err != nil {
+			b.Fatal(r.Err)
+		}
+	}
 	var pre []*raft.Log
 	for i := 0; i < prefill; i++ {
 		pre = append(pre, create(i))
@@ -166,13 +187,33 @@ func benchApplyCreateDeploy(b *testing.B, batch int) {
 	for i := 0; i < b.N; i++ {
 		logs = append(logs, create(prefill+i))
 	}
+	if entries { // each group of batch commands becomes one batch entry
+		var grouped []*raft.Log
+		for len(logs) > 0 {
+			n := min(batch, len(logs))
+			cmds := make([][]byte, n)
+			for j, l := range logs[:n] {
+				cmds[j] = l.Data
+			}
+			index++
+			grouped = append(grouped, &raft.Log{Index: index, Type: raft.LogCommand, Data: AppendBatchEntry(nil, cmds)})
+			logs = logs[n:]
+		}
+		logs, batch = grouped, 1
+	}
 	b.ResetTimer()
 	cpu0 := processCPU()
 	for len(logs) > 0 {
 		n := min(batch, len(logs))
 		for _, r := range f.ApplyBatch(logs[:n]) {
-			if r.(Result).Err != nil {
-				b.Fatal(r.(Result).Err)
+			rs, ok := r.(BatchResults)
+			if !ok {
+				rs = BatchResults{r.(Result)}
+			}
+			for _, r := range rs {
+				if r.Err != nil {
+					b.Fatal(r.Err)
+				}
 			}
 		}
 		logs = logs[n:]
