@@ -91,6 +91,13 @@ func (h *Host) resolveMismatched(ctx context.Context, objs []*object, now time.T
 			h.m.heartbeats.WithLabelValues("deleted").Add(float64(len(deleted)))
 		}
 	}
+	if len(superseded) > 0 {
+		// Raised before the objects retire, so that whoever sees them
+		// retired (GET /v1/status) sees why too; one that fails to retire
+		// is retried next beat, which raises the alarm again.
+		h.alarms.raise("superseded", now, superseded, fmt.Sprintf(
+			"%d databases of this host were relocated to other hosts (lost-host recovery); their objects here are retired, files kept for %s", len(superseded), h.cfg.DeletedRetention))
+	}
 	for _, o := range superseded {
 		st := newer[o]
 		m := o.meta.Load()
@@ -102,10 +109,6 @@ func (h *Host) resolveMismatched(ctx context.Context, objs []*object, now time.T
 		}
 		rep.Superseded++
 		h.m.heartbeats.WithLabelValues("superseded").Inc()
-	}
-	if len(superseded) > 0 {
-		h.alarms.raise("superseded", now, superseded, fmt.Sprintf(
-			"%d databases of this host were relocated to other hosts (lost-host recovery); their objects here are retired, files kept for %s", len(superseded), h.cfg.DeletedRetention))
 	}
 	if len(older) > 0 {
 		rep.OlderHeld += len(older)
