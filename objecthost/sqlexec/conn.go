@@ -264,22 +264,7 @@ func (c *conn) internalStmt(sql string) (*C.sqlite3_stmt, error) {
 	return s, nil
 }
 
-func (c *conn) execInternal(sql string) error {
-	s, err := c.internalStmt(sql)
-	if err != nil {
-		return err
-	}
-	c.sc.user = 0
-	rc := C.sqlite3_step(s)
-	for rc == rcRow {
-		rc = C.sqlite3_step(s)
-	}
-	C.sqlite3_reset(s)
-	if rc != rcDone {
-		return c.errorFor(rc, -1)
-	}
-	return nil
-}
+func (c *conn) execInternal(sql string) error { return c.execInternalArgs(sql, nil) }
 
 func (c *conn) queryInt(sql string) (int64, error) {
 	s, err := c.internalStmt(sql)
