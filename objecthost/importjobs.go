@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/shoaldb/shoal/internal/durable"
 	"github.com/shoaldb/shoal/objecthost/sqlexec"
 )
 
@@ -229,37 +230,11 @@ func (d *dumpAPI) expireJobs() {
 	}
 }
 
-// writeFileSync replaces path with b durably: a temp file in the same
-// directory, fsynced, renamed over path, then the directory fsynced (the
-// rename is the checkpoint: a crash leaves the old file or the new one).
+// writeFileSync replaces path with b durably (internal/durable), creating
+// its directory first.
 func writeFileSync(path string, b []byte) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, ".job-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name()) // after a successful rename: a no-op
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return err
-	}
-	df, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer df.Close()
-	return df.Sync()
+	return durable.WriteBytes(path, b)
 }

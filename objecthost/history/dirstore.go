@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"sync/atomic"
+
+	"github.com/shoaldb/shoal/internal/durable"
 )
 
 // DirStore is a Store in a local directory, the default archive of `shoal
@@ -204,14 +206,4 @@ func (s *DirStore) pruneDirs(db string) {
 	}
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
+func syncDir(dir string) error { return durable.SyncDir(dir) }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/shoaldb/shoal/internal/durable"
 )
 
 // localLog is one object's staging area on the host's disk, the part of
@@ -511,27 +513,9 @@ func (l *localLog) adopt(st tip) {
 	l.diskTip, l.tipOK = st, true
 }
 
+// writeFileAtomic replaces path durably (internal/durable).
 func writeFileAtomic(path string, write func(f *os.File) error) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, ".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	err = write(tmp)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err == nil {
-		err = syncDir(dir)
-	}
-	return err
+	return durable.WriteFile(path, write)
 }
 
 // pendingFile is a local file waiting to be shipped.
