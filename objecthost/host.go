@@ -218,6 +218,10 @@ type Host struct {
 	// only (the catalog answered ErrDigestsUnsupported).
 	digestOffUntil atomic.Int64
 
+	// shardDirs: the dbs/ab/cd directories known to exist (openDB; at
+	// most 65,536).
+	shardDirs dirSet
+
 	mu      sync.RWMutex
 	objects map[string]*object  // object ID → object (placeholders have nil meta)
 	deleted map[string]struct{} // object IDs in state deleted, for the sweeper
@@ -466,18 +470,41 @@ func (h *Host) path(objectID string) string {
 // openDB opens (creating it on first use) an object's SQLite file.
 func (h *Host) openDB(objectID string) (*liveDB, error) {
 	p := h.path(objectID)
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return nil, fmt.Errorf("create shard dir: %w", err)
+	// The shard directory is made (or found) once per process, not at
+	// every open: os.MkdirAll's stat of the whole path was ~3% of a
+	// host's CPU per cold query. Nothing here removes a shard directory;
+	// if something else did, the failed open forgets it and the next one
+	// makes it again.
+	dir := filepath.Dir(p)
+	if !h.shardDirs.has(dir) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("create shard dir: %w", err)
+		}
+		h.shardDirs.add(dir)
 	}
+	var ldb *liveDB
+	var err error
 	if h.hist != nil {
-		return h.hist.open(h, objectID, p) // with its history capturer
+		ldb, err = h.hist.open(h, objectID, p) // with its history capturer
+	} else {
+		var db *sqlexec.DB
+		if db, err = sqlexec.Open(p, sqlexec.Options{Limits: h.cfg.Limits, ReadConns: h.cfg.ReadConns, Region: h.cfg.Region, Host: h.cfg.ID}); err == nil {
+			ldb = &liveDB{DB: db}
+		}
 	}
-	db, err := sqlexec.Open(p, sqlexec.Options{Limits: h.cfg.Limits, ReadConns: h.cfg.ReadConns, Region: h.cfg.Region, Host: h.cfg.ID})
 	if err != nil {
+		h.shardDirs.forget(dir)
 		return nil, err
 	}
-	return &liveDB{DB: db}, nil
+	return ldb, nil
 }
+
+// dirSet is a set of directory paths, safe for concurrent use.
+type dirSet struct{ m sync.Map }
+
+func (s *dirSet) has(dir string) bool { _, ok := s.m.Load(dir); return ok }
+func (s *dirSet) add(dir string)      { s.m.Store(dir, struct{}{}) }
+func (s *dirSet) forget(dir string)   { s.m.Delete(dir) }
 
 // lookup returns the object and its meta, or ErrNotFound.
 func (h *Host) lookup(objectID string) (*object, *Meta, error) {
