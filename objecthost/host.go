@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -473,30 +474,36 @@ func (h *Host) openDB(objectID string) (*liveDB, error) {
 	// The shard directory is made (or found) once per process, not at
 	// every open: os.MkdirAll's stat of the whole path was ~3% of a
 	// host's CPU per cold query. Nothing here removes a shard directory;
-	// if something else did, the failed open forgets it and the next one
-	// makes it again.
+	// if something else did, the open that fails for it makes it again
+	// and retries once, as the MkdirAll at every open did.
 	dir := filepath.Dir(p)
-	if !h.shardDirs.has(dir) {
+	known := h.shardDirs.has(dir)
+	if !known {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("create shard dir: %w", err)
 		}
 		h.shardDirs.add(dir)
 	}
-	var ldb *liveDB
-	var err error
-	if h.hist != nil {
-		ldb, err = h.hist.open(h, objectID, p) // with its history capturer
-	} else {
-		var db *sqlexec.DB
-		if db, err = sqlexec.Open(p, sqlexec.Options{Limits: h.cfg.Limits, ReadConns: h.cfg.ReadConns, Region: h.cfg.Region, Host: h.cfg.ID}); err == nil {
-			ldb = &liveDB{DB: db}
+	ldb, err := h.openFile(objectID, p)
+	if err != nil && known {
+		if _, serr := os.Stat(dir); errors.Is(serr, fs.ErrNotExist) {
+			h.shardDirs.forget(dir)
+			return h.openDB(objectID)
 		}
 	}
+	return ldb, err
+}
+
+// openFile opens the SQLite file at p, whose directory exists.
+func (h *Host) openFile(objectID, p string) (*liveDB, error) {
+	if h.hist != nil {
+		return h.hist.open(h, objectID, p) // with its history capturer
+	}
+	db, err := sqlexec.Open(p, sqlexec.Options{Limits: h.cfg.Limits, ReadConns: h.cfg.ReadConns, Region: h.cfg.Region, Host: h.cfg.ID})
 	if err != nil {
-		h.shardDirs.forget(dir)
 		return nil, err
 	}
-	return ldb, nil
+	return &liveDB{DB: db}, nil
 }
 
 // dirSet is a set of directory paths, safe for concurrent use.
