@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -217,6 +218,10 @@ type Host struct {
 	// digestOffUntil: Unix ns before which heartbeats are per-database
 	// only (the catalog answered ErrDigestsUnsupported).
 	digestOffUntil atomic.Int64
+
+	// shardDirs: the dbs/ab/cd directories known to exist (openDB; at
+	// most 65,536).
+	shardDirs dirSet
 
 	mu      sync.RWMutex
 	objects map[string]*object  // object ID → object (placeholders have nil meta)
@@ -466,9 +471,31 @@ func (h *Host) path(objectID string) string {
 // openDB opens (creating it on first use) an object's SQLite file.
 func (h *Host) openDB(objectID string) (*liveDB, error) {
 	p := h.path(objectID)
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return nil, fmt.Errorf("create shard dir: %w", err)
+	// The shard directory is made (or found) once per process, not at
+	// every open: os.MkdirAll's stat of the whole path was ~3% of a
+	// host's CPU per cold query. Nothing here removes a shard directory;
+	// if something else did, the open that fails for it makes it again
+	// and retries once, as the MkdirAll at every open did.
+	dir := filepath.Dir(p)
+	known := h.shardDirs.has(dir)
+	if !known {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("create shard dir: %w", err)
+		}
+		h.shardDirs.add(dir)
 	}
+	ldb, err := h.openFile(objectID, p)
+	if err != nil && known {
+		if _, serr := os.Stat(dir); errors.Is(serr, fs.ErrNotExist) {
+			h.shardDirs.forget(dir)
+			return h.openDB(objectID)
+		}
+	}
+	return ldb, err
+}
+
+// openFile opens the SQLite file at p, whose directory exists.
+func (h *Host) openFile(objectID, p string) (*liveDB, error) {
 	if h.hist != nil {
 		return h.hist.open(h, objectID, p) // with its history capturer
 	}
@@ -478,6 +505,13 @@ func (h *Host) openDB(objectID string) (*liveDB, error) {
 	}
 	return &liveDB{DB: db}, nil
 }
+
+// dirSet is a set of directory paths, safe for concurrent use.
+type dirSet struct{ m sync.Map }
+
+func (s *dirSet) has(dir string) bool { _, ok := s.m.Load(dir); return ok }
+func (s *dirSet) add(dir string)      { s.m.Store(dir, struct{}{}) }
+func (s *dirSet) forget(dir string)   { s.m.Delete(dir) }
 
 // lookup returns the object and its meta, or ErrNotFound.
 func (h *Host) lookup(objectID string) (*object, *Meta, error) {

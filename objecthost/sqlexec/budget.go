@@ -99,6 +99,14 @@ func SetTempSpaceLimit(total int64) {
 // TempSpaceInUse is the bytes of temporary files open in the process.
 func TempSpaceInUse() int64 { return int64(C.shoal_temp_bytes()) }
 
+// globalConfig reports what shoal_global_config (vfs.c) got from SQLite: 0
+// when its process-wide options apply, -1 before it ran, else SQLite's
+// code (SQLITE_MISUSE: SQLite was initialized before sqlexec's first
+// open, and its defaults stay). memoryUsed is SQLite's heap counter, which
+// stays 0 while memory statistics are off.
+func globalConfig() int { return int(C.shoal_global_config_rc()) }
+func memoryUsed() int64 { return int64(C.sqlite3_memory_used()) }
+
 // registerVFS registers the "shoal-excl" VFS once per process (vfs.c); every
 // connection opens through it.
 var registerVFS = sync.OnceValue(func() error {

@@ -99,3 +99,17 @@ func TestOpenAttachesCommitHook(t *testing.T) {
 	assert.EqualValues(t, n, res[0].Results.(Rows)[0].Values()[0])
 	require.NoError(t, db.Close())
 }
+
+// sqlexec's process-wide SQLite options apply (vfs.c, shoal_global_config):
+// set before SQLite initialized — this test process, like a host, opens
+// its first database through sqlexec —, memory statistics are off (no
+// mutex per allocation; the heap counter stays 0 after opens and
+// queries) and the page cache makes no initial bulk allocation.
+func TestGlobalConfig(t *testing.T) {
+	db, err := Open(filepath.Join(t.TempDir(), "g.db"), Options{ReadConns: 1})
+	require.NoError(t, err)
+	run(t, db, stmt("CREATE TABLE t (v)"), stmt("INSERT INTO t VALUES (1)"), stmt("SELECT v FROM t"))
+	require.Equal(t, 0, globalConfig(), "sqlite3_config refused: SQLite was initialized before sqlexec's first open")
+	assert.Zero(t, memoryUsed(), "memory statistics are off")
+	require.NoError(t, db.Close())
+}

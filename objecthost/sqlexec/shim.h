@@ -14,6 +14,8 @@ typedef long long sqlite3_int64;
 typedef void (*sqlite3_destructor_type)(void*);
 
 extern int sqlite3_open_v2(const char*, sqlite3**, int, const char*);
+extern sqlite3_int64 sqlite3_memory_used(void);
+int shoal_global_config_rc(void);
 extern int sqlite3_close_v2(sqlite3*);
 extern int sqlite3_prepare_v3(sqlite3*, const char*, int, unsigned int, sqlite3_stmt**, const char**);
 extern int sqlite3_step(sqlite3_stmt*);

@@ -83,6 +83,10 @@ struct sqlite3_vfs {
 
 extern sqlite3_vfs *sqlite3_vfs_find(const char*);
 extern int sqlite3_vfs_register(sqlite3_vfs*, int);
+extern int sqlite3_config(int, ...);
+
+#define CONFIG_PAGECACHE 7
+#define CONFIG_MEMSTATUS 9
 
 #define OPEN_TEMP_DB 0x00000200
 #define OPEN_TRANSIENT_DB 0x00000400
@@ -229,9 +233,42 @@ static int shoal_xfullpathname(sqlite3_vfs *v, const char *name, int n, char *ou
 	return shoal_base->xFullPathname(shoal_base, name, n, out);
 }
 
+static int shoal_config_rc = -1; // -1: not run; else the first non-zero rc, or 0
+
+// shoal_global_config sets SQLite's process-wide options that make a
+// connection cheaper to open and close — the cold path of a host that
+// opens and closes databases all day. It must run before SQLite
+// initializes (sqlite3_vfs_find below is the first call that does, in a
+// host process); once SQLite is initialized sqlite3_config refuses
+// (SQLITE_MISUSE) and the defaults stay, which is correct, only slower.
+//
+//   - No memory statistics (SQLITE_CONFIG_MEMSTATUS 0): with them every
+//     sqlite3_malloc and sqlite3_free takes a process-wide mutex to count
+//     bytes, and opening a connection (the built-in FTS3/FTS5/R*Tree
+//     modules and functions registered on each, the schema parsed) and
+//     closing it are ~200 libc mallocs (measured: sqlexec's
+//     BenchmarkColdQuery, perf uprobe on malloc), beside the lookaside
+//     ones. Nothing here reads the
+//     counters: sqlite3_memory_used is never called, and the soft/hard heap
+//     limits that need them are refused to users (the authorizer).
+//   - No initial bulk page-cache allocation per connection
+//     (SQLITE_CONFIG_PAGECACHE with no buffer and N = 0; SQLite's default
+//     is a 20-page block, ~85 KB, allocated and threaded into a free list
+//     at the first page read): a cold point read touches 2–4 pages, which
+//     are now allocated one by one. The cache's size limit (cache_size)
+//     and so when temporary b-trees spill are unchanged.
+static void shoal_global_config(void) {
+	int rc = sqlite3_config(CONFIG_MEMSTATUS, 0);
+	int rc2 = sqlite3_config(CONFIG_PAGECACHE, (void*)0, 0, 0);
+	shoal_config_rc = rc ? rc : rc2;
+}
+
+int shoal_global_config_rc(void) { return shoal_config_rc; }
+
 // shoal_vfs_register registers "shoal-excl" (once; Go calls it under a
 // sync.Once before the first open). It returns 0 on success.
 int shoal_vfs_register(void) {
+	shoal_global_config();
 	shoal_base = sqlite3_vfs_find("unix-excl");
 	if (!shoal_base) return 1;
 	memcpy(&shoal_vfs, shoal_base, sizeof shoal_vfs);

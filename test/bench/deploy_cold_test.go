@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,7 +45,10 @@ import (
 //
 // Knobs: SHOAL_BENCH_ROUNDS (default 6), SHOAL_BENCH_SECONDS (each phase,
 // default 3), SHOAL_BENCH_WORKERS (default 1,16), SHOAL_BENCH_PORT_BASE,
-// SHOAL_BENCH_COLD_VARIANTS (off, on, or off,on: the default),
+// SHOAL_BENCH_COLD_VARIANTS (off, on, or off,on: the default, one
+// subtest after the other; off+on: both variants' clusters in one
+// subtest, phases alternating round by round, and the same-round ratio
+// of the two printed),
 // SHOAL_BENCH_BASELINE_BIN (a second shoal binary: its own cluster beside
 // this build's, phases alternating round by round, and the same-round
 // ratio of the cold rates printed), SHOAL_BENCH_PROFILE (a directory: CPU
@@ -68,14 +72,17 @@ func TestDeployColdQueryBench(t *testing.T) {
 	}
 	ports := newPortAlloc(t)
 	variants := []bool{false, true}
+	interleave := false // both variants' clusters in the same rounds
 	switch v := os.Getenv("SHOAL_BENCH_COLD_VARIANTS"); v {
 	case "", "off,on":
 	case "off":
 		variants = []bool{false}
 	case "on":
 		variants = []bool{true}
+	case "off+on":
+		interleave = true
 	default:
-		t.Fatalf("SHOAL_BENCH_COLD_VARIANTS: %q (off, on, off,on)", v)
+		t.Fatalf("SHOAL_BENCH_COLD_VARIANTS: %q (off, on, off,on, off+on)", v)
 	}
 	// SHOAL_BENCH_PROFILE=DIR: CPU profiles of this build's processes
 	// during the last round's cold phase at the highest client count.
@@ -88,23 +95,44 @@ func TestDeployColdQueryBench(t *testing.T) {
 		baseBin, err = filepath.Abs(baseBin)
 		require.NoError(t, err)
 	}
-	for _, archive := range variants {
-		name := "history=off"
+	variantName := func(archive bool) string {
 		if archive {
-			name = "history=on"
+			return "history=on"
 		}
+		return "history=off"
+	}
+	// Each run is one subtest whose clusters' phases alternate round by
+	// round: a variant with this build and the baseline beside it, or
+	// (off+on) both variants side by side, so the variants' difference is
+	// a same-round figure too.
+	type run struct {
+		name     string
+		variants []bool
+	}
+	var runs []run
+	if interleave {
+		runs = []run{{"history=off+on", []bool{false, true}}}
+	} else {
+		for _, archive := range variants {
+			runs = append(runs, run{variantName(archive), []bool{archive}})
+		}
+	}
+	for _, rn := range runs {
+		name := rn.name
 		t.Run(name, func(t *testing.T) {
 			// One cluster of this build and, with SHOAL_BENCH_BASELINE_BIN,
 			// one of the baseline binary beside it: their phases alternate
 			// round by round, so their ratio is a same-run figure.
 			type side struct {
 				label          string
+				variant        string // history=off or history=on
+				base           bool   // the baseline binary's cluster
 				d              *deployCluster
 				groups         []procGroup
 				coldOp, warmOp func(int, *rand.Rand) error
 				sc, sw         []phaseSeries
 			}
-			start := func(label, bin, prefix string) *side {
+			start := func(label, bin, prefix string, archive bool) *side {
 				var extra []string
 				if archive {
 					extra = []string{"--archive-dir", filepath.Join(t.TempDir(), "archive")}
@@ -116,7 +144,7 @@ func TestDeployColdQueryBench(t *testing.T) {
 				hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 				var next atomic.Uint64
 				return &side{
-					label: label, d: d,
+					label: label, variant: variantName(archive), base: bin != "", d: d,
 					groups: []procGroup{{"cat", procPids(d.cats)}, {"hosts", procPids(d.hosts)}, {"edge", procPids([]*harness.Proc{d.edge})},
 						{"gen", []int{os.Getpid()}}},
 					coldOp: func(_ int, rng *rand.Rand) error {
@@ -129,18 +157,28 @@ func TestDeployColdQueryBench(t *testing.T) {
 					sc: make([]phaseSeries, len(levels)), sw: make([]phaseSeries, len(levels)),
 				}
 			}
-			sides := []*side{start("this build", "", "")}
-			if baseBin != "" {
-				sides = append(sides, start("baseline", baseBin, "b"))
+			var sides []*side
+			for i, archive := range rn.variants {
+				label, blabel := "this build", "baseline"
+				if len(rn.variants) > 1 {
+					label, blabel = label+", "+variantName(archive), blabel+", "+variantName(archive)
+				}
+				prefix := strings.Repeat("v", i) // distinct process names per cluster
+				sides = append(sides, start(label, "", prefix, archive))
+				if baseBin != "" {
+					sides = append(sides, start(blabel, baseBin, "b"+prefix, archive))
+				}
 			}
 			for r := range rounds {
 				for i, workers := range levels {
 					for k := range sides {
-						sd := sides[(k+r)%len(sides)] // the first side alternates too
+						sd := sides[(k+r)%len(sides)] // the first side rotates too
 						cold := func() { sd.sc[i].add(t, sd.groups, workers, dur, sd.coldOp) }
-						if profDir != "" && k == 0 && r == rounds-1 && i == len(levels)-1 {
+						// This build's clusters only (with a baseline, the
+						// side that runs first alternates round by round).
+						if profDir != "" && !sd.base && r == rounds-1 && i == len(levels)-1 {
 							cold = func() {
-								wait := sd.d.profile(t, profDir, fmt.Sprintf("cold-%s-%d", name, workers), dur)
+								wait := sd.d.profile(t, profDir, fmt.Sprintf("cold-%s-%d", sd.variant, workers), dur)
 								sd.sc[i].add(t, sd.groups, workers, dur, sd.coldOp)
 								wait()
 							}
@@ -165,9 +203,18 @@ func TestDeployColdQueryBench(t *testing.T) {
 					t.Logf("%-46s %3d %s %8.2f | %s", "warm handle, "+sd.label, n, sd.sw[i].row(nil), harness.Millis(sd.sw[i].lat.Pct(.999)), sd.sw[i].cpuRow())
 				}
 			}
-			if len(sides) == 2 {
+			if baseBin != "" {
+				for k := 0; k+1 < len(sides); k += 2 {
+					for i, n := range levels {
+						t.Logf("%-46s %3d %s", "cold, "+sides[k].label+" / baseline (same rounds)", n, sides[k].sc[i].row(&sides[k+1].sc[i]))
+					}
+				}
+			}
+			if len(rn.variants) > 1 {
+				off, on := sides[0], sides[len(sides)/2] // this build's two variants
 				for i, n := range levels {
-					t.Logf("%-46s %3d %s", "cold, this build / baseline (same rounds)", n, sides[0].sc[i].row(&sides[1].sc[i]))
+					t.Logf("%-46s %3d %s", "cold, history=off / history=on (same rounds)", n, off.sc[i].row(&on.sc[i]))
+					t.Logf("%-46s %3d %s", "warm, history=off / history=on (same rounds)", n, off.sw[i].row(&on.sw[i]))
 				}
 			}
 		})
