@@ -2,7 +2,9 @@ package fsm
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -214,4 +216,57 @@ func TestActiveCountInsideABatch(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(3), a.ActiveDatabases)
 	require.Empty(t, f.activeDelta, "nothing left pending between batches")
+}
+
+// writeRequests inserts requestRowsPerInsert rows per statement: the table
+// it writes holds exactly the rows one INSERT per entry wrote (the earlier
+// code, kept here as the reference), at the sizes around a statement's
+// boundary, the last shorter statement included.
+func TestWriteRequestsMatchesOneRowInserts(t *testing.T) {
+	ctx := context.Background()
+	open := func() *sql.DB {
+		db, err := sql.Open("sqlite3", "file:"+filepath.Join(t.TempDir(), "r.db")+"?_journal_mode=DELETE")
+		require.NoError(t, err)
+		t.Cleanup(func() { db.Close() })
+		_, err = db.Exec(`CREATE TABLE requests (log_index INTEGER PRIMARY KEY, request_id TEXT NOT NULL UNIQUE,
+			ts INTEGER NOT NULL, result BLOB NOT NULL); CREATE INDEX requests_ts ON requests (ts)`)
+		require.NoError(t, err)
+		return db
+	}
+	rows := func(db *sql.DB) [][4]any {
+		rs, err := db.Query(`SELECT log_index, request_id, ts, result FROM requests ORDER BY log_index`)
+		require.NoError(t, err)
+		defer rs.Close()
+		var out [][4]any
+		for rs.Next() {
+			var idx, ts int64
+			var id string
+			var res []byte
+			require.NoError(t, rs.Scan(&idx, &id, &ts, &res))
+			out = append(out, [4]any{idx, id, ts, string(res)})
+		}
+		require.NoError(t, rs.Err())
+		return out
+	}
+	n := requestRowsPerInsert
+	for _, size := range []int{1, n - 1, n, n + 1, 3*n + 7} {
+		d := newDedupe()
+		for i := range size {
+			d.put(&reqEntry{id: fmt.Sprintf("rid-%05d", i), index: uint64(100 + 3*i), ts: int64(1_000_000 + i),
+				result: []byte(fmt.Sprintf(`{"index":%d,"value":{"n":%d}}`, 100+3*i, i))})
+		}
+		v := d.view()
+		got := open()
+		require.NoError(t, writeRequests(ctx, got, v))
+		want := open()
+		require.NoError(t, v.each(func(id string, index uint64, ts int64, result []byte) error {
+			_, err := want.Exec(`INSERT OR REPLACE INTO requests (request_id, log_index, ts, result) VALUES (?, ?, ?, ?)`, id, int64(index), ts, result)
+			return err
+		}))
+		w := rows(want)
+		require.Len(t, w, size)
+		require.Equal(t, w, rows(got), "size %d", size)
+		v.release()
+		d.free()
+	}
 }

@@ -333,8 +333,10 @@ func TestDeployBench(t *testing.T) {
 					before = clusterFor(name).edgeCreateMetrics(t)
 				}
 				var fsmBefore [3]float64
+				var snapsBefore float64
 				if strings.HasPrefix(name, "raw") {
 					fsmBefore = clusterFor(name).leaderBatches(t)
+					snapsBefore = clusterFor(name).snapshotsPersisted(t)
 				}
 				edgePhase := strings.HasPrefix(name, "create") || (strings.HasPrefix(name, "edge-select") && !strings.HasPrefix(name, "edge-select-http"))
 				var leanBefore [2]float64
@@ -355,6 +357,7 @@ func TestDeployBench(t *testing.T) {
 					s.fsmEntries += after[0] - fsmBefore[0]
 					s.fsmBatches += after[1] - fsmBefore[1]
 					s.fsmCommands += after[2] - fsmBefore[2]
+					s.snapshots += clusterFor(name).snapshotsPersisted(t) - snapsBefore
 				}
 				if before != nil {
 					after := clusterFor(name).edgeCreateMetrics(t)
@@ -402,7 +405,8 @@ func TestDeployBench(t *testing.T) {
 					if cmds == 0 { // a build before batch entries: one command per entry
 						cmds = s.fsmEntries
 					}
-					t.Logf("%-12s %3d per FSM batch on the leader: %.1f entries (shoal_raftmeta_fsm_batch_entries), %.1f commands", name, n, s.fsmEntries/s.fsmBatches, cmds/s.fsmBatches)
+					t.Logf("%-12s %3d per FSM batch on the leader: %.1f entries (shoal_raftmeta_fsm_batch_entries), %.1f commands; %.0f snapshots persisted by the voters during the %d phases",
+						name, n, s.fsmEntries/s.fsmBatches, cmds/s.fsmBatches, s.snapshots, len(s.rates))
 				}
 			}
 		}
@@ -947,6 +951,31 @@ func (d *deployCluster) leaderBatches(t *testing.T) [3]float64 {
 	return out
 }
 
+// snapshotsPersisted is how many snapshots the cluster's three voters have
+// persisted (shoal_raftmeta_snapshot_duration_seconds_count{phase="persist"},
+// summed; a snapshot costs each voter a copy of the catalog, so one landing
+// in a phase weighs on that phase's catalog CPU).
+func (d *deployCluster) snapshotsPersisted(t *testing.T) float64 {
+	ops := d.pki.HTTPClient(t, "ops", pki.RoleOperator)
+	const name = `shoal_raftmeta_snapshot_duration_seconds_count{phase="persist"} `
+	var sum float64
+	for _, addr := range d.catAddr {
+		resp, err := ops.Get("https://" + addr + "/metrics")
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, name); ok {
+				f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+				require.NoError(t, err)
+				sum += f
+			}
+		}
+	}
+	return sum
+}
+
 // stepMeans formats mean time per create step and mean batch sizes.
 func stepMeans(m map[string]float64) string {
 	var b strings.Builder
@@ -1033,6 +1062,8 @@ type phaseSeries struct {
 	load  []float64         // 1-minute load average at each round's start
 	// raw writes: the leader's FSM entries and batches over every round
 	fsmEntries, fsmBatches, fsmCommands float64
+	// raw writes: snapshots the three voters persisted during the phases
+	snapshots float64
 }
 
 func (s *phaseSeries) add(t *testing.T, groups []procGroup, n int, dur time.Duration, op func(int, *rand.Rand) error) {
