@@ -401,3 +401,55 @@ func TestExecScriptCommittedError(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"2"}, n)
 }
+
+// TestExecScriptRecordAtSizeCap: a script that fills the database exactly
+// to its size cap (max_page_count) commits with its record: the record's
+// pages are the host's, not the user's (it used to fail the whole import
+// with SQLITE_FULL although the user's data fit). The cap still holds for
+// the user afterwards.
+func TestExecScriptRecordAtSizeCap(t *testing.T) {
+	lim := DefaultLimits()
+	lim.MaxDatabaseBytes = 64 * 4096
+	record := func(ScriptResult) []InternalStatement {
+		return []InternalStatement{
+			{SQL: "CREATE TABLE IF NOT EXISTS _shoal_rec(name TEXT PRIMARY KEY, status TEXT)"},
+			{SQL: "INSERT INTO _shoal_rec VALUES (?, ?)", Args: []string{"f.sql", strings.Repeat("s", 600)}},
+		}
+	}
+	fill := func(n int) func() (string, error) {
+		return lines("CREATE TABLE big(b BLOB)", fmt.Sprintf("INSERT INTO big VALUES (zeroblob(%d))", n))
+	}
+	fits := func(n int, opt ScriptOptions) (*DB, error) {
+		db, _ := openTest(t, Options{Limits: lim})
+		_, err := db.ExecScript(context.Background(), fill(n), opt)
+		return db, err
+	}
+	// The largest blob that fits without a record: the script then ends
+	// with the database at exactly max_page_count pages.
+	lo, hi := 0, int(lim.MaxDatabaseBytes)
+	for lo+1 < hi {
+		mid := (lo + hi) / 2
+		if _, err := fits(mid, ScriptOptions{}); err == nil {
+			lo = mid
+		} else {
+			require.ErrorIs(t, err, ErrStorageLimit)
+			hi = mid
+		}
+	}
+	db, err := fits(lo, ScriptOptions{})
+	require.NoError(t, err)
+	pages, err := db.InternalStrings("SELECT page_count FROM pragma_page_count WHERE ? = ''", "")
+	require.NoError(t, err)
+	require.Equal(t, []string{"64"}, pages, "the script fills the database to its cap")
+
+	db, err = fits(lo, ScriptOptions{Record: record})
+	require.NoError(t, err, "the record does not count against the user's size cap")
+	row, err := db.InternalStrings("SELECT name FROM _shoal_rec WHERE ? = ''", "")
+	require.NoError(t, err)
+	require.Equal(t, []string{"f.sql"}, row)
+	// The user's cap is back: the database is full for user SQL.
+	e := runErr(t, db, stmt("INSERT INTO big VALUES (zeroblob(8000))"))
+	require.Equal(t, v4.CodeStorageLimit, e.Code, e.Message)
+	_, err = db.ExecScript(context.Background(), lines("INSERT INTO big VALUES (zeroblob(8000))"), ScriptOptions{Record: record})
+	require.ErrorIs(t, err, ErrStorageLimit, "a script's own statements still obey the cap")
+}
