@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
 	"time"
 	"unsafe"
 
@@ -47,13 +46,11 @@ type ScriptOptions struct {
 	// and its deferred checks passed, inside its transaction and just
 	// before the COMMIT, with what the script did (SizeAfter measured
 	// there); the internal statements it returns run in that transaction,
-	// outside the sandbox (they may write reserved _shoal_* tables),
-	// uncounted and outside the size cap (they may add up to recordPages
-	// pages past max_page_count: a script that fills the database exactly
-	// to its limit still commits with its record). The record therefore
-	// commits with the script or not at all: the object host keeps its
-	// import jobs' outcome this way. A failing record statement rolls the
-	// script back (*ScriptError, Statement 0).
+	// outside the sandbox (they may write reserved _shoal_* tables) and
+	// uncounted. The record therefore commits with the script or not at
+	// all: the object host keeps its import jobs' outcome this way. A
+	// failing record statement rolls the script back (*ScriptError,
+	// Statement 0).
 	Record func(ScriptResult) []InternalStatement
 }
 
@@ -212,16 +209,13 @@ func (db *DB) script(c *conn, sj *scriptJob) (res ScriptResult, err error) {
 		c.sc.allow_seq = 1
 	}
 	st := reqState{base: db.base, discard: true}
-	committed, capRaised := false, false
+	committed := false
 	defer func() {
 		c.scriptNoCache, c.scriptSQLBytes = false, 0
 		c.sc.allow_seq = 0
 		C.shoal_clear_recs(c.sc)
 		if !committed && C.sqlite3_get_autocommit(c.db) == 0 {
 			_ = c.execInternal("ROLLBACK")
-		}
-		if capRaised {
-			c.restorePageCap() // after the transaction: see Record below
 		}
 		if st.ddl {
 			// Cached column names and index info (rows_written) are
@@ -308,15 +302,6 @@ func (db *DB) script(c *conn, sj *scriptJob) (res ScriptResult, err error) {
 		if size, err := c.usedBytes(); err == nil {
 			res.SizeAfter = size
 		}
-		// The record is the host's, not the user's: it may take pages past
-		// max_page_count (the size cap), so an import that fills the
-		// database exactly to the cap commits instead of failing with
-		// SQLITE_FULL for a row the user never wrote. The cap is set back
-		// after the COMMIT or the rollback (the deferred function above).
-		capRaised = true
-		if err := c.raisePageCap(recordPages); err != nil {
-			return fail(0, err)
-		}
 		for _, is := range opt.Record(res) {
 			if err := c.execInternalArgs(is.SQL, is.Args); err != nil {
 				return fail(0, err)
@@ -340,51 +325,6 @@ func (db *DB) script(c *conn, sj *scriptJob) (res ScriptResult, err error) {
 		opt.Progress(res.Statements)
 	}
 	return res, nil
-}
-
-// recordPages is how many pages ScriptOptions.Record's statements may add
-// past the size cap: a small table (its root, its primary key index) and a
-// row or two, plus a split of sqlite_schema. A record needing more fails
-// the script with SQLITE_FULL, as before.
-const recordPages = 16
-
-// raisePageCap lets the open transaction grow extra pages past the
-// connection's max_page_count (the database's current page count plus
-// extra, at least the cap). restorePageCap sets the cap back.
-func (c *conn) raisePageCap(extra int64) error {
-	pages, err := c.queryInt("PRAGMA page_count")
-	if err != nil {
-		return err
-	}
-	return c.setPageCap(max(pages+extra, c.pageCap()))
-}
-
-// restorePageCap sets max_page_count back to MaxDatabaseBytes / page_size
-// (SQLite keeps it at the current page count if the file is larger now:
-// the record's few pages stay outside the user's limit). Best effort: it
-// runs after the transaction ended, and a failure only leaves the cap a
-// few pages higher until the connection is reopened.
-func (c *conn) restorePageCap() { _ = c.setPageCap(c.pageCap()) }
-
-// pageCap is the writer's max_page_count as shoal_configure sets it.
-func (c *conn) pageCap() int64 {
-	ps := c.pageSize
-	if ps <= 0 {
-		ps = 4096
-	}
-	return max(c.lim.MaxDatabaseBytes/ps, 1)
-}
-
-// setPageCap runs PRAGMA max_page_count=n without caching the statement
-// (its text varies; a pragma's value cannot be a parameter).
-func (c *conn) setPageCap(n int64) error {
-	sql := C.CString("PRAGMA max_page_count=" + strconv.FormatInt(n, 10))
-	defer C.free(unsafe.Pointer(sql))
-	c.sc.user = 0
-	if rc := C.sqlite3_exec(c.db, sql, nil, nil, nil); rc != rcOK {
-		return c.errorFor(rc, -1)
-	}
-	return nil
 }
 
 // execInternalArgs runs an internal statement (outside the sandbox) with
