@@ -439,11 +439,11 @@ func TestExecScriptRecordHeaderAndAfterCommit(t *testing.T) {
 	require.Contains(t, e.Detail, "PRAGMA not allowed")
 
 	// A write queued while the script runs commits after AfterCommit.
-	var atAfter int64
+	var before, atAfter int64
 	queued := make(chan error, 1)
-	before := h.n.Load()
 	_, err = db.ExecScript(context.Background(), lines("INSERT INTO a VALUES (1)"), ScriptOptions{
 		Record: func(r ScriptResult) ([]InternalStatement, error) {
+			before = h.n.Load() // on the writer: every earlier commit's hook ran
 			go func() {
 				_, err := db.Execute(context.Background(), Request{Statements: []Statement{stmt("INSERT INTO a VALUES (2)")}})
 				queued <- err
