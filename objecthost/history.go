@@ -671,7 +671,10 @@ func (h *Host) Restore(ctx context.Context, objectID, bookmark, timestamp string
 	// Imports a dead process left unresolved are resolved on the database
 	// as it is, before the restore may change its application_id (the
 	// tag that says they committed: importjobs.go).
-	if err := h.dump.resolveDead(o, m, false); err != nil {
+	h.dump.mu.Lock()
+	err = h.dump.resolveDead(m)
+	h.dump.mu.Unlock()
+	if err != nil {
 		return RestoreResult{}, err
 	}
 	key := m.DatabaseUUID

@@ -94,7 +94,7 @@ func (d *dumpAPI) uploadDir(id string) string { return filepath.Join(d.h.cfg.Dir
 // complete), computing its MD5 on the way; memory use is one copy buffer.
 func (d *dumpAPI) handleUpload(w http.ResponseWriter, r *http.Request) {
 	id, name := mux.Vars(r)["id"], mux.Vars(r)["filename"]
-	o, m, err := d.checkObject(r, id)
+	_, m, err := d.checkObject(r, id)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -110,7 +110,10 @@ func (d *dumpAPI) handleUpload(w http.ResponseWriter, r *http.Request) {
 	}
 	// Job files a dead process left "active" end here (resolved), so that
 	// removeStale counts their retention from an end too.
-	if err := d.resolveDead(o, m, false); err != nil {
+	d.mu.Lock()
+	err = d.resolveDead(m)
+	d.mu.Unlock()
+	if err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -205,7 +208,7 @@ func (d *dumpAPI) handleIngest(w http.ResponseWriter, r *http.Request) {
 	// A retried ingest of a job an earlier process of this host ran
 	// answers that job (its job file says it exists): one file is one
 	// import, run at most once.
-	if j, err := d.recoverJob(o, m, req.Filename, true); err != nil {
+	if j, err := d.recoverJob(m, req.Filename); err != nil {
 		d.mu.Unlock()
 		writeErr(w, err)
 		return
@@ -235,7 +238,7 @@ func (d *dumpAPI) handleIngest(w http.ResponseWriter, r *http.Request) {
 	}
 	// Imports a dead process left unresolved are resolved before this one
 	// may change the database's application_id (importjobs.go).
-	if err := d.resolveDead(o, m, true); err != nil {
+	if err := d.resolveDead(m); err != nil {
 		d.mu.Unlock()
 		writeErr(w, err)
 		return
@@ -448,7 +451,7 @@ type pollBody struct {
 
 func (d *dumpAPI) handlePoll(w http.ResponseWriter, r *http.Request) {
 	id := mux.Vars(r)["id"]
-	o, m, err := d.checkObject(r, id)
+	_, m, err := d.checkObject(r, id)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -467,25 +470,21 @@ func (d *dumpAPI) handlePoll(w http.ResponseWriter, r *http.Request) {
 	}
 	d.mu.Lock()
 	j := d.jobs[id]
-	d.mu.Unlock()
 	if j == nil || (req.CurrentBookmark != "" && req.CurrentBookmark != j.filename) {
 		j = nil
 		if req.CurrentBookmark != "" && validFilename(req.CurrentBookmark) {
-			// Not in memory: a restart. Read outside d.mu (it may open
-			// the database).
-			if j, err = d.recoverJob(o, m, req.CurrentBookmark, false); err != nil {
+			// Not in memory: a restart (recoverJob, under d.mu: see there).
+			if j, err = d.recoverJob(m, req.CurrentBookmark); err != nil {
+				d.mu.Unlock()
 				writeErr(w, err)
 				return
 			}
-			if j != nil {
-				d.mu.Lock()
-				if d.jobs[id] == nil {
-					d.jobs[id] = j
-				}
-				d.mu.Unlock()
+			if j != nil && d.jobs[id] == nil {
+				d.jobs[id] = j
 			}
 		}
 	}
+	d.mu.Unlock()
 	if j == nil {
 		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "no import with that bookmark on this database (an import's status is kept for 24 hours after it ends)")
 		return

@@ -228,8 +228,13 @@ func (d *dumpAPI) recoveredBookmark(m *Meta, filename string, jc *jobCommit) str
 // the same without reading the database. nil: no such import on this
 // database (never run on this host, or expired).
 //
-// locked says the caller holds d.mu (the ingest does, the poll does not).
-func (d *dumpAPI) recoverJob(o *object, m *Meta, filename string, locked bool) (*importJob, error) {
+// The caller holds d.mu, for the whole resolution: reading the file and
+// the header, and rewriting the file, must not interleave with an ingest
+// that starts an import (which changes the header) or another resolution.
+// A resolution may open the database and, for a committed import's
+// bookmark, wait up to 5 s for the archive: rare (a crash between an
+// import's commit step and its end), and only then.
+func (d *dumpAPI) recoverJob(m *Meta, filename string) (*importJob, error) {
 	jf := d.loadJob(m.ObjectID, filename)
 	if jf == nil || jf.DatabaseUUID != m.DatabaseUUID {
 		return nil, nil
@@ -239,10 +244,6 @@ func (d *dumpAPI) recoverJob(o *object, m *Meta, filename string, locked bool) (
 		// raced its ingest finds it once the ingest released d.mu), or
 		// none if its start failed because the host is closing. Never
 		// resolved as interrupted while it may be running.
-		if !locked {
-			d.mu.Lock()
-			defer d.mu.Unlock()
-		}
 		if j := d.jobs[m.ObjectID]; j != nil && j.filename == filename {
 			return j, nil
 		}
@@ -290,7 +291,8 @@ func (d *dumpAPI) recoverJob(o *object, m *Meta, filename string, locked bool) (
 // dead process (recoverJob), before anything that changes the database's
 // application_id — an import, a time-travel restore — could hide whether
 // those imports committed. Normally there is none: a cheap directory read.
-func (d *dumpAPI) resolveDead(o *object, m *Meta, locked bool) error {
+// The caller holds d.mu.
+func (d *dumpAPI) resolveDead(m *Meta) error {
 	dir := filepath.Join(d.uploadDir(m.ObjectID), "jobs")
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -305,7 +307,7 @@ func (d *dumpAPI) resolveDead(o *object, m *Meta, locked bool) error {
 		if jf == nil || jf.Status.Status != "active" || jf.Incarnation == d.incarnation() || jf.DatabaseUUID != m.DatabaseUUID {
 			continue
 		}
-		if _, err := d.recoverJob(o, m, name, locked); err != nil {
+		if _, err := d.recoverJob(m, name); err != nil {
 			return fmt.Errorf("import job %s: %w", name, err)
 		}
 	}

@@ -429,7 +429,12 @@ func TestImportJobFilesExpire(t *testing.T) {
 	require.Equal(t, "complete", waitImport(t, srv, d, "old.sql").Status)
 	jobs := filepath.Join(th.dir, "imports", d.obj, "jobs")
 	old := filepath.Join(jobs, "old.sql.json")
-	require.FileExists(t, old)
+	// The job's last step: its file says when it ended (a poll may answer
+	// "complete" just before).
+	require.Eventually(t, func() bool {
+		jf := readJob(old)
+		return jf != nil && jf.FinishedUs != 0
+	}, 30*time.Second, 5*time.Millisecond)
 	th.clock.Advance(jobRetention - time.Minute)
 	code, env := upload(t, srv, d, "new.sql", "SELECT 1;\n")
 	require.Equal(t, http.StatusOK, code, "%+v", env)
