@@ -25,13 +25,15 @@ import (
 //
 //  1. ingest accepted: the job file <dir>/imports/<object>/jobs/<file>.json,
 //     written with fsync, status "active" (checkpoint: the job exists).
-//     A crash from here on is answered "interrupted: nothing was imported".
+//     A crash before step 3 is answered "interrupted: nothing was
+//     imported".
 //  2. every statement ran, just before the COMMIT, inside the import's
 //     transaction (sqlexec ScriptOptions.Record): the job file again, now
 //     with its commit block — the status the job ends with if it commits
-//     (complete, its meta) and a random tag — fsynced; then the
-//     transaction sets the database header's application_id to the tag.
-//     If the file cannot be written the import rolls back.
+//     (complete, its meta), a random tag and the history position before
+//     the import — fsynced; then the transaction sets the database
+//     header's application_id to the tag. If the file cannot be written
+//     the import rolls back.
 //  3. the COMMIT (checkpoint: the import applied). "The import committed"
 //     and "the header carries its tag" are one SQLite commit and can never
 //     disagree, and the header is nowhere user SQL can see it (PRAGMA
