@@ -668,6 +668,15 @@ func (h *Host) Restore(ctx context.Context, objectID, bookmark, timestamp string
 	if m.deleted() {
 		return RestoreResult{}, ErrDeleted
 	}
+	// Imports a dead process left unresolved are resolved on the database
+	// as it is, before the restore may change its application_id (the
+	// tag that says they committed: importjobs.go).
+	h.dump.mu.Lock()
+	err = h.dump.resolveDead(m)
+	h.dump.mu.Unlock()
+	if err != nil {
+		return RestoreResult{}, err
+	}
 	key := m.DatabaseUUID
 	var target history.Position
 	if bookmark != "" {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -74,7 +75,8 @@ type importJob struct {
 	filename string
 	mu       sync.Mutex
 	status   ImportStatus
-	finished time.Time // when status left "active" (host clock)
+	finished time.Time  // when status left "active" (host clock)
+	commit   *jobCommit // set just before the import's COMMIT (importjobs.go)
 }
 
 func (j *importJob) snapshot() ImportStatus {
@@ -92,7 +94,8 @@ func (d *dumpAPI) uploadDir(id string) string { return filepath.Join(d.h.cfg.Dir
 // complete), computing its MD5 on the way; memory use is one copy buffer.
 func (d *dumpAPI) handleUpload(w http.ResponseWriter, r *http.Request) {
 	id, name := mux.Vars(r)["id"], mux.Vars(r)["filename"]
-	if _, _, err := d.checkObject(r, id); err != nil {
+	_, m, err := d.checkObject(r, id)
+	if err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -102,6 +105,15 @@ func (d *dumpAPI) handleUpload(w http.ResponseWriter, r *http.Request) {
 	}
 	dir := d.uploadDir(id)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
+		writeErr(w, err)
+		return
+	}
+	// Job files a dead process left "active" end here (resolved), so that
+	// removeStale counts their retention from an end too.
+	d.mu.Lock()
+	err = d.resolveDead(m)
+	d.mu.Unlock()
+	if err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -196,7 +208,7 @@ func (d *dumpAPI) handleIngest(w http.ResponseWriter, r *http.Request) {
 	// A retried ingest of a job an earlier process of this host ran
 	// answers that job (its job file says it exists): one file is one
 	// import, run at most once.
-	if j, err := d.recoverJob(o, m, req.Filename, true, true); err != nil {
+	if j, err := d.recoverJob(m, req.Filename); err != nil {
 		d.mu.Unlock()
 		writeErr(w, err)
 		return
@@ -220,6 +232,13 @@ func (d *dumpAPI) handleIngest(w http.ResponseWriter, r *http.Request) {
 	}
 	fi, err := os.Stat(path)
 	if err != nil {
+		d.mu.Unlock()
+		writeErr(w, err)
+		return
+	}
+	// Imports a dead process left unresolved are resolved before this one
+	// may change the database's application_id (importjobs.go).
+	if err := d.resolveDead(m); err != nil {
 		d.mu.Unlock()
 		writeErr(w, err)
 		return
@@ -300,7 +319,7 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 	acct := d.h.account(m.AccountID)
 	blockGrowth := acct.blockGrowth || (acct.maxDatabaseBytes > 0 && o.size.Load() >= acct.maxDatabaseBytes)
 	// complete is the job's final status for an import that did res: the
-	// same text for the record its transaction commits and for the job.
+	// same text for the job file's commit block and for the job.
 	complete := func(res dump.ImportResult, finalBookmark string, at time.Time) ImportStatus {
 		st := j.snapshot()
 		st.Status = "complete"
@@ -312,14 +331,49 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 		}}
 		return st
 	}
+	// The tag the import's transaction sets as the database's
+	// application_id (importjobs.go): only imports change it, and this is
+	// the object's one running import.
+	before, err := dbAppID(hd.db.DB)
+	if err != nil {
+		fail("import failed: " + err.Error())
+		return
+	}
+	tag := importTag(before)
+	var committedAt *history.Position // the import's commit (AfterCommit)
 	res, err := dump.ImportDB(ctx, hd.db.DB, f, dump.ImportOptions{
 		BlockGrowth: blockGrowth,
-		// Checkpoint: the import's COMMIT, which commits this record with
-		// it (final_bookmark is the upload's name there: the time-travel
-		// bookmark is known only after the commit).
-		Record: func(r dump.ImportResult) []sqlexec.InternalStatement {
-			now := d.h.now()
-			return importRecord(m.DatabaseUUID, j.filename, now, complete(r, j.filename, time.Now()))
+		// Step 2 (importjobs.go): every statement ran, the transaction is
+		// open. The job file says how the job ends if it commits, fsynced,
+		// before the transaction tags the header; a file that cannot be
+		// written rolls the import back. Checkpoint: the COMMIT right
+		// after, which commits the tag with the import.
+		Record: func(r dump.ImportResult) ([]sqlexec.InternalStatement, error) {
+			jc := &jobCommit{Tag: tag, FinishedUs: d.h.now().UnixMicro(), Status: complete(r, "", time.Now())}
+			if c := hd.db.cap; c != nil {
+				// The writer is alone: the last commit captured is the
+				// last before the import, and the import's is the next.
+				if p, err := c.Exact(); err == nil {
+					jc.PrevGen, jc.PrevTxid = p.Gen, p.Txid
+				}
+			}
+			j.mu.Lock()
+			j.commit = jc
+			j.mu.Unlock()
+			if err := d.saveJob(m.ObjectID, m.DatabaseUUID, j); err != nil {
+				return nil, fmt.Errorf("import job file: %w", err)
+			}
+			return []sqlexec.InternalStatement{{SQL: "PRAGMA application_id=" + strconv.FormatInt(int64(tag), 10)}}, nil
+		},
+		// Right after the COMMIT, still alone on the writer: the
+		// capturer's position is exactly the import's commit (a write
+		// queued behind the import has not committed yet).
+		AfterCommit: func() {
+			if c := hd.db.cap; c != nil {
+				if p, err := c.Exact(); err == nil {
+					committedAt = &p
+				}
+			}
 		},
 		Progress: func(p dump.Progress) {
 			// Runs on the DB's writer goroutine: only cheap checks here.
@@ -362,11 +416,16 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 	d.h.cfg.Usage.RecordUsage(UsageEvent{AccountID: m.AccountID, DatabaseUUID: m.DatabaseUUID, RowsRead: res.RowsRead, RowsWritten: res.RowsWritten, Time: now})
 	d.h.noteSize(o, m, func() int64 { return res.SizeAfter })
 	// D1's final_bookmark is the time-travel bookmark just after the
-	// import (restoring to it gets the imported state back); a host without
-	// history has no bookmarks, and keeps answering the upload's name.
+	// import (restoring to it gets the imported state back, and nothing
+	// written after it); a host without history has no bookmarks, and
+	// keeps answering the upload's name.
 	final := j.filename
 	if c := hd.db.cap; c != nil {
-		final = string(history.MakeBookmark(c.Key(), c.Current()))
+		p := c.Current() // capture failing at the commit: the best known
+		if committedAt != nil {
+			p = *committedAt
+		}
+		final = string(history.MakeBookmark(c.Key(), p))
 	}
 	st := complete(res, final, time.Now())
 	if committed != nil {
@@ -392,7 +451,7 @@ type pollBody struct {
 
 func (d *dumpAPI) handlePoll(w http.ResponseWriter, r *http.Request) {
 	id := mux.Vars(r)["id"]
-	o, m, err := d.checkObject(r, id)
+	_, m, err := d.checkObject(r, id)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -411,25 +470,21 @@ func (d *dumpAPI) handlePoll(w http.ResponseWriter, r *http.Request) {
 	}
 	d.mu.Lock()
 	j := d.jobs[id]
-	d.mu.Unlock()
 	if j == nil || (req.CurrentBookmark != "" && req.CurrentBookmark != j.filename) {
 		j = nil
 		if req.CurrentBookmark != "" && validFilename(req.CurrentBookmark) {
-			// Not in memory: a restart, or the database moved here. Read
-			// outside d.mu (it may open the database).
-			if j, err = d.recoverJob(o, m, req.CurrentBookmark, false, false); err != nil {
+			// Not in memory: a restart (recoverJob, under d.mu: see there).
+			if j, err = d.recoverJob(m, req.CurrentBookmark); err != nil {
+				d.mu.Unlock()
 				writeErr(w, err)
 				return
 			}
-			if j != nil {
-				d.mu.Lock()
-				if d.jobs[id] == nil {
-					d.jobs[id] = j
-				}
-				d.mu.Unlock()
+			if j != nil && d.jobs[id] == nil {
+				d.jobs[id] = j
 			}
 		}
 	}
+	d.mu.Unlock()
 	if j == nil {
 		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "no import with that bookmark on this database (an import's status is kept for 24 hours after it ends)")
 		return
@@ -442,9 +497,12 @@ func (d *dumpAPI) handlePoll(w http.ResponseWriter, r *http.Request) {
 const staleUpload = 24 * time.Hour
 
 // removeStale deletes an object's old uploads, so abandoned imports do not
-// accumulate, and (in jobs/) the job files of imports that ended over
-// jobRetention ago (a job file is last written when its job ends). Files of
-// a running job are younger than a day or already open.
+// accumulate, and (in jobs/) the job files of imports that ENDED over
+// jobRetention ago: a job's retention counts from its end (the file says
+// when), so a job that has not ended — running, however long — is never
+// expired (an import running past a day used to lose its job file here,
+// the file's age being the job's start). A job file that does not parse
+// goes by its age.
 func (d *dumpAPI) removeStale(dir string) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -453,11 +511,32 @@ func (d *dumpAPI) removeStale(dir string) {
 	cutoff := d.h.now().Add(-staleUpload)
 	for _, e := range ents {
 		if e.IsDir() && e.Name() == "jobs" {
-			d.removeStale(filepath.Join(dir, e.Name()))
+			d.removeStaleJobs(filepath.Join(dir, e.Name()))
 			continue
 		}
 		if fi, err := e.Info(); err == nil && fi.ModTime().Before(cutoff) {
 			_ = os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// removeStaleJobs is removeStale's part for the jobs/ directory.
+func (d *dumpAPI) removeStaleJobs(dir string) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	cutoff := d.h.now().Add(-jobRetention)
+	for _, e := range ents {
+		path := filepath.Join(dir, e.Name())
+		if jf := readJob(path); jf != nil {
+			if d.expired(jf) {
+				_ = os.Remove(path)
+			}
+			continue
+		}
+		if fi, err := e.Info(); err == nil && fi.ModTime().Before(cutoff) {
+			_ = os.Remove(path) // unreadable, or a temp file a crash left
 		}
 	}
 }

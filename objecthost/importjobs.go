@@ -1,7 +1,9 @@
 package objecthost
 
 import (
+	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -9,40 +11,51 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/shoaldb/shoal/internal/durable"
+	"github.com/shoaldb/shoal/objecthost/history"
 	"github.com/shoaldb/shoal/objecthost/sqlexec"
 )
 
 // Import jobs outlive the process that ran them (objecthost/DESIGN.md,
-// "import jobs"). Two durable records, each the checkpoint of one fact:
+// "import jobs"). Each step's durable record, and what a crash after it
+// leaves:
 //
-//   - the job file <dir>/imports/<object>/jobs/<filename>.json, written with
-//     fsync when the ingest is accepted (status "active": the job exists)
-//     and again when it ends (its final status and meta);
-//   - the row of the database's own table _shoal_imports, written INSIDE the
-//     import's transaction (sqlexec ScriptOptions.Record): "the import
-//     committed" and "its record says complete" are one SQLite commit and
-//     can never disagree.
+//  1. ingest accepted: the job file <dir>/imports/<object>/jobs/<file>.json,
+//     written with fsync, status "active" (checkpoint: the job exists).
+//     A crash before step 3 is answered "interrupted: nothing was
+//     imported".
+//  2. every statement ran, just before the COMMIT, inside the import's
+//     transaction (sqlexec ScriptOptions.Record): the job file again, now
+//     with its commit block — the status the job ends with if it commits
+//     (complete, its meta), a random tag and the history position before
+//     the import — fsynced; then the transaction sets the database
+//     header's application_id to the tag. If the file cannot be written
+//     the import rolls back.
+//  3. the COMMIT (checkpoint: the import applied). "The import committed"
+//     and "the header carries its tag" are one SQLite commit and can never
+//     disagree, and the header is nowhere user SQL can see it (PRAGMA
+//     application_id is not allowed; no table, nothing in sqlite_schema,
+//     no page of its own).
+//  4. the job file rewritten with the final status (and final_bookmark).
 //
-// A host that died between the COMMIT and the job file's final write finds
-// the file still "active" with no job running: the row decides — there, the
-// import applied (complete, with the meta the row holds); absent, it did not
-// (all or nothing) and the job is failed with a message saying so. The row
-// travels with the database (time travel, the archive, a relocation), so a
-// poll on the database's new host answers a committed import as complete.
+// A host that died between 2 and 4 finds the file still "active" with a
+// commit block and no job running: the header decides — its tag there, the
+// import applied (complete, with the status of the commit block); not
+// there, it did not (all or nothing). Only an import's own transaction and
+// a time-travel restore change application_id, and both first resolve the
+// object's job files left by a dead process (resolveDead), so a later
+// import cannot hide an earlier one's tag.
+//
+// The job file is the host's: a database restored on another host (a
+// relocation off a lost host) or forked does not answer its imports.
 
-// jobRetention is how long a finished import's status is answered: in
-// memory, in its job file and in the database's _shoal_imports (rows older
-// than it are pruned by the next import's transaction and ignored when
-// read). D1's upload URLs live an hour; a day covers any client's polling.
+// jobRetention is how long a finished import's status is answered, counted
+// from the job's end (in memory and in its job file). A job that has not
+// ended is never expired.
 const jobRetention = 24 * time.Hour
-
-// importsTable is the database's record of its imports: one row per import
-// that committed, reserved (_shoal_*: user SQL can neither read nor write
-// it, exports skip it, num_tables does not count it).
-const importsTable = "_shoal_imports"
 
 // interruptedMsg is the error of a job its host stopped running without
 // finishing it (a crash or kill mid-ingest, found at the next poll).
@@ -57,6 +70,24 @@ type jobFile struct {
 	Incarnation string       `json:"incarnation"`
 	FinishedUs  int64        `json:"finished_us,omitempty"` // 0 while active
 	Status      ImportStatus `json:"status"`
+	// Commit is written just before the import's COMMIT (step 2 above).
+	Commit *jobCommit `json:"commit,omitempty"`
+}
+
+// jobCommit is what a job file says once its import is about to commit.
+type jobCommit struct {
+	// Tag is the database's application_id the import's transaction sets
+	// (never 0, never the value before the import).
+	Tag int32 `json:"tag"`
+	// FinishedUs and Status are the job's end and final status if the
+	// COMMIT happens (final_bookmark is not known before it).
+	FinishedUs int64        `json:"finished_us"`
+	Status     ImportStatus `json:"status"`
+	// PrevGen/PrevTxid is the database's history position just before the
+	// import's transaction (with history): its commit is the next one, so
+	// a recovered job finds its final_bookmark in the archive.
+	PrevGen  string `json:"prev_gen,omitempty"`
+	PrevTxid uint64 `json:"prev_txid,omitempty"`
 }
 
 // incarnation is this process's name in job files (random, made once).
@@ -77,10 +108,12 @@ func (d *dumpAPI) jobPath(id, filename string) string {
 // the directory): after it returns, a restart finds this status.
 func (d *dumpAPI) saveJob(id, uuid string, j *importJob) error {
 	st := j.snapshot()
-	jf := jobFile{DatabaseUUID: uuid, Incarnation: d.incarnation(), Status: st}
+	j.mu.Lock()
+	jf := jobFile{DatabaseUUID: uuid, Incarnation: d.incarnation(), Status: st, Commit: j.commit}
 	if st.Status != "active" {
 		jf.FinishedUs = j.finished.UnixMicro()
 	}
+	j.mu.Unlock()
 	b, err := json.Marshal(jf)
 	if err != nil {
 		return err
@@ -88,9 +121,9 @@ func (d *dumpAPI) saveJob(id, uuid string, j *importJob) error {
 	return writeFileSync(d.jobPath(id, j.filename), b)
 }
 
-// loadJob reads a job file; nil when there is none (or it expired).
-func (d *dumpAPI) loadJob(id, filename string) *jobFile {
-	b, err := os.ReadFile(d.jobPath(id, filename))
+// readJob reads a job file as it is (nil if missing or unreadable).
+func readJob(path string) *jobFile {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil
 	}
@@ -98,104 +131,148 @@ func (d *dumpAPI) loadJob(id, filename string) *jobFile {
 	if json.Unmarshal(b, &jf) != nil || jf.Status.Type != "import" {
 		return nil
 	}
-	if jf.FinishedUs != 0 && d.h.now().Sub(time.UnixMicro(jf.FinishedUs)) > jobRetention {
-		return nil
-	}
 	return &jf
 }
 
-// importRecord is the job's row in _shoal_imports, committed by the import's
-// own transaction: table created on first use, rows past jobRetention
-// pruned, this one written with the status the job will end with.
-func importRecord(uuid, filename string, finished time.Time, st ImportStatus) []sqlexec.InternalStatement {
-	b, _ := json.Marshal(st) // plain structs: cannot fail
-	us := finished.UnixMicro()
-	return []sqlexec.InternalStatement{
-		{SQL: "CREATE TABLE IF NOT EXISTS " + importsTable + " (filename TEXT PRIMARY KEY, database_uuid TEXT NOT NULL, finished_us INTEGER NOT NULL, status TEXT NOT NULL)"},
-		{SQL: "DELETE FROM " + importsTable + " WHERE finished_us < CAST(? AS INTEGER)", Args: []string{strconv.FormatInt(us-jobRetention.Microseconds(), 10)}},
-		{SQL: "INSERT OR REPLACE INTO " + importsTable + " (filename, database_uuid, finished_us, status) VALUES (?, ?, CAST(? AS INTEGER), ?)",
-			Args: []string{filename, uuid, strconv.FormatInt(us, 10), string(b)}},
+// expired reports whether a job file's job ended over jobRetention ago.
+func (d *dumpAPI) expired(jf *jobFile) bool {
+	return jf.FinishedUs != 0 && d.h.now().Sub(time.UnixMicro(jf.FinishedUs)) > jobRetention
+}
+
+// loadJob reads a job file; nil when there is none (or it expired).
+func (d *dumpAPI) loadJob(id, filename string) *jobFile {
+	jf := readJob(d.jobPath(id, filename))
+	if jf == nil || d.expired(jf) {
+		return nil
+	}
+	return jf
+}
+
+// importTag picks the application_id an import's transaction sets: random,
+// never 0 (a fresh database's) nor before (the database's value now).
+func importTag(before int32) int32 {
+	for {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		t := int32(binary.BigEndian.Uint32(b[:]))
+		if t != 0 && t != before {
+			return t
+		}
 	}
 }
 
-// committedRecord reads the import's row from the object's database: its
-// status (complete) when the import committed on this database, nil when
-// it did not (or the row expired, or belongs to the database this one was
-// forked from). It never creates the database file.
-func (d *dumpAPI) committedRecord(o *object, m *Meta, filename string) (*ImportStatus, error) {
+// appID reads the database's application_id (0 for a database file that
+// does not exist: it is never created here).
+func (d *dumpAPI) appID(m *Meta) (int32, error) {
 	if _, err := os.Stat(d.h.path(m.ObjectID)); errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return 0, nil
 	}
 	hd, err := d.h.handles.acquire(m.ObjectID)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	defer d.h.handles.release(hd)
-	n, err := hd.db.InternalStrings("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?", importsTable)
-	if err != nil || len(n) != 1 || n[0] == "0" {
-		return nil, err
+	return dbAppID(hd.db.DB)
+}
+
+// dbAppID reads db's application_id on a reader connection.
+func dbAppID(db *sqlexec.DB) (int32, error) {
+	v, err := db.InternalStrings("SELECT application_id FROM pragma_application_id WHERE ? = ''", "")
+	if err != nil {
+		return 0, err
 	}
-	row, err := hd.db.InternalStrings("SELECT database_uuid, finished_us, status FROM "+importsTable+" WHERE filename = ?", filename)
-	if err != nil || len(row) != 3 {
-		return nil, err
+	if len(v) != 1 {
+		return 0, fmt.Errorf("application_id: %d values", len(v))
 	}
-	us, _ := strconv.ParseInt(row[1], 10, 64)
-	if row[0] != m.DatabaseUUID || d.h.now().Sub(time.UnixMicro(us)) > jobRetention {
-		return nil, nil
+	n, err := strconv.ParseInt(v[0], 10, 32)
+	return int32(n), err
+}
+
+// recoveredBookmark is the final_bookmark of an import that committed
+// while its host died before saying so: the history position right after
+// jc's (the import's own commit), from the live capturer when nothing
+// committed since, else from the archive (waited for briefly: shipping
+// runs behind the commits). Without history, or when neither knows it, the
+// upload's name, as for a host without history.
+func (d *dumpAPI) recoveredBookmark(m *Meta, filename string, jc *jobCommit) string {
+	hh := d.h.hist
+	if hh == nil || jc.PrevGen == "" {
+		return filename
 	}
-	var st ImportStatus
-	if err := json.Unmarshal([]byte(row[2]), &st); err != nil {
-		return nil, fmt.Errorf("import record of %s: %w", filename, err)
+	c, release, err := d.h.current(m.ObjectID)
+	if err != nil {
+		return filename
 	}
-	return &st, nil
+	defer release()
+	prev := history.Position{Gen: jc.PrevGen, Txid: jc.PrevTxid}
+	if cur, err := c.Exact(); err == nil && cur.Gen == prev.Gen && cur.Txid == prev.Txid+1 {
+		return string(history.MakeBookmark(c.Key(), cur))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for {
+		p, err := hh.archive.Next(ctx, c.Key(), prev)
+		if err == nil {
+			return string(history.MakeBookmark(c.Key(), p))
+		}
+		if ctx.Err() != nil {
+			d.h.log.Warn("recovered import: its bookmark is not in the archive yet; final_bookmark is the upload's name", "object", m.ObjectID, "file", filename, "err", err)
+			return filename
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // recoverJob answers for an import this process does not hold in memory
-// (the host restarted, or the database moved here): from its job file, and
-// for a job file left "active" or missing, from the database's own record.
-// A job resolved here is kept in memory (and its file rewritten final), so
-// later polls answer the same without reading the database. nil: no such
-// import on this database (never, expired, or not committed on this copy
-// of a relocated or restored database and never run on this host). With
-// needFile, an import without a job file is nil without reading the
-// database (an ingest's cheap check: every new job has none).
+// (the host restarted) from its job file: final, it is the answer; left
+// "active" by a dead process, the database header decides (see above). A
+// job resolved here has its file rewritten final, so later polls answer
+// the same without reading the database. nil: no such import on this
+// database (never run on this host, or expired).
 //
-// locked says the caller holds d.mu (the ingest does, the poll does not).
-func (d *dumpAPI) recoverJob(o *object, m *Meta, filename string, needFile, locked bool) (*importJob, error) {
+// The caller holds d.mu, for the whole resolution: reading the file and
+// the header, and rewriting the file, must not interleave with an ingest
+// that starts an import (which changes the header) or another resolution.
+// A resolution may open the database and, for a committed import's
+// bookmark, wait up to 5 s for the archive: rare (a crash between an
+// import's commit step and its end), and only then.
+func (d *dumpAPI) recoverJob(m *Meta, filename string) (*importJob, error) {
 	jf := d.loadJob(m.ObjectID, filename)
-	if jf != nil && jf.DatabaseUUID != m.DatabaseUUID {
-		jf = nil
-	}
-	if jf == nil && needFile {
+	if jf == nil || jf.DatabaseUUID != m.DatabaseUUID {
 		return nil, nil
 	}
-	if jf != nil && jf.Status.Status == "active" && jf.Incarnation == d.incarnation() {
+	if jf.Status.Status == "active" && jf.Incarnation == d.incarnation() {
 		// Started by this process: it is the job in memory (a poll that
 		// raced its ingest finds it once the ingest released d.mu), or
 		// none if its start failed because the host is closing. Never
 		// resolved as interrupted while it may be running.
-		if !locked {
-			d.mu.Lock()
-			defer d.mu.Unlock()
-		}
 		if j := d.jobs[m.ObjectID]; j != nil && j.filename == filename {
 			return j, nil
 		}
 		return nil, nil
 	}
-	if jf != nil && jf.Status.Status != "active" {
-		return &importJob{filename: filename, status: jf.Status, finished: time.UnixMicro(jf.FinishedUs)}, nil
+	if jf.Status.Status != "active" {
+		return &importJob{filename: filename, status: jf.Status, finished: time.UnixMicro(jf.FinishedUs), commit: jf.Commit}, nil
 	}
-	st, err := d.committedRecord(o, m, filename)
-	if err != nil {
-		return nil, err
+	j := &importJob{filename: filename, finished: d.h.now(), commit: jf.Commit}
+	committed := false
+	if jc := jf.Commit; jc != nil { // it reached its COMMIT step: did the COMMIT happen?
+		id, err := d.appID(m)
+		if err != nil {
+			return nil, err
+		}
+		committed = id == jc.Tag
 	}
-	j := &importJob{filename: filename, finished: d.h.now()}
-	switch {
-	case st != nil: // committed; the host died before the job file said so
-		j.status = *st
-		j.status.Messages = append(j.status.Messages, "(status recovered from the database's record of the import after an object host restart)")
-	case jf != nil: // active in the file, not running, not committed
+	if committed {
+		jc := jf.Commit
+		j.status, j.finished = jc.Status, time.UnixMicro(jc.FinishedUs)
+		if j.status.Result != nil {
+			r := *j.status.Result
+			r.FinalBookmark = d.recoveredBookmark(m, filename, jc)
+			j.status.Result = &r
+		}
+		j.status.Messages = append(j.status.Messages, "(status recovered after an object host restart: the import committed before the host stopped)")
+	} else {
 		j.status = jf.Status
 		j.status.Status, j.status.Error = "error", interruptedMsg
 		j.status.Messages = append(j.status.Messages, interruptedMsg)
@@ -204,16 +281,39 @@ func (d *dumpAPI) recoverJob(o *object, m *Meta, filename string, needFile, lock
 		path := filepath.Join(d.uploadDir(m.ObjectID), filename)
 		_ = os.Remove(path)
 		_ = os.Remove(path + ".md5")
-	default:
-		return nil, nil
 	}
-	if jf != nil {
-		// Best effort: without it the next restart resolves the same way.
-		if err := d.saveJob(m.ObjectID, m.DatabaseUUID, j); err != nil {
-			d.h.log.Warn("import job file not rewritten", "object", m.ObjectID, "err", err)
-		}
+	// Best effort: without it the next restart resolves the same way.
+	if err := d.saveJob(m.ObjectID, m.DatabaseUUID, j); err != nil {
+		d.h.log.Warn("import job file not rewritten", "object", m.ObjectID, "err", err)
 	}
 	return j, nil
+}
+
+// resolveDead resolves every job file of the object left "active" by a
+// dead process (recoverJob), before anything that changes the database's
+// application_id — an import, a time-travel restore — could hide whether
+// those imports committed. Normally there is none: a cheap directory read.
+// The caller holds d.mu.
+func (d *dumpAPI) resolveDead(m *Meta) error {
+	dir := filepath.Join(d.uploadDir(m.ObjectID), "jobs")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil // no jobs directory: nothing to resolve
+	}
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !validFilename(name) {
+			continue
+		}
+		jf := readJob(filepath.Join(dir, e.Name()))
+		if jf == nil || jf.Status.Status != "active" || jf.Incarnation == d.incarnation() || jf.DatabaseUUID != m.DatabaseUUID {
+			continue
+		}
+		if _, err := d.recoverJob(m, name); err != nil {
+			return fmt.Errorf("import job %s: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // expireJobs drops finished jobs older than jobRetention from memory

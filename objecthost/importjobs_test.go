@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/shoaldb/shoal/objecthost/history"
+	"github.com/shoaldb/shoal/objecthost/sqlexec"
 )
 
 // ingest uploads sql as name and starts its import.
@@ -106,8 +107,9 @@ func TestImportStatusSurvivesRestart(t *testing.T) {
 
 // TestImportCommittedBeforeJobFileIsComplete: a host that died after the
 // import's COMMIT but before its job file said so (the file still reads
-// "active") answers complete after the restart — the record committed in
-// the import's own transaction decides, not the job file.
+// "active", with the commit block written just before the COMMIT) answers
+// complete after the restart — the tag the import's own transaction set in
+// the database header decides.
 func TestImportCommittedBeforeJobFileIsComplete(t *testing.T) {
 	th := newTestHost(t, nil)
 	srv := serve(t, th)
@@ -137,9 +139,116 @@ func TestImportCommittedBeforeJobFileIsComplete(t *testing.T) {
 	n, err := count(t, th, d, "imp")
 	require.NoError(t, err)
 	assert.Equal(t, int64(3), n)
-	// The record is the host's: user SQL cannot read it, exports skip it.
-	_, err = th.Query(context.Background(), d.obj, d.id(), q("SELECT * FROM "+importsTable))
-	assert.ErrorContains(t, err, "prohibited")
+	// The tag is the host's: user SQL cannot read it.
+	_, err = th.Query(context.Background(), d.obj, d.id(), q("PRAGMA application_id"))
+	assert.ErrorContains(t, err, "not authorized")
+}
+
+// TestImportCommitStepWithoutCommitIsInterrupted: a host that died after
+// the job file's commit block but before the COMMIT (the database header
+// does not carry the job's tag) answers the job interrupted, nothing
+// imported — and an import that ran after the restart did not hide the
+// first's tag: the dead job was resolved before it.
+func TestImportCommitStepWithoutCommitIsInterrupted(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	ingest(t, srv, d, "a.sql", smallImport)
+	require.Equal(t, "complete", waitImport(t, srv, d, "a.sql").Status)
+	require.NoError(t, th.Host.Close())
+	// a.sql committed but its host "died" before the final job file; b.sql
+	// reached its commit step and died before the COMMIT.
+	jobs := filepath.Join(th.dir, "imports", d.obj, "jobs")
+	var a jobFile
+	b, err := os.ReadFile(filepath.Join(jobs, "a.sql.json"))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &a))
+	require.NotNil(t, a.Commit)
+	a.FinishedUs, a.Status.Status, a.Status.Result = 0, "active", nil
+	dead := a
+	dead.Status.AtBookmark, dead.Status.Messages = "b.sql", []string{"Import started"}
+	dead.Commit = &jobCommit{Tag: a.Commit.Tag + 1, FinishedUs: a.Commit.FinishedUs, Status: a.Commit.Status}
+	for name, jf := range map[string]jobFile{"a.sql": a, "b.sql": dead} {
+		b, err = json.Marshal(jf)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(jobs, name+".json"), b, 0o644))
+	}
+
+	th.open(t)
+	srv = serve(t, th)
+	// A new import first: it changes the header's tag.
+	ingest(t, srv, d, "c.sql", "CREATE TABLE c(v);\n")
+	require.Equal(t, "complete", waitImport(t, srv, d, "c.sql").Status)
+	code, st, env := pollOnce(t, srv, d, "b.sql")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	assert.Equal(t, "error", st.Status, "%+v", st)
+	assert.Contains(t, st.Error, "nothing was imported")
+	code, st, env = pollOnce(t, srv, d, "a.sql")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	assert.Equal(t, "complete", st.Status, "resolved before c.sql changed the tag: %+v", st)
+}
+
+// TestImportLeavesNoVisibleTable: an import leaves nothing of the host's
+// in the user's schema (sqlite_schema, PRAGMA table_list): the reserved
+// table _shoal_imports it used to create was listed there, and schema
+// tools (drizzle-kit, which D1 users already configure to skip _cf_KV)
+// would try to drop it.
+func TestImportLeavesNoVisibleTable(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	ingest(t, srv, d, "f.sql", smallImport)
+	require.Equal(t, "complete", waitImport(t, srv, d, "f.sql").Status)
+	for _, sql := range []string{"SELECT name FROM sqlite_schema", "SELECT name FROM pragma_table_list WHERE schema = 'main'"} {
+		res, err := th.Query(context.Background(), d.obj, d.id(), q(sql))
+		require.NoError(t, err, sql)
+		b, err := json.Marshal(res[0].Results)
+		require.NoError(t, err)
+		assert.NotContains(t, string(b), "_shoal", sql)
+		assert.Contains(t, string(b), `"imp"`, sql)
+	}
+}
+
+// TestImportFillingTheSizeLimit: an import whose data fills the database
+// exactly to its size limit (max_page_count) completes: the host's record
+// of the import takes no page (its table and row used to tip such an
+// import into "database full").
+func TestImportFillingTheSizeLimit(t *testing.T) {
+	th := newTestHost(t, func(c *Config) {
+		c.Limits = sqlexec.DefaultLimits()
+		c.Limits.MaxDatabaseBytes = 64 * 4096
+	})
+	srv := serve(t, th)
+	sql := func(n int) string {
+		return fmt.Sprintf("CREATE TABLE big(b BLOB);\nINSERT INTO big VALUES (zeroblob(%d));\n", n)
+	}
+	// The largest blob user SQL fits in one request on a new database: the
+	// same statements leave it at exactly its page limit.
+	fits := func(n int) bool {
+		d := newDB("acct")
+		th.mustInit(t, d)
+		_, err := th.Query(context.Background(), d.obj, d.id(), q(strings.ReplaceAll(sql(n), "\n", " ")))
+		if err != nil {
+			require.ErrorIs(t, err, sqlexec.ErrStorageLimit)
+		}
+		return err == nil
+	}
+	lo, hi := 0, 64*4096
+	for lo+1 < hi {
+		if mid := (lo + hi) / 2; fits(mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	d := newDB("acct")
+	th.mustInit(t, d)
+	ingest(t, srv, d, "full.sql", sql(lo))
+	st := waitImport(t, srv, d, "full.sql")
+	require.Equal(t, "complete", st.Status, "%+v", st)
+	assert.Equal(t, int64(64*4096), st.Result.Meta.SizeAfter, "the database is at its limit")
 }
 
 // TestImportKilledMidIngest: a real host process (this test binary, run
@@ -269,10 +378,10 @@ func TestImportArchivedUnconfirmedIsComplete(t *testing.T) {
 	assert.Equal(t, int64(3), n, "the archived state holds the import")
 }
 
-// TestImportPollAfterRelocationAndFork: the import's record travels with
-// the database through the archive. A relocation (the same database UUID
-// restored on another object) answers the committed import complete; a
-// fork (another database) does not know it (400).
+// TestImportPollAfterRelocationAndFork: an import's status is its host's
+// (its job file): a relocation (the same database UUID restored on another
+// object) and a fork (another database) do not answer it (400), though the
+// data the import wrote travels with the database through the archive.
 func TestImportPollAfterRelocationAndFork(t *testing.T) {
 	dir, err := history.NewDirStore(t.TempDir())
 	require.NoError(t, err)
@@ -289,16 +398,18 @@ func TestImportPollAfterRelocationAndFork(t *testing.T) {
 	req.RestoreFrom = &RestoreSource{DatabaseUUID: src.uuid}
 	_, err = th.Init(context.Background(), moved.obj, req)
 	require.NoError(t, err)
-	code, st, env := pollOnce(t, srv, moved, "f.sql")
-	require.Equal(t, http.StatusOK, code, "%+v", env)
-	assert.Equal(t, "complete", st.Status, "%+v", st)
+	n, err := count(t, th, moved, "imp")
+	require.NoError(t, err)
+	require.Equal(t, int64(3), n)
+	code, _, env := pollOnce(t, srv, moved, "f.sql")
+	assert.Equal(t, http.StatusBadRequest, code, "the job was another object's: %+v", env)
 
 	fork := newDB("acct")
 	req = fork.init()
 	req.RestoreFrom = &RestoreSource{DatabaseUUID: src.uuid}
 	_, err = th.Init(context.Background(), fork.obj, req)
 	require.NoError(t, err)
-	n, err := count(t, th, fork, "imp")
+	n, err = count(t, th, fork, "imp")
 	require.NoError(t, err)
 	require.Equal(t, int64(3), n)
 	code, _, env = pollOnce(t, srv, fork, "f.sql")
@@ -306,8 +417,9 @@ func TestImportPollAfterRelocationAndFork(t *testing.T) {
 }
 
 // TestImportJobFilesExpire: a job file is removed by the next upload to its
-// object once its job ended over a day ago, and a swept (deleted) object's
-// uploads and job files go with its database file.
+// object once its job ended over a day ago (counted from the end the file
+// records, not the file's age), and a swept (deleted) object's uploads and
+// job files go with its database file.
 func TestImportJobFilesExpire(t *testing.T) {
 	th := newTestHost(t, nil)
 	srv := serve(t, th)
@@ -317,10 +429,18 @@ func TestImportJobFilesExpire(t *testing.T) {
 	require.Equal(t, "complete", waitImport(t, srv, d, "old.sql").Status)
 	jobs := filepath.Join(th.dir, "imports", d.obj, "jobs")
 	old := filepath.Join(jobs, "old.sql.json")
-	require.FileExists(t, old)
-	past := th.clock.Now().Add(-jobRetention - time.Hour) // the host sweeps on its own clock
-	require.NoError(t, os.Chtimes(old, past, past))
+	// The job's last step: its file says when it ended (a poll may answer
+	// "complete" just before).
+	require.Eventually(t, func() bool {
+		jf := readJob(old)
+		return jf != nil && jf.FinishedUs != 0
+	}, 30*time.Second, 5*time.Millisecond)
+	th.clock.Advance(jobRetention - time.Minute)
 	code, env := upload(t, srv, d, "new.sql", "SELECT 1;\n")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	assert.FileExists(t, old, "ended less than a day ago")
+	th.clock.Advance(2 * time.Minute)
+	code, env = upload(t, srv, d, "new.sql", "SELECT 1;\n")
 	require.Equal(t, http.StatusOK, code, "%+v", env)
 	assert.NoFileExists(t, old)
 
@@ -354,4 +474,83 @@ func TestImportActiveJobOfThisProcessIsNotInterrupted(t *testing.T) {
 	code, env = call(t, srv.Client(), srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/ingest", &d, map[string]string{"etag": md5hex(smallImport), "filename": "x.sql"})
 	require.Equal(t, http.StatusOK, code, "the ingest runs the job: %+v", env)
 	assert.Equal(t, "complete", waitImport(t, srv, d, "x.sql").Status)
+}
+
+// TestImportRunningPastRetentionKeepsItsJobFile: a job that has not ended
+// keeps its job file however long it runs (the next upload to the object
+// used to remove a job file a day after the job STARTED), so a host that
+// dies after a day of import still answers "interrupted" rather than "no
+// such import".
+func TestImportRunningPastRetentionKeepsItsJobFile(t *testing.T) {
+	th := newTestHost(t, nil)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	// A running job, as the ingest leaves it: its file and its entry.
+	j := &importJob{filename: "long.sql", status: ImportStatus{Type: "import", Status: "active", AtBookmark: "long.sql", Messages: []string{"Import started"}}}
+	require.NoError(t, th.Host.dump.saveJob(d.obj, d.uuid, j))
+	th.Host.dump.mu.Lock()
+	th.Host.dump.jobs[d.obj] = j
+	th.Host.dump.mu.Unlock()
+	path := filepath.Join(th.dir, "imports", d.obj, "jobs", "long.sql.json")
+	start := th.clock.Now() // the file was written when the job started (host clock)
+	require.NoError(t, os.Chtimes(path, start, start))
+
+	th.clock.Advance(jobRetention + time.Hour)
+	code, env := upload(t, srv, d, "other.sql", "SELECT 1;\n")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	assert.FileExists(t, path, "a running job's file is kept")
+
+	// The host dies; the job never finished.
+	require.NoError(t, th.Host.Close())
+	th.open(t)
+	srv = serve(t, th)
+	code, st, env := pollOnce(t, srv, d, "long.sql")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	assert.Equal(t, "error", st.Status, "%+v", st)
+	assert.Contains(t, st.Error, "nothing was imported")
+}
+
+// TestImportRecoveredFinalBookmark: the final_bookmark of an import whose
+// host died between its COMMIT and its job file's final write is the
+// bookmark the import produced (found in the archive after later writes),
+// the one its host would have answered — not the upload's name.
+func TestImportRecoveredFinalBookmark(t *testing.T) {
+	dir, err := history.NewDirStore(t.TempDir())
+	require.NoError(t, err)
+	th := historyHost(t, dir)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	th.exec(t, d, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT, r INTEGER)")
+	sql := "INSERT INTO t VALUES (1, 'imported', 7);\n"
+	ingest(t, srv, d, "f.sql", sql)
+	before := waitImport(t, srv, d, "f.sql")
+	require.Equal(t, "complete", before.Status, "%+v", before)
+	_, err = history.ParseBookmark(d.uuid, history.Bookmark(before.Result.FinalBookmark))
+	require.NoError(t, err)
+	th.clock.Advance(time.Second)
+	th.exec(t, d, "INSERT INTO t VALUES (2, 'later', 8)") // the import's commit is no longer the latest
+	th.archivedUpTo(t, d)
+	require.NoError(t, th.Host.Close())
+	path := filepath.Join(th.dir, "imports", d.obj, "jobs", "f.sql.json")
+	var jf jobFile
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &jf))
+	jf.FinishedUs, jf.Status.Status, jf.Status.Result = 0, "active", nil
+	b, err = json.Marshal(jf)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, b, 0o644))
+
+	th.open(t)
+	srv = serve(t, th)
+	code, st, env := pollOnce(t, srv, d, "f.sql")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	require.Equal(t, "complete", st.Status, "%+v", st)
+	require.NotNil(t, st.Result)
+	assert.Equal(t, before.Result.FinalBookmark, st.Result.FinalBookmark)
+	_, err = th.Restore(context.Background(), d.obj, st.Result.FinalBookmark, "", 0)
+	require.NoError(t, err)
+	assert.Equal(t, `[{"id":1,"v":"imported","r":7}]`, th.rowsOf(t, d), "the state right after the import")
 }

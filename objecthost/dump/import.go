@@ -30,8 +30,13 @@ type ImportOptions struct {
 	BlockGrowth bool
 	// Record, when set, is sqlexec's ScriptOptions.Record: internal
 	// statements committed in the import's own transaction (the object
-	// host's record of its import job), given the import's result.
-	Record func(ImportResult) []sqlexec.InternalStatement
+	// host's record of its import job), given the import's result; an
+	// error rolls the import back.
+	Record func(ImportResult) ([]sqlexec.InternalStatement, error)
+	// AfterCommit, when set, is sqlexec's ScriptOptions.AfterCommit: called
+	// on the writer goroutine right after the import's COMMIT, before any
+	// other write can commit.
+	AfterCommit func()
 }
 
 // ImportResult is what a successful import did.
@@ -157,13 +162,14 @@ func ImportDB(ctx context.Context, db *sqlexec.DB, r io.Reader, o ImportOptions)
 		AllowSequenceWrites: true,
 	}
 	if o.Record != nil {
-		so.Record = func(sr sqlexec.ScriptResult) []sqlexec.InternalStatement {
+		so.Record = func(sr sqlexec.ScriptResult) ([]sqlexec.InternalStatement, error) {
 			r := res // writer goroutine, as next: no race on res
 			r.Bytes, r.Statements = sp.Offset(), int64(sr.Statements)
 			r.RowsRead, r.RowsWritten, r.Changes, r.SizeAfter = sr.RowsRead, sr.RowsWritten, sr.Changes, sr.SizeAfter
 			return o.Record(r)
 		}
 	}
+	so.AfterCommit = o.AfterCommit
 	sr, err := db.ExecScript(ctx, next, so)
 	res.Bytes = sp.Offset()
 	var committed *sqlexec.CommittedError

@@ -235,6 +235,48 @@ func (a *Archive) Resolve(ctx context.Context, db string, t time.Time) (Position
 	return Position{}, ErrNoHistory
 }
 
+// Next returns the position of the commit right after p in p's generation
+// (record p.Txid+1), as the archive holds it: how a caller that knew the
+// database's position just before a transaction (its writer was alone)
+// finds that transaction's bookmark later. ErrNotFound when the archive
+// does not hold it (not shipped yet, or p's generation ended at p).
+func (a *Archive) Next(ctx context.Context, db string, p Position) (Position, error) {
+	gens, err := a.index(ctx, db)
+	if err != nil {
+		return Position{}, err
+	}
+	want := p.Txid + 1
+	for _, g := range gens {
+		if g.gen != p.Gen {
+			continue
+		}
+		for _, s := range g.snaps {
+			if s.Txid == want {
+				return Position{Gen: g.gen, Txid: s.Txid, TimeUs: s.TimeUs}, nil
+			}
+		}
+		for _, s := range g.segs {
+			if s.First > want || s.Last < want {
+				continue
+			}
+			var found *Position
+			err := a.readSegment(ctx, g.keys[s], func(h recordHeader, _ []page) error {
+				if h.Txid == want {
+					found = &Position{Gen: g.gen, Txid: h.Txid, TimeUs: h.TimeUs}
+				}
+				return nil
+			})
+			if err != nil {
+				return Position{}, err
+			}
+			if found != nil {
+				return *found, nil
+			}
+		}
+	}
+	return Position{}, fmt.Errorf("%w: commit %d of generation %s", ErrNotFound, want, p.Gen)
+}
+
 func (a *Archive) readSegment(ctx context.Context, key string, fn func(recordHeader, []page) error) error {
 	r, err := a.store.Get(ctx, key)
 	if err != nil {

@@ -62,6 +62,9 @@ func (db *DB) writer(c *conn) {
 				// After the script's COMMIT, before its acknowledgement.
 				j.script.committed = true
 				err = db.committed(c)
+				if f := j.script.opt.AfterCommit; f != nil {
+					f() // still alone on the writer: nothing committed since
+				}
 			}
 			j.finish(nil, err)
 			continue

@@ -46,17 +46,26 @@ type ScriptOptions struct {
 	// and its deferred checks passed, inside its transaction and just
 	// before the COMMIT, with what the script did (SizeAfter measured
 	// there); the internal statements it returns run in that transaction,
-	// outside the sandbox (they may write reserved _shoal_* tables) and
-	// uncounted. The record therefore commits with the script or not at
-	// all: the object host keeps its import jobs' outcome this way. A
-	// failing record statement rolls the script back (*ScriptError,
-	// Statement 0).
-	Record func(ScriptResult) []InternalStatement
+	// outside the sandbox (they may set PRAGMA application_id, or write
+	// reserved _shoal_* tables) and uncounted, so they commit with the
+	// script or not at all. It runs on the writer goroutine (it may do
+	// I/O, e.g. fsync a file, but must not call into this DB). An error
+	// from it, or a failing statement, rolls the script back
+	// (*ScriptError, Statement 0).
+	Record func(ScriptResult) ([]InternalStatement, error)
+	// AfterCommit, when set, is called on the writer goroutine once the
+	// script's COMMIT succeeded and the commit hook ran (whatever it
+	// answered), before any other transaction of this DB can begin: the
+	// database's state is exactly the script's (e.g. the history
+	// capturer's current position is the script's commit). It must not
+	// call into this DB.
+	AfterCommit func()
 }
 
 // InternalStatement is one statement of ScriptOptions.Record: SQL with ?
-// parameters, bound in order to Args as text. Keep SQL constant (the
-// connection caches internal statements by their text).
+// parameters, bound in order to Args as text. Its text may vary (a
+// PRAGMA's value cannot be a parameter): record statements are prepared
+// for the one run and not cached.
 type InternalStatement struct {
 	SQL  string
 	Args []string
@@ -302,8 +311,12 @@ func (db *DB) script(c *conn, sj *scriptJob) (res ScriptResult, err error) {
 		if size, err := c.usedBytes(); err == nil {
 			res.SizeAfter = size
 		}
-		for _, is := range opt.Record(res) {
-			if err := c.execInternalArgs(is.SQL, is.Args); err != nil {
+		stmts, err := opt.Record(res)
+		if err != nil {
+			return fail(0, err)
+		}
+		for _, is := range stmts {
+			if err := c.execOnce(is.SQL, is.Args); err != nil {
 				return fail(0, err)
 			}
 		}
@@ -327,6 +340,21 @@ func (db *DB) script(c *conn, sj *scriptJob) (res ScriptResult, err error) {
 	return res, nil
 }
 
+// execOnce is execInternalArgs for a statement that is not cached: it is
+// prepared for this one run and finalized.
+func (c *conn) execOnce(sql string, args []string) error {
+	csql := C.CString(sql)
+	defer C.free(unsafe.Pointer(csql))
+	var s *C.sqlite3_stmt
+	var consumed C.int
+	c.sc.user = 0
+	if rc := C.shoal_prepare(c.db, csql, C.int(len(sql)), &s, &consumed, 0); rc != rcOK {
+		return fmt.Errorf("sqlexec: prepare %q: %s", sql, C.GoString(C.sqlite3_errmsg(c.db)))
+	}
+	defer C.sqlite3_finalize(s)
+	return c.stepInternal(s, args)
+}
+
 // execInternalArgs runs an internal statement (outside the sandbox) with
 // its ? parameters bound to args as text.
 func (c *conn) execInternalArgs(sql string, args []string) error {
@@ -334,6 +362,12 @@ func (c *conn) execInternalArgs(sql string, args []string) error {
 	if err != nil {
 		return err
 	}
+	return c.stepInternal(s, args)
+}
+
+// stepInternal binds args to the internal statement s as text and runs it
+// to completion (rows are discarded), leaving it reset.
+func (c *conn) stepInternal(s *C.sqlite3_stmt, args []string) error {
 	c.sc.user = 0
 	for i, a := range args {
 		C.shoal_bind_text(s, C.int(i+1), (*C.char)(unsafe.Pointer(unsafe.StringData(a))), C.int(len(a)))

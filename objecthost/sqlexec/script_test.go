@@ -348,12 +348,12 @@ func errDetail(t *testing.T, err error) string {
 // did; a script that fails leaves no record; user SQL cannot read it.
 func TestExecScriptRecord(t *testing.T) {
 	db, _ := openTest(t, Options{})
-	rec := func(name string) func(ScriptResult) []InternalStatement {
-		return func(r ScriptResult) []InternalStatement {
+	rec := func(name string) func(ScriptResult) ([]InternalStatement, error) {
+		return func(r ScriptResult) ([]InternalStatement, error) {
 			return []InternalStatement{
 				{SQL: "CREATE TABLE IF NOT EXISTS _shoal_rec(name TEXT PRIMARY KEY, n INTEGER)"},
 				{SQL: "INSERT INTO _shoal_rec VALUES (?, CAST(? AS INTEGER))", Args: []string{name, fmt.Sprint(r.Statements)}},
-			}
+			}, nil
 		}
 	}
 	_, err := db.ExecScript(context.Background(), lines("CREATE TABLE a(x)", "INSERT INTO nope VALUES (1)"), ScriptOptions{Record: rec("failed")})
@@ -400,4 +400,62 @@ func TestExecScriptCommittedError(t *testing.T) {
 	n, err := db.InternalStrings("SELECT count(*) FROM a WHERE ? = ''", "")
 	require.NoError(t, err)
 	require.Equal(t, []string{"2"}, n)
+}
+
+// atomicHook counts the commits it is told about (read from any goroutine).
+type atomicHook struct{ n atomic.Int64 }
+
+func (h *atomicHook) Committed(HookConn) error { h.n.Add(1); return nil }
+
+// TestExecScriptRecordHeaderAndAfterCommit: a Record statement's text may
+// vary (PRAGMA application_id=N cannot bind N), it sets the header inside
+// the script's transaction where user SQL cannot read it; a Record error
+// rolls the script back; AfterCommit runs after the script's commit and
+// before a write queued behind the script commits.
+func TestExecScriptRecordHeaderAndAfterCommit(t *testing.T) {
+	h := &atomicHook{}
+	db, _ := openTest(t, Options{CommitHook: h})
+	appID := func() string {
+		v, err := db.InternalStrings("SELECT application_id FROM pragma_application_id WHERE ? = ''", "")
+		require.NoError(t, err)
+		return v[0]
+	}
+	tag := func(n int) func(ScriptResult) ([]InternalStatement, error) {
+		return func(ScriptResult) ([]InternalStatement, error) {
+			return []InternalStatement{{SQL: fmt.Sprintf("PRAGMA application_id=%d", n)}}, nil
+		}
+	}
+	_, err := db.ExecScript(context.Background(), lines("CREATE TABLE a(x)"), ScriptOptions{Record: func(ScriptResult) ([]InternalStatement, error) {
+		return nil, errors.New("job file not written")
+	}})
+	require.ErrorContains(t, err, "job file not written")
+	_, err = db.Execute(context.Background(), Request{Statements: []Statement{stmt("SELECT * FROM a")}})
+	require.ErrorContains(t, err, "no such table", "a Record error rolls the script back")
+
+	_, err = db.ExecScript(context.Background(), lines("CREATE TABLE a(x)"), ScriptOptions{Record: tag(7)})
+	require.NoError(t, err)
+	require.Equal(t, "7", appID())
+	e := runErr(t, db, stmt("PRAGMA application_id"))
+	require.Contains(t, e.Detail, "PRAGMA not allowed")
+
+	// A write queued while the script runs commits after AfterCommit.
+	var before, atAfter int64
+	queued := make(chan error, 1)
+	_, err = db.ExecScript(context.Background(), lines("INSERT INTO a VALUES (1)"), ScriptOptions{
+		Record: func(r ScriptResult) ([]InternalStatement, error) {
+			before = h.n.Load() // on the writer: every earlier commit's hook ran
+			go func() {
+				_, err := db.Execute(context.Background(), Request{Statements: []Statement{stmt("INSERT INTO a VALUES (2)")}})
+				queued <- err
+			}()
+			assert.Eventually(t, func() bool { return len(db.writeQ) > 0 }, 10*time.Second, time.Millisecond, "the write queued behind the script")
+			return tag(8)(r)
+		},
+		AfterCommit: func() { atAfter = h.n.Load() },
+	})
+	require.NoError(t, err)
+	require.NoError(t, <-queued)
+	assert.Equal(t, before+1, atAfter, "AfterCommit sees the script's commit and no later one")
+	assert.Equal(t, before+2, h.n.Load())
+	require.Equal(t, "8", appID(), "set again to another value (statement text varies)")
 }
