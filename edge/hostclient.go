@@ -223,12 +223,10 @@ func (c *HostClient) callOnce(ctx context.Context, addr, method, path string, rt
 }
 
 func setRouteHeaders(h http.Header, rt Route) {
-	// The names are canonical constants: assigned directly, as Set would
-	// after canonicalising them (this runs for every query).
-	h[HeaderDatabase] = []string{rt.DatabaseUUID}
-	h[HeaderAccount] = []string{rt.AccountID}
+	h.Set(HeaderDatabase, rt.DatabaseUUID)
+	h.Set(HeaderAccount, rt.AccountID)
 	if rt.Generation != 0 {
-		h[HeaderGeneration] = []string{strconv.FormatInt(rt.Generation, 10)}
+		h.Set(HeaderGeneration, strconv.FormatInt(rt.Generation, 10))
 	}
 }
 
@@ -318,7 +316,7 @@ func (c *HostClient) forward(ctx context.Context, url string, hdr http.Header, b
 // own HTTP/1.1 connections (hostConns), where the whole exchange runs on
 // the caller's goroutine.
 func (c *HostClient) roundTrip(ctx context.Context, url string, hdr http.Header, body []byte) (*http.Response, error) {
-	hdr["Content-Type"] = []string{"application/json"} // Set, without canonicalising a canonical name
+	hdr.Set("Content-Type", "application/json")
 	if c.frames != nil {
 		addr, path, err := splitHostURL(url)
 		if err != nil {

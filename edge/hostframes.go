@@ -421,17 +421,8 @@ func (c *frameConn) roundTrip(ctx context.Context, path string, hdr http.Header,
 	if h == nil {
 		h = http.Header{}
 	}
-	return &http.Response{Status: statusLine(status), StatusCode: status,
+	return &http.Response{Status: strconv.Itoa(status) + " " + http.StatusText(status), StatusCode: status,
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: h, Body: b, ContentLength: -1}, nil
-}
-
-// statusLine is http.Response.Status for code: "200 OK" without building
-// it for the answer almost every query gets.
-func statusLine(code int) string {
-	if code == http.StatusOK {
-		return "200 OK"
-	}
-	return strconv.Itoa(code) + " " + http.StatusText(code)
 }
 
 // forget drops a stream; reset tells the host (the request is

@@ -473,11 +473,3 @@ func TestFramesDialRefusedIsNeverSent(t *testing.T) {
 func TestRequestIDHeaderKeyIsCanonical(t *testing.T) {
 	assert.Equal(t, http.CanonicalHeaderKey(HeaderRequestID), headerRequestIDCanonical)
 }
-
-// A frame answer's Status is the text net/http's client would give it,
-// for the constant 200 as for every other code.
-func TestFrameStatusLine(t *testing.T) {
-	for _, code := range []int{200, 201, 400, 404, 421, 429, 500, 503, 299} {
-		require.Equal(t, fmt.Sprintf("%d %s", code, http.StatusText(code)), statusLine(code), "code %d", code)
-	}
-}

@@ -165,14 +165,14 @@ func (s *Server) queryBody(r *http.Request) ([]byte, error) {
 // the host's response for pass-through, or a *staleError, or ErrUnavailable
 // when the host cannot be reached.
 func (s *Server) forwardQuery(r *http.Request, rt Route, kind string, body []byte, readOnly bool) (*http.Response, error) {
-	h := make(http.Header, 7) // the route's 3, read-only, request id, numbers, and roundTrip's Content-Type
+	h := make(http.Header, 6)
 	setRouteHeaders(h, rt)
 	if readOnly {
-		h[HeaderReadOnly] = []string{"1"}
+		h.Set(HeaderReadOnly, "1")
 	}
 	h[headerRequestIDCanonical] = []string{requestIDFrom(r.Context())}
 	if v := r.Header.Get(HeaderNumbers); v != "" {
-		h[HeaderNumbers] = []string{v}
+		h.Set(HeaderNumbers, v)
 	}
 	_ = s.cache.NoteHost(rt.HostAddress) // best effort (hostbook.go); a known address costs a map lookup
 	resp, err := s.hosts.forward(r.Context(), s.hosts.URL(rt.HostAddress, "/v1/objects/"+rt.ObjectID+"/"+kind), h, body)
@@ -196,16 +196,13 @@ const maxErrorBody = 1 << 20
 // meta are produced by the host in D1's shape. Overload and internal errors
 // keep their status; Retry-After is kept when the host sets it.
 func (s *Server) passThrough(w http.ResponseWriter, resp *http.Response) {
-	// Canonical keys assigned directly: Header().Set canonicalises its key
-	// on every call, and this runs for every query.
-	wh := w.Header()
 	if ct := resp.Header.Get("Content-Type"); ct != "" {
-		wh["Content-Type"] = []string{ct}
+		w.Header().Set("Content-Type", ct)
 	} else {
-		wh["Content-Type"] = []string{"application/json"}
+		w.Header().Set("Content-Type", "application/json")
 	}
 	if ra := resp.Header.Get("Retry-After"); ra != "" {
-		wh["Retry-After"] = []string{ra}
+		w.Header().Set("Retry-After", ra)
 	}
 	if resp.StatusCode >= 400 {
 		// An error answer is small: read it to learn its D1 code for the

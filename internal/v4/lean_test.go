@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/textproto"
 	"os"
 	"regexp"
 	"strings"
@@ -471,36 +470,4 @@ func TestLeanIdleTimeout(t *testing.T) {
 	assert.Empty(t, rest)
 	served, _ := lean.LeanStats()
 	assert.EqualValues(t, 1, served)
-}
-
-// The Date of an answer is net/http's formatting of the instant it is
-// written: the per-second cache must give the same text, and a new text
-// whenever the second changes (forwards or, after a clock step, back).
-func TestLeanDateCache(t *testing.T) {
-	ls := &leanServer{}
-	base := time.Date(2026, 12, 3, 17, 0, 0, 0, time.FixedZone("X", 3600))
-	for _, d := range []time.Duration{0, 999 * time.Millisecond, time.Second, 1500 * time.Millisecond,
-		-time.Second, -1, 2 * time.Second, 2*time.Second + 1} {
-		now := base.Add(d)
-		require.Equal(t, now.UTC().Format(http.TimeFormat), string(ls.httpDate(now)), "at %v", d)
-	}
-}
-
-// canonicalKey interns the common names through a switch: every one of
-// them, in any case, must come out as textproto canonicalises it, and so
-// must names that are not among them.
-func TestLeanCanonicalKey(t *testing.T) {
-	names := []string{"Accept", "Accept-Encoding", "Accept-Language", "Authorization", "Cache-Control",
-		"Connection", "Content-Length", "Content-Type", "Host", "Origin", "Pragma", "Referer", "User-Agent",
-		"X-Request-Id", "X-Forwarded-For", "X-Forwarded-Proto", "Cf-Ray", "Sec-Fetch-Mode",
-		"Shoal-Numbers", "X-Shoal-Read-Only", "x-custom_header", "A", "a-b-c"}
-	for _, n := range names {
-		for _, v := range []string{n, strings.ToLower(n), strings.ToUpper(n)} {
-			want := textproto.CanonicalMIMEHeaderKey(v)
-			require.Equal(t, want, canonicalKey([]byte(v)), "name %q", v)
-			if k, ok := commonKey([]byte(want)); ok {
-				require.Equal(t, want, k, "interned name of %q", v)
-			}
-		}
-	}
 }

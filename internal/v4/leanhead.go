@@ -250,51 +250,17 @@ func trimOWSBytes(b []byte) []byte {
 	return b
 }
 
-// commonKey returns the interned canonical name of a header clients send
-// on the query routes, if k is one. A switch rather than a map: the
-// compiler compares lengths and bytes in place, with no hash (the map's
-// lookup was ~1.5% of the edge's CPU per query).
-func commonKey(k []byte) (string, bool) {
-	switch string(k) { // no allocation: compared in place
-	case "Accept":
-		return "Accept", true
-	case "Accept-Encoding":
-		return "Accept-Encoding", true
-	case "Accept-Language":
-		return "Accept-Language", true
-	case "Authorization":
-		return "Authorization", true
-	case "Cache-Control":
-		return "Cache-Control", true
-	case "Connection":
-		return "Connection", true
-	case "Content-Length":
-		return "Content-Length", true
-	case "Content-Type":
-		return "Content-Type", true
-	case "Host":
-		return "Host", true
-	case "Origin":
-		return "Origin", true
-	case "Pragma":
-		return "Pragma", true
-	case "Referer":
-		return "Referer", true
-	case "User-Agent":
-		return "User-Agent", true
-	case "X-Request-Id":
-		return "X-Request-Id", true
-	case "X-Forwarded-For":
-		return "X-Forwarded-For", true
-	case "X-Forwarded-Proto":
-		return "X-Forwarded-Proto", true
-	case "Cf-Ray":
-		return "Cf-Ray", true
-	case "Sec-Fetch-Mode":
-		return "Sec-Fetch-Mode", true
+// commonKeys interns the canonical names of headers clients send on the
+// query routes (read-only).
+var commonKeys = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"Accept", "Accept-Encoding", "Accept-Language", "Authorization", "Cache-Control",
+		"Connection", "Content-Length", "Content-Type", "Host", "Origin", "Pragma", "Referer", "User-Agent",
+		"X-Request-Id", "X-Forwarded-For", "X-Forwarded-Proto", "Cf-Ray", "Sec-Fetch-Mode"} {
+		m[k] = k
 	}
-	return "", false
-}
+	return m
+}()
 
 // canonicalKey is textproto.CanonicalMIMEHeaderKey for a name of token
 // bytes.
@@ -316,7 +282,7 @@ func canonicalKey(name []byte) string {
 		k[i] = c
 		upper = c == '-'
 	}
-	if s, ok := commonKey(k); ok {
+	if s, ok := commonKeys[string(k)]; ok {
 		return s
 	}
 	return string(k)
