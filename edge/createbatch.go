@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/shoaldb/shoal/pipeline/event"
@@ -70,8 +71,16 @@ type createBatching struct {
 	maxBatch int                                   // ≤ 0: no host batching either
 	inflight int
 
+	// Gathering (see "Gathering the catalog batch" below): creates between their
+	// init and the catalog queue, and the window for init batches due.
+	gatherDue time.Duration // Options.CreateGather: the longest window
+	catTiming initTiming    // the catalog batches' round trips
+	initing   atomic.Int64  // creates whose init is in flight (tickets in state 0)
+	arriving  atomic.Int64  // creates whose init came back, not yet queued (state 1)
+
 	mu          sync.Mutex
-	inits       map[string]*batcher[event.InitBatchItem, struct{}]
+	inits       map[string]*batcher[initCall, struct{}]
+	initTimes   map[string]*initTiming // per host address, for gathering
 	confirms    map[string]*batcher[Route, struct{}]
 	unsupported map[string]time.Time // host address → until when it is sent single calls
 
@@ -87,6 +96,13 @@ const (
 	// anything, and at a few hundred creates per second per host it makes
 	// batches of several instead of about one.
 	defaultConfirmLinger = 20 * time.Millisecond
+	// defaultCreateGather is Options.CreateGather's default.
+	defaultCreateGather = 3 * time.Millisecond
+	// gatherArrive is how long a catalog batch may wait for the creates
+	// of an init batch that came back (woken, on their way to its queue)
+	// beyond the CreateGather window: goroutine wake-ups, microseconds
+	// unless the edge's CPU is saturated.
+	gatherArrive = time.Millisecond
 	// hostBatchRecheck is how long a host that answered 404 to a batch
 	// route (an older build) is sent single calls before it is tried again.
 	hostBatchRecheck = time.Minute
@@ -101,7 +117,8 @@ func (s *Server) initCreateBatching() {
 	if b.inflight <= 0 {
 		b.inflight = defaultCreateBatchInflight
 	}
-	b.inits = map[string]*batcher[event.InitBatchItem, struct{}]{}
+	b.inits = map[string]*batcher[initCall, struct{}]{}
+	b.initTimes = map[string]*initTiming{}
 	b.confirms = map[string]*batcher[Route, struct{}]{}
 	b.unsupported = map[string]time.Time{}
 	if b.maxBatch < 0 {
@@ -115,13 +132,40 @@ func (s *Server) initCreateBatching() {
 			return stored, fill(len(rs), err)
 		})
 	if bc, ok := s.catalog.(BatchCreator); ok {
-		b.catalog = newBatcher(s.bgCtx, &b.wg, b.maxBatch, b.inflight, 3*s.o.CatalogTimeout,
+		gather := s.o.CreateGather
+		if gather == 0 {
+			gather = defaultCreateGather
+		}
+		var expecting func() bool
+		gatherMax := time.Duration(0)
+		if gather > 0 {
+			b.gatherDue, expecting, gatherMax = gather, s.catalogExpecting, gatherArrive+gather
+		}
+		b.catalog = newGatheringBatcher(s.bgCtx, &b.wg, b.maxBatch, b.inflight, 3*s.o.CatalogTimeout, gatherMax, expecting,
 			func(ctx context.Context, items []auditedCreate) ([]fsm.Database, []error) {
 				cmds := make([]fsm.CreateDatabase, len(items))
 				audits := make([]*fsm.Audit, len(items))
 				for i, it := range items {
 					cmds[i], audits[i] = it.cmd, it.audit
 				}
+				if len(items) == 1 { // TEMP
+					why := "initing0"
+					if b.initing.Load() > 0 {
+						why = "initing_none_inflight"
+						b.mu.Lock()
+						for _, t := range b.initTimes {
+							t.mu.Lock()
+							if t.sending > 0 {
+								why = "init_inflight"
+							}
+							t.mu.Unlock()
+						}
+						b.mu.Unlock()
+					}
+					s.m.lonelyCat.WithLabelValues(why).Inc()
+				}
+				sent := b.catTiming.start()
+				defer b.catTiming.end(sent)
 				return bc.CreateDatabasesAs(ctx, cmds, audits)
 			})
 		b.catalog.observe = func(n int) { s.m.batchCatalog.Observe(float64(n)) }
@@ -132,8 +176,13 @@ func (s *Server) initCreateBatching() {
 // batcher when the catalog can take batches, else alone. Errors are
 // classified as catalogWrite's: a refusal as is, anything else wrapped in
 // ErrUnavailable (outcome unknown).
-func (s *Server) createCatalogWrite(ctx context.Context, cmd fsm.CreateDatabase) (fsm.Database, error) {
+//
+// tk is the create's gathering ticket (nil: none); it leaves the expected
+// creates once the write is queued (or at once, on the path without a
+// batcher).
+func (s *Server) createCatalogWrite(ctx context.Context, cmd fsm.CreateDatabase, tk *createTicket) (fsm.Database, error) {
 	if s.cb.catalog == nil {
+		tk.leave()
 		var d fsm.Database
 		err := s.catalogWrite(ctx, func(ctx context.Context) error {
 			var err error
@@ -146,7 +195,11 @@ func (s *Server) createCatalogWrite(ctx context.Context, cmd fsm.CreateDatabase)
 	if a, ok := fsm.AuditFrom(ctx); ok {
 		item.audit = &a
 	}
-	d, err := s.cb.catalog.do(ctx, item)
+	var queued func()
+	if tk != nil {
+		queued = tk.queued
+	}
+	d, err := s.cb.catalog.doQueued(ctx, item, queued)
 	if err != nil && !isCatalogRefusal(err) && !errors.Is(err, ErrUnavailable) {
 		err = fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
@@ -155,13 +208,14 @@ func (s *Server) createCatalogWrite(ctx context.Context, cmd fsm.CreateDatabase)
 
 // initObject is step (4) of one create: batched with the other inits for
 // the same host, unless batching is off or the init restores from the
-// archive (a fork: as long as its restore, so it goes alone).
-func (s *Server) initObject(ctx context.Context, addr, objectID string, in InitRequest) error {
+// archive (a fork: as long as its restore, so it goes alone). tk (nil:
+// none) is marked arriving when the init's batch comes back with it done.
+func (s *Server) initObject(ctx context.Context, addr, objectID string, in InitRequest, tk *createTicket) error {
 	if s.cb.maxBatch < 0 || in.RestoreFrom != nil {
 		_, err := s.hosts.Init(ctx, addr, objectID, in)
 		return err
 	}
-	_, err := s.initBatcher(addr).do(ctx, event.InitBatchItem{ObjectID: objectID, Init: in})
+	_, err := s.initBatcher(addr).do(ctx, initCall{item: event.InitBatchItem{ObjectID: objectID, Init: in}, tk: tk})
 	return err
 }
 
@@ -185,30 +239,49 @@ func (s *Server) cacheCreatedRoute(rt Route) error {
 	return err
 }
 
-func (s *Server) initBatcher(addr string) *batcher[event.InitBatchItem, struct{}] {
+func (s *Server) initBatcher(addr string) *batcher[initCall, struct{}] {
 	b := &s.cb
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if x := b.inits[addr]; x != nil {
 		return x
 	}
-	x := newBatcher(s.bgCtx, &b.wg, min(b.maxBatch, event.MaxHostBatch), b.inflight, 10*time.Second,
-		func(ctx context.Context, items []event.InitBatchItem) ([]struct{}, []error) {
-			out := make([]struct{}, len(items))
-			if s.hostBatches(addr) {
-				errs, err := s.hosts.InitBatch(ctx, addr, items)
-				if err == nil {
-					return out, errs
-				}
-				if !errors.Is(err, errHostBatchUnsupported) {
-					return out, fill(len(items), err)
-				}
-				s.hostBatchUnsupported(addr)
+	timing := &initTiming{}
+	b.initTimes[addr] = timing
+	send := func(ctx context.Context, items []event.InitBatchItem) ([]struct{}, []error) {
+		out := make([]struct{}, len(items))
+		if s.hostBatches(addr) {
+			errs, err := s.hosts.InitBatch(ctx, addr, items)
+			if err == nil {
+				return out, errs
 			}
-			errs := make([]error, len(items))
-			concurrently(len(items), func(i int) {
-				_, errs[i] = s.hosts.Init(ctx, addr, items[i].ObjectID, items[i].Init)
-			})
+			if !errors.Is(err, errHostBatchUnsupported) {
+				return out, fill(len(items), err)
+			}
+			s.hostBatchUnsupported(addr)
+		}
+		errs := make([]error, len(items))
+		concurrently(len(items), func(i int) {
+			_, errs[i] = s.hosts.Init(ctx, addr, items[i].ObjectID, items[i].Init)
+		})
+		return out, errs
+	}
+	x := newBatcher(s.bgCtx, &b.wg, min(b.maxBatch, event.MaxHostBatch), b.inflight, 10*time.Second,
+		func(ctx context.Context, calls []initCall) ([]struct{}, []error) {
+			items := make([]event.InitBatchItem, len(calls))
+			for i, c := range calls {
+				items[i] = c.item
+			}
+			sent := timing.start()
+			out, errs := send(ctx, items)
+			timing.end(sent)
+			// Before the callers wake: the creates whose init is done are
+			// on their way to the catalog batcher, which may wait for them.
+			for i, c := range calls {
+				if i < len(errs) && errs[i] == nil {
+					c.tk.arrive()
+				}
+			}
 			return out, errs
 		})
 	x.observe = func(n int) { s.m.batchInit.Observe(float64(n)) }
@@ -284,4 +357,161 @@ func concurrently(n int, fn func(i int)) {
 		}()
 	}
 	wg.Wait()
+}
+
+// Gathering the catalog batch. Creates reach the catalog batcher in clumps:
+// an init batch coming back from a host wakes all of its creates at once.
+// Without gathering the first of a clump to reach a free slot went alone
+// and the rest made the next batch, and the clumps of the other hosts'
+// init batches, coming back a few milliseconds apart, made batches of
+// their own: the catalog's cost is per batch (one request to the leader,
+// one log entry appended and fsynced on every voter, one FSM transaction
+// per replica), so it cost a create about twice a raw write at 16 clients.
+// The catalog batcher's slot holder now waits, before it takes a batch,
+// for creates known to be on their way (batcher.gatherLocked):
+//
+//   - creates whose init batch came back and who are not yet queued (the
+//     rest of the clump), for at most gatherArrive;
+//   - creates whose init is in a host batch due back (its send time plus
+//     that host's mean round trip) within one catalog round trip (the
+//     mean; at most Options.CreateGather): they would have queued behind
+//     the batch sent now anyway.
+//
+// With no create in its init step (an idle edge, a lone create, creates
+// that are not batched) nothing is expected and a call goes at once, as
+// before. Nothing about one create changes: its init is done and durable
+// on its host before it is counted as arriving, its catalog write is
+// still the checkpoint and is answered only once committed; the wait only
+// moves when the write is sent.
+
+// initCall is one init in a host's init batcher, with its create's
+// gathering ticket (nil: none).
+type initCall struct {
+	item event.InitBatchItem
+	tk   *createTicket
+}
+
+// createTicket follows one attempt of one create from its init into the
+// catalog batcher's queue, for gathering. state: 0 init in flight, 1 init
+// done (arriving), 2 gone (queued, or left the flow). Transitions are
+// idempotent, so every exit path may call leave.
+type createTicket struct {
+	cb    *createBatching
+	state atomic.Int32
+}
+
+// enterInit is a ticket for a create about to send its init, or nil when
+// the catalog batcher does not gather.
+func (b *createBatching) enterInit() *createTicket {
+	if b.catalog == nil || b.catalog.expecting == nil {
+		return nil
+	}
+	b.initing.Add(1)
+	return &createTicket{cb: b}
+}
+
+// arrive: the init is done; the create heads for the catalog queue.
+func (t *createTicket) arrive() {
+	if t != nil && t.state.CompareAndSwap(0, 1) {
+		t.cb.arriving.Add(1)
+		t.cb.initing.Add(-1)
+	}
+}
+
+// queued: the catalog write is in the queue (called under the batcher's
+// lock, which signals the slot holder itself).
+func (t *createTicket) queued() { t.gone() }
+
+// leave: the create left the flow before queuing its catalog write (init
+// failed, ctx ended, …); a slot holder waiting for it re-checks at once.
+func (t *createTicket) leave() {
+	if t != nil && t.gone() {
+		t.cb.catalog.gatherWake()
+	}
+}
+
+func (t *createTicket) gone() bool {
+	if t == nil {
+		return false
+	}
+	switch t.state.Swap(2) {
+	case 0:
+		t.cb.initing.Add(-1)
+	case 1:
+		t.cb.arriving.Add(-1)
+	default:
+		return false
+	}
+	return true
+}
+
+// initTiming is one host's init batches in flight and their mean round
+// trip, for gathering (catalogExpecting).
+type initTiming struct {
+	mu      sync.Mutex
+	sending int           // batches in flight
+	sentAt  time.Time     // when the latest batch in flight was sent
+	rtt     time.Duration // moving mean of round trips (0: none yet)
+}
+
+func (t *initTiming) start() time.Time {
+	now := time.Now()
+	t.mu.Lock()
+	t.sending++
+	t.sentAt = now
+	t.mu.Unlock()
+	return now
+}
+
+func (t *initTiming) end(sent time.Time) {
+	d := time.Since(sent)
+	t.mu.Lock()
+	t.sending--
+	if t.rtt == 0 {
+		t.rtt = d
+	} else {
+		t.rtt += (d - t.rtt) / 8
+	}
+	t.mu.Unlock()
+}
+
+// rttMean is the moving mean of the round trips (0: none yet).
+func (t *initTiming) rttMean() time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.rtt
+}
+
+// catalogExpecting reports whether creates are on their way to the
+// catalog batcher: some whose init came back, or some in an init batch due
+// back within the window — one catalog round trip (the mean), at most
+// gatherDue. Within one round trip the wait costs the creates expected
+// nothing (they would have queued behind the batch sent now) and saves a
+// log entry. A batch overdue by more than the window (a slow host) is not
+// waited for.
+func (s *Server) catalogExpecting() bool {
+	b := &s.cb
+	if b.arriving.Load() > 0 {
+		return true
+	}
+	if b.initing.Load() <= 0 {
+		return false
+	}
+	window := min(b.catTiming.rttMean(), b.gatherDue)
+	if window <= 0 {
+		return false
+	}
+	now := time.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, t := range b.initTimes {
+		t.mu.Lock()
+		dueIn := t.sentAt.Add(t.rtt).Sub(now)
+		due := t.sending > 0 && t.rtt > 0 && dueIn <= window && dueIn >= -window
+		t.mu.Unlock()
+		if due {
+			return true
+		}
+	}
+	return false
 }

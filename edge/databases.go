@@ -456,18 +456,24 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 			}
 			return fsm.Database{}, err
 		}
-		// (4) Init on the object.
+		// (4) Init on the object. tk counts this create as on its way to
+		// the catalog batcher, which may wait for it (createbatch.go).
+		var tk *createTicket
+		if src == nil {
+			tk = s.cb.enterInit()
+		}
 		t0 = time.Now()
 		err = s.initObject(ctx, host.Address, objectID, InitRequest{
 			DatabaseUUID: id, AccountID: acct, Name: *body.Name, Region: host.Region, Jurisdiction: jur,
 			RoutingGeneration: initialGeneration, Options: InitOptions{HeartbeatIntervalMs: a.Limits.HeartbeatIntervalMs},
 			RestoreFrom: src,
-		})
+		}, tk)
 		s.m.stepInit.Observe(time.Since(t0).Seconds())
 		if err == nil {
 			err = s.failpoint("create:after-init")
 		}
 		if err != nil {
+			tk.leave()
 			lastErr = err
 			s.m.createTries.WithLabelValues("init_failed").Inc()
 			var he *HostError
@@ -491,7 +497,8 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 		d, err := s.createCatalogWrite(ctx, fsm.CreateDatabase{
 			UUID: id, AccountID: acct, Name: *body.Name, ObjectID: objectID, HostID: host.ID,
 			Region: host.Region, Jurisdiction: jur, ReadReplication: mode,
-		})
+		}, tk)
+		tk.leave() // queued by now unless the write failed before
 		s.m.stepCatalog.Observe(time.Since(t0).Seconds())
 		if err == nil {
 			s.m.createTries.WithLabelValues("created").Inc()
