@@ -46,11 +46,11 @@ type batcher[T, R any] struct {
 	observe     func(n int) // each batch's size, when set
 	linger      time.Duration
 	full        chan struct{} // lingering: the queue reached maxBatch (wakes the wait early)
-	// gather, when set, makes the slot holder wait, before it takes a
-	// batch, for calls known to be on their way (see gatherLocked):
-	// expecting reports whether more calls are due now; gatherMax bounds
-	// the whole wait; wake is signalled (buffered 1) when a call queues or
-	// an expected call will not come.
+	// A gathering batcher's slot holder waits, before it takes a batch,
+	// for calls known to be on their way (see gatherLocked): expecting
+	// reports whether any are; gatherMax bounds the whole wait; wake is
+	// signalled (buffered 1) when a call queues or an expected call will
+	// not come.
 	expecting func() bool
 	gatherMax time.Duration
 	wake      chan struct{}
@@ -209,14 +209,14 @@ func newGatheringBatcher[T, R any](ctx context.Context, wg *sync.WaitGroup, maxB
 }
 
 // gatherLocked is the gathering batcher's wait before its slot holder takes
-// a batch: while expecting() reports calls due (creates whose init just
-// came back, on their way to this queue; creates whose init batch is about
-// to come back), it waits for them — woken by each call that queues and by
-// gatherWake — for at most gatherMax in all, and never once the queue holds
-// maxBatch or the owner's context ends. With nothing expected (an idle
-// edge, a lone create) it returns at once: the call goes alone, as without
-// gathering. b.mu is held on entry and on return, released while waiting.
-// expecting is called with b.mu released (it reads other batchers).
+// a batch: while expecting() reports calls on their way (the catalog
+// batcher: creates whose init batch came back, woken but not yet queued),
+// it waits for them — woken by each call that queues and by gatherWake —
+// for at most gatherMax in all, and never once the queue holds maxBatch or
+// the owner's context ends. With nothing expected (an idle edge, a lone
+// create) it returns at once: the call goes alone, as without gathering.
+// b.mu is held on entry and on return, released while waiting (expecting
+// is called without it).
 func (b *batcher[T, R]) gatherLocked() {
 	if b.expecting == nil {
 		return

@@ -71,16 +71,13 @@ type createBatching struct {
 	maxBatch int                                   // ≤ 0: no host batching either
 	inflight int
 
-	// Gathering (see "Gathering the catalog batch" below): creates between their
-	// init and the catalog queue, and the window for init batches due.
-	gatherDue time.Duration // Options.CreateGather: the longest window
-	catTiming initTiming    // the catalog batches' round trips
-	initing   atomic.Int64  // creates whose init is in flight (tickets in state 0)
-	arriving  atomic.Int64  // creates whose init came back, not yet queued (state 1)
+	// Gathering (see "Gathering the catalog batch" below): the longest
+	// wait, and the creates on their way to the catalog batcher.
+	gather   time.Duration // ≤ 0: no gathering
+	arriving atomic.Int64  // creates whose init came back, not yet in the catalog queue
 
 	mu          sync.Mutex
 	inits       map[string]*batcher[initCall, struct{}]
-	initTimes   map[string]*initTiming // per host address, for gathering
 	confirms    map[string]*batcher[Route, struct{}]
 	unsupported map[string]time.Time // host address → until when it is sent single calls
 
@@ -96,13 +93,9 @@ const (
 	// anything, and at a few hundred creates per second per host it makes
 	// batches of several instead of about one.
 	defaultConfirmLinger = 20 * time.Millisecond
-	// defaultCreateGather is Options.CreateGather's default.
-	defaultCreateGather = 3 * time.Millisecond
-	// gatherArrive is how long a catalog batch may wait for the creates
-	// of an init batch that came back (woken, on their way to its queue)
-	// beyond the CreateGather window: goroutine wake-ups, microseconds
-	// unless the edge's CPU is saturated.
-	gatherArrive = time.Millisecond
+	// defaultCreateGather is Options.CreateGather's default: goroutine
+	// wake-ups take microseconds unless the edge's CPU is saturated.
+	defaultCreateGather = time.Millisecond
 	// hostBatchRecheck is how long a host that answered 404 to a batch
 	// route (an older build) is sent single calls before it is tried again.
 	hostBatchRecheck = time.Minute
@@ -111,6 +104,10 @@ const (
 func (s *Server) initCreateBatching() {
 	b := &s.cb
 	b.maxBatch, b.inflight = s.o.CreateBatch, s.o.CreateBatchInflight
+	b.gather = s.o.CreateGather
+	if b.gather == 0 {
+		b.gather = defaultCreateGather
+	}
 	if b.maxBatch == 0 {
 		b.maxBatch = defaultCreateBatch
 	}
@@ -118,7 +115,6 @@ func (s *Server) initCreateBatching() {
 		b.inflight = defaultCreateBatchInflight
 	}
 	b.inits = map[string]*batcher[initCall, struct{}]{}
-	b.initTimes = map[string]*initTiming{}
 	b.confirms = map[string]*batcher[Route, struct{}]{}
 	b.unsupported = map[string]time.Time{}
 	if b.maxBatch < 0 {
@@ -132,40 +128,14 @@ func (s *Server) initCreateBatching() {
 			return stored, fill(len(rs), err)
 		})
 	if bc, ok := s.catalog.(BatchCreator); ok {
-		gather := s.o.CreateGather
-		if gather == 0 {
-			gather = defaultCreateGather
-		}
-		var expecting func() bool
-		gatherMax := time.Duration(0)
-		if gather > 0 {
-			b.gatherDue, expecting, gatherMax = gather, s.catalogExpecting, gatherArrive+gather
-		}
-		b.catalog = newGatheringBatcher(s.bgCtx, &b.wg, b.maxBatch, b.inflight, 3*s.o.CatalogTimeout, gatherMax, expecting,
+		b.catalog = newGatheringBatcher(s.bgCtx, &b.wg, b.maxBatch, b.inflight, 3*s.o.CatalogTimeout, b.gather,
+			func() bool { return b.arriving.Load() > 0 },
 			func(ctx context.Context, items []auditedCreate) ([]fsm.Database, []error) {
 				cmds := make([]fsm.CreateDatabase, len(items))
 				audits := make([]*fsm.Audit, len(items))
 				for i, it := range items {
 					cmds[i], audits[i] = it.cmd, it.audit
 				}
-				if len(items) == 1 { // TEMP
-					why := "initing0"
-					if b.initing.Load() > 0 {
-						why = "initing_none_inflight"
-						b.mu.Lock()
-						for _, t := range b.initTimes {
-							t.mu.Lock()
-							if t.sending > 0 {
-								why = "init_inflight"
-							}
-							t.mu.Unlock()
-						}
-						b.mu.Unlock()
-					}
-					s.m.lonelyCat.WithLabelValues(why).Inc()
-				}
-				sent := b.catTiming.start()
-				defer b.catTiming.end(sent)
 				return bc.CreateDatabasesAs(ctx, cmds, audits)
 			})
 		b.catalog.observe = func(n int) { s.m.batchCatalog.Observe(float64(n)) }
@@ -197,7 +167,7 @@ func (s *Server) createCatalogWrite(ctx context.Context, cmd fsm.CreateDatabase,
 	}
 	var queued func()
 	if tk != nil {
-		queued = tk.queued
+		queued = tk.catalogQueued
 	}
 	d, err := s.cb.catalog.doQueued(ctx, item, queued)
 	if err != nil && !isCatalogRefusal(err) && !errors.Is(err, ErrUnavailable) {
@@ -209,7 +179,8 @@ func (s *Server) createCatalogWrite(ctx context.Context, cmd fsm.CreateDatabase,
 // initObject is step (4) of one create: batched with the other inits for
 // the same host, unless batching is off or the init restores from the
 // archive (a fork: as long as its restore, so it goes alone). tk (nil:
-// none) is marked arriving when the init's batch comes back with it done.
+// none) counts as arriving at the catalog batcher once the init's batch
+// comes back with it done.
 func (s *Server) initObject(ctx context.Context, addr, objectID string, in InitRequest, tk *createTicket) error {
 	if s.cb.maxBatch < 0 || in.RestoreFrom != nil {
 		_, err := s.hosts.Init(ctx, addr, objectID, in)
@@ -246,8 +217,6 @@ func (s *Server) initBatcher(addr string) *batcher[initCall, struct{}] {
 	if x := b.inits[addr]; x != nil {
 		return x
 	}
-	timing := &initTiming{}
-	b.initTimes[addr] = timing
 	send := func(ctx context.Context, items []event.InitBatchItem) ([]struct{}, []error) {
 		out := make([]struct{}, len(items))
 		if s.hostBatches(addr) {
@@ -272,9 +241,7 @@ func (s *Server) initBatcher(addr string) *batcher[initCall, struct{}] {
 			for i, c := range calls {
 				items[i] = c.item
 			}
-			sent := timing.start()
 			out, errs := send(ctx, items)
-			timing.end(sent)
 			// Before the callers wake: the creates whose init is done are
 			// on their way to the catalog batcher, which may wait for them.
 			for i, c := range calls {
@@ -359,30 +326,27 @@ func concurrently(n int, fn func(i int)) {
 	wg.Wait()
 }
 
-// Gathering the catalog batch. Creates reach the catalog batcher in clumps:
-// an init batch coming back from a host wakes all of its creates at once.
-// Without gathering the first of a clump to reach a free slot went alone
-// and the rest made the next batch, and the clumps of the other hosts'
-// init batches, coming back a few milliseconds apart, made batches of
-// their own: the catalog's cost is per batch (one request to the leader,
-// one log entry appended and fsynced on every voter, one FSM transaction
-// per replica), so it cost a create about twice a raw write at 16 clients.
-// The catalog batcher's slot holder now waits, before it takes a batch,
-// for creates known to be on their way (batcher.gatherLocked):
+// Gathering the catalog batch. Creates reach the catalog batcher in
+// clumps: an init batch coming back from a host wakes all of its creates
+// at once. Without gathering, the first of a clump to find the catalog
+// slot free went alone and the rest made the next batch — at 16 clients
+// about half the catalog batches held one create (4.6 per batch on
+// average) — and the catalog's cost is per batch (one request to the
+// leader, one log entry appended and fsynced on every voter, one FSM
+// transaction per replica). So the catalog batcher's slot holder waits,
+// before it takes a batch, for the creates of init batches that came back
+// and are not yet in its queue (batcher.gatherLocked), at most
+// Options.CreateGather (1ms): they are woken already, and reach the queue
+// within goroutine wake-ups. With none on their way (an idle edge, a lone
+// create, a fork) a call goes at once, as before.
 //
-//   - creates whose init batch came back and who are not yet queued (the
-//     rest of the clump), for at most gatherArrive;
-//   - creates whose init is in a host batch due back (its send time plus
-//     that host's mean round trip) within one catalog round trip (the
-//     mean; at most Options.CreateGather): they would have queued behind
-//     the batch sent now anyway.
-//
-// With no create in its init step (an idle edge, a lone create, creates
-// that are not batched) nothing is expected and a call goes at once, as
-// before. Nothing about one create changes: its init is done and durable
-// on its host before it is counted as arriving, its catalog write is
-// still the checkpoint and is answered only once committed; the wait only
-// moves when the write is sent.
+// Nothing about one create changes: its init is done and durable on its
+// host before it counts as arriving, its catalog write is still the
+// checkpoint and is answered only once committed; the wait only moves
+// when the request is sent. Measured (docs/benchmarks.md, "Gathering the
+// catalog batch"): waiting also for init batches due back within a
+// catalog round trip, or making init batches wait for creates still in
+// steps (1)–(3), gave nothing more in the same rounds, and was dropped.
 
 // initCall is one init in a host's init batcher, with its create's
 // gathering ticket (nil: none).
@@ -391,127 +355,59 @@ type initCall struct {
 	tk   *createTicket
 }
 
-// createTicket follows one attempt of one create from its init into the
-// catalog batcher's queue, for gathering. state: 0 init in flight, 1 init
-// done (arriving), 2 gone (queued, or left the flow). Transitions are
-// idempotent, so every exit path may call leave.
+// createTicket follows one create attempt through gathering. state: 0
+// init in flight, 1 arriving (its init came back done), 2 gone (its
+// catalog write queued, or it left the flow). Transitions only move
+// forward and are idempotent, so every exit path may call leave.
 type createTicket struct {
 	cb    *createBatching
 	state atomic.Int32
 }
 
-// enterInit is a ticket for a create about to send its init, or nil when
-// the catalog batcher does not gather.
-func (b *createBatching) enterInit() *createTicket {
+// startCreate is a ticket for a create whose init goes through a host's
+// init batcher, or nil when the catalog batcher does not gather.
+func (b *createBatching) startCreate() *createTicket {
 	if b.catalog == nil || b.catalog.expecting == nil {
 		return nil
 	}
-	b.initing.Add(1)
 	return &createTicket{cb: b}
 }
 
-// arrive: the init is done; the create heads for the catalog queue.
-func (t *createTicket) arrive() {
-	if t != nil && t.state.CompareAndSwap(0, 1) {
-		t.cb.arriving.Add(1)
-		t.cb.initing.Add(-1)
-	}
-}
-
-// queued: the catalog write is in the queue (called under the batcher's
-// lock, which signals the slot holder itself).
-func (t *createTicket) queued() { t.gone() }
-
-// leave: the create left the flow before queuing its catalog write (init
-// failed, ctx ended, …); a slot holder waiting for it re-checks at once.
-func (t *createTicket) leave() {
-	if t != nil && t.gone() {
-		t.cb.catalog.gatherWake()
-	}
-}
-
-func (t *createTicket) gone() bool {
+// move sets the state to next if it is earlier and keeps the arriving
+// count; it reports the state left (-1: none, already there or past it).
+func (t *createTicket) move(next int32) int32 {
 	if t == nil {
-		return false
+		return -1
 	}
-	switch t.state.Swap(2) {
-	case 0:
-		t.cb.initing.Add(-1)
-	case 1:
-		t.cb.arriving.Add(-1)
-	default:
-		return false
-	}
-	return true
-}
-
-// initTiming is one host's init batches in flight and their mean round
-// trip, for gathering (catalogExpecting).
-type initTiming struct {
-	mu      sync.Mutex
-	sending int           // batches in flight
-	sentAt  time.Time     // when the latest batch in flight was sent
-	rtt     time.Duration // moving mean of round trips (0: none yet)
-}
-
-func (t *initTiming) start() time.Time {
-	now := time.Now()
-	t.mu.Lock()
-	t.sending++
-	t.sentAt = now
-	t.mu.Unlock()
-	return now
-}
-
-func (t *initTiming) end(sent time.Time) {
-	d := time.Since(sent)
-	t.mu.Lock()
-	t.sending--
-	if t.rtt == 0 {
-		t.rtt = d
-	} else {
-		t.rtt += (d - t.rtt) / 8
-	}
-	t.mu.Unlock()
-}
-
-// rttMean is the moving mean of the round trips (0: none yet).
-func (t *initTiming) rttMean() time.Duration {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.rtt
-}
-
-// catalogExpecting reports whether creates are on their way to the
-// catalog batcher: some whose init came back, or some in an init batch due
-// back within the window — one catalog round trip (the mean), at most
-// gatherDue. Within one round trip the wait costs the creates expected
-// nothing (they would have queued behind the batch sent now) and saves a
-// log entry. A batch overdue by more than the window (a slow host) is not
-// waited for.
-func (s *Server) catalogExpecting() bool {
-	b := &s.cb
-	if b.arriving.Load() > 0 {
-		return true
-	}
-	if b.initing.Load() <= 0 {
-		return false
-	}
-	window := min(b.catTiming.rttMean(), b.gatherDue)
-	if window <= 0 {
-		return false
-	}
-	now := time.Now()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, t := range b.initTimes {
-		t.mu.Lock()
-		dueIn := t.sentAt.Add(t.rtt).Sub(now)
-		due := t.sending > 0 && t.rtt > 0 && dueIn <= window && dueIn >= -window
-		t.mu.Unlock()
-		if due {
-			return true
+	for {
+		cur := t.state.Load()
+		if cur >= next {
+			return -1
+		}
+		if t.state.CompareAndSwap(cur, next) {
+			if cur == 1 {
+				t.cb.arriving.Add(-1)
+			}
+			if next == 1 {
+				t.cb.arriving.Add(1)
+			}
+			return cur
 		}
 	}
-	return false
+}
+
+// arrive: the init came back done; the create heads for the catalog
+// queue. Called by the init batch's send before its callers wake.
+func (t *createTicket) arrive() { t.move(1) }
+
+// catalogQueued: the catalog write is in the queue (called under the
+// batcher's lock, which wakes its slot holder itself).
+func (t *createTicket) catalogQueued() { t.move(2) }
+
+// leave: the create left the flow without queuing its catalog write; a
+// slot holder waiting for it re-checks at once.
+func (t *createTicket) leave() {
+	if t.move(2) == 1 {
+		t.cb.catalog.gatherWake()
+	}
 }

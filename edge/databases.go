@@ -407,6 +407,14 @@ func (s *Server) failpoint(step string) error {
 // fork, fork.go): the object host restores it during (4), before the
 // checkpoint, so an acknowledged fork is durable like any create.
 func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBody, src *RestoreSource) (fsm.Database, error) {
+	// tk counts this create as on its way to the catalog batcher, which
+	// may wait for it (createbatch.go, "Gathering the catalog batch"):
+	// the first attempt only; a fork's init goes alone.
+	var tk *createTicket
+	if src == nil {
+		tk = s.cb.startCreate()
+	}
+	defer func() { tk.leave() }()
 	// (1) Limit check. Stale by design; the catalog write enforces the limit
 	// authoritatively in the same transaction that counts the database.
 	t0 := time.Now()
@@ -433,6 +441,8 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 	var lastErr error
 	for attempt := 0; attempt < s.o.CreateAttempts; attempt++ {
 		if attempt > 0 {
+			tk.leave()
+			tk = nil
 			select {
 			case <-ctx.Done():
 				return fsm.Database{}, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
@@ -456,12 +466,7 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 			}
 			return fsm.Database{}, err
 		}
-		// (4) Init on the object. tk counts this create as on its way to
-		// the catalog batcher, which may wait for it (createbatch.go).
-		var tk *createTicket
-		if src == nil {
-			tk = s.cb.enterInit()
-		}
+		// (4) Init on the object.
 		t0 = time.Now()
 		err = s.initObject(ctx, host.Address, objectID, InitRequest{
 			DatabaseUUID: id, AccountID: acct, Name: *body.Name, Region: host.Region, Jurisdiction: jur,

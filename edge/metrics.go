@@ -24,7 +24,6 @@ type metrics struct {
 	// (hostroute.go) by result.
 	hostRoutes  *prometheus.CounterVec
 	createTries *prometheus.CounterVec
-	lonelyCat   *prometheus.CounterVec // TEMP
 	bgDropped   prometheus.Counter
 	// createSteps times the create flow's steps: account (limit check),
 	// placement, init (object host round trip, its durable index commit
@@ -52,7 +51,6 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 			Help: "Queries whose object host refused the connection and that were sent to the database's new route (relocated off a lost host)."}),
 		hostRoutes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shoal_edge_host_route_lookups_total",
 			Help: "Route lookups asked of the object hosts because the catalog was unavailable, by result: found, not_found, no_answer (no host answered for it), superseded (the cache holds a newer route), refused (at the cap)."}, []string{"result"}),
-		lonelyCat: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shoal_edge_create_lonely_total", Help: "TEMP"}, []string{"why"}),
 		createTries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shoal_edge_create_attempts_total",
 			Help: "Create attempts by outcome."}, []string{"outcome"}),
 		bgDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "shoal_edge_background_dropped_total",
@@ -78,7 +76,7 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 	counter := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
 	}
-	reg.MustRegister(m.requests, m.duration, m.rateLimited, m.staleRoutes, m.movedRoutes, m.hostRoutes, m.createTries, m.lonelyCat, m.bgDropped, m.createSteps, m.batchSize,
+	reg.MustRegister(m.requests, m.duration, m.rateLimited, m.staleRoutes, m.movedRoutes, m.hostRoutes, m.createTries, m.bgDropped, m.createSteps, m.batchSize,
 		counter("shoal_edge_route_cache_hits_total", "Route lookups served by the local cache.", func() float64 { return float64(s.cache.hits.Load()) }),
 		counter("shoal_edge_route_cache_misses_total", "Route lookups that missed the local cache.", func() float64 { return float64(s.cache.misses.Load()) }),
 		counter("shoal_edge_route_cache_negative_hits_total", "Lookups answered by a negative entry.", func() float64 { return float64(s.cache.negHits.Load()) }),

@@ -856,7 +856,7 @@ func (d *deployCluster) edgeCreateMetrics(t *testing.T) map[string]float64 {
 	for _, line := range strings.Split(string(b), "\n") {
 		for _, prefix := range []string{"shoal_edge_create_step_duration_seconds_sum", "shoal_edge_create_step_duration_seconds_count",
 			"shoal_edge_create_batch_creates_sum", "shoal_edge_create_batch_creates_count",
-			`shoal_edge_create_batch_creates_bucket{step="catalog_write",le="1"}`, `shoal_edge_create_batch_creates_bucket{step="init",le="1"}`, "shoal_edge_create_lonely_total"} {
+			`shoal_edge_create_batch_creates_bucket{step="catalog_write",le="1"}`, `shoal_edge_create_batch_creates_bucket{step="init",le="1"}`} {
 			if strings.HasPrefix(line, prefix+"{") || strings.HasPrefix(line, prefix+" ") {
 				f := strings.Fields(line)
 				v, err := strconv.ParseFloat(f[len(f)-1], 64)
@@ -971,9 +971,6 @@ func stepMeans(m map[string]float64) string {
 	}
 	if n := m[`shoal_edge_create_batch_creates_count{step="init"}`]; n > 0 {
 		fmt.Fprintf(&b, "| init batches of one %.0f%% ", 100*m[`shoal_edge_create_batch_creates_bucket{step="init",le="1"}`]/n)
-	}
-	for _, w := range []string{"initing0", "initing_none_inflight", "init_inflight"} {
-		fmt.Fprintf(&b, "%s %.0f ", w, m[`shoal_edge_create_lonely_total{why="`+w+`"}`])
 	}
 	return b.String()
 }
