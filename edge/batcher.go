@@ -46,6 +46,14 @@ type batcher[T, R any] struct {
 	observe     func(n int) // each batch's size, when set
 	linger      time.Duration
 	full        chan struct{} // lingering: the queue reached maxBatch (wakes the wait early)
+	// A gathering batcher's slot holder waits, before it takes a batch,
+	// for calls known to be on their way (see gatherLocked): expecting
+	// reports whether any are; gatherMax bounds the whole wait; wake is
+	// signalled (buffered 1) when a call queues or an expected call will
+	// not come.
+	expecting func() bool
+	gatherMax time.Duration
+	wake      chan struct{}
 
 	mu       sync.Mutex
 	queue    []*batchCall[T, R]
@@ -82,12 +90,23 @@ func newLingeringBatcher[T, R any](ctx context.Context, wg *sync.WaitGroup, maxB
 
 // do submits item and waits for its result.
 func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
+	return b.doQueued(ctx, item, nil)
+}
+
+// doQueued is do, calling queued (when not nil) once item is in the queue,
+// under b.mu: a gathering batcher's owner counts the call as arrived there,
+// so a slot holder never sees it neither expected nor queued.
+func (b *batcher[T, R]) doQueued(ctx context.Context, item T, queued func()) (R, error) {
 	c := &batchCall[T, R]{item: item, done: make(chan struct{})}
 	if b.linger > 0 {
 		c.at = time.Now()
 	}
 	b.mu.Lock()
 	b.queue = append(b.queue, c)
+	if queued != nil {
+		queued()
+	}
+	b.signalWake()
 	if b.full != nil && len(b.queue) == b.maxBatch {
 		select { // a full batch need not wait for its linger
 		case b.full <- struct{}{}:
@@ -157,6 +176,7 @@ func (b *batcher[T, R]) drain(batch []*batchCall[T, R]) {
 // and so does the owner's context ending (Close: what queued is sent, or
 // fails, at once).
 func (b *batcher[T, R]) nextLocked() []*batchCall[T, R] {
+	b.gatherLocked()
 	if b.linger > 0 && len(b.queue) < b.maxBatch {
 		if wait := b.linger - time.Since(b.queue[0].at); wait > 0 {
 			b.mu.Unlock()
@@ -173,6 +193,76 @@ func (b *batcher[T, R]) nextLocked() []*batchCall[T, R] {
 	}
 	return b.takeLocked()
 }
+
+// newGatheringBatcher is newBatcher whose slot holder waits, at most
+// gatherMax per batch, while expecting() reports calls on their way (see
+// gatherLocked). The owner calls gatherWake when an expected call will
+// not come after all.
+func newGatheringBatcher[T, R any](ctx context.Context, wg *sync.WaitGroup, maxBatch, maxInflight int, timeout, gatherMax time.Duration,
+	expecting func() bool, send func(ctx context.Context, items []T) ([]R, []error)) *batcher[T, R] {
+	b := newBatcher(ctx, wg, maxBatch, maxInflight, timeout, send)
+	if gatherMax > 0 && expecting != nil {
+		b.expecting, b.gatherMax = expecting, gatherMax
+		b.wake = make(chan struct{}, 1)
+	}
+	return b
+}
+
+// gatherLocked is the gathering batcher's wait before its slot holder takes
+// a batch: while expecting() reports calls on their way (the catalog
+// batcher: creates whose init batch came back, woken but not yet queued),
+// it waits for them — woken by each call that queues and by gatherWake —
+// for at most gatherMax in all, and never once the queue holds maxBatch or
+// the owner's context ends. With nothing expected (an idle edge, a lone
+// create) it returns at once: the call goes alone, as without gathering.
+// b.mu is held on entry and on return, released while waiting (expecting
+// is called without it).
+func (b *batcher[T, R]) gatherLocked() {
+	if b.expecting == nil {
+		return
+	}
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for len(b.queue) < b.maxBatch {
+		b.mu.Unlock()
+		more := b.expecting()
+		if more && t == nil {
+			t = time.NewTimer(b.gatherMax)
+		}
+		if more {
+			select {
+			case <-b.wake:
+			case <-t.C:
+				more = false
+			case <-b.ctx.Done():
+				more = false
+			}
+		}
+		b.mu.Lock()
+		if !more {
+			return
+		}
+	}
+}
+
+// signalWake wakes a gathering slot holder (no-op for other batchers).
+func (b *batcher[T, R]) signalWake() {
+	if b.wake == nil {
+		return
+	}
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// gatherWake tells a gathering batcher that an expected call will not come
+// (it re-asks expecting).
+func (b *batcher[T, R]) gatherWake() { b.signalWake() }
 
 // load is how busy the batcher is — the calls queued for its next batch
 // plus one per batch in flight — or 0 when it has batches in flight but

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	v4 "github.com/shoaldb/shoal/internal/v4"
+	"github.com/shoaldb/shoal/pipeline/event"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -377,4 +378,73 @@ func TestBatcherLoadIgnoresAStalledPeer(t *testing.T) {
 	cw.Wait()
 	wg.Wait()
 	assert.Zero(t, b.load(0), "nothing in flight: idle")
+}
+
+// The creates of one init batch come back together and share one catalog
+// batch: the first to reach the free catalog slot waits for the others of
+// its batch (createbatch.go, "Gathering the catalog batch") instead of
+// going alone. No timing is asserted: CreateGather is an hour, so only the
+// arrival of every expected create ends the wait.
+func TestCreateGatherSharesOneCatalogBatch(t *testing.T) {
+	e, bc := newBatchEnv(t, func(o *Options) { o.CreateGather = time.Hour })
+	h := e.hosts[0] // the only host of the edge's region: every create's
+	gate := make(chan struct{})
+	h.mu.Lock()
+	h.initGate = gate
+	h.mu.Unlock()
+	// An init holds the host's batch slot, so the creates' inits queue
+	// and go together in the next batch.
+	held := make(chan error, 1)
+	go func() {
+		_, err := e.srv.initBatcher(h.addr()).do(context.Background(),
+			initCall{item: event.InitBatchItem{ObjectID: "00000000000000000000000000000001",
+				Init: InitRequest{DatabaseUUID: "018f0000-0000-7000-8000-0000000000aa", AccountID: acctA, Name: "held"}}})
+		held <- err
+	}()
+	require.Eventually(t, func() bool { return e.srv.queuedInits(h.addr()) == 1 }, 5*time.Second, time.Millisecond)
+	const n = 5
+	var wg sync.WaitGroup
+	answers := make([]answer, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answers[i] = e.call("POST", dbPath(acctA), tokA, map[string]any{"name": "g" + string(rune('a'+i))})
+		}()
+	}
+	require.Eventually(t, func() bool { return e.srv.queuedInits(h.addr()) == 1+n }, 5*time.Second, time.Millisecond,
+		"the creates' inits queue behind the held one")
+	close(gate)
+	require.NoError(t, <-held)
+	wg.Wait()
+	for i, a := range answers {
+		assert.Equal(t, 200, a.Status, "create %d: %s", i, a.Raw)
+	}
+	assert.Equal(t, []int{n}, bc.batchSizes(), "the init batch's creates went in one catalog batch")
+	assert.Zero(t, e.srv.cb.arriving.Load(), "no create left counted as on its way")
+}
+
+// Gathering never holds a create nobody else is on the way with: a lone
+// create, one whose first init failed (its retry), and one after it all
+// finish although CreateGather is an hour — a create counted as arriving
+// and never uncounted would hold every later batch for that hour.
+func TestCreateGatherNeverHoldsALoneCreate(t *testing.T) {
+	e, bc := newBatchEnv(t, func(o *Options) { o.CreateGather = time.Hour })
+	for _, name := range []string{"lone", "after-failed-init", "next"} {
+		done := make(chan answer, 1)
+		go func() { done <- e.call("POST", dbPath(acctA), tokA, map[string]any{"name": name}) }()
+		select {
+		case a := <-done:
+			require.Equal(t, 200, a.Status, "%s: %s", name, a.Raw)
+		case <-time.After(30 * time.Second): // a liveness bound, against an hour's wait
+			t.Fatalf("create %q held by the catalog batcher's gathering", name)
+		}
+		if name == "lone" {
+			e.hosts[0].mu.Lock()
+			e.hosts[0].failInit = 1
+			e.hosts[0].mu.Unlock()
+		}
+	}
+	assert.Equal(t, []int{1, 1, 1}, bc.batchSizes())
+	assert.Zero(t, e.srv.cb.arriving.Load())
 }

@@ -407,6 +407,14 @@ func (s *Server) failpoint(step string) error {
 // fork, fork.go): the object host restores it during (4), before the
 // checkpoint, so an acknowledged fork is durable like any create.
 func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBody, src *RestoreSource) (fsm.Database, error) {
+	// tk counts this create as on its way to the catalog batcher, which
+	// may wait for it (createbatch.go, "Gathering the catalog batch"):
+	// the first attempt only; a fork's init goes alone.
+	var tk *createTicket
+	if src == nil {
+		tk = s.cb.startCreate()
+	}
+	defer func() { tk.leave() }()
 	// (1) Limit check. Stale by design; the catalog write enforces the limit
 	// authoritatively in the same transaction that counts the database.
 	t0 := time.Now()
@@ -433,6 +441,8 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 	var lastErr error
 	for attempt := 0; attempt < s.o.CreateAttempts; attempt++ {
 		if attempt > 0 {
+			tk.leave()
+			tk = nil
 			select {
 			case <-ctx.Done():
 				return fsm.Database{}, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
@@ -462,12 +472,13 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 			DatabaseUUID: id, AccountID: acct, Name: *body.Name, Region: host.Region, Jurisdiction: jur,
 			RoutingGeneration: initialGeneration, Options: InitOptions{HeartbeatIntervalMs: a.Limits.HeartbeatIntervalMs},
 			RestoreFrom: src,
-		})
+		}, tk)
 		s.m.stepInit.Observe(time.Since(t0).Seconds())
 		if err == nil {
 			err = s.failpoint("create:after-init")
 		}
 		if err != nil {
+			tk.leave()
 			lastErr = err
 			s.m.createTries.WithLabelValues("init_failed").Inc()
 			var he *HostError
@@ -491,7 +502,8 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 		d, err := s.createCatalogWrite(ctx, fsm.CreateDatabase{
 			UUID: id, AccountID: acct, Name: *body.Name, ObjectID: objectID, HostID: host.ID,
 			Region: host.Region, Jurisdiction: jur, ReadReplication: mode,
-		})
+		}, tk)
+		tk.leave() // queued by now unless the write failed before
 		s.m.stepCatalog.Observe(time.Since(t0).Seconds())
 		if err == nil {
 			s.m.createTries.WithLabelValues("created").Inc()

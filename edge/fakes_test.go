@@ -376,7 +376,8 @@ type fakeHost struct {
 	objects  map[string]*fakeObject
 	inits    []InitRequest
 	initIDs  []string
-	failInit int // next N inits answer 503
+	failInit int           // next N inits answer 503
+	initGate chan struct{} // when non-nil, inits wait on it (outside mu)
 	// damaged: the refusal the real host gives when the archive lost
 	// what a restore needs (objecthost/restoredamage.go): time-travel
 	// calls and inits restoring from the archive answer it, 400 7400.
@@ -431,7 +432,11 @@ func (h *fakeHost) serve(w http.ResponseWriter, r *http.Request) {
 		h.lastHdr = r.Header.Clone()
 		h.lastQuery = body
 	}
+	gate := h.initGate
 	h.mu.Unlock()
+	if gate != nil && len(parts) >= 4 && parts[1] == "objects" && parts[len(parts)-1] == "init" {
+		<-gate
+	}
 	switch {
 	case len(parts) == 4 && parts[1] == "databases" && parts[3] == "objects" && r.Method == http.MethodGet:
 		h.serveLocate(w, r, parts[2])

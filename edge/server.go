@@ -90,6 +90,12 @@ type Options struct {
 	// ConfirmLinger is how long a batch of confirms to one host waits for
 	// more before it is sent (createbatch.go); default 20ms, negative: none.
 	ConfirmLinger time.Duration
+	// CreateGather is how long a catalog batch of creates may wait for
+	// the creates of init batches that came back and are on their way to
+	// its queue, so an init batch's creates share one catalog entry
+	// (createbatch.go, "Gathering the catalog batch"); default 1ms,
+	// negative: none (a call finding the slot free goes at once).
+	CreateGather time.Duration
 
 	CloseGrace time.Duration // Close waits this long for background work before cancelling it; default 5s
 

@@ -45,6 +45,7 @@ func newEdgeServeCmd() *cobra.Command {
 		acctRate, dbRate                              float64
 		fallbackCap                                   int64
 		createBatch, createBatchInflight              int
+		createGather                                  time.Duration
 		kafka                                         kafkaFlags
 		clickhouseDSN                                 string
 		lostHostAfter                                 time.Duration
@@ -194,7 +195,7 @@ secrets come from the file; flags given explicitly win.`,
 				DatabaseRate: edge.RateLimit{Rate: dbRate, Burst: int(2 * dbRate)},
 				FallbackCap:  fallbackCap, Tiers: tiers, Logger: logger, KnownHosts: knownHosts,
 				Registry:    reg,
-				CreateBatch: createBatch, CreateBatchInflight: createBatchInflight,
+				CreateBatch: createBatch, CreateBatchInflight: createBatchInflight, CreateGather: createGather,
 			})
 			if err != nil {
 				return err
@@ -254,6 +255,7 @@ secrets come from the file; flags given explicitly win.`,
 	f.Float64Var(&dbRate, "database-rate", 500, "requests per second per database (burst twice that); fleet-wide with --kafka-brokers")
 	f.Int64Var(&fallbackCap, "fallback-cap", 64, "max concurrent catalog reads for route cache misses")
 	f.IntVar(&createBatch, "create-batch", 0, "max concurrent creates sharing one init, catalog or confirm request (0: 128; -1: one request per create)")
+	f.DurationVar(&createGather, "create-gather", 0, "longest wait of a catalog batch of creates for the creates of init batches that came back, still on their way to it (0: 1ms; negative: none)")
 	f.IntVar(&createBatchInflight, "create-batch-inflight", 0, "requests of one coalesced create step in flight at once, per host and to the catalog (0: 1)")
 	f.DurationVar(&lostHostAfter, "lost-host-after", 0, "declare an object host lost after it has not reported for this long (at least 1m), and restore its databases on other hosts from the archive; 0 (default): only `shoal cluster host lost` does")
 	kafka.register(f)

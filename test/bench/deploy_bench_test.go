@@ -859,8 +859,9 @@ func (d *deployCluster) edgeCreateMetrics(t *testing.T) map[string]float64 {
 	out := map[string]float64{}
 	for _, line := range strings.Split(string(b), "\n") {
 		for _, prefix := range []string{"shoal_edge_create_step_duration_seconds_sum", "shoal_edge_create_step_duration_seconds_count",
-			"shoal_edge_create_batch_creates_sum", "shoal_edge_create_batch_creates_count"} {
-			if strings.HasPrefix(line, prefix+"{") {
+			"shoal_edge_create_batch_creates_sum", "shoal_edge_create_batch_creates_count",
+			`shoal_edge_create_batch_creates_bucket{step="catalog_write",le="1"}`, `shoal_edge_create_batch_creates_bucket{step="init",le="1"}`} {
+			if strings.HasPrefix(line, prefix+"{") || strings.HasPrefix(line, prefix+" ") {
 				f := strings.Fields(line)
 				v, err := strconv.ParseFloat(f[len(f)-1], 64)
 				require.NoError(t, err)
@@ -992,6 +993,13 @@ func stepMeans(m map[string]float64) string {
 		if n > 0 {
 			fmt.Fprintf(&b, "| batch %s %.1f ", st, sum/n)
 		}
+	}
+	// Catalog batches of one create (sent alone: the slot was free).
+	if n := m[`shoal_edge_create_batch_creates_count{step="catalog_write"}`]; n > 0 {
+		fmt.Fprintf(&b, "| catalog batches of one %.0f%% ", 100*m[`shoal_edge_create_batch_creates_bucket{step="catalog_write",le="1"}`]/n)
+	}
+	if n := m[`shoal_edge_create_batch_creates_count{step="init"}`]; n > 0 {
+		fmt.Fprintf(&b, "| init batches of one %.0f%% ", 100*m[`shoal_edge_create_batch_creates_bucket{step="init",le="1"}`]/n)
 	}
 	return b.String()
 }
