@@ -81,6 +81,7 @@ func TestDeployIdleBench(t *testing.T) {
 			before[i] = cpuTicks(t, p.pid)
 		}
 		start := time.Now()
+		// The measurement window itself: the cluster idles while its CPU is counted.
 		time.Sleep(time.Duration(secs) * time.Second)
 		el := time.Since(start).Seconds()
 		for i, p := range procs {
