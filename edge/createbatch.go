@@ -217,31 +217,15 @@ func (s *Server) initBatcher(addr string) *batcher[initCall, struct{}] {
 	if x := b.inits[addr]; x != nil {
 		return x
 	}
-	send := func(ctx context.Context, items []event.InitBatchItem) ([]struct{}, []error) {
-		out := make([]struct{}, len(items))
-		if s.hostBatches(addr) {
-			errs, err := s.hosts.InitBatch(ctx, addr, items)
-			if err == nil {
-				return out, errs
-			}
-			if !errors.Is(err, errHostBatchUnsupported) {
-				return out, fill(len(items), err)
-			}
-			s.hostBatchUnsupported(addr)
-		}
-		errs := make([]error, len(items))
-		concurrently(len(items), func(i int) {
-			_, errs[i] = s.hosts.Init(ctx, addr, items[i].ObjectID, items[i].Init)
-		})
-		return out, errs
-	}
 	x := newBatcher(s.bgCtx, &b.wg, min(b.maxBatch, event.MaxHostBatch), b.inflight, 10*time.Second,
 		func(ctx context.Context, calls []initCall) ([]struct{}, []error) {
 			items := make([]event.InitBatchItem, len(calls))
 			for i, c := range calls {
 				items[i] = c.item
 			}
-			out, errs := send(ctx, items)
+			errs := s.hostBatchOrEach(addr, len(items),
+				func() ([]error, error) { return s.hosts.InitBatch(ctx, addr, items) },
+				func(i int) error { _, err := s.hosts.Init(ctx, addr, items[i].ObjectID, items[i].Init); return err })
 			// Before the callers wake: the creates whose init is done are
 			// on their way to the catalog batcher, which may wait for them.
 			for i, c := range calls {
@@ -249,11 +233,32 @@ func (s *Server) initBatcher(addr string) *batcher[initCall, struct{}] {
 					c.tk.arrive()
 				}
 			}
-			return out, errs
+			return make([]struct{}, len(items)), errs
 		})
 	x.observe = func(n int) { s.m.batchInit.Observe(float64(n)) }
 	b.inits[addr] = x
 	return x
+}
+
+// hostBatchOrEach sends n items of one create step to the host at addr:
+// in one batch request when the host takes batch routes, else (an older
+// build: its 404 marks it for hostBatchRecheck) one request per item, all
+// at once. The i-th error answers item i; a batch request that failed as a
+// whole fails every item with its error (outcome unknown).
+func (s *Server) hostBatchOrEach(addr string, n int, batch func() ([]error, error), one func(i int) error) []error {
+	if s.hostBatches(addr) {
+		errs, err := batch()
+		if err == nil {
+			return errs
+		}
+		if !errors.Is(err, errHostBatchUnsupported) {
+			return fill(n, err)
+		}
+		s.hostBatchUnsupported(addr)
+	}
+	errs := make([]error, n)
+	concurrently(n, func(i int) { errs[i] = one(i) })
+	return errs
 }
 
 func (s *Server) confirmBatcher(addr string) *batcher[Route, struct{}] {
@@ -269,20 +274,10 @@ func (s *Server) confirmBatcher(addr string) *batcher[Route, struct{}] {
 	}
 	x := newLingeringBatcher(s.bgCtx, &b.wg, min(b.maxBatch, event.MaxHostBatch), b.inflight, 10*time.Second, linger,
 		func(ctx context.Context, rts []Route) ([]struct{}, []error) {
-			out := make([]struct{}, len(rts))
-			if s.hostBatches(addr) {
-				errs, err := s.hosts.ConfirmBatch(ctx, addr, rts)
-				if err == nil {
-					return out, errs
-				}
-				if !errors.Is(err, errHostBatchUnsupported) {
-					return out, fill(len(rts), err)
-				}
-				s.hostBatchUnsupported(addr)
-			}
-			errs := make([]error, len(rts))
-			concurrently(len(rts), func(i int) { errs[i] = s.hosts.Confirm(ctx, rts[i]) })
-			return out, errs
+			errs := s.hostBatchOrEach(addr, len(rts),
+				func() ([]error, error) { return s.hosts.ConfirmBatch(ctx, addr, rts) },
+				func(i int) error { return s.hosts.Confirm(ctx, rts[i]) })
+			return make([]struct{}, len(rts)), errs
 		})
 	x.observe = func(n int) { s.m.batchConfirm.Observe(float64(n)) }
 	b.confirms[addr] = x

@@ -477,8 +477,7 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 		if err == nil {
 			err = s.failpoint("create:after-init")
 		}
-		if err != nil {
-			tk.leave()
+		if err != nil { // tk leaves at the retry (loop top) or the return (defer)
 			lastErr = err
 			s.m.createTries.WithLabelValues("init_failed").Inc()
 			var he *HostError
@@ -502,8 +501,7 @@ func (s *Server) createDatabase(ctx context.Context, acct string, body CreateBod
 		d, err := s.createCatalogWrite(ctx, fsm.CreateDatabase{
 			UUID: id, AccountID: acct, Name: *body.Name, ObjectID: objectID, HostID: host.ID,
 			Region: host.Region, Jurisdiction: jur, ReadReplication: mode,
-		}, tk)
-		tk.leave() // queued by now unless the write failed before
+		}, tk) // tk is gone from here: the write was queued, or the path without a batcher left it
 		s.m.stepCatalog.Observe(time.Since(t0).Seconds())
 		if err == nil {
 			s.m.createTries.WithLabelValues("created").Inc()

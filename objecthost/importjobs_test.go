@@ -119,15 +119,7 @@ func TestImportCommittedBeforeJobFileIsComplete(t *testing.T) {
 	require.Equal(t, "complete", waitImport(t, srv, d, "f.sql").Status)
 	require.NoError(t, th.Host.Close())
 	// What the disk holds when the crash came between the two writes.
-	path := filepath.Join(th.dir, "imports", d.obj, "jobs", "f.sql.json")
-	var jf jobFile
-	b, err := os.ReadFile(path)
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &jf))
-	jf.FinishedUs, jf.Status.Status, jf.Status.Result = 0, "active", nil
-	b, err = json.Marshal(jf)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(path, b, 0o644))
+	rewindJobFile(t, th, d, "f.sql")
 
 	th.open(t)
 	srv = serve(t, th)
@@ -533,15 +525,7 @@ func TestImportRecoveredFinalBookmark(t *testing.T) {
 	th.exec(t, d, "INSERT INTO t VALUES (2, 'later', 8)") // the import's commit is no longer the latest
 	th.archivedUpTo(t, d)
 	require.NoError(t, th.Host.Close())
-	path := filepath.Join(th.dir, "imports", d.obj, "jobs", "f.sql.json")
-	var jf jobFile
-	b, err := os.ReadFile(path)
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &jf))
-	jf.FinishedUs, jf.Status.Status, jf.Status.Result = 0, "active", nil
-	b, err = json.Marshal(jf)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(path, b, 0o644))
+	rewindJobFile(t, th, d, "f.sql")
 
 	th.open(t)
 	srv = serve(t, th)
@@ -553,4 +537,20 @@ func TestImportRecoveredFinalBookmark(t *testing.T) {
 	_, err = th.Restore(context.Background(), d.obj, st.Result.FinalBookmark, "", 0)
 	require.NoError(t, err)
 	assert.Equal(t, `[{"id":1,"v":"imported","r":7}]`, th.rowsOf(t, d), "the state right after the import")
+}
+
+// rewindJobFile makes the job file of upload name what the disk holds
+// after a crash between the import's COMMIT and the file's last write:
+// the job still active, no end, no result.
+func rewindJobFile(t *testing.T, th *testHost, d db, name string) {
+	t.Helper()
+	path := filepath.Join(th.dir, "imports", d.obj, "jobs", name+".json")
+	var jf jobFile
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &jf))
+	jf.FinishedUs, jf.Status.Status, jf.Status.Result = 0, "active", nil
+	b, err = json.Marshal(jf)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, b, 0o644))
 }
