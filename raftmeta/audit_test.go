@@ -19,6 +19,9 @@ func TestAuditLog(t *testing.T) {
 	ctx := context.Background()
 	tc := newTestCluster(t, 3, nil)
 	leader := tc.waitLeader()
+	// The level raise's own audit row first, so that the newest-row and
+	// pruning checks below see only what this test wrote.
+	waitLevelRaised(t, leader)
 	c, err := NewClient(tc.addrs(), WithCacheTTL(0))
 	require.NoError(t, err)
 	defer c.Close()

@@ -169,7 +169,12 @@ func newDB(acct string) fsm.CreateDatabase {
 }
 
 // catalogDump is the FSM dump without bookkeeping tables (applied index,
-// remembered request IDs), which move with every entry.
+// remembered request IDs), which move with every entry, and without the
+// audit row of the cluster level's raise: a new cluster's leader raises
+// the level about a second after it leads and records the raise in its
+// own entry after that (level.go), so it lands whenever it lands — between
+// a test's two dumps, or after a "want" it compares replicas with. Tests
+// of that row read the audit log (TestClusterLevelRaiseNotRefusedByALaggingFollower).
 func catalogDump(t testing.TB, n *Node) string {
 	d, err := n.FSM().Dump(context.Background())
 	require.NoError(t, err)
@@ -179,9 +184,34 @@ func catalogDump(t testing.TB, n *Node) string {
 		if strings.HasPrefix(line, "## ") {
 			skip = strings.HasPrefix(line, "## meta ") || strings.HasPrefix(line, "## requests ")
 		}
-		if !skip {
+		if !skip && !strings.Contains(line, raiseAuditMark) {
 			out = append(out, line)
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// raiseAuditMark is in the detail of the level raise's audit row.
+const raiseAuditMark = "raise_cluster_level"
+
+// waitLevelRaised waits until n has applied the raise of a new cluster's
+// catalog level to this build's and the audit row the leader records after
+// it, for tests that read the whole audit log.
+func waitLevelRaised(t testing.TB, n *Node) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		if n.FSM().ClusterLevel() < fsm.BuildLevel {
+			return false
+		}
+		page, err := n.FSM().Audit(context.Background(), fsm.AuditQuery{Limit: 100})
+		if err != nil {
+			return false
+		}
+		for _, e := range page.Entries {
+			if strings.Contains(e.Detail, raiseAuditMark) {
+				return true
+			}
+		}
+		return false
+	}, 30*time.Second, 20*time.Millisecond, "the cluster level's raise and its audit row on %s", n.ID())
 }

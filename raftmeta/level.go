@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -132,7 +134,8 @@ func (n *Node) raiseClusterLevel(ctx context.Context) (int64, error) {
 			lowest = sl.BuildLevel
 		}
 	}
-	if lowest <= n.cat.ClusterLevel() {
+	from := n.cat.ClusterLevel()
+	if lowest <= from {
 		return 0, nil
 	}
 	// The checkpoint is the entry's commit: until then nothing changed, and
@@ -148,6 +151,15 @@ func (n *Node) raiseClusterLevel(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("propose set_cluster_level %d: %w", lowest, err)
 	}
 	n.log.Info("cluster catalog level raised: every server's build knows it", "level", lowest, "servers", len(levels))
+	// In the audit log too (best effort, after the checkpoint, like a
+	// membership change's row: the raise stands either way).
+	names := make([]string, 0, len(levels))
+	for _, sl := range levels {
+		names = append(names, sl.ID)
+	}
+	n.auditAs(fsm.Audit{Actor: "catalog-leader:" + n.cfg.ID}, "raise_cluster_level", "cluster", map[string]string{
+		"from": strconv.FormatInt(from, 10), "to": strconv.FormatInt(lowest, 10), "servers": strings.Join(names, ","),
+	})
 	return lowest, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -325,4 +326,18 @@ func TestClusterLevelRaiseNotRefusedByALaggingFollower(t *testing.T) {
 	require.NoError(t, err, "a lagging follower refused a command the cluster takes")
 	require.Nil(t, res.Err)
 	assert.Equal(t, fsm.BuildLevel, f.FSM().ClusterLevel())
+
+	// The raise is in the audit log, with its leader and servers.
+	page, err := cl.AuditPage(ctx, fsm.AuditQuery{Limit: 10}, LinearizableRead())
+	require.NoError(t, err)
+	var raise *fsm.AuditEntry
+	for i := range page.Entries {
+		if strings.Contains(page.Entries[i].Detail, `"action":"raise_cluster_level"`) {
+			raise = &page.Entries[i]
+		}
+	}
+	require.NotNil(t, raise, "no audit row for the level raise: %+v", page.Entries)
+	assert.Equal(t, "catalog-leader:"+leader.ID(), raise.Actor)
+	assert.Equal(t, "cluster", raise.Subject)
+	assert.Contains(t, raise.Detail, fmt.Sprintf(`"from":"1","servers":"n0,n1,n2","to":"%d"`, fsm.BuildLevel))
 }

@@ -434,7 +434,12 @@ func peerName(r *http.Request) string {
 // audit records an action of this node's HTTP API (a membership change, a
 // restore) in the audit log, best effort: the action is done either way.
 func (n *Node) audit(r *http.Request, action, subject string, detail map[string]string) {
-	a := fsm.Audit{Actor: peerName(r), Source: r.RemoteAddr}
+	n.auditAs(fsm.Audit{Actor: peerName(r), Source: r.RemoteAddr}, action, subject, detail)
+}
+
+// auditAs is audit for an action with no HTTP caller (the leader's own
+// level raise): the actor is given.
+func (n *Node) auditAs(a fsm.Audit, action, subject string, detail map[string]string) {
 	cmd, err := fsm.NewCommand(fsm.CmdRecordAudit, ids.New(), n.cfg.Now().UnixNano(), fsm.RecordAudit{Action: action, Subject: subject, Detail: detail})
 	if err != nil {
 		return
