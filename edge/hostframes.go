@@ -48,6 +48,15 @@ type hostFrames struct {
 	mu     sync.Mutex
 	hosts  map[string]*frameHost
 	closed bool
+
+	reads frameReads
+}
+
+// frameReads counts the batches of frames read, by who read them.
+type frameReads struct {
+	led    atomic.Int64 // by a waiting request (its stream's leader)
+	loop   atomic.Int64 // by readLoop
+	checks atomic.Int64 // idle checks (checkIdle's peeks)
 }
 
 type frameHost struct {
@@ -259,7 +268,7 @@ func (f *hostFrames) dial(ctx context.Context, addr string, timeout time.Duratio
 		return nil, ctx.Err()
 	}
 	_ = hc.nc.SetDeadline(time.Time{})
-	c := &frameConn{nc: hc.nc, rd: frame.NewReader(hc.br), streams: map[uint32]*frameStream{}, done: make(chan struct{}),
+	c := &frameConn{reads: &f.reads, nc: hc.nc, rd: frame.NewReader(hc.br), streams: map[uint32]*frameStream{}, done: make(chan struct{}),
 		loopWake: make(chan struct{}, 1), idleSince: time.Now().UnixNano(),
 		reapTick: min(max(timeout/32, 5*time.Millisecond), time.Second), lifecycle: headerToken(resp.Header, frame.HeaderRoutes, frame.RoutesLifecycle)}
 	c.wr = frame.NewWriter(hc.nc, func(err error) { c.die(err) })
@@ -281,6 +290,7 @@ func headerToken(h http.Header, name, token string) bool {
 
 // frameConn is one multiplexed connection to a host.
 type frameConn struct {
+	reads  *frameReads
 	nc     net.Conn
 	rd     *frame.Reader
 	wr     *frame.Writer
@@ -509,6 +519,7 @@ func (c *frameConn) available(now int64) (ok, check bool) {
 // GoAway refuses the caller's stream, a Reset ends an abandoned one).
 // Then the role goes on as a leader's would.
 func (c *frameConn) checkIdle() error {
+	c.reads.checks.Add(1)
 	for {
 		pending, err := c.peek()
 		if err != nil {
@@ -685,6 +696,7 @@ func (c *frameConn) readLoop() {
 func (c *frameConn) readAsLoop() error {
 	for {
 		err := c.readBatch()
+		c.reads.loop.Add(1)
 		if err != nil && !isTimeout(err) {
 			return err
 		}
@@ -735,6 +747,7 @@ func (c *frameConn) lead(b *frameBody, events uint32) {
 	}
 	for {
 		err := c.readBatch()
+		c.reads.led.Add(1)
 		if err != nil && !isTimeout(err) {
 			c.die(err)
 			break

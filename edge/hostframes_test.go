@@ -473,3 +473,234 @@ func TestFramesDialRefusedIsNeverSent(t *testing.T) {
 func TestRequestIDHeaderKeyIsCanonical(t *testing.T) {
 	assert.Equal(t, http.CanonicalHeaderKey(HeaderRequestID), headerRequestIDCanonical)
 }
+
+// frameReadsOf is the client's count of frame batches read, by reader.
+func frameReadsOf(hc *HostClient) (led, loop, checks int64) {
+	r := &hc.frames.reads
+	return r.led.Load(), r.loop.Load(), r.checks.Load()
+}
+
+// TestFramesWaitersReadTheirOwnAnswers: with many queries in flight on
+// one connection, answered in a shuffled order and in bursts, the waiting
+// requests themselves read the connection (the reading role rotates among
+// them) and every one gets its own answer.
+func TestFramesWaitersReadTheirOwnAnswers(t *testing.T) {
+	var mu sync.Mutex
+	var held []func()
+	fh := newScriptedHost(t, func(c *scriptedConn, id uint32, req frame.Request, body []byte) {
+		mu.Lock()
+		held = append(held, func() { echo(c, id, req, body) })
+		var burst []func()
+		if len(held) >= 1+rand.IntN(6) {
+			burst, held = held, nil
+			rand.Shuffle(len(burst), func(i, j int) { burst[i], burst[j] = burst[j], burst[i] })
+		}
+		mu.Unlock()
+		for _, f := range burst {
+			f()
+		}
+	})
+	hc := NewHostClient(10 * time.Second)
+	defer hc.Close()
+	// A query that is never answered keeps a stream open, so the bursts
+	// never wait for a full set: the held ones are flushed below.
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond): // deliberate: flush a partial burst now and then
+			}
+			mu.Lock()
+			burst := held
+			held = nil
+			mu.Unlock()
+			for _, f := range burst {
+				f()
+			}
+		}
+	}()
+	defer close(stop)
+	const clients = 64
+	var wg sync.WaitGroup
+	for g := 0; g < clients; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 40; i++ {
+				body := fmt.Sprintf("q-%d-%d", g, i)
+				status, ans, err := forwardTo(context.Background(), hc, fh.addr(), body)
+				if !assert.NoError(t, err) {
+					return
+				}
+				assert.Equal(t, 200, status)
+				assert.Equal(t, `{"echo":"`+body+`","db":"d"}`, ans)
+			}
+		}()
+	}
+	wg.Wait()
+	led, loop, _ := frameReadsOf(hc)
+	t.Logf("batches read by waiters %d, by readLoop %d", led, loop)
+	assert.Positive(t, led, "the waiters read the connection")
+	assert.Greater(t, led, 10*loop, "readLoop reads only when nobody waits")
+	assert.Equal(t, int32(1), fh.upgrades.Load(), "one connection carried them all")
+}
+
+// TestFramesTimedOutReaderHandsOn: the request reading the connection
+// (the first to wait) times out — its context, or its deadline through
+// the reaper — while another waits; the reading role passes to the other,
+// which gets its answer sent after the first gave up.
+func TestFramesTimedOutReaderHandsOn(t *testing.T) {
+	for _, byContext := range []bool{true, false} {
+		t.Run(fmt.Sprintf("context=%v", byContext), func(t *testing.T) {
+			arrived := make(chan struct{}, 2)
+			var fh *scriptedHost
+			fh = newScriptedHost(t, func(c *scriptedConn, id uint32, req frame.Request, body []byte) {
+				arrived <- struct{}{}
+				if string(body) == "second" {
+					go func() {
+						<-fh.resets // the first gave up: only now answer the second
+						echo(c, id, req, body)
+					}()
+				}
+			})
+			timeout := 10 * time.Second
+			if !byContext {
+				timeout = time.Second // reapTick 31 ms
+			}
+			hc := NewHostClient(timeout)
+			defer hc.Close()
+			ctx := context.Background()
+			if byContext {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithCancel(ctx)
+				defer cancel()
+				go func() {
+					<-arrived
+					<-arrived
+					time.Sleep(20 * time.Millisecond) // deliberate: let the second park behind the first
+					cancel()
+				}()
+			}
+			errc := make(chan error, 1)
+			go func() {
+				_, _, err := forwardTo(ctx, hc, fh.addr(), "first")
+				errc <- err
+			}()
+			// The first is the reader once it waits: nobody else is.
+			require.Eventually(t, func() bool {
+				c := onlyConn(hc, fh.addr())
+				if c == nil {
+					return false
+				}
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				return c.leader != nil
+			}, 5*time.Second, time.Millisecond)
+			status, ans, err := forwardTo(context.Background(), hc, fh.addr(), "second")
+			require.NoError(t, err)
+			assert.Equal(t, 200, status)
+			assert.Contains(t, ans, `"echo":"second"`)
+			err = <-errc
+			if byContext {
+				assert.ErrorIs(t, err, context.Canceled)
+			} else {
+				assert.ErrorIs(t, err, errDeadline)
+			}
+		})
+	}
+}
+
+// onlyConn is the client's one frame connection to addr (nil if none).
+func onlyConn(hc *HostClient, addr string) *frameConn {
+	f := hc.frames
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fh := f.hosts[addr]; fh != nil && len(fh.conns) == 1 {
+		return fh.conns[0]
+	}
+	return nil
+}
+
+// TestFramesConnectionLostWakesEveryWaiter: the host drops a connection
+// with many queries waiting on it — one reading, the others parked — and
+// every one fails at once as "may have run" (none resent).
+func TestFramesConnectionLostWakesEveryWaiter(t *testing.T) {
+	const n = 8
+	var executed atomic.Int32
+	var mu sync.Mutex
+	var conn *scriptedConn
+	fh := newScriptedHost(t, func(c *scriptedConn, id uint32, req frame.Request, body []byte) {
+		mu.Lock()
+		conn = c
+		mu.Unlock()
+		executed.Add(1)
+	})
+	hc := NewHostClient(time.Minute)
+	defer hc.Close()
+	errc := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			_, _, err := forwardTo(context.Background(), hc, fh.addr(), fmt.Sprint("q", i))
+			errc <- err
+		}()
+	}
+	require.Eventually(t, func() bool {
+		c := onlyConn(hc, fh.addr())
+		if c == nil || executed.Load() < n {
+			return false
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		parked := 0
+		for _, st := range c.streams {
+			if st.parked {
+				parked++
+			}
+		}
+		return c.leader != nil && parked == n-1
+	}, 5*time.Second, time.Millisecond, "one reads, the others park")
+	mu.Lock()
+	conn.nc.Close()
+	mu.Unlock()
+	for i := 0; i < n; i++ {
+		select {
+		case err := <-errc:
+			assert.ErrorIs(t, err, errConnLost)
+			assert.False(t, neverSent(err))
+		case <-time.After(10 * time.Second):
+			t.Fatal("a waiter was not woken by the connection's loss")
+		}
+	}
+	assert.Equal(t, int32(n), executed.Load(), "none resent")
+}
+
+// TestFramesIdleConnectionClosedByHost: a host closes a connection while
+// nobody reads it (no query in flight); the next query finds that out
+// before sending (checkIdle) and goes on a new connection instead of
+// failing as "may have run".
+func TestFramesIdleConnectionClosedByHost(t *testing.T) {
+	var executed atomic.Int32
+	fh := newScriptedHost(t, func(c *scriptedConn, id uint32, req frame.Request, body []byte) {
+		executed.Add(1)
+		echo(c, id, req, body)
+		if string(body) == "then close" {
+			time.Sleep(5 * time.Millisecond) // deliberate: close after the answer has been read
+			c.nc.Close()
+		}
+	})
+	hc := NewHostClient(time.Minute) // reapTick 1 s: readLoop does not read in between
+	defer hc.Close()
+	_, ans, err := forwardTo(context.Background(), hc, fh.addr(), "then close")
+	require.NoError(t, err)
+	assert.Contains(t, ans, "then close")
+	time.Sleep(20 * time.Millisecond) // deliberate: past idleCheck, the close arrived
+	_, ans, err = forwardTo(context.Background(), hc, fh.addr(), "next")
+	require.NoError(t, err)
+	assert.Contains(t, ans, "next")
+	assert.Equal(t, int32(2), executed.Load())
+	assert.Equal(t, int32(2), fh.upgrades.Load(), "redialled")
+	_, _, checks := frameReadsOf(hc)
+	assert.Positive(t, checks)
+}
