@@ -49,7 +49,7 @@ type hostFrames struct {
 	hosts  map[string]*frameHost
 	closed bool
 
-	reads frameReads
+	reads *frameReads // the HostClient's
 }
 
 // frameReads counts the batches of frames read, by who read them.
@@ -57,6 +57,9 @@ type frameReads struct {
 	led    atomic.Int64 // by a waiting request (its stream's leader)
 	loop   atomic.Int64 // by readLoop
 	checks atomic.Int64 // idle checks (checkIdle's peeks)
+	// handoffs: the role given by its holder to a parked waiter (a
+	// wake-up); the others left it to nobody or kept it.
+	handoffs atomic.Int64
 }
 
 type frameHost struct {
@@ -77,8 +80,8 @@ const (
 // errUseHTTP: this host is reached over HTTP.
 var errUseHTTP = errors.New("host does not speak " + frame.Protocol)
 
-func newHostFrames(p *hostConns) *hostFrames {
-	return &hostFrames{p: p, hosts: map[string]*frameHost{}}
+func newHostFrames(p *hostConns, reads *frameReads) *hostFrames {
+	return &hostFrames{p: p, hosts: map[string]*frameHost{}, reads: reads}
 }
 
 // roundTrip sends one request on a frame connection to addr: a query, or
@@ -268,7 +271,7 @@ func (f *hostFrames) dial(ctx context.Context, addr string, timeout time.Duratio
 		return nil, ctx.Err()
 	}
 	_ = hc.nc.SetDeadline(time.Time{})
-	c := &frameConn{reads: &f.reads, nc: hc.nc, rd: frame.NewReader(hc.br), streams: map[uint32]*frameStream{}, done: make(chan struct{}),
+	c := &frameConn{reads: f.reads, nc: hc.nc, rd: frame.NewReader(hc.br), streams: map[uint32]*frameStream{}, done: make(chan struct{}),
 		loopWake: make(chan struct{}, 1), idleSince: time.Now().UnixNano(),
 		reapTick: min(max(timeout/32, 5*time.Millisecond), time.Second), lifecycle: headerToken(resp.Header, frame.HeaderRoutes, frame.RoutesLifecycle)}
 	c.wr = frame.NewWriter(hc.nc, func(err error) { c.die(err) })
@@ -477,6 +480,7 @@ func (c *frameConn) handOffLocked(release bool) bool {
 			w.parked = false
 			c.leader = w
 			signal(w.wake)
+			c.reads.handoffs.Add(1)
 			return true
 		}
 	}

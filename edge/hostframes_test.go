@@ -476,7 +476,7 @@ func TestRequestIDHeaderKeyIsCanonical(t *testing.T) {
 
 // frameReadsOf is the client's count of frame batches read, by reader.
 func frameReadsOf(hc *HostClient) (led, loop, checks int64) {
-	r := &hc.frames.reads
+	r := &hc.frameReads
 	return r.led.Load(), r.loop.Load(), r.checks.Load()
 }
 
