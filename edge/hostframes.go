@@ -517,34 +517,38 @@ func (c *frameConn) available(now int64) (ok, check bool) {
 }
 
 // checkIdle runs holding the reading role (taken by available) on a
-// connection nobody read for idleCheck: one non-blocking peek at the
-// socket says whether the host closed it (it dies; the caller's request,
-// not sent, goes on another) or sent something meanwhile (read now: a
-// GoAway refuses the caller's stream, a Reset ends an abandoned one).
-// Then the role goes on as a leader's would.
+// connection nobody read for idleCheck: it hands out the whole frames
+// already buffered, then one non-blocking peek at the socket says whether
+// the host closed it (it dies: the caller's request, not sent, goes on
+// another connection) or sent something meanwhile — then readLoop takes
+// the role and reads it, so a GoAway among it refuses the caller's stream
+// (not sent: sent again elsewhere) — or nothing (the role goes on as a
+// leader's would). The caller never waits for the network here: a host
+// that sent half a frame and stopped holds no request before its deadline.
 func (c *frameConn) checkIdle() error {
 	c.reads.checks.Add(1)
-	for {
-		pending, err := c.peek()
+	for c.rd.Ready() {
+		h, p, err := c.rd.Next()
+		if err == nil {
+			err = c.handle(h, p)
+		}
 		if err != nil {
 			c.die(err)
 			return err
 		}
-		if !pending && !c.rd.Ready() {
-			break
-		}
-		if err := c.readBatch(); err != nil {
-			if !isTimeout(err) {
-				c.die(err)
-				return err
-			}
-			c.mu.Lock()
-			c.clearInterruptLocked()
-			c.mu.Unlock()
-		}
+	}
+	pending, err := c.peek()
+	if err != nil {
+		c.die(err)
+		return err
 	}
 	c.mu.Lock()
-	c.handOffLocked(true)
+	if pending || c.rd.Buffered() > 0 {
+		c.leader = nil
+		signal(c.loopWake)
+	} else {
+		c.handOffLocked(true)
+	}
 	c.mu.Unlock()
 	return nil
 }
