@@ -85,8 +85,6 @@ type HostClient struct {
 	sentFrames, sentHTTP atomic.Int64
 	// Batched lifecycle calls by transport (the edge's /metrics).
 	batchFrames, batchHTTP atomic.Int64
-	// Who read the frame connections (the edge's /metrics).
-	frameReads frameReads
 }
 
 // NewHostClient returns a client with a connection pool sized for an edge
@@ -113,10 +111,8 @@ func NewHostClient(timeout time.Duration, tls ...*pki.Loader) *HostClient {
 	if tl != nil {
 		raw.tls = tl.ClientFor(pki.RoleHost)
 	}
-	c := &HostClient{http: &http.Client{Transport: tl.Transport(tr, pki.RoleHost), Timeout: timeout},
-		raw: raw, timeout: timeout, scheme: tl.Scheme()}
-	c.frames = newHostFrames(raw, &c.frameReads)
-	return c
+	return &HostClient{http: &http.Client{Transport: tl.Transport(tr, pki.RoleHost), Timeout: timeout},
+		raw: raw, frames: newHostFrames(raw), timeout: timeout, scheme: tl.Scheme()}
 }
 
 // Host transports (Options.HostTransport).
@@ -135,7 +131,7 @@ func (c *HostClient) UseTransport(t string) error {
 	switch t {
 	case "", TransportFrames:
 		if c.frames == nil {
-			c.frames = newHostFrames(c.raw, &c.frameReads)
+			c.frames = newHostFrames(c.raw)
 		}
 	case TransportHTTP:
 		if c.frames != nil {

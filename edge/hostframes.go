@@ -2,7 +2,6 @@ package edge
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -13,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/shoaldb/shoal/internal/frame"
@@ -48,18 +46,6 @@ type hostFrames struct {
 	mu     sync.Mutex
 	hosts  map[string]*frameHost
 	closed bool
-
-	reads *frameReads // the HostClient's
-}
-
-// frameReads counts the batches of frames read, by who read them.
-type frameReads struct {
-	led    atomic.Int64 // by a waiting request (its stream's leader)
-	loop   atomic.Int64 // by readLoop
-	checks atomic.Int64 // idle checks (checkIdle's peeks)
-	// handoffs: the role given by its holder to a parked waiter (a
-	// wake-up); the others left it to nobody or kept it.
-	handoffs atomic.Int64
 }
 
 type frameHost struct {
@@ -80,8 +66,8 @@ const (
 // errUseHTTP: this host is reached over HTTP.
 var errUseHTTP = errors.New("host does not speak " + frame.Protocol)
 
-func newHostFrames(p *hostConns, reads *frameReads) *hostFrames {
-	return &hostFrames{p: p, hosts: map[string]*frameHost{}, reads: reads}
+func newHostFrames(p *hostConns) *hostFrames {
+	return &hostFrames{p: p, hosts: map[string]*frameHost{}}
 }
 
 // roundTrip sends one request on a frame connection to addr: a query, or
@@ -89,20 +75,12 @@ func newHostFrames(p *hostConns, reads *frameReads) *hostFrames {
 // over HTTP for it (the caller falls back); nothing was sent.
 func (f *hostFrames) roundTrip(ctx context.Context, addr, path string, hdr http.Header, body []byte, timeout time.Duration, lifecycle bool) (resp *http.Response, ok bool, err error) {
 	for attempt := 0; ; attempt++ {
-		c, check, err := f.conn(ctx, addr, timeout)
+		c, err := f.conn(ctx, addr, timeout)
 		if errors.Is(err, errUseHTTP) {
 			return nil, false, nil
 		}
 		if err != nil {
 			return nil, true, &errNotSent{err}
-		}
-		if check {
-			if err := c.checkIdle(); err != nil {
-				if attempt < 2 && ctx.Err() == nil {
-					continue // closed while idle: nothing was sent on it
-				}
-				return nil, true, &errNotSent{err}
-			}
 		}
 		if lifecycle && !c.lifecycle {
 			return nil, false, nil // an earlier version: its streams take queries only
@@ -118,15 +96,13 @@ func (f *hostFrames) roundTrip(ctx context.Context, addr, path string, hdr http.
 
 // conn returns an open connection to addr with room for a stream, dialing
 // one if needed (one dial per host at a time; the others wait for it);
-// timeout is the requests' (it sets a new connection's reapTick). check:
-// the caller holds the connection's reading role and must checkIdle.
-func (f *hostFrames) conn(ctx context.Context, addr string, timeout time.Duration) (*frameConn, bool, error) {
-	now := time.Now().UnixNano()
+// timeout is the requests' (it sets a new connection's reapTick).
+func (f *hostFrames) conn(ctx context.Context, addr string, timeout time.Duration) (*frameConn, error) {
 	f.mu.Lock()
 	for {
 		if f.closed {
 			f.mu.Unlock()
-			return nil, false, net.ErrClosed
+			return nil, net.ErrClosed
 		}
 		fh := f.hosts[addr]
 		if fh == nil {
@@ -135,12 +111,12 @@ func (f *hostFrames) conn(ctx context.Context, addr string, timeout time.Duratio
 		}
 		if !fh.httpUntil.IsZero() && time.Now().Before(fh.httpUntil) {
 			f.mu.Unlock()
-			return nil, false, errUseHTTP
+			return nil, errUseHTTP
 		}
 		for _, c := range fh.conns {
-			if ok, check := c.available(now); ok {
+			if c.available() {
 				f.mu.Unlock()
-				return c, check, nil
+				return c, nil
 			}
 		}
 		if ch := fh.dialing; ch != nil {
@@ -148,7 +124,7 @@ func (f *hostFrames) conn(ctx context.Context, addr string, timeout time.Duratio
 			select {
 			case <-ch:
 			case <-ctx.Done():
-				return nil, false, ctx.Err()
+				return nil, ctx.Err()
 			}
 			f.mu.Lock()
 			continue
@@ -169,21 +145,21 @@ func (f *hostFrames) conn(ctx context.Context, addr string, timeout time.Duratio
 			}
 			fh.httpUntil = time.Now().Add(wait)
 			f.mu.Unlock()
-			return nil, false, errUseHTTP
+			return nil, errUseHTTP
 		case err != nil:
 			f.mu.Unlock()
-			return nil, false, err
+			return nil, err
 		case f.closed:
 			f.mu.Unlock()
 			c.die(net.ErrClosed)
-			return nil, false, net.ErrClosed
+			return nil, net.ErrClosed
 		}
 		fh.httpUntil = time.Time{}
 		fh.conns = append(fh.conns, c)
 		c.onDone = func() { f.remove(addr, c) }
 		f.mu.Unlock()
 		c.start()
-		return c, false, nil
+		return c, nil
 	}
 }
 
@@ -271,8 +247,7 @@ func (f *hostFrames) dial(ctx context.Context, addr string, timeout time.Duratio
 		return nil, ctx.Err()
 	}
 	_ = hc.nc.SetDeadline(time.Time{})
-	c := &frameConn{reads: f.reads, nc: hc.nc, rd: frame.NewReader(hc.br), streams: map[uint32]*frameStream{}, done: make(chan struct{}),
-		loopWake: make(chan struct{}, 1), idleSince: time.Now().UnixNano(),
+	c := &frameConn{nc: hc.nc, rd: frame.NewReader(hc.br), streams: map[uint32]*frameStream{}, done: make(chan struct{}),
 		reapTick: min(max(timeout/32, 5*time.Millisecond), time.Second), lifecycle: headerToken(resp.Header, frame.HeaderRoutes, frame.RoutesLifecycle)}
 	c.wr = frame.NewWriter(hc.nc, func(err error) { c.die(err) })
 	return c, nil
@@ -293,7 +268,6 @@ func headerToken(h http.Header, name, token string) bool {
 
 // frameConn is one multiplexed connection to a host.
 type frameConn struct {
-	reads  *frameReads
 	nc     net.Conn
 	rd     *frame.Reader
 	wr     *frame.Writer
@@ -317,14 +291,6 @@ type frameConn struct {
 	retired bool   // silent past a request's deadline: no new streams
 	removed bool
 
-	// The reading role (see "Who reads" below). Under mu.
-	reading    bool           // a goroutine holds the role
-	leader     *frameStream   // the waiter holding it (nil: readLoop or an idle check)
-	parked     []*frameStream // waiters that may take it, oldest first from parkedHead (stale entries: !st.parked)
-	parkedHead int
-	idleSince  int64         // unix nanoseconds: when the role was last given up
-	loopWake   chan struct{} // readLoop is given the role
-
 	lastRead atomic.Int64 // unix nanoseconds of the last frame read
 }
 
@@ -346,44 +312,8 @@ type frameStream struct {
 	consumed int64 // read by the caller, not yet granted back
 	eof      bool
 	err      error
-	expired  bool   // past its deadline (set by the reaper)
-	parked   bool   // waiting on wake for its answer or the reading role
-	listed   bool   // in c.parked
-	events   uint32 // wakeStream calls: its leader stops reading when this moves
+	expired  bool // past its deadline (set by the reaper)
 }
-
-// Who reads. One goroutine at a time holds a connection's reading role
-// (c.reading) and reads its frames, handing each to its stream. Mostly it
-// is a request's own goroutine waiting for its answer (the stream's
-// leader): a waiter that finds nobody reading reads the connection itself,
-// so the answer it waits for wakes it straight from the network poller,
-// not a reader goroutine that then wakes it — one goroutine hand-over less
-// per answer it reads. A leader reads whole batches (every frame already
-// buffered) and, once its own stream has news, passes the role on: to the
-// longest-parked waiter (a wake-up it would otherwise get with its answer)
-// or, with none parked, to nobody — an idle connection is not read (the
-// kernel keeps what arrives; the next waiter reads it).
-//
-// readLoop, one goroutine per connection, reads only when given the role:
-// by the reaper, when nobody has read for a tick (so a GoAway or a close
-// of a connection without traffic is seen, as when readLoop always read),
-// and it gives the role to a parked waiter after each batch, or up when no
-// stream is open. A sender finding the connection unread for longer than
-// idleCheck first looks at the socket (checkIdle: one non-blocking peek),
-// so that a host that closed it while nobody read is found before a
-// request goes into it (that request would fail as "may have run").
-//
-// A leader blocked in a read whose context ends (context.AfterFunc) or
-// whose deadline passes (the reaper) is interrupted by a read deadline in
-// the past; frame.Reader resumes after it, and the reader that sees the
-// timeout clears the deadline under c.mu before looking at why — so a stale
-// interruption costs one more look and a fresh one is never lost.
-// Every change of the role is made under c.mu, which also orders the
-// reads of successive holders.
-
-// idleCheck is how long a connection may go unread before a sender checks
-// its socket (checkIdle) before sending on it.
-const idleCheck = time.Millisecond
 
 func (c *frameConn) start() {
 	go c.readLoop()
@@ -391,10 +321,9 @@ func (c *frameConn) start() {
 }
 
 // reap expires the streams past their deadline, every reapTick, until the
-// connection dies, and gives the reading role to readLoop on a connection
-// nobody has read for a tick. One ticker per connection instead of a timer
-// per request: creating and stopping a runtime timer on every query was
-// ~2% of the edge's CPU in the deploy benchmark's profile.
+// connection dies. One ticker per connection instead of a timer per
+// request: creating and stopping a runtime timer on every query was ~2%
+// of the edge's CPU in the deploy benchmark's profile.
 func (c *frameConn) reap() {
 	t := time.NewTicker(c.reapTick)
 	defer t.Stop()
@@ -408,189 +337,19 @@ func (c *frameConn) reap() {
 			for _, st := range c.streams {
 				if !st.expired && st.deadline <= n {
 					st.expired = true
-					c.wakeStream(st)
-					if c.leader == st {
-						c.interruptLocked()
-					}
+					signal(st.wake)
 				}
-			}
-			if !c.reading && c.err == nil && n-c.idleSince >= int64(c.reapTick) {
-				c.reading, c.leader = true, nil
-				signal(c.loopWake)
 			}
 			c.mu.Unlock()
 		}
 	}
 }
 
-// wakeStream tells st's goroutine that its state changed (under c.mu): a
-// parked one is woken; a leader sees events move at its next batch end.
-func (c *frameConn) wakeStream(st *frameStream) {
-	st.events++
-	st.parked = false
-	if c.leader != st {
-		signal(st.wake)
-	}
-}
-
-// interruptLocked makes the role holder's blocked read return (under c.mu).
-func (c *frameConn) interruptLocked() { _ = c.nc.SetReadDeadline(time.Unix(1, 0)) }
-
-// clearInterruptLocked is the reader's answer to a timed-out read (under
-// c.mu): reads block again, and whatever asked for the interruption is
-// already visible to the reader.
-func (c *frameConn) clearInterruptLocked() { _ = c.nc.SetReadDeadline(time.Time{}) }
-
-func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
-
-// park queues st to be given the role (under c.mu).
-func (c *frameConn) park(st *frameStream) {
-	st.parked = true
-	if st.listed {
-		return
-	}
-	if n := len(c.parked) - c.parkedHead; n >= 16 && n > 2*len(c.streams) {
-		// Mostly stale entries (streams woken since, or gone): keep the
-		// parked ones, so a long-lived leader cannot make the list grow.
-		kept := c.parked[:0]
-		for _, w := range c.parked[c.parkedHead:] {
-			if w.parked {
-				kept = append(kept, w)
-			} else {
-				w.listed = false
-			}
-		}
-		clear(c.parked[len(kept):])
-		c.parked, c.parkedHead = kept, 0
-	}
-	st.listed = true
-	c.parked = append(c.parked, st)
-}
-
-// handOffLocked gives up the role (under c.mu): to the longest-parked
-// waiter, or, with none, to nobody if release (reporting whether the role
-// left its holder).
-func (c *frameConn) handOffLocked(release bool) bool {
-	for c.parkedHead < len(c.parked) {
-		w := c.parked[c.parkedHead]
-		c.parked[c.parkedHead] = nil
-		c.parkedHead++
-		w.listed = false
-		if w.parked {
-			w.parked = false
-			c.leader = w
-			signal(w.wake)
-			c.reads.handoffs.Add(1)
-			return true
-		}
-	}
-	c.parked, c.parkedHead = c.parked[:0], 0
-	if !release {
-		return false
-	}
-	c.reading, c.leader = false, nil
-	c.idleSince = time.Now().UnixNano()
-	return true
-}
-
-// resign gives up the role if st holds it, and un-parks st.
-func (c *frameConn) resign(st *frameStream) {
-	c.mu.Lock()
-	st.parked = false
-	if c.leader == st {
-		c.handOffLocked(true)
-	}
-	c.mu.Unlock()
-}
-
-// available reports room for a new stream, and, if nobody has read the
-// connection for idleCheck, takes the reading role for the caller to
-// checkIdle before sending.
-func (c *frameConn) available(now int64) (ok, check bool) {
+// available reports room for a new stream.
+func (c *frameConn) available() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ok = c.err == nil && !c.goAway && !c.retired && len(c.streams) < frame.MaxStreams && c.nextID < 1<<31
-	if ok && !c.reading && now-c.idleSince >= int64(idleCheck) {
-		c.reading, c.leader, check = true, nil, true
-	}
-	return ok, check
-}
-
-// checkIdle runs holding the reading role (taken by available) on a
-// connection nobody read for idleCheck: it hands out the whole frames
-// already buffered, then one non-blocking peek at the socket says whether
-// the host closed it (it dies: the caller's request, not sent, goes on
-// another connection) or sent something meanwhile — then readLoop takes
-// the role and reads it, so a GoAway among it refuses the caller's stream
-// (not sent: sent again elsewhere) — or nothing (the role goes on as a
-// leader's would). The caller never waits for the network here: a host
-// that sent half a frame and stopped holds no request before its deadline.
-func (c *frameConn) checkIdle() error {
-	c.reads.checks.Add(1)
-	for c.rd.Ready() {
-		h, p, err := c.rd.Next()
-		if err == nil {
-			err = c.handle(h, p)
-		}
-		if err != nil {
-			c.die(err)
-			return err
-		}
-	}
-	pending, err := c.peek()
-	if err != nil {
-		c.die(err)
-		return err
-	}
-	c.mu.Lock()
-	if pending || c.rd.Buffered() > 0 {
-		c.leader = nil
-		signal(c.loopWake)
-	} else {
-		c.handOffLocked(true)
-	}
-	c.mu.Unlock()
-	return nil
-}
-
-// errHostClosed: the host closed a connection nobody was reading.
-var errHostClosed = errors.New("object host closed the connection")
-
-// peek reports bytes waiting on the socket under the connection (TLS
-// records included), without reading them or waiting; the end of the
-// stream is errHostClosed.
-func (c *frameConn) peek() (bool, error) {
-	nc := c.nc
-	if tc, ok := nc.(*tls.Conn); ok {
-		nc = tc.NetConn()
-	}
-	sc, ok := nc.(syscall.Conn)
-	if !ok {
-		return false, nil
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false, err
-	}
-	var n int
-	var perr error
-	var b [1]byte
-	if err := rc.Read(func(fd uintptr) bool {
-		n, _, perr = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		return true // never wait
-	}); err != nil {
-		return false, err
-	}
-	switch {
-	case n > 0:
-		return true, nil
-	case perr == nil:
-		return false, errHostClosed
-	case errors.Is(perr, syscall.EAGAIN) || errors.Is(perr, syscall.EWOULDBLOCK) || errors.Is(perr, syscall.EINTR):
-		return false, nil
-	default:
-		return false, perr
-	}
+	return c.err == nil && !c.goAway && !c.retired && len(c.streams) < frame.MaxStreams && c.nextID < 1<<31
 }
 
 // errConnLost: the connection failed with a request on it, which may have
@@ -683,134 +442,53 @@ func (c *frameConn) forget(st *frameStream, reset bool) {
 	}
 }
 
-// readLoop reads the host's frames whenever it is given the reading role
-// (by the reaper), until the connection fails.
+// readLoop reads the host's frames until the connection fails.
 func (c *frameConn) readLoop() {
-	for {
-		select {
-		case <-c.done:
-			return
-		case <-c.loopWake:
-		}
-		if err := c.readAsLoop(); err != nil {
-			c.die(err)
-			return
-		}
-	}
+	c.die(c.read())
 }
 
-// readAsLoop reads batches while readLoop holds the role; after each it
-// gives the role to a parked waiter, or up when no stream is open.
-func (c *frameConn) readAsLoop() error {
-	for {
-		err := c.readBatch()
-		c.reads.loop.Add(1)
-		if err != nil && !isTimeout(err) {
-			return err
-		}
-		c.mu.Lock()
-		if err != nil {
-			c.clearInterruptLocked() // not readLoop's: nothing interrupts it
-		}
-		left := c.err != nil || c.handOffLocked(len(c.streams) == 0)
-		c.mu.Unlock()
-		if left {
-			return nil
-		}
-	}
-}
-
-// readBatch reads a frame (waiting for it) and then every whole frame
-// already buffered, handing each to its stream. Only the role's holder
-// calls it.
-func (c *frameConn) readBatch() error {
+func (c *frameConn) read() error {
 	for {
 		h, p, err := c.rd.Next()
 		if err != nil {
 			return err
 		}
-		if err := c.handle(h, p); err != nil {
-			return err
-		}
-		if !c.rd.Ready() {
-			return nil
-		}
-	}
-}
-
-// lead reads as st's leader until st's state changes, its read is
-// interrupted (its context or deadline; back in wait, which looks why),
-// or the connection fails. events is st's count when it took the role.
-func (c *frameConn) lead(b *frameBody, events uint32) {
-	st := b.st
-	var stop func() bool
-	if b.ctx.Done() != nil {
-		stop = context.AfterFunc(b.ctx, func() {
+		c.lastRead.Store(time.Now().UnixNano())
+		switch h.Type {
+		case frame.TypeResponse, frame.TypeData:
+			if err := c.deliver(h, p); err != nil {
+				return err
+			}
+		case frame.TypeReset:
 			c.mu.Lock()
-			if c.leader == st {
-				c.interruptLocked()
+			st := c.streams[h.Stream]
+			if st != nil {
+				delete(c.streams, h.Stream)
+				st.err = errStreamReset
+				signal(st.wake)
 			}
 			c.mu.Unlock()
-		})
-	}
-	for {
-		err := c.readBatch()
-		c.reads.led.Add(1)
-		if err != nil && !isTimeout(err) {
-			c.die(err)
-			break
-		}
-		c.mu.Lock()
-		if err != nil {
-			c.clearInterruptLocked()
-		}
-		moved := st.events != events || c.leader != st
-		c.mu.Unlock()
-		if err != nil || moved {
-			break
-		}
-	}
-	if stop != nil {
-		stop()
-	}
-}
-
-// handle acts on one frame from the host.
-func (c *frameConn) handle(h frame.Header, p []byte) error {
-	c.lastRead.Store(time.Now().UnixNano())
-	switch h.Type {
-	case frame.TypeResponse, frame.TypeData:
-		return c.deliver(h, p)
-	case frame.TypeReset:
-		c.mu.Lock()
-		st := c.streams[h.Stream]
-		if st != nil {
-			delete(c.streams, h.Stream)
-			st.err = errStreamReset
-			c.wakeStream(st)
-		}
-		c.mu.Unlock()
-	case frame.TypeGoAway:
-		last := frame.Uint32(p)
-		c.mu.Lock()
-		c.goAway, c.lastOK = true, last
-		for id, st := range c.streams {
-			if id > last {
-				delete(c.streams, id)
-				st.err = &errNotSent{errNotAccepted}
-				c.wakeStream(st)
+		case frame.TypeGoAway:
+			last := frame.Uint32(p)
+			c.mu.Lock()
+			c.goAway, c.lastOK = true, last
+			for id, st := range c.streams {
+				if id > last {
+					delete(c.streams, id)
+					st.err = &errNotSent{errNotAccepted}
+					signal(st.wake)
+				}
 			}
+			idle := len(c.streams) == 0
+			c.mu.Unlock()
+			c.removeFromPool()
+			if idle {
+				return errNotAccepted
+			}
+		default:
+			return fmt.Errorf("%w: frame type %d from a host", frame.ErrProtocol, h.Type)
 		}
-		idle := len(c.streams) == 0
-		c.mu.Unlock()
-		c.removeFromPool()
-		if idle {
-			return errNotAccepted
-		}
-	default:
-		return fmt.Errorf("%w: frame type %d from a host", frame.ErrProtocol, h.Type)
 	}
-	return nil
 }
 
 // deliver hands a Response or Data frame to its stream.
@@ -850,7 +528,7 @@ func (c *frameConn) deliver(h frame.Header, p []byte) error {
 		st.eof = true
 		delete(c.streams, h.Stream)
 	}
-	c.wakeStream(st)
+	signal(st.wake)
 	return nil
 }
 
@@ -899,7 +577,7 @@ func (c *frameConn) die(err error) {
 		default:
 			st.err = fmt.Errorf("%w: %w", errConnLost, err)
 		}
-		c.wakeStream(st)
+		signal(st.wake)
 	}
 	c.mu.Unlock()
 	_ = c.nc.Close()
@@ -935,81 +613,45 @@ type frameBody struct {
 }
 
 // wait blocks until ready (checked under c.mu) or the request ends: the
-// context, the deadline, a failed stream. Meanwhile it reads the
-// connection itself when nobody else does (lead), else parks.
+// context, the deadline, a failed stream.
 func (b *frameBody) wait(ready func() bool) error {
 	st := b.st
 	c := st.c
-	led := false
 	for {
-		if led && b.ctx.Err() != nil {
-			c.resign(st)
-			return b.ctx.Err()
-		}
 		c.mu.Lock()
 		ok := ready()
 		err := st.err
 		buffered := len(st.chunks) > 0
 		expired := st.expired
-		st.parked = false
-		if (ok && (err == nil || buffered)) || err != nil || expired {
-			if c.leader == st {
-				c.handOffLocked(true)
-			}
-			c.mu.Unlock()
-			return b.end(ok, err, buffered, expired)
-		}
-		lead := c.leader == st
-		if !lead && !c.reading && c.err == nil {
-			c.reading, c.leader, lead = true, st, true
-		}
-		if lead && c.err != nil {
-			c.handOffLocked(true) // dying: die wakes st with its error
-			lead = false
-		}
-		if !lead {
-			c.park(st)
-		}
-		events := st.events
 		c.mu.Unlock()
-		if lead {
-			c.lead(b, events)
-			led = true
-			continue
+		if ok && (err == nil || buffered) {
+			return nil // what arrived is read before a failure shows
+		}
+		if err != nil {
+			var ns *errNotSent
+			if errors.As(err, &ns) {
+				return err
+			}
+			if errors.Is(err, errConnLost) {
+				c.mu.Lock()
+				never := c.handed <= st.start
+				c.mu.Unlock()
+				if never {
+					return &errNotSent{err}
+				}
+			}
+			return err
+		}
+		if expired {
+			c.retireIfSilent(st.sent)
+			return fmt.Errorf("object host did not answer within %s: %w", b.timeout, os.ErrDeadlineExceeded)
 		}
 		select {
 		case <-st.wake:
 		case <-b.ctx.Done():
-			c.resign(st)
 			return b.ctx.Err()
 		}
 	}
-}
-
-// end is wait's outcome once the stream is ready, failed or expired.
-func (b *frameBody) end(ok bool, err error, buffered, expired bool) error {
-	st := b.st
-	c := st.c
-	if ok && (err == nil || buffered) {
-		return nil // what arrived is read before a failure shows
-	}
-	if err != nil {
-		var ns *errNotSent
-		if errors.As(err, &ns) {
-			return err
-		}
-		if errors.Is(err, errConnLost) {
-			c.mu.Lock()
-			never := c.handed <= st.start
-			c.mu.Unlock()
-			if never {
-				return &errNotSent{err}
-			}
-		}
-		return err
-	}
-	c.retireIfSilent(st.sent)
-	return fmt.Errorf("object host did not answer within %s: %w", b.timeout, os.ErrDeadlineExceeded)
 }
 
 func (b *frameBody) Read(p []byte) (int, error) {

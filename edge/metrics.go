@@ -95,7 +95,6 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shoal_edge_host_lifecycle_batches_total", ConstLabels: prometheus.Labels{"transport": "http"},
 			Help: "Batched lifecycle calls (create inits and confirms) sent to object hosts, by transport: frames (the hosts' multiplexed connections) or http (hosts of an earlier version, or --host-transport http)."},
 			func() float64 { return float64(s.hosts.batchHTTP.Load()) }),
-		frameReadsCollector(s.hosts),
 	)
 	return m
 }
@@ -311,41 +310,5 @@ func (c breakerCollector) Collect(ch chan<- prometheus.Metric) {
 			v = 1
 		}
 		ch <- prometheus.MustNewConstMetric(breakerDesc, prometheus.GaugeValue, v, strings.ReplaceAll(st.String(), "-", "_"))
-	}
-}
-
-// frameReadsCollector: who read the frame connections to the hosts
-// (hostframes.go, "Who reads").
-func frameReadsCollector(hc *HostClient) prometheus.Collector {
-	const help = "Batches of frames read from object hosts' frame connections, by reader: request (a query waiting for its answer), loop (the connection's own goroutine, when nobody waits)."
-	f := func(by func(r *frameReads) *atomic.Int64) func() float64 {
-		return func() float64 { return float64(by(&hc.frameReads).Load()) }
-	}
-	return collectors{
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shoal_edge_host_frame_reads_total", ConstLabels: prometheus.Labels{"reader": "request"}, Help: help},
-			f(func(r *frameReads) *atomic.Int64 { return &r.led })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shoal_edge_host_frame_reads_total", ConstLabels: prometheus.Labels{"reader": "loop"}, Help: help},
-			f(func(r *frameReads) *atomic.Int64 { return &r.loop })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shoal_edge_host_frame_idle_checks_total",
-			Help: "Frame connections to object hosts checked (a non-blocking peek) before a query was sent on them after more than 1 ms unread."},
-			f(func(r *frameReads) *atomic.Int64 { return &r.checks })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shoal_edge_host_frame_read_handoffs_total",
-			Help: "Times a query that read its frame connection passed the reading to another waiting query (a goroutine wake-up)."},
-			f(func(r *frameReads) *atomic.Int64 { return &r.handoffs })),
-	}
-}
-
-// collectors is several collectors registered as one.
-type collectors []prometheus.Collector
-
-func (cs collectors) Describe(ch chan<- *prometheus.Desc) {
-	for _, c := range cs {
-		c.Describe(ch)
-	}
-}
-
-func (cs collectors) Collect(ch chan<- prometheus.Metric) {
-	for _, c := range cs {
-		c.Collect(ch)
 	}
 }

@@ -164,21 +164,10 @@ func ParseHeader(p []byte) (Header, error) {
 }
 
 // Reader reads frames from a buffered connection. Not safe for concurrent
-// use: one goroutine reads at a time (the edge hands the reading role from
-// goroutine to goroutine under its own lock, which orders their reads).
-//
-// Next is resumable: an error from the connection that leaves it usable —
-// a read deadline that passed, which the edge uses to take the reading
-// role back from a blocked goroutine — loses no byte, and the next call
-// continues the frame it was in.
+// use (one reading goroutine per connection).
 type Reader struct {
 	br  *bufio.Reader
 	buf []byte
-
-	// A frame begun and not finished (a read timed out in its payload).
-	inFrame bool
-	h       Header
-	got     int // payload bytes read into buf
 }
 
 // NewReader reads frames from br.
@@ -186,55 +175,30 @@ func NewReader(br *bufio.Reader) *Reader { return &Reader{br: br} }
 
 // Next reads the next frame. The payload is valid until the next call.
 func (r *Reader) Next() (Header, []byte, error) {
-	if !r.inFrame {
-		hb, err := r.br.Peek(HeaderLen)
-		if err != nil {
-			if errors.Is(err, io.EOF) && len(hb) > 0 {
-				err = io.ErrUnexpectedEOF
-			}
-			return Header{}, nil, err
+	hb, err := r.br.Peek(HeaderLen)
+	if err != nil {
+		if errors.Is(err, io.EOF) && len(hb) > 0 {
+			err = io.ErrUnexpectedEOF
 		}
-		h, err := ParseHeader(hb)
-		if err != nil {
-			return h, nil, err
-		}
-		_, _ = r.br.Discard(HeaderLen)
-		if cap(r.buf) < int(h.Len) {
-			r.buf = make([]byte, h.Len, max(int(h.Len), 4096))
-		}
-		r.inFrame, r.h, r.got = true, h, 0
+		return Header{}, nil, err
 	}
-	p := r.buf[:r.h.Len]
-	for r.got < len(p) {
-		n, err := r.br.Read(p[r.got:])
-		r.got += n
-		if err != nil && r.got < len(p) {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return r.h, nil, err
-		}
+	h, err := ParseHeader(hb)
+	if err != nil {
+		return h, nil, err
 	}
-	r.inFrame = false
-	return r.h, p, nil
+	_, _ = r.br.Discard(HeaderLen)
+	if cap(r.buf) < int(h.Len) {
+		r.buf = make([]byte, h.Len, max(int(h.Len), 4096))
+	}
+	p := r.buf[:h.Len]
+	if _, err := io.ReadFull(r.br, p); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return h, nil, err
+	}
+	return h, p, nil
 }
-
-// Ready reports whether the rest of a whole frame is already buffered, so
-// Next returns without reading the connection.
-func (r *Reader) Ready() bool {
-	n := r.br.Buffered()
-	if r.inFrame {
-		return n >= int(r.h.Len)-r.got
-	}
-	if n < HeaderLen {
-		return false
-	}
-	hb, _ := r.br.Peek(HeaderLen)
-	return n >= HeaderLen+int(binary.BigEndian.Uint32(hb))
-}
-
-// Buffered reports bytes read from the connection and not yet returned.
-func (r *Reader) Buffered() int { return r.br.Buffered() }
 
 func appendString16(b []byte, s string) []byte {
 	b = binary.BigEndian.AppendUint16(b, uint16(len(s)))

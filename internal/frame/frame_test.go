@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -340,78 +339,4 @@ func TestHeaderBlockValues(t *testing.T) {
 	}
 	assert.Equal(t, want, req.Header)
 	assert.Equal(t, "/p", req.Path)
-}
-
-// stutterReader returns its bytes a few at a time and, before every chunk,
-// a read-deadline error (as a connection whose deadline an edge moved into
-// the past to take the reading role back).
-type stutterReader struct {
-	b      []byte
-	step   int
-	failed bool
-}
-
-func (s *stutterReader) Read(p []byte) (int, error) {
-	if len(s.b) == 0 {
-		return 0, io.EOF
-	}
-	if !s.failed {
-		s.failed = true
-		return 0, os.ErrDeadlineExceeded
-	}
-	s.failed = false
-	n := copy(p[:min(len(p), s.step)], s.b)
-	s.b = s.b[n:]
-	return n, nil
-}
-
-// TestReaderResumesAfterTimeout: a read that times out anywhere in a
-// frame — its header or its payload — loses nothing: the next Next goes
-// on where it stopped, and Ready says when a whole frame is buffered.
-func TestReaderResumesAfterTimeout(t *testing.T) {
-	var b []byte
-	var want [][]byte
-	for i, n := range []int{0, 5, 100, 5000, 70000} {
-		body := bytes.Repeat([]byte{byte('a' + i)}, n)
-		b = AppendData(b, uint32(i+1), body, true)
-		for len(body) > MaxPayload {
-			want, body = append(want, body[:MaxPayload]), body[MaxPayload:]
-		}
-		want = append(want, body)
-	}
-	for _, step := range []int{1, 7, 4096} {
-		r := NewReader(bufio.NewReaderSize(&stutterReader{b: b, step: step}, 4096))
-		var got [][]byte
-		timeouts := 0
-		for {
-			h, p, err := r.Next()
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				timeouts++
-				continue
-			}
-			if err == io.EOF {
-				break
-			}
-			require.NoError(t, err, "step %d", step)
-			assert.Equal(t, TypeData, h.Type)
-			got = append(got, append([]byte{}, p...))
-		}
-		require.Len(t, got, len(want), "step %d", step)
-		for i := range want {
-			assert.True(t, bytes.Equal(want[i], got[i]), "step %d: frame %d differs", step, i)
-		}
-		assert.Greater(t, timeouts, len(want), "step %d: timeouts inside frames", step)
-	}
-
-	// Ready: a whole frame buffered, and not a partial one.
-	one := AppendData(nil, 1, []byte("hello"), true)
-	two := append(bytes.Clone(one), one[:HeaderLen+2]...)
-	r := NewReader(bufio.NewReader(bytes.NewReader(two)))
-	assert.False(t, r.Ready(), "nothing read yet")
-	_, err := r.br.Peek(1)
-	require.NoError(t, err)
-	assert.True(t, r.Ready())
-	_, _, err = r.Next()
-	require.NoError(t, err)
-	assert.False(t, r.Ready(), "the second frame is cut short")
 }
