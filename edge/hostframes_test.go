@@ -473,3 +473,42 @@ func TestFramesDialRefusedIsNeverSent(t *testing.T) {
 func TestRequestIDHeaderKeyIsCanonical(t *testing.T) {
 	assert.Equal(t, http.CanonicalHeaderKey(HeaderRequestID), headerRequestIDCanonical)
 }
+
+// TestFramesConnectionLostWakesEveryWaiter: the host drops a connection
+// with many queries waiting on it; every one fails at once as "may have
+// run" (none resent), none is left waiting for its deadline.
+func TestFramesConnectionLostWakesEveryWaiter(t *testing.T) {
+	const n = 8
+	var executed atomic.Int32
+	var mu sync.Mutex
+	var conn *scriptedConn
+	fh := newScriptedHost(t, func(c *scriptedConn, id uint32, req frame.Request, body []byte) {
+		mu.Lock()
+		conn = c
+		mu.Unlock()
+		executed.Add(1)
+	})
+	hc := NewHostClient(time.Minute)
+	defer hc.Close()
+	errc := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			_, _, err := forwardTo(context.Background(), hc, fh.addr(), fmt.Sprint("q", i))
+			errc <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return executed.Load() == n }, 10*time.Second, time.Millisecond)
+	mu.Lock()
+	conn.nc.Close()
+	mu.Unlock()
+	for i := 0; i < n; i++ {
+		select {
+		case err := <-errc:
+			assert.ErrorIs(t, err, errConnLost)
+			assert.False(t, neverSent(err))
+		case <-time.After(10 * time.Second):
+			t.Fatal("a waiter was not woken by the connection's loss")
+		}
+	}
+	assert.Equal(t, int32(n), executed.Load(), "none resent")
+}
