@@ -84,7 +84,8 @@ import (
 // path uses this build's coalescing client with gathering off (main's
 // client coalesces as well but did not gather); SHOAL_BENCH_BASELINE_SINGLE=1
 // gives it one request per write. SHOAL_BENCH_RAW_GATHER (a duration; 0
-// off) sets this build's raw client's gathering bound (raftmeta.WithWriteGather).
+// off) sets this build's raw client's gathering bound (raftmeta.WithWriteGather),
+// SHOAL_BENCH_BASELINE_RAW_GATHER the baseline's (default 0).
 // Run with:
 //
 //	SHOAL_BENCH=1 go test ./test/bench -run TestDeployBench -v -count=1 -timeout 30m
@@ -670,22 +671,30 @@ func startDeployClusterSpec(t *testing.T, ports *portAlloc, s deploySpec) *deplo
 	// (concurrent writes share requests and gather, raftmeta/coalesce.go;
 	// SHOAL_BENCH_RAW_GATHER=DURATION sets its gathering bound, 0 off);
 	// d.rawSingle one request per write. A baseline cluster's raw client
-	// coalesces too (main's client has since e8f4b38) but never gathers
-	// (main's client before the gather), so "raw@base" is main's client
-	// against main's nodes and "this build vs baseline" includes the
-	// gather, which is client-side; SHOAL_BENCH_BASELINE_SINGLE=1 gives it
-	// the single one (for a baseline built before coalescing).
+	// coalesces too (main's client has since e8f4b38) but does not gather
+	// (as main's client before WithWriteGather), so "raw@base" is main's
+	// client against main's nodes and "this build vs baseline" includes the
+	// gather, which is client-side; SHOAL_BENCH_BASELINE_RAW_GATHER=DURATION
+	// gives it a bound (to compare two bounds in the same rounds: the raw
+	// write's nodes are the same code in both builds);
+	// SHOAL_BENCH_BASELINE_SINGLE=1 gives it the single one (for a baseline
+	// built before coalescing).
 	rawOpts := []raftmeta.ClientOption{raftmeta.WithCacheTTL(0), raftmeta.WithTLS(d.pki.Loader(t, "bench", pki.RoleEdge, pki.RoleOperator))}
 	single := append(rawOpts[:len(rawOpts):len(rawOpts)], raftmeta.WithWriteBatching(0, 0))
 	var err error
 	d.rawSingle, err = raftmeta.NewClient(d.catAddr, single...)
 	require.NoError(t, err)
 	t.Cleanup(d.rawSingle.Close)
+	gatherEnv, gather := "SHOAL_BENCH_RAW_GATHER", ""
 	if prefix != "" {
-		rawOpts = append(rawOpts, raftmeta.WithWriteGather(0))
-	} else if v := os.Getenv("SHOAL_BENCH_RAW_GATHER"); v != "" {
-		g, err := time.ParseDuration(v)
-		require.NoError(t, err, "SHOAL_BENCH_RAW_GATHER")
+		gatherEnv, gather = "SHOAL_BENCH_BASELINE_RAW_GATHER", "0"
+	}
+	if v := os.Getenv(gatherEnv); v != "" {
+		gather = v
+	}
+	if gather != "" {
+		g, err := time.ParseDuration(gather)
+		require.NoError(t, err, gatherEnv)
 		rawOpts = append(rawOpts, raftmeta.WithWriteGather(g))
 	}
 	if prefix == "" || os.Getenv("SHOAL_BENCH_BASELINE_SINGLE") != "1" {
