@@ -75,6 +75,8 @@ type clientConfig struct {
 
 	coalesceBatch, coalesceInflight int
 	coalesceSet                     bool
+	gather                          time.Duration // WithWriteGather
+	gatherSet                       bool
 }
 
 // ClientOption configures a Client.
@@ -164,8 +166,11 @@ func NewClient(addrs []string, opts ...ClientOption) (*Client, error) {
 	if !cfg.coalesceSet {
 		cfg.coalesceBatch, cfg.coalesceInflight = MaxApplyBatch, defaultCoalesceInflight
 	}
+	if !cfg.gatherSet {
+		cfg.gather = defaultWriteGather
+	}
 	if cfg.coalesceInflight > 0 {
-		c.writes = newCoalescer(c, cfg.coalesceBatch, cfg.coalesceInflight)
+		c.writes = newCoalescer(c, cfg.coalesceBatch, cfg.coalesceInflight, cfg.gather)
 	}
 	return c, nil
 }

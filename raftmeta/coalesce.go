@@ -42,6 +42,26 @@ import (
 // under the client's context (ended by Close) with its own bound, so one
 // impatient caller never fails the others' commands, and a write sent alone
 // also under its caller's ctx, as before coalescing.
+//
+// Gathering (WithWriteGather, a bounded group-commit delay like Postgres's
+// commit_delay with commit_siblings, or MySQL's
+// binlog_group_commit_sync_delay with its no_delay_count). With one send
+// slot, closed-loop callers settle into two alternating groups: batch A in
+// flight while group B queues; when A returns, B goes at once and A's
+// callers queue behind it, so an entry carries about half the callers
+// (8.0 commands per entry at 16 writers). The catalog's cost is mostly per
+// entry (a request, an AppendEntries, an fsync and an FSM transaction on
+// each of three voters), so the slot holder, when a send of two or more
+// commands returns — evidence of concurrent callers — waits before it
+// takes the next batch until as many commands are queued as it expects
+// back (the ones just answered plus those already queued, at most
+// maxBatch), woken by each call that queues, for at most the bound
+// (gatherLocked). It also keeps the slot through that wait when the queue
+// is empty, or the first caller back would find the slot free and go
+// alone. A send of one command (an idle client, a lone write, a single
+// caller in a loop) never waits, and neither does a call that finds the
+// slot free: it goes at once, as before. The wait only moves when a
+// request is sent; nothing a command means changes.
 
 const (
 	// defaultCoalesceInflight is the number of sends in flight at once
@@ -59,6 +79,9 @@ const (
 	// coalesceRecheck is how long a client that met a node without
 	// /v1/apply-batch sends single requests before trying a batch again.
 	coalesceRecheck = time.Minute
+	// defaultWriteGather is WithWriteGather's default bound (see
+	// "Gathering" above and raftmeta/DESIGN.md for the measurements).
+	defaultWriteGather = time.Millisecond
 )
 
 // WithWriteBatching sets how concurrent writes share requests: up to
@@ -70,13 +93,25 @@ func WithWriteBatching(maxBatch, inflight int) ClientOption {
 	return func(c *clientConfig) { c.coalesceBatch, c.coalesceInflight, c.coalesceSet = maxBatch, inflight, true }
 }
 
+// WithWriteGather bounds the gathering wait of coalesced writes (see
+// coalesce.go): after a send of two or more concurrent writes returns, the
+// next batch waits at most d for the writes it expects back before it is
+// sent (default 1 ms). d ≤ 0 turns gathering off: the next batch is
+// whatever queued during the send, sent at once.
+func WithWriteGather(d time.Duration) ClientOption {
+	return func(c *clientConfig) { c.gather, c.gatherSet = d, true }
+}
+
 type coalescer struct {
 	c           *Client
 	maxBatch    int
 	maxInflight int
+	gather      time.Duration // ≤ 0: no gathering
+	wake        chan struct{} // buffered 1: a call queued (wakes a gathering slot holder)
 
 	mu          sync.Mutex
 	queue       []*queuedWrite
+	queuedBytes int // the queue's commands' JSON, as takeLocked counts it
 	inflight    int
 	unsupported time.Time // until then, no /v1/apply-batch (a node answered 404)
 }
@@ -88,11 +123,15 @@ type queuedWrite struct {
 	done chan struct{}
 }
 
-func newCoalescer(c *Client, maxBatch, inflight int) *coalescer {
+func newCoalescer(c *Client, maxBatch, inflight int, gather time.Duration) *coalescer {
 	if maxBatch <= 0 || maxBatch > MaxApplyBatch {
 		maxBatch = MaxApplyBatch
 	}
-	return &coalescer{c: c, maxBatch: maxBatch, maxInflight: inflight}
+	q := &coalescer{c: c, maxBatch: maxBatch, maxInflight: inflight}
+	if gather > 0 {
+		q.gather, q.wake = gather, make(chan struct{}, 1)
+	}
+	return q
 }
 
 // do submits one command (its JSON) and waits for its outcome.
@@ -100,31 +139,43 @@ func (q *coalescer) do(ctx context.Context, body []byte) (fsm.Result, error) {
 	w := &queuedWrite{body: body, done: make(chan struct{})}
 	q.mu.Lock()
 	q.queue = append(q.queue, w)
+	q.queuedBytes += len(body) + 1
 	var batch []*queuedWrite
 	if q.inflight < q.maxInflight {
 		q.inflight++
 		batch = q.takeLocked()
 		q.c.wg.Add(1) // the slot is work Close waits for, on any goroutine
+	} else if q.wake != nil {
+		select { // a slot holder may be gathering: one more is here
+		case q.wake <- struct{}{}:
+		default:
+		}
 	}
 	q.mu.Unlock()
 	if batch != nil {
 		// A free slot: send now on this goroutine (no hand-over). Calls
-		// that queued meanwhile go on in a goroutine, so this caller can
-		// return as soon as its own answer is in. A send of this call alone
-		// is also bounded by its ctx, as every write was before coalescing.
+		// that queued meanwhile (or, gathering, that are expected back)
+		// go on in a goroutine, so this caller can return as soon as its
+		// own answer is in. A send of this call alone is also bounded by
+		// its ctx, as every write was before coalescing.
 		var own context.Context
 		if len(batch) == 1 && batch[0] == w {
 			own = ctx
 		}
 		q.send(own, batch)
 		q.mu.Lock()
-		if len(q.queue) == 0 {
+		if len(q.queue) == 0 && !q.gathersAfter(len(batch)) {
 			q.inflight--
 		} else {
-			next := q.takeLocked()
+			// The slot passes to a goroutine, which takes the next batch
+			// itself (and gathers there, not on this caller's time).
+			answered := len(batch)
 			q.c.wg.Add(1)
 			go func() {
 				defer q.c.wg.Done()
+				q.mu.Lock()
+				next := q.nextLocked(answered)
+				q.mu.Unlock()
 				q.drain(next)
 			}()
 		}
@@ -139,19 +190,73 @@ func (q *coalescer) do(ctx context.Context, body []byte) (fsm.Result, error) {
 	}
 }
 
-// drain sends batch, then whatever queued meanwhile, until the queue is
-// empty; then it frees its slot.
+// drain sends batch, then the next ones (nextLocked), until there is none
+// (nextLocked has then freed the slot; a nil batch: it had already).
 func (q *coalescer) drain(batch []*queuedWrite) {
-	for {
+	for batch != nil {
 		q.send(nil, batch)
 		q.mu.Lock()
-		if len(q.queue) == 0 {
-			q.inflight--
-			q.mu.Unlock()
+		batch = q.nextLocked(len(batch))
+		q.mu.Unlock()
+	}
+}
+
+// nextLocked is the slot holder's next batch once a send of answered
+// commands returned: takeLocked after gatherLocked's wait, or nil when the
+// queue is still empty — the slot is then free (inflight decremented).
+// Only the slot holder takes from the queue. q.mu is held on entry and on
+// return (released while gathering).
+func (q *coalescer) nextLocked(answered int) []*queuedWrite {
+	q.gatherLocked(answered)
+	if len(q.queue) == 0 {
+		q.inflight--
+		return nil
+	}
+	return q.takeLocked()
+}
+
+// gathersAfter reports whether a slot holder whose send of answered
+// commands returned waits for more before its next batch.
+func (q *coalescer) gathersAfter(answered int) bool {
+	return q.gather > 0 && answered >= 2
+}
+
+// gatherLocked is the gathering wait (see "Gathering" above): after a send
+// of two or more commands, until the queue holds as many as were just
+// answered plus those queued now (at most maxBatch, or a batch's worth of
+// bytes), woken by each call that queues, for at most q.gather in all, and
+// no longer once the client's context ends (Close). After a send of one
+// command, or with the queue already that long, it returns at once. q.mu
+// is held on entry and on return, released while waiting.
+func (q *coalescer) gatherLocked(answered int) {
+	if !q.gathersAfter(answered) {
+		return
+	}
+	want := min(answered+len(q.queue), q.maxBatch)
+	if len(q.queue) >= want || q.queuedBytes >= coalesceMaxBytes {
+		return
+	}
+	q.mu.Unlock()
+	stop := q.c.sendContext().Done()
+	t := time.NewTimer(q.gather)
+	defer t.Stop()
+	select { // a signal left from before this wait only costs a re-check
+	case <-q.wake:
+	default:
+	}
+	q.mu.Lock()
+	for len(q.queue) < want && q.queuedBytes < coalesceMaxBytes {
+		q.mu.Unlock()
+		select {
+		case <-q.wake:
+		case <-t.C:
+			q.mu.Lock()
+			return
+		case <-stop:
+			q.mu.Lock()
 			return
 		}
-		batch = q.takeLocked()
-		q.mu.Unlock()
+		q.mu.Lock()
 	}
 }
 
@@ -168,6 +273,9 @@ func (q *coalescer) takeLocked() []*queuedWrite {
 	}
 	batch := make([]*queuedWrite, n)
 	copy(batch, q.queue[:n])
+	for _, w := range batch {
+		q.queuedBytes -= len(w.body) + 1
+	}
 	rest := copy(q.queue, q.queue[n:])
 	clear(q.queue[rest:])
 	q.queue = q.queue[:rest]

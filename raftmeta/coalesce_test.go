@@ -33,6 +33,23 @@ type gatedProxy struct {
 	batches     atomic.Int64
 	batched     atomic.Int64 // commands carried by /v1/apply-batch requests
 	noBatches   bool         // answer /v1/apply-batch 404, as a build without it
+	delay       atomic.Int64 // a slow round trip: each write request waits this long (ns) first
+
+	mu    sync.Mutex
+	sizes []int // commands per write request, in arrival order (a /v1/apply is 1)
+}
+
+// requestSizes is a copy of the commands per write request so far.
+func (g *gatedProxy) requestSizes() []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]int(nil), g.sizes...)
+}
+
+func (g *gatedProxy) recordSize(n int) {
+	g.mu.Lock()
+	g.sizes = append(g.sizes, n)
+	g.mu.Unlock()
 }
 
 func newGatedProxy(t *testing.T, n *Node, noBatches bool) *gatedProxy {
@@ -45,9 +62,13 @@ func newGatedProxy(t *testing.T, n *Node, noBatches bool) *gatedProxy {
 	}
 	g := &gatedProxy{release: make(chan struct{}), noBatches: noBatches}
 	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if d := g.delay.Load(); d > 0 && strings.HasPrefix(r.URL.Path, "/v1/apply") {
+			time.Sleep(time.Duration(d)) // shapes the load (a slow network); nothing asserts on time
+		}
 		switch r.URL.Path {
 		case "/v1/apply":
 			g.singles.Add(1)
+			g.recordSize(1)
 			first := false
 			g.gateOnce.Do(func() { first = true })
 			if first {
@@ -67,6 +88,7 @@ func newGatedProxy(t *testing.T, n *Node, noBatches bool) *gatedProxy {
 			var req ApplyBatchRequest
 			if json.Unmarshal(body, &req) == nil {
 				g.batched.Add(int64(len(req.Commands)))
+				g.recordSize(len(req.Commands))
 			}
 			g.batches.Add(1)
 			r.Body = io.NopCloser(bytes.NewReader(body))
@@ -327,4 +349,154 @@ func TestClientLoneWriteEndsWithItsContext(t *testing.T) {
 	g.open()
 	_, err = cl.CreateDatabase(ctx, newDB("acct"))
 	require.NoError(t, err)
+}
+
+// gathering reports whether cl's coalescer holds its send slot with
+// nothing queued (a slot holder waiting in gatherLocked, or about to).
+func gathering(cl *Client) bool {
+	cl.writes.mu.Lock()
+	defer cl.writes.mu.Unlock()
+	return cl.writes.inflight == 1 && len(cl.writes.queue) == 0
+}
+
+// Closed-loop callers merge into one batch per round trip with gathering.
+// With one send slot and no gather, 16 callers each writing in a loop
+// settle into two alternating groups of about 8 (one in flight while the
+// other queues); gathering waits, after a send of several, for the
+// callers it just answered to queue again, so a request carries all 16.
+// The proxy's 20 ms round trip only shapes the load (the callers come back
+// well within it); the check is on batch sizes, not on time.
+func TestClientGatherMergesClosedLoopCallers(t *testing.T) {
+	tc := newTestCluster(t, 1, nil)
+	leader := tc.waitLeader()
+	ctx := context.Background()
+	_, err := leader.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("acct", 100_000)))
+	require.NoError(t, err)
+	g := newGatedProxy(t, leader, false)
+	g.open()
+	g.delay.Store(int64(20 * time.Millisecond))
+	// A generous bound: every caller answered comes back long before it on
+	// a loaded machine, so the batch is full, not cut by the timer.
+	cl, err := NewClient([]string{g.addr()}, WithCacheTTL(0), WithWriteBatching(MaxApplyBatch, 1), WithWriteGather(500*time.Millisecond))
+	require.NoError(t, err)
+	defer cl.Close()
+
+	const callers, each = 16, 12
+	errs := make([]error, callers*each)
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				_, errs[c*each+i] = cl.CreateDatabase(ctx, newDB("acct"))
+			}
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, "write %d", i)
+	}
+	sizes := g.requestSizes()
+	total := 0
+	full := 0
+	for _, n := range sizes {
+		total += n
+		if n == callers {
+			full++
+		}
+	}
+	t.Logf("commands per request: %v", sizes)
+	assert.Equal(t, callers*each, total, "every write sent once")
+	// Without gathering (checked: WithWriteGather(0) fails both checks)
+	// the callers split in two groups, 8 commands per request on average:
+	// here a lone write alternating with the 15 queued behind it (the
+	// first caller back finds the slot free), about 2×each requests, half
+	// of them of one command. With it, the callers move in one group.
+	assert.GreaterOrEqual(t, full, each-2, "requests carrying all %d callers; sizes %v", callers, sizes)
+	assert.LessOrEqual(t, len(sizes), each+3, "requests in all; sizes %v", sizes)
+	acct, err := cl.Account(ctx, "acct", LinearizableRead())
+	require.NoError(t, err)
+	assert.EqualValues(t, callers*each, acct.ActiveDatabases)
+}
+
+// A lone caller never gathers, however long the bound: a send of one
+// command is no evidence of other callers, so its slot is free again the
+// moment its answer is in, and the caller's next write goes at once on a
+// free slot (its own request, under its own ctx) — with a one-hour bound,
+// a wait entered would hold the slot.
+func TestClientGatherNeverHoldsALoneCaller(t *testing.T) {
+	tc := newTestCluster(t, 1, nil)
+	leader := tc.waitLeader()
+	ctx := context.Background()
+	_, err := leader.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("acct", 1000)))
+	require.NoError(t, err)
+	g := newGatedProxy(t, leader, false)
+	g.open()
+	cl, err := NewClient([]string{g.addr()}, WithCacheTTL(0), WithWriteBatching(MaxApplyBatch, 1), WithWriteGather(time.Hour))
+	require.NoError(t, err)
+	defer cl.Close()
+
+	for i := range 20 {
+		_, err := cl.CreateDatabase(ctx, newDB("acct"))
+		require.NoError(t, err, "write %d", i)
+		require.False(t, gathering(cl), "write %d: the slot is held after a lone write", i)
+	}
+	assert.EqualValues(t, 20, g.singles.Load(), "each write its own /v1/apply")
+	assert.Zero(t, g.batches.Load())
+}
+
+// Close during a gather returns: it ends the wait (the client's context),
+// waits for the slot holder's goroutine, and the client stays usable —
+// the next write goes at once. The bound is an hour, so only Close can end
+// this wait within the test's deadline.
+func TestClientCloseEndsAGather(t *testing.T) {
+	tc := newTestCluster(t, 1, nil)
+	leader := tc.waitLeader()
+	ctx := context.Background()
+	_, err := leader.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("acct", 1000)))
+	require.NoError(t, err)
+	g := newGatedProxy(t, leader, false)
+	cl, err := NewClient([]string{g.addr()}, WithCacheTTL(0), WithWriteBatching(MaxApplyBatch, 1), WithWriteGather(time.Hour))
+	require.NoError(t, err)
+	defer cl.Close()
+
+	// A lone write held by the proxy, three queued behind it: they go as
+	// one batch, whose return (three answered, none queued) starts a
+	// gather for three more that never come.
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = cl.CreateDatabase(ctx, newDB("acct"))
+		}()
+		if i == 0 {
+			require.Eventually(t, func() bool { return g.singles.Load() == 1 }, 10*time.Second, time.Millisecond)
+		}
+	}
+	require.Eventually(t, func() bool { return queued(cl) == 3 }, 10*time.Second, time.Millisecond)
+	g.open()
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, "write %d", i)
+	}
+	require.EqualValues(t, 1, g.batches.Load())
+	require.True(t, gathering(cl), "the slot holder gathers after a batch of three")
+
+	closed := make(chan struct{})
+	go func() {
+		cl.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not end the gather")
+	}
+	assert.False(t, gathering(cl), "Close left the slot held")
+	_, err = cl.CreateDatabase(ctx, newDB("acct"))
+	require.NoError(t, err, "a client used after Close still writes")
+	assert.EqualValues(t, 2, g.singles.Load(), "the write after Close went at once, alone")
 }

@@ -81,8 +81,11 @@ import (
 // SHOAL_BENCH_EDGE_ARGS and SHOAL_BENCH_BASELINE_EDGE_ARGS (extra
 // space-separated flags for the edge of the first and of the baseline
 // cluster, e.g. to compare settings of one build). The baseline's raw
-// path uses this build's coalescing client (main's client coalesces as
-// well); SHOAL_BENCH_BASELINE_SINGLE=1 gives it one request per write.
+// path uses this build's coalescing client with gathering off (main's
+// client coalesces as well but did not gather); SHOAL_BENCH_BASELINE_SINGLE=1
+// gives it one request per write. SHOAL_BENCH_RAW_GATHER (a duration; 0
+// off) sets this build's raw client's gathering bound (raftmeta.WithWriteGather),
+// SHOAL_BENCH_BASELINE_RAW_GATHER the baseline's (default 0).
 // Run with:
 //
 //	SHOAL_BENCH=1 go test ./test/bench -run TestDeployBench -v -count=1 -timeout 30m
@@ -665,17 +668,35 @@ func startDeployClusterSpec(t *testing.T, ports *portAlloc, s deploySpec) *deplo
 	}
 
 	// The raw writes' clients: d.raw as this build's client is by default
-	// (concurrent writes share requests, raftmeta/coalesce.go); d.rawSingle
-	// one request per write. A baseline cluster's raw client coalesces too
-	// (main's client has since e8f4b38), so "raw@base" compares the nodes
-	// of the two builds under the same client; SHOAL_BENCH_BASELINE_SINGLE=1
-	// gives it the single one (for a baseline built before coalescing).
+	// (concurrent writes share requests and gather, raftmeta/coalesce.go;
+	// SHOAL_BENCH_RAW_GATHER=DURATION sets its gathering bound, 0 off);
+	// d.rawSingle one request per write. A baseline cluster's raw client
+	// coalesces too (main's client has since e8f4b38) but does not gather
+	// (as main's client before WithWriteGather), so "raw@base" is main's
+	// client against main's nodes and "this build vs baseline" includes the
+	// gather, which is client-side; SHOAL_BENCH_BASELINE_RAW_GATHER=DURATION
+	// gives it a bound (to compare two bounds in the same rounds: the raw
+	// write's nodes are the same code in both builds);
+	// SHOAL_BENCH_BASELINE_SINGLE=1 gives it the single one (for a baseline
+	// built before coalescing).
 	rawOpts := []raftmeta.ClientOption{raftmeta.WithCacheTTL(0), raftmeta.WithTLS(d.pki.Loader(t, "bench", pki.RoleEdge, pki.RoleOperator))}
 	single := append(rawOpts[:len(rawOpts):len(rawOpts)], raftmeta.WithWriteBatching(0, 0))
 	var err error
 	d.rawSingle, err = raftmeta.NewClient(d.catAddr, single...)
 	require.NoError(t, err)
 	t.Cleanup(d.rawSingle.Close)
+	gatherEnv, gather := "SHOAL_BENCH_RAW_GATHER", ""
+	if prefix != "" {
+		gatherEnv, gather = "SHOAL_BENCH_BASELINE_RAW_GATHER", "0"
+	}
+	if v := os.Getenv(gatherEnv); v != "" {
+		gather = v
+	}
+	if gather != "" {
+		g, err := time.ParseDuration(gather)
+		require.NoError(t, err, gatherEnv)
+		rawOpts = append(rawOpts, raftmeta.WithWriteGather(g))
+	}
 	if prefix == "" || os.Getenv("SHOAL_BENCH_BASELINE_SINGLE") != "1" {
 		d.raw, err = raftmeta.NewClient(d.catAddr, rawOpts...)
 		require.NoError(t, err)
