@@ -73,8 +73,11 @@ type createBatching struct {
 
 	// Gathering (see "Gathering the catalog batch" below): the longest
 	// wait, and the creates on their way to the catalog batcher.
-	gather   time.Duration // ≤ 0: no gathering
-	arriving atomic.Int64  // creates whose init came back, not yet in the catalog queue
+	gather time.Duration // ≤ 0: no gathering
+	// Group-commit delays of the catalog batcher and of the init
+	// batchers (batcher.groupLocked); ≤ 0: none.
+	groupDelay, initGroupDelay time.Duration
+	arriving                   atomic.Int64 // creates whose init came back, not yet in the catalog queue
 
 	mu          sync.Mutex
 	inits       map[string]*batcher[initCall, struct{}]
@@ -96,6 +99,10 @@ const (
 	// defaultCreateGather is Options.CreateGather's default: goroutine
 	// wake-ups take microseconds unless the edge's CPU is saturated.
 	defaultCreateGather = time.Millisecond
+	// defaultCreateGroupDelay and defaultCreateInitGroupDelay are the
+	// group-commit delays' defaults (Options.CreateGroupDelay).
+	defaultCreateGroupDelay     = -1
+	defaultCreateInitGroupDelay = -1
 	// hostBatchRecheck is how long a host that answered 404 to a batch
 	// route (an older build) is sent single calls before it is tried again.
 	hostBatchRecheck = time.Minute
@@ -107,6 +114,13 @@ func (s *Server) initCreateBatching() {
 	b.gather = s.o.CreateGather
 	if b.gather == 0 {
 		b.gather = defaultCreateGather
+	}
+	b.groupDelay, b.initGroupDelay = s.o.CreateGroupDelay, s.o.CreateInitGroupDelay
+	if b.groupDelay == 0 {
+		b.groupDelay = defaultCreateGroupDelay
+	}
+	if b.initGroupDelay == 0 {
+		b.initGroupDelay = defaultCreateInitGroupDelay
 	}
 	if b.maxBatch == 0 {
 		b.maxBatch = defaultCreateBatch
@@ -139,6 +153,7 @@ func (s *Server) initCreateBatching() {
 				return bc.CreateDatabasesAs(ctx, cmds, audits)
 			})
 		b.catalog.observe = func(n int) { s.m.batchCatalog.Observe(float64(n)) }
+		b.catalog.setGroupDelay(b.groupDelay)
 	}
 }
 
@@ -236,6 +251,7 @@ func (s *Server) initBatcher(addr string) *batcher[initCall, struct{}] {
 			return make([]struct{}, len(items)), errs
 		})
 	x.observe = func(n int) { s.m.batchInit.Observe(float64(n)) }
+	x.setGroupDelay(b.initGroupDelay)
 	b.inits[addr] = x
 	return x
 }
