@@ -100,7 +100,8 @@ type Options struct {
 	// delay of the catalog batcher and of each host's init batcher
 	// (batcher.go, groupLocked): a batch that came back with n ≥ 2 creates
 	// keeps its slot until about n creates are queued again, at most this
-	// long; 0: the default, negative: none.
+	// long (createbatch.go, "Grouping the next batch"); default 2ms,
+	// negative: none.
 	CreateGroupDelay     time.Duration
 	CreateInitGroupDelay time.Duration
 
