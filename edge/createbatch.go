@@ -102,8 +102,8 @@ const (
 	// defaultCreateGroupDelay and defaultCreateInitGroupDelay are the
 	// group-commit delays' defaults (Options.CreateGroupDelay, "Grouping
 	// the next batch" below): at 16 clients 2 ms took the catalog's CPU
-	// per create to 0.84–0.91× of main's in three same-round runs, 1 ms
-	// to 0.93× in two; either alone (catalog or init) did less.
+	// per create to 0.84–0.91× of main's in five same-round runs, 1 ms
+	// to 0.93× in two; either alone (catalog or init) did nothing visible.
 	defaultCreateGroupDelay     = 2 * time.Millisecond
 	defaultCreateInitGroupDelay = 2 * time.Millisecond
 	// hostBatchRecheck is how long a host that answered 404 to a batch
@@ -381,11 +381,12 @@ func concurrently(n int, fn func(i int)) {
 // load: while its slot is always busy it sends one entry per round trip
 // whatever the sizes, so batches of one are a matter of distribution,
 // not of count; the entries per second fall only by the time the slot is
-// held. Measured (docs/benchmarks.md, "Grouping the next batch"): batches
-// of one 38–40% → 15–20%, creates per catalog batch 5.9 → 6.5–7.3 at 16
-// clients, catalog CPU per create 0.91–0.93×, creates/s 1.00–1.07×; at 64
-// clients within noise. Nothing about one create changes: the delay only
-// moves when a request is sent.
+// held. Measured (docs/benchmarks.md, "Grouping the next batch"): at 16
+// clients catalog batches of one 35–42% → 6–15%, creates per catalog
+// batch 5.7–5.9 → 6.5–7.6, the catalog's CPU per create 0.84–0.91× of
+// main's with 2 ms holds (either hold alone: no change); with placement's
+// slack at 512 too, hosts 0.85–0.90× at 64 clients. Nothing about one
+// create changes: the delay only moves when a request is sent.
 
 // initCall is one init in a host's init batcher, with its create's
 // gathering ticket (nil: none).

@@ -265,9 +265,10 @@ func (s *Server) pickHost(ctx context.Context, jurisdiction, hint string, exclud
 // it (placeAmongQueued). Each time the busy host reaches it, the next
 // create starts alone on another host and the old host's forming batch is
 // cut short: at 64 that happened every 3–4 init batches at 64 clients
-// (init batches of 17); at 512, init batches of 24 and the hosts' CPU per
-// create 0.89–0.90× in the same rounds (docs/benchmarks.md, "Grouping the
-// next batch"). 512 databases is 0.5% of a host's default capacity.
+// (init batches of 17); at 512, with the init batchers' group hold,
+// init batches of 23–24 and the hosts' CPU per create 0.85–0.90× of
+// main's in the same rounds (docs/benchmarks.md, "Grouping the next
+// batch"). 512 databases is 0.5% of a host's default capacity.
 const placementSlack = 512
 
 // placeAmong is the placement rule shared by creates and relocations
