@@ -54,6 +54,10 @@ type batcher[T, R any] struct {
 	expecting func() bool
 	gatherMax time.Duration
 	wake      chan struct{}
+	// groupDelay (> 0: a grouping batcher, see groupLocked) bounds how
+	// long a batch that came back with ≥ 2 calls keeps its slot to wait
+	// for about as many calls again; wake is signalled by each enqueue.
+	groupDelay time.Duration
 
 	mu       sync.Mutex
 	queue    []*batchCall[T, R]
@@ -62,6 +66,8 @@ type batcher[T, R any] struct {
 	// batches in flight and no progress for a while, the peer is stalled
 	// (load).
 	progress time.Time
+	// last is the size of the batch that last came back (groupLocked).
+	last int
 }
 
 type batchCall[T, R any] struct {
@@ -116,26 +122,31 @@ func (b *batcher[T, R]) doQueued(ctx context.Context, item T, queued func()) (R,
 	var batch []*batchCall[T, R]
 	if b.inflight < b.maxInflight {
 		b.inflight++
-		batch = b.nextLocked()
+		batch = b.nextLocked(false)
 	}
 	b.mu.Unlock()
 	if batch != nil {
 		// A free slot: send now, on this goroutine (no hand-over). If calls
-		// queued meanwhile, a goroutine carries on with them so this caller
-		// can answer its client.
+		// queued meanwhile (or a grouping batcher holds its slot for the
+		// next group), a goroutine carries on with them so this caller can
+		// answer its client.
 		b.sendBatch(batch)
 		b.mu.Lock()
-		b.progress = time.Now()
-		if len(b.queue) == 0 {
+		b.cameBackLocked(len(batch))
+		if len(b.queue) == 0 && !b.holdsSlotLocked() {
 			b.inflight--
 		} else {
 			// The slot passes to a goroutine; it takes the next batch
-			// itself (a lingering batcher waits there, not this caller).
+			// itself (a lingering or grouping batcher waits there, not
+			// this caller).
 			b.wg.Add(1)
 			go func() {
 				defer b.wg.Done()
 				b.mu.Lock()
-				next := b.nextLocked()
+				next := b.nextLocked(true)
+				if next == nil {
+					b.inflight-- // the group wait ended with nothing queued
+				}
 				b.mu.Unlock()
 				b.drain(next)
 			}()
@@ -152,30 +163,57 @@ func (b *batcher[T, R]) doQueued(ctx context.Context, item T, queued func()) (R,
 }
 
 // drain sends batch, then whatever queued meanwhile, until the queue is
-// empty; then it frees its slot.
+// empty (and, for a grouping batcher, stays empty through its group
+// wait); then it frees its slot. A nil batch: nothing to do (the caller
+// freed the slot).
 func (b *batcher[T, R]) drain(batch []*batchCall[T, R]) {
-	for {
+	for batch != nil {
 		b.sendBatch(batch)
 		b.mu.Lock()
-		b.progress = time.Now()
-		if len(b.queue) == 0 {
+		b.cameBackLocked(len(batch))
+		if len(b.queue) == 0 && !b.holdsSlotLocked() {
 			b.inflight--
 			b.mu.Unlock()
 			return
 		}
-		batch = b.nextLocked()
+		batch = b.nextLocked(true)
+		if batch == nil {
+			b.inflight--
+		}
 		b.mu.Unlock()
 	}
 }
 
+// cameBackLocked records a batch of n calls coming back.
+func (b *batcher[T, R]) cameBackLocked(n int) {
+	b.progress = time.Now()
+	b.last = n
+}
+
+// holdsSlotLocked reports whether the slot holder keeps its slot, with an
+// empty queue, to wait for the next group (groupLocked).
+func (b *batcher[T, R]) holdsSlotLocked() bool {
+	return b.groupDelay > 0 && b.last >= 2
+}
+
 // nextLocked is the slot holder's next batch: takeLocked, after waiting (with
-// b.mu released) until the oldest queued call has lingered. Only the slot
-// holder takes from the queue, and the queue is not empty when it is called,
-// so it returns a batch of at least one call. A queue reaching maxBatch
-// cuts the wait short (a stale signal only makes a later batch smaller),
-// and so does the owner's context ending (Close: what queued is sent, or
-// fails, at once).
-func (b *batcher[T, R]) nextLocked() []*batchCall[T, R] {
+// b.mu released) for the next group if a batch just came back (returned,
+// on a grouping batcher: groupLocked), for calls on their way (on a
+// gathering batcher: gatherLocked) and until the oldest queued call has
+// lingered (on a lingering batcher). Only the slot holder takes from the
+// queue. It returns nil only when the queue is still empty after the
+// group wait (the caller then frees the slot, under the same hold of
+// b.mu); otherwise a batch of at least one call. A queue reaching
+// maxBatch cuts the linger short (a stale signal only makes a later batch
+// smaller), and so does the owner's context ending (Close: what queued is
+// sent, or fails, at once).
+func (b *batcher[T, R]) nextLocked(returned bool) []*batchCall[T, R] {
+	if returned {
+		b.groupLocked()
+		if len(b.queue) == 0 {
+			return nil
+		}
+	}
 	b.gatherLocked()
 	if b.linger > 0 && len(b.queue) < b.maxBatch {
 		if wait := b.linger - time.Since(b.queue[0].at); wait > 0 {
@@ -194,6 +232,63 @@ func (b *batcher[T, R]) nextLocked() []*batchCall[T, R] {
 	return b.takeLocked()
 }
 
+// newGroupingBatcher is newBatcher with a bounded group-commit delay (see
+// groupLocked): after a batch of ≥ 2 calls comes back, the slot holder
+// waits, at most groupDelay, until as many calls are queued again.
+func newGroupingBatcher[T, R any](ctx context.Context, wg *sync.WaitGroup, maxBatch, maxInflight int, timeout, groupDelay time.Duration,
+	send func(ctx context.Context, items []T) ([]R, []error)) *batcher[T, R] {
+	b := newBatcher(ctx, wg, maxBatch, maxInflight, timeout, send)
+	b.setGroupDelay(groupDelay)
+	return b
+}
+
+func (b *batcher[T, R]) setGroupDelay(d time.Duration) {
+	if d > 0 {
+		b.groupDelay = d
+		if b.wake == nil {
+			b.wake = make(chan struct{}, 1)
+		}
+	}
+}
+
+// groupLocked is a grouping batcher's group-commit delay (Postgres's
+// commit_delay with commit_siblings, sized by the load): when a batch of
+// n ≥ 2 calls has just come back, the slot holder keeps its slot until
+// about n calls are queued again (min(n, maxBatch)), woken by each
+// enqueue, for at most groupDelay, and not once the owner's context ends.
+// Closed-loop callers behind a one-slot batcher otherwise settle into
+// small groups: the first of a group to come back finds the slot free (or
+// a queue of one) and goes alone, and the rest wait a whole round trip
+// behind it. A batch of one (a lone caller, an idle edge) never waits,
+// and a call finding the slot free never does either: only the holder of
+// a slot whose batch just came back waits. b.mu is held on entry and on
+// return, released while waiting. With several slots a wake may go to
+// another waiting holder: a missed wake only ends a wait at its bound.
+func (b *batcher[T, R]) groupLocked() {
+	if b.groupDelay <= 0 || b.last < 2 {
+		return
+	}
+	target := min(b.last, b.maxBatch)
+	if len(b.queue) >= target {
+		return
+	}
+	t := time.NewTimer(b.groupDelay)
+	defer t.Stop()
+	for len(b.queue) < target {
+		b.mu.Unlock()
+		select {
+		case <-b.wake:
+			b.mu.Lock()
+		case <-t.C:
+			b.mu.Lock()
+			return
+		case <-b.ctx.Done():
+			b.mu.Lock()
+			return
+		}
+	}
+}
+
 // newGatheringBatcher is newBatcher whose slot holder waits, at most
 // gatherMax per batch, while expecting() reports calls on their way (see
 // gatherLocked). The owner calls gatherWake when an expected call will
@@ -203,7 +298,9 @@ func newGatheringBatcher[T, R any](ctx context.Context, wg *sync.WaitGroup, maxB
 	b := newBatcher(ctx, wg, maxBatch, maxInflight, timeout, send)
 	if gatherMax > 0 && expecting != nil {
 		b.expecting, b.gatherMax = expecting, gatherMax
-		b.wake = make(chan struct{}, 1)
+		if b.wake == nil {
+			b.wake = make(chan struct{}, 1)
+		}
 	}
 	return b
 }
@@ -249,7 +346,8 @@ func (b *batcher[T, R]) gatherLocked() {
 	}
 }
 
-// signalWake wakes a gathering slot holder (no-op for other batchers).
+// signalWake wakes a gathering or grouping slot holder (no-op for other
+// batchers).
 func (b *batcher[T, R]) signalWake() {
 	if b.wake == nil {
 		return

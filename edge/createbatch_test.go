@@ -424,12 +424,16 @@ func TestCreateGatherSharesOneCatalogBatch(t *testing.T) {
 	assert.Zero(t, e.srv.cb.arriving.Load(), "no create left counted as on its way")
 }
 
-// Gathering never holds a create nobody else is on the way with: a lone
-// create, one whose first init failed (its retry), and one after it all
-// finish although CreateGather is an hour — a create counted as arriving
-// and never uncounted would hold every later batch for that hour.
+// Gathering and the group-commit delays never hold a create nobody else
+// is on the way with: a lone create, one whose first init failed (its
+// retry), and one after it all finish although CreateGather and the group
+// delays are an hour — a create counted as arriving and never uncounted,
+// or a batch of one holding its slot, would hold every later batch for
+// that hour.
 func TestCreateGatherNeverHoldsALoneCreate(t *testing.T) {
-	e, bc := newBatchEnv(t, func(o *Options) { o.CreateGather = time.Hour })
+	e, bc := newBatchEnv(t, func(o *Options) {
+		o.CreateGather, o.CreateGroupDelay, o.CreateInitGroupDelay = time.Hour, time.Hour, time.Hour
+	})
 	for _, name := range []string{"lone", "after-failed-init", "next"} {
 		done := make(chan answer, 1)
 		go func() { done <- e.call("POST", dbPath(acctA), tokA, map[string]any{"name": name}) }()
@@ -437,7 +441,7 @@ func TestCreateGatherNeverHoldsALoneCreate(t *testing.T) {
 		case a := <-done:
 			require.Equal(t, 200, a.Status, "%s: %s", name, a.Raw)
 		case <-time.After(30 * time.Second): // a liveness bound, against an hour's wait
-			t.Fatalf("create %q held by the catalog batcher's gathering", name)
+			t.Fatalf("create %q held by the catalog batcher's gathering or a group delay", name)
 		}
 		if name == "lone" {
 			e.hosts[0].mu.Lock()
@@ -447,4 +451,147 @@ func TestCreateGatherNeverHoldsALoneCreate(t *testing.T) {
 	}
 	assert.Equal(t, []int{1, 1, 1}, bc.batchSizes())
 	assert.Zero(t, e.srv.cb.arriving.Load())
+}
+
+// A grouping batcher (group-commit delay): once a batch of n ≥ 2 calls
+// comes back, its slot holder keeps the slot until n calls are queued
+// again, so the next group goes together instead of its first call
+// alone; a batch of one never holds the slot; the owner's context ending
+// (Close) ends the wait and what queued is sent. No timing is asserted:
+// the delay is an hour, so only the queue reaching n (or the context) can
+// end the wait.
+func TestGroupingBatcherWaitsForTheNextGroup(t *testing.T) {
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel) // on failure, ends the wait so the goroutines finish
+	gate := make(chan struct{})
+	var mu sync.Mutex
+	var sizes []int
+	b := newGroupingBatcher(ctx, &wg, 10, 1, time.Minute, time.Hour, func(_ context.Context, items []int) ([]int, []error) {
+		mu.Lock()
+		sizes = append(sizes, len(items))
+		first := len(sizes) == 1
+		mu.Unlock()
+		if first {
+			<-gate
+		}
+		return items, make([]error, len(items))
+	})
+	sent := func() []int { mu.Lock(); defer mu.Unlock(); return append([]int(nil), sizes...) }
+	queued := func() int { b.mu.Lock(); defer b.mu.Unlock(); return len(b.queue) }
+	var cw sync.WaitGroup
+	call := func(v int) {
+		cw.Add(1)
+		go func() {
+			defer cw.Done()
+			got, err := b.do(context.Background(), v)
+			assert.NoError(t, err)
+			assert.Equal(t, v, got)
+		}()
+	}
+	// A lone call goes at once (a free slot), and the three that queue
+	// behind it go next: the batch that came back held one call.
+	call(0)
+	require.Eventually(t, func() bool { return len(sent()) == 1 }, 5*time.Second, time.Millisecond)
+	for v := 1; v <= 3; v++ {
+		call(v)
+	}
+	require.Eventually(t, func() bool { return queued() == 3 }, 5*time.Second, time.Millisecond)
+	close(gate)
+	cw.Wait()
+	require.Equal(t, []int{1, 3}, sent())
+	// The batch of three came back: the next two calls wait for a third.
+	call(4)
+	call(5)
+	require.Eventually(t, func() bool { return queued() == 2 }, 5*time.Second, time.Millisecond,
+		"the next group's first calls queue behind the held slot instead of going alone")
+	assert.Equal(t, []int{1, 3}, sent(), "nothing sent before the group is complete")
+	call(6)
+	cw.Wait()
+	assert.Equal(t, []int{1, 3, 3}, sent(), "the next group went together")
+	// Two of the next three come; the owner's context ending sends them.
+	call(7)
+	call(8)
+	require.Eventually(t, func() bool { return queued() == 2 }, 5*time.Second, time.Millisecond)
+	cancel()
+	cw.Wait()
+	wg.Wait()
+	assert.Equal(t, []int{1, 3, 3, 2}, sent())
+	b.mu.Lock()
+	assert.Zero(t, b.inflight, "slot released")
+	b.mu.Unlock()
+}
+
+// A grouping batcher's wait is bounded: a group that stays short of the
+// batch that came back is sent when the delay ends (liveness only: the
+// delay is a millisecond and nothing is timed).
+func TestGroupingBatcherSendsAShortGroupAtItsBound(t *testing.T) {
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	var mu sync.Mutex
+	var sizes []int
+	b := newGroupingBatcher(context.Background(), &wg, 10, 1, time.Minute, time.Millisecond, func(_ context.Context, items []int) ([]int, []error) {
+		mu.Lock()
+		sizes = append(sizes, len(items))
+		first := len(sizes) == 1
+		mu.Unlock()
+		if first {
+			<-gate
+		}
+		return items, make([]error, len(items))
+	})
+	var cw sync.WaitGroup
+	call := func(v int) {
+		cw.Add(1)
+		go func() { defer cw.Done(); _, err := b.do(context.Background(), v); assert.NoError(t, err) }()
+	}
+	call(0)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(sizes) == 1 }, 5*time.Second, time.Millisecond)
+	call(1)
+	call(2)
+	require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return len(b.queue) == 2 }, 5*time.Second, time.Millisecond)
+	close(gate)
+	cw.Wait() // a batch of two came back
+	call(3)   // one of the next two: sent alone once the delay ends
+	cw.Wait()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []int{1, 2, 1}, sizes)
+}
+
+// Through the edge: after a catalog batch of two creates came back, the
+// next create waits (CreateGroupDelay, an hour here: only the second
+// create can end the wait) for a second one instead of taking the free
+// slot alone, and the two share one catalog batch.
+func TestCreateGroupDelaySharesTheNextCatalogBatch(t *testing.T) {
+	e, bc := newBatchEnv(t, func(o *Options) { o.CreateGroupDelay = time.Hour })
+	gate := make(chan struct{})
+	bc.bmu.Lock()
+	bc.gate = gate
+	bc.bmu.Unlock()
+	var wg sync.WaitGroup
+	create := func(name string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a := e.call("POST", dbPath(acctA), tokA, map[string]any{"name": name})
+			assert.Equal(t, 200, a.Status, "%s: %s", name, a.Raw)
+		}()
+	}
+	create("x")
+	require.Eventually(t, func() bool { return len(bc.batchSizes()) == 1 }, 5*time.Second, time.Millisecond)
+	create("y1")
+	create("y2")
+	require.Eventually(t, func() bool { return e.catalogQueue() == 2 }, 5*time.Second, time.Millisecond)
+	close(gate)
+	wg.Wait()
+	require.Equal(t, []int{1, 2}, bc.batchSizes())
+	create("z1")
+	require.Eventually(t, func() bool { return e.catalogQueue() == 1 }, 5*time.Second, time.Millisecond,
+		"after a batch of two, the next create waits for another")
+	assert.Equal(t, []int{1, 2}, bc.batchSizes())
+	create("z2")
+	wg.Wait()
+	assert.Equal(t, []int{1, 2, 2}, bc.batchSizes())
 }

@@ -262,8 +262,14 @@ func (s *Server) pickHost(ctx context.Context, jurisdiction, hint string, exclud
 
 // placementSlack is how many databases more than the least loaded
 // candidate a host may hold and still be preferred because inits queue for
-// it (placeAmongQueued).
-const placementSlack = 64
+// it (placeAmongQueued). Each time the busy host reaches it, the next
+// create starts alone on another host and the old host's forming batch is
+// cut short: at 64 that happened every 3–4 init batches at 64 clients
+// (init batches of 17); at 512, with the init batchers' group hold,
+// init batches of 23–24 and the hosts' CPU per create 0.85–0.90× of
+// main's in the same rounds (docs/benchmarks.md, "Grouping the next
+// batch"). 512 databases is 0.5% of a host's default capacity.
+const placementSlack = 512
 
 // placeAmong is the placement rule shared by creates and relocations
 // (relocate.go): among active hosts, those of the jurisdiction if one is

@@ -96,6 +96,14 @@ type Options struct {
 	// (createbatch.go, "Gathering the catalog batch"); default 1ms,
 	// negative: none (a call finding the slot free goes at once).
 	CreateGather time.Duration
+	// CreateGroupDelay and CreateInitGroupDelay bound the group-commit
+	// delay of the catalog batcher and of each host's init batcher
+	// (batcher.go, groupLocked): a batch that came back with n ≥ 2 creates
+	// keeps its slot until about n creates are queued again, at most this
+	// long (createbatch.go, "Grouping the next batch"); default 2ms,
+	// negative: none.
+	CreateGroupDelay     time.Duration
+	CreateInitGroupDelay time.Duration
 
 	CloseGrace time.Duration // Close waits this long for background work before cancelling it; default 5s
 

@@ -46,6 +46,7 @@ func newEdgeServeCmd() *cobra.Command {
 		fallbackCap                                   int64
 		createBatch, createBatchInflight              int
 		createGather                                  time.Duration
+		createGroupDelay, createInitGroupDelay        time.Duration
 		kafka                                         kafkaFlags
 		clickhouseDSN                                 string
 		lostHostAfter                                 time.Duration
@@ -196,6 +197,7 @@ secrets come from the file; flags given explicitly win.`,
 				FallbackCap:  fallbackCap, Tiers: tiers, Logger: logger, KnownHosts: knownHosts,
 				Registry:    reg,
 				CreateBatch: createBatch, CreateBatchInflight: createBatchInflight, CreateGather: createGather,
+				CreateGroupDelay: createGroupDelay, CreateInitGroupDelay: createInitGroupDelay,
 			})
 			if err != nil {
 				return err
@@ -256,6 +258,8 @@ secrets come from the file; flags given explicitly win.`,
 	f.Int64Var(&fallbackCap, "fallback-cap", 64, "max concurrent catalog reads for route cache misses")
 	f.IntVar(&createBatch, "create-batch", 0, "max concurrent creates sharing one init, catalog or confirm request (0: 128; -1: one request per create)")
 	f.DurationVar(&createGather, "create-gather", 0, "longest wait of a catalog batch of creates for the creates of init batches that came back, still on their way to it (0: 1ms; negative: none)")
+	f.DurationVar(&createGroupDelay, "create-group-delay", 0, "longest wait of the catalog batcher, after a batch of several creates came back, for as many creates again before it sends the next (0: 2ms; negative: none)")
+	f.DurationVar(&createInitGroupDelay, "create-init-group-delay", 0, "the same group-commit delay for each object host's init batcher (0: 2ms; negative: none)")
 	f.IntVar(&createBatchInflight, "create-batch-inflight", 0, "requests of one coalesced create step in flight at once, per host and to the catalog (0: 1)")
 	f.DurationVar(&lostHostAfter, "lost-host-after", 0, "declare an object host lost after it has not reported for this long (at least 1m), and restore its databases on other hosts from the archive; 0 (default): only `shoal cluster host lost` does")
 	kafka.register(f)
