@@ -739,6 +739,8 @@ func TestImportRecoveringJobAnswersActiveThenComplete(t *testing.T) {
 	d := c.d
 	st := awaitReply(t, goCall(c.srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/ingest", d, map[string]string{"etag": "x", "filename": "f.sql"}), "a retried ingest").status(t)
 	assert.Equal(t, "active", st.Status, "%+v", st)
+	r := awaitReply(t, goCall(c.srv, http.MethodPut, "/v1/objects/"+d.obj+"/import/upload/g.sql", d, "SELECT 1;\n"), "an upload (it resolves dead jobs)")
+	require.Equal(t, http.StatusOK, r.code, "%+v %v", r.env, r.err)
 	assert.Equal(t, int32(1), c.lookups.Load(), "one lookup")
 	assert.Equal(t, "active", readJob(filepath.Join(c.th.dir, "imports", d.obj, "jobs", "f.sql.json")).Status.Status)
 
@@ -790,6 +792,7 @@ func TestImportRestoreWaitsForRecoveringJob(t *testing.T) {
 		t.Fatal("the restore never ended")
 	}
 	assert.Equal(t, `[]`, c.th.rowsOf(t, c.d), "restored to before the import")
+	assert.Equal(t, int32(1), c.lookups.Load(), "the restore did not start a second lookup")
 
 	c.th.reopen(t)
 	srv := serve(t, c.th)
