@@ -697,8 +697,7 @@ func awaitSignal(t *testing.T, ch <-chan struct{}, what string) {
 // import and poll on the host for up to 5 s).
 func TestImportRecoveryLookupDoesNotBlockOtherDatabases(t *testing.T) {
 	c := newCrashedImport(t)
-	st := awaitReply(t, goPoll(c.srv, c.d, "f.sql"), "the recovered job's poll").status(t)
-	assert.Equal(t, "active", st.Status, "%+v", st)
+	polled := goPoll(c.srv, c.d, "f.sql") // starts the lookup
 	awaitSignal(t, c.entered, "the bookmark lookup")
 
 	o := c.other
@@ -716,7 +715,7 @@ func TestImportRecoveryLookupDoesNotBlockOtherDatabases(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // poll interval: the hang guard bounds the wait
 	}
 	assert.Equal(t, int32(1), c.lookups.Load())
-	st = awaitReply(t, goPoll(c.srv, c.d, "f.sql"), "the recovered job's poll").status(t)
+	st := awaitReply(t, polled, "the recovered job's poll").status(t)
 	assert.Equal(t, "active", st.Status, "the lookup is still blocked: %+v", st)
 }
 
