@@ -47,7 +47,12 @@ import (
 // there, it did not (all or nothing). Only an import's own transaction and
 // a time-travel restore change application_id, and both first resolve the
 // object's job files left by a dead process (resolveDead), so a later
-// import cannot hide an earlier one's tag.
+// import cannot hide an earlier one's tag. The decision is made under
+// dumpAPI.mu; a committed import's final_bookmark, when it must come from
+// the archive (≤ 5 s), is looked up outside it, the job "resolving"
+// meanwhile, and an import or restore of that database waits for it
+// (recoverJob, awaitResolved). The checkpoint stays the COMMIT: a crash
+// during the lookup or before the rewrite is decided the same way again.
 //
 // The job file is the host's: a database restored on another host (a
 // relocation off a lost host) or forked does not answer its imports.
@@ -266,10 +271,10 @@ func (d *dumpAPI) archiveBookmark(m *Meta, filename, key string, jc *jobCommit) 
 // (≤ bookmarkLookupWait), runs outside d.mu (resolveBookmark), so the
 // host's other imports and polls never wait on it: meanwhile the job is
 // "resolving" — in d.resolving and d.jobs, answered "active" (a second
-// poll gets the same job, no second lookup), an ingest of another file on
-// the database gets 409, and resolveDead reports it open so an import or a
-// restore of that database waits for it (awaitResolved): until the job
-// file is rewritten, the header is the only record of the COMMIT.
+// poll gets the same job, no second lookup), and an ingest of another file
+// or a restore of that database waits for it (handleIngest, awaitResolved;
+// resolveDead reports it open): until the job file is rewritten, the
+// header is the only record of the COMMIT.
 // ErrClosed: the host is closing and could not start the lookup.
 func (d *dumpAPI) recoverJob(m *Meta, filename string) (*importJob, error) {
 	if j := d.resolving[m.ObjectID][filename]; j != nil {
@@ -325,14 +330,14 @@ func (d *dumpAPI) recoverJob(m *Meta, filename string) (*importJob, error) {
 	final := jc.Status
 	final.Messages = append(append([]string(nil), final.Messages...), "(status recovered after an object host restart: the import committed before the host stopped)")
 	if final.Result == nil {
-		return d.recovered(m, j, final, jc)
+		return d.recovered(m, j, final, jc), nil
 	}
 	bm, key, ok := d.liveBookmark(m, filename, jc)
 	if ok {
 		r := *final.Result
 		r.FinalBookmark = bm
 		final.Result = &r
-		return d.recovered(m, j, final, jc)
+		return d.recovered(m, j, final, jc), nil
 	}
 	// The bookmark is the archive's: look it up outside d.mu.
 	j.status = jf.Status
@@ -354,12 +359,14 @@ func (d *dumpAPI) recoverJob(m *Meta, filename string) (*importJob, error) {
 	return j, nil
 }
 
-// recovered ends the resolution of a committed job under d.mu: final is
-// its status; the job file is rewritten with it. A rewrite that fails
-// is returned with the job (errJobNotRewritten): the header is then still
-// the only record of the COMMIT, so resolveDead refuses whatever would
-// change it.
-func (d *dumpAPI) recovered(m *Meta, j *importJob, final ImportStatus, jc *jobCommit) (*importJob, error) {
+// recovered ends the resolution of a committed job (under d.mu from
+// recoverJob; outside it from resolveBookmark, the job file being its
+// alone while it is in d.resolving): final is its status; the job file is
+// rewritten with it. A rewrite that fails
+// is kept in the job (saveErr): the header is then still the only record
+// of the COMMIT, so resolveDead refuses whatever would change it
+// (errJobNotRewritten).
+func (d *dumpAPI) recovered(m *Meta, j *importJob, final ImportStatus, jc *jobCommit) *importJob {
 	// The file first, then the answer: a poll that reads "complete" finds
 	// the job file saying so (unless its write failed).
 	done := &importJob{filename: j.filename, status: final, finished: time.UnixMicro(jc.FinishedUs), commit: jc}
@@ -370,7 +377,7 @@ func (d *dumpAPI) recovered(m *Meta, j *importJob, final ImportStatus, jc *jobCo
 	j.mu.Lock()
 	j.status, j.finished, j.saveErr = final, done.finished, err
 	j.mu.Unlock()
-	return j, nil
+	return j
 }
 
 // resolveBookmark is the part of a committed job's resolution that runs
@@ -401,7 +408,7 @@ func (d *dumpAPI) resolveBookmark(m *Meta, j *importJob, final ImportStatus, key
 	r := *final.Result
 	r.FinalBookmark = bm
 	final.Result = &r
-	_, _ = d.recovered(m, j, final, jc)
+	d.recovered(m, j, final, jc)
 }
 
 // resolveDead resolves every job file of the object left "active" by a
