@@ -112,6 +112,11 @@ func (d *dumpAPI) jobPath(id, filename string) string {
 // saveJob writes j's job file durably (temp file, fsync, rename, fsync of
 // the directory): after it returns, a restart finds this status.
 func (d *dumpAPI) saveJob(id, uuid string, j *importJob) error {
+	if d.hooks.saveJob != nil {
+		if err := d.hooks.saveJob(j.filename); err != nil {
+			return err
+		}
+	}
 	st := j.snapshot()
 	j.mu.Lock()
 	jf := jobFile{DatabaseUUID: uuid, Incarnation: d.incarnation(), Status: st, Commit: j.commit}
@@ -505,6 +510,8 @@ type importHooks struct {
 	// awaitResolution runs as an import or a restore starts waiting for a
 	// resolution still looking up its bookmark.
 	awaitResolution func()
+	// saveJob, when it returns an error, fails a job file's write.
+	saveJob func(filename string) error
 }
 
 // expireJobs drops finished jobs older than jobRetention from memory

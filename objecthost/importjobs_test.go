@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -834,4 +835,56 @@ func TestImportIngestWaitsForTheResolution(t *testing.T) {
 	require.NotNil(t, st.Result)
 	assert.Equal(t, c.before.Result.FinalBookmark, st.Result.FinalBookmark)
 	assert.Equal(t, int32(1), c.lookups.Load())
+}
+
+// TestImportUnrewrittenRecoveredJobBlocksHeaderChanges: when the job file
+// of a recovered committed import cannot be rewritten, the header is the
+// only record of its COMMIT, so a restore and a new import of that
+// database are refused (503, retryable) instead of hiding it; once the
+// file can be written, the restore resolves the job (final on disk) and
+// runs.
+func TestImportUnrewrittenRecoveredJobBlocksHeaderChanges(t *testing.T) {
+	c := newCrashedImport(t)
+	c.release() // the lookup is not blocked here
+	var failWrites atomic.Bool
+	failWrites.Store(true)
+	c.th.Host.dump.hooks.saveJob = func(name string) error {
+		if name == "f.sql" && failWrites.Load() {
+			return errors.New("disk refused the job file")
+		}
+		return nil
+	}
+	d := c.d
+	st := waitImport(t, c.srv, d, "f.sql")
+	require.Equal(t, "complete", st.Status, "%+v", st)
+	assert.Equal(t, c.before.Result.FinalBookmark, st.Result.FinalBookmark)
+	path := filepath.Join(c.th.dir, "imports", d.obj, "jobs", "f.sql.json")
+	require.Equal(t, "active", readJob(path).Status.Status, "not rewritten")
+
+	restored := make(chan error, 1)
+	go func() {
+		_, err := c.th.Restore(context.Background(), d.obj, c.pre, "", 0)
+		restored <- err
+	}()
+	select {
+	case err := <-restored:
+		require.ErrorIs(t, err, errJobNotRewritten)
+	case <-time.After(hangGuard):
+		t.Fatal("the restore never answered (it resolves the job again and again)")
+	}
+	sql := "SELECT 1;\n"
+	code, env := upload(t, c.srv, d, "n.sql", sql)
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	code, env = call(t, c.srv.Client(), c.srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/ingest", &d, map[string]string{"etag": md5hex(sql), "filename": "n.sql"})
+	assert.Equal(t, http.StatusServiceUnavailable, code, "%+v", env)
+	assert.Equal(t, `[{"id":1,"v":"imported","r":7},{"id":2,"v":"later","r":8}]`, c.th.rowsOf(t, d), "nothing changed")
+
+	failWrites.Store(false)
+	_, err := c.th.Restore(context.Background(), d.obj, c.pre, "", 0)
+	require.NoError(t, err)
+	jf := readJob(path)
+	require.NotNil(t, jf)
+	assert.Equal(t, "complete", jf.Status.Status)
+	require.NotNil(t, jf.Status.Result)
+	assert.Equal(t, c.before.Result.FinalBookmark, jf.Status.Result.FinalBookmark)
 }
