@@ -202,9 +202,15 @@ func dbAppID(db *sqlexec.DB) (int32, error) {
 // lookup waits for the archive to ship the import's commit.
 const bookmarkLookupWait = 5 * time.Second
 
-// recoveringMsg is the message a recovered import answers with while its
-// final_bookmark is being looked up (its outcome is already decided).
-const recoveringMsg = "the import committed before the object host stopped; its final status is being recovered: poll again"
+// recoveredMsg ends the messages of an import whose COMMIT a restarted
+// host found in the database header.
+const recoveredMsg = "(status recovered after an object host restart: the import committed before the host stopped)"
+
+// recoveringMsg follows recoveredMsg while the import's final_bookmark is
+// looked up in the archive: the status stays "active" until then. The
+// messages answered meanwhile are a prefix of the final ones (the edge
+// hands clients only the messages they have not seen, by count).
+const recoveringMsg = "Its status is being recovered: looking up the import's final bookmark in the archive"
 
 // liveBookmark is the final_bookmark of an import that committed while its
 // host died before saying so, when it needs no archive: the upload's name
@@ -333,7 +339,7 @@ func (d *dumpAPI) recoverJob(m *Meta, filename string) (*importJob, error) {
 	// job file is rewritten below or in resolveBookmark).
 	jc := jf.Commit
 	final := jc.Status
-	final.Messages = append(append([]string(nil), final.Messages...), "(status recovered after an object host restart: the import committed before the host stopped)")
+	final.Messages = append(append([]string(nil), final.Messages...), recoveredMsg)
 	if final.Result == nil {
 		return d.recovered(m, j, final, jc), nil
 	}
@@ -344,9 +350,13 @@ func (d *dumpAPI) recoverJob(m *Meta, filename string) (*importJob, error) {
 		final.Result = &r
 		return d.recovered(m, j, final, jc), nil
 	}
-	// The bookmark is the archive's: look it up outside d.mu.
-	j.status = jf.Status
-	j.status.Messages = append(append([]string(nil), j.status.Messages...), recoveringMsg)
+	// The bookmark is the archive's: look it up outside d.mu. Meanwhile
+	// the job answers "active" with the messages it will end with (its
+	// progress too), so far.
+	final.Messages = append(final.Messages, recoveringMsg)
+	j.status = final
+	j.status.Status, j.status.Result = "active", nil
+	j.status.Messages = append([]string(nil), final.Messages...)
 	j.resolved = make(chan struct{})
 	if !d.h.startJob(func() { d.resolveBookmark(m, j, final, key, jc) }) {
 		return nil, ErrClosed
