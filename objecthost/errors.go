@@ -67,6 +67,9 @@ func statusOf(err error) (int, int, string) {
 		return http.StatusServiceUnavailable, v4.CodeUnavailable, ErrRestoring.Error()
 	case isAccountBusy(err):
 		return http.StatusTooManyRequests, v4.CodeRateLimited, err.Error()
+	case errors.Is(err, errJobNotRewritten):
+		// Retryable: the disk refused a job file's rewrite (importjobs.go).
+		return http.StatusServiceUnavailable, v4.CodeUnavailable, errJobNotRewritten.Error()
 	case errors.Is(err, ErrClosed), errors.Is(err, sqlexec.ErrClosed):
 		return http.StatusServiceUnavailable, v4.CodeUnavailable, "object host unavailable, retry"
 	default:

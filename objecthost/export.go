@@ -30,6 +30,12 @@ type dumpAPI struct {
 	h    *Host
 	mu   sync.Mutex
 	jobs map[string]*importJob // object ID → its latest import
+	// resolving: object ID → file name → a recovered import whose
+	// final_bookmark is being looked up outside mu (importjobs.go,
+	// recoverJob). Guarded by mu; made on first use.
+	resolving map[string]map[string]*importJob
+	// hooks: tests only (nil in production).
+	hooks importHooks
 
 	incOnce sync.Once
 	inc     string // this process's name in import job files (importjobs.go)

@@ -670,13 +670,12 @@ func (h *Host) Restore(ctx context.Context, objectID, bookmark, timestamp string
 	}
 	// Imports a dead process left unresolved are resolved on the database
 	// as it is, before the restore may change its application_id (the
-	// tag that says they committed: importjobs.go).
-	h.dump.mu.Lock()
-	err = h.dump.resolveDead(m)
-	h.dump.mu.Unlock()
-	if err != nil {
+	// tag that says they committed: importjobs.go) — waiting for one still
+	// looking up its bookmark (≤ 5 s; its job file is rewritten after).
+	if err := h.dump.awaitResolved(ctx, m); err != nil {
 		return RestoreResult{}, err
 	}
+	h.dump.mu.Unlock()
 	key := m.DatabaseUUID
 	var target history.Position
 	if bookmark != "" {

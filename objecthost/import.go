@@ -77,6 +77,35 @@ type importJob struct {
 	status   ImportStatus
 	finished time.Time  // when status left "active" (host clock)
 	commit   *jobCommit // set just before the import's COMMIT (importjobs.go)
+	// saveErr: a recovered job's job file could not be rewritten
+	// (importjobs.go, recovered), or the host closed before it was.
+	saveErr error
+
+	// resolved is closed when a recovered job's bookmark lookup, run
+	// outside dumpAPI.mu, has ended (importjobs.go, recoverJob); nil for
+	// every other job. Set before the job is shared, never changed.
+	resolved chan struct{}
+}
+
+// isResolved reports whether j is not a recovered job still looking up its
+// bookmark.
+func (j *importJob) isResolved() bool {
+	if j.resolved == nil {
+		return true
+	}
+	select {
+	case <-j.resolved:
+		return true
+	default:
+		return false
+	}
+}
+
+// rewriteErr is saveErr, read under j.mu.
+func (j *importJob) rewriteErr() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.saveErr
 }
 
 func (j *importJob) snapshot() ImportStatus {
@@ -110,10 +139,12 @@ func (d *dumpAPI) handleUpload(w http.ResponseWriter, r *http.Request) {
 	}
 	// Job files a dead process left "active" end here (resolved), so that
 	// removeStale counts their retention from an end too.
+	// A resolution still looking up its bookmark is not waited for: an
+	// upload changes no header, and removeStale keeps active job files.
 	d.mu.Lock()
-	err = d.resolveDead(m)
+	_, err = d.resolveDead(m)
 	d.mu.Unlock()
-	if err != nil {
+	if err != nil && !errors.Is(err, errJobNotRewritten) {
 		writeErr(w, err)
 		return
 	}
@@ -190,83 +221,106 @@ func (d *dumpAPI) handleIngest(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, fmt.Errorf("%w: body must be {etag, filename}", ErrInvalid))
 		return
 	}
-	d.mu.Lock()
-	d.expireJobs()
-	if j := d.jobs[id]; j != nil {
-		st := j.snapshot()
-		if j.filename == req.Filename {
+	for {
+		d.mu.Lock()
+		d.expireJobs()
+		if j := d.jobs[id]; j != nil {
+			st := j.snapshot()
+			if j.filename == req.Filename {
+				d.mu.Unlock()
+				v4.WriteResult(w, st)
+				return
+			}
+			if st.Status == "active" && !j.isResolved() {
+				// Not an import running: one a dead process committed,
+				// looking up its bookmark (importjobs.go). Waited for
+				// (≤ bookmarkLookupWait) rather than answered 409.
+				d.mu.Unlock()
+				if err := d.awaitOpen(r.Context(), j); err != nil {
+					writeErr(w, err)
+					return
+				}
+				continue
+			}
+			if st.Status == "active" {
+				d.mu.Unlock()
+				v4.WriteError(w, http.StatusConflict, v4.CodeInvalidRequest, "another import is running on this database")
+				return
+			}
+		}
+		// A retried ingest of a job an earlier process of this host ran
+		// answers that job (its job file says it exists): one file is one
+		// import, run at most once.
+		if j, err := d.recoverJob(m, req.Filename); err != nil {
 			d.mu.Unlock()
-			v4.WriteResult(w, st)
+			writeErr(w, err)
+			return
+		} else if j != nil {
+			d.jobs[id] = j
+			d.mu.Unlock()
+			v4.WriteResult(w, j.snapshot())
 			return
 		}
-		if st.Status == "active" {
+		path := filepath.Join(d.uploadDir(id), req.Filename)
+		sum, err := os.ReadFile(path + ".md5")
+		if err != nil {
 			d.mu.Unlock()
-			v4.WriteError(w, http.StatusConflict, v4.CodeInvalidRequest, "another import is running on this database")
+			v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "no uploaded file "+req.Filename+"; upload it first")
 			return
 		}
-	}
-	// A retried ingest of a job an earlier process of this host ran
-	// answers that job (its job file says it exists): one file is one
-	// import, run at most once.
-	if j, err := d.recoverJob(m, req.Filename); err != nil {
-		d.mu.Unlock()
-		writeErr(w, err)
-		return
-	} else if j != nil {
+		if !strings.EqualFold(strings.TrimSpace(string(sum)), strings.Trim(req.Etag, `"`)) {
+			d.mu.Unlock()
+			v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "etag mismatch: the uploaded file's MD5 is "+string(sum))
+			return
+		}
+		fi, err := os.Stat(path)
+		if err != nil {
+			d.mu.Unlock()
+			writeErr(w, err)
+			return
+		}
+		// Imports a dead process left unresolved are resolved before this one
+		// may change the database's application_id (importjobs.go). One of
+		// them still looking up its bookmark (outside d.mu) is waited for
+		// (≤ bookmarkLookupWait), then everything above is checked again.
+		if open, err := d.resolveDead(m); err != nil {
+			d.mu.Unlock()
+			writeErr(w, err)
+			return
+		} else if open != nil {
+			d.mu.Unlock()
+			if err := d.awaitOpen(r.Context(), open); err != nil {
+				writeErr(w, err)
+				return
+			}
+			continue
+		}
+		j := &importJob{filename: req.Filename, status: ImportStatus{
+			Type: "import", Status: "active", AtBookmark: req.Filename, Messages: []string{"Import started"},
+			Progress: ImportProgress{TotalBytes: fi.Size()},
+		}}
+		// Checkpoint: the job file. Once it is on disk the job exists for
+		// every later process of this host: a crash from here on is answered
+		// "complete" (the database's record says it committed) or "failed, not
+		// applied" — never "no such import". Written under d.mu, as the job's
+		// entry below, so a concurrent ingest cannot start a second job.
+		if err := d.saveJob(id, m.DatabaseUUID, j); err != nil {
+			d.mu.Unlock()
+			writeErr(w, fmt.Errorf("import job file: %w", err))
+			return
+		}
+		// The job is a goroutine owned by the Host: Close waits for it (and the
+		// job notices h.closed at its next progress report and rolls back).
+		if !d.h.startJob(func() { d.run(o, m, j, path) }) {
+			d.mu.Unlock()
+			writeErr(w, ErrClosed)
+			return
+		}
 		d.jobs[id] = j
 		d.mu.Unlock()
 		v4.WriteResult(w, j.snapshot())
 		return
 	}
-	path := filepath.Join(d.uploadDir(id), req.Filename)
-	sum, err := os.ReadFile(path + ".md5")
-	if err != nil {
-		d.mu.Unlock()
-		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "no uploaded file "+req.Filename+"; upload it first")
-		return
-	}
-	if !strings.EqualFold(strings.TrimSpace(string(sum)), strings.Trim(req.Etag, `"`)) {
-		d.mu.Unlock()
-		v4.WriteError(w, http.StatusBadRequest, v4.CodeInvalidRequest, "etag mismatch: the uploaded file's MD5 is "+string(sum))
-		return
-	}
-	fi, err := os.Stat(path)
-	if err != nil {
-		d.mu.Unlock()
-		writeErr(w, err)
-		return
-	}
-	// Imports a dead process left unresolved are resolved before this one
-	// may change the database's application_id (importjobs.go).
-	if err := d.resolveDead(m); err != nil {
-		d.mu.Unlock()
-		writeErr(w, err)
-		return
-	}
-	j := &importJob{filename: req.Filename, status: ImportStatus{
-		Type: "import", Status: "active", AtBookmark: req.Filename, Messages: []string{"Import started"},
-		Progress: ImportProgress{TotalBytes: fi.Size()},
-	}}
-	// Checkpoint: the job file. Once it is on disk the job exists for
-	// every later process of this host: a crash from here on is answered
-	// "complete" (the database's record says it committed) or "failed, not
-	// applied" — never "no such import". Written under d.mu, as the job's
-	// entry below, so a concurrent ingest cannot start a second job.
-	if err := d.saveJob(id, m.DatabaseUUID, j); err != nil {
-		d.mu.Unlock()
-		writeErr(w, fmt.Errorf("import job file: %w", err))
-		return
-	}
-	// The job is a goroutine owned by the Host: Close waits for it (and the
-	// job notices h.closed at its next progress report and rolls back).
-	if !d.h.startJob(func() { d.run(o, m, j, path) }) {
-		d.mu.Unlock()
-		writeErr(w, ErrClosed)
-		return
-	}
-	d.jobs[id] = j
-	d.mu.Unlock()
-	v4.WriteResult(w, j.snapshot())
 }
 
 // run executes one import job.

@@ -47,7 +47,12 @@ import (
 // there, it did not (all or nothing). Only an import's own transaction and
 // a time-travel restore change application_id, and both first resolve the
 // object's job files left by a dead process (resolveDead), so a later
-// import cannot hide an earlier one's tag.
+// import cannot hide an earlier one's tag. The decision is made under
+// dumpAPI.mu; a committed import's final_bookmark, when it must come from
+// the archive (≤ 5 s), is looked up outside it, the job "resolving"
+// meanwhile, and an import or restore of that database waits for it
+// (recoverJob, awaitResolved). The checkpoint stays the COMMIT: a crash
+// during the lookup or before the rewrite is decided the same way again.
 //
 // The job file is the host's: a database restored on another host (a
 // relocation off a lost host) or forked does not answer its imports.
@@ -107,6 +112,11 @@ func (d *dumpAPI) jobPath(id, filename string) string {
 // saveJob writes j's job file durably (temp file, fsync, rename, fsync of
 // the directory): after it returns, a restart finds this status.
 func (d *dumpAPI) saveJob(id, uuid string, j *importJob) error {
+	if d.hooks.saveJob != nil {
+		if err := d.hooks.saveJob(j.filename); err != nil {
+			return err
+		}
+	}
 	st := j.snapshot()
 	j.mu.Lock()
 	jf := jobFile{DatabaseUUID: uuid, Incarnation: d.incarnation(), Status: st, Commit: j.commit}
@@ -188,38 +198,73 @@ func dbAppID(db *sqlexec.DB) (int32, error) {
 	return int32(n), err
 }
 
-// recoveredBookmark is the final_bookmark of an import that committed
-// while its host died before saying so: the history position right after
-// jc's (the import's own commit), from the live capturer when nothing
-// committed since, else from the archive (waited for briefly: shipping
-// runs behind the commits). Without history, or when neither knows it, the
-// upload's name, as for a host without history.
-func (d *dumpAPI) recoveredBookmark(m *Meta, filename string, jc *jobCommit) string {
-	hh := d.h.hist
-	if hh == nil || jc.PrevGen == "" {
-		return filename
+// bookmarkLookupWait bounds how long a recovered import's bookmark
+// lookup waits for the archive to ship the import's commit.
+const bookmarkLookupWait = 5 * time.Second
+
+// recoveredMsg ends the messages of an import whose COMMIT a restarted
+// host found in the database header.
+const recoveredMsg = "(status recovered after an object host restart: the import committed before the host stopped)"
+
+// recoveringMsg follows recoveredMsg while the import's final_bookmark is
+// looked up in the archive: the status stays "active" until then. The
+// messages answered meanwhile are a prefix of the final ones (the edge
+// hands clients only the messages they have not seen, by count).
+const recoveringMsg = "Its status is being recovered: looking up the import's final bookmark in the archive"
+
+// liveBookmark is the final_bookmark of an import that committed while its
+// host died before saying so, when it needs no archive: the upload's name
+// without history; the live capturer's position when nothing committed
+// since the import (the history position right after jc's). ok is false
+// when the archive must be asked (archiveBookmark); key is then the
+// database's history key. Quick (it opens the database if it is not
+// open): called under d.mu.
+func (d *dumpAPI) liveBookmark(m *Meta, filename string, jc *jobCommit) (bm, key string, ok bool) {
+	if d.h.hist == nil || jc.PrevGen == "" {
+		return filename, "", true
 	}
 	c, release, err := d.h.current(m.ObjectID)
 	if err != nil {
-		return filename
+		return filename, "", true
 	}
 	defer release()
 	prev := history.Position{Gen: jc.PrevGen, Txid: jc.PrevTxid}
 	if cur, err := c.Exact(); err == nil && cur.Gen == prev.Gen && cur.Txid == prev.Txid+1 {
-		return string(history.MakeBookmark(c.Key(), cur))
+		return string(history.MakeBookmark(c.Key(), cur)), "", true
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	return "", c.Key(), false
+}
+
+// archiveBookmark is the final_bookmark liveBookmark could not give: the
+// record after jc's position in the archive, waited for up to
+// bookmarkLookupWait (shipping runs behind the commits), else the upload's
+// name, as for a host without history. Slow: never called under d.mu.
+// ok is false when the host closed meanwhile (nothing is known).
+func (d *dumpAPI) archiveBookmark(m *Meta, filename, key string, jc *jobCommit) (bm string, ok bool) {
+	if d.hooks.archiveLookup != nil {
+		d.hooks.archiveLookup()
+	}
+	prev := history.Position{Gen: jc.PrevGen, Txid: jc.PrevTxid}
+	ctx, cancel := context.WithTimeout(context.Background(), bookmarkLookupWait)
 	defer cancel()
 	for {
-		p, err := hh.archive.Next(ctx, c.Key(), prev)
+		p, err := d.h.hist.archive.Next(ctx, key, prev)
 		if err == nil {
-			return string(history.MakeBookmark(c.Key(), p))
+			return string(history.MakeBookmark(key, p)), true
+		}
+		if d.h.closed.Load() {
+			return "", false
 		}
 		if ctx.Err() != nil {
 			d.h.log.Warn("recovered import: its bookmark is not in the archive yet; final_bookmark is the upload's name", "object", m.ObjectID, "file", filename, "err", err)
-			return filename
+			return filename, true
 		}
-		time.Sleep(100 * time.Millisecond)
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
 	}
 }
 
@@ -230,13 +275,22 @@ func (d *dumpAPI) recoveredBookmark(m *Meta, filename string, jc *jobCommit) str
 // the same without reading the database. nil: no such import on this
 // database (never run on this host, or expired).
 //
-// The caller holds d.mu, for the whole resolution: reading the file and
-// the header, and rewriting the file, must not interleave with an ingest
-// that starts an import (which changes the header) or another resolution.
-// A resolution may open the database and, for a committed import's
-// bookmark, wait up to 5 s for the archive: rare (a crash between an
-// import's commit step and its end), and only then.
+// The caller holds d.mu. The DECISION — reading the file and the header —
+// is made under it: it must not interleave with an ingest that starts an
+// import or a restore (both change the header) or with another resolution.
+// The slow part, a committed import's final_bookmark from the archive
+// (≤ bookmarkLookupWait), runs outside d.mu (resolveBookmark), so the
+// host's other imports and polls never wait on it: meanwhile the job is
+// "resolving" — in d.resolving and d.jobs, answered "active" (a second
+// poll gets the same job, no second lookup), and an ingest of another file
+// or a restore of that database waits for it (handleIngest, awaitResolved;
+// resolveDead reports it open): until the job file is rewritten, the
+// header is the only record of the COMMIT.
+// ErrClosed: the host is closing and could not start the lookup.
 func (d *dumpAPI) recoverJob(m *Meta, filename string) (*importJob, error) {
+	if j := d.resolving[m.ObjectID][filename]; j != nil {
+		return j, nil // its lookup is running: never a second one
+	}
 	jf := d.loadJob(m.ObjectID, filename)
 	if jf == nil || jf.DatabaseUUID != m.DatabaseUUID {
 		return nil, nil
@@ -263,16 +317,7 @@ func (d *dumpAPI) recoverJob(m *Meta, filename string) (*importJob, error) {
 		}
 		committed = id == jc.Tag
 	}
-	if committed {
-		jc := jf.Commit
-		j.status, j.finished = jc.Status, time.UnixMicro(jc.FinishedUs)
-		if j.status.Result != nil {
-			r := *j.status.Result
-			r.FinalBookmark = d.recoveredBookmark(m, filename, jc)
-			j.status.Result = &r
-		}
-		j.status.Messages = append(j.status.Messages, "(status recovered after an object host restart: the import committed before the host stopped)")
-	} else {
+	if !committed {
 		j.status = jf.Status
 		j.status.Status, j.status.Error = "error", interruptedMsg
 		j.status.Messages = append(j.status.Messages, interruptedMsg)
@@ -281,24 +326,120 @@ func (d *dumpAPI) recoverJob(m *Meta, filename string) (*importJob, error) {
 		path := filepath.Join(d.uploadDir(m.ObjectID), filename)
 		_ = os.Remove(path)
 		_ = os.Remove(path + ".md5")
+		// Best effort: without it the next resolution decides the same
+		// (the header does not carry this job's tag, and no later tag
+		// is this one's).
+		if err := d.saveJob(m.ObjectID, m.DatabaseUUID, j); err != nil {
+			d.h.log.Warn("import job file not rewritten", "object", m.ObjectID, "err", err)
+		}
+		return j, nil
 	}
-	// Best effort: without it the next restart resolves the same way.
-	if err := d.saveJob(m.ObjectID, m.DatabaseUUID, j); err != nil {
-		d.h.log.Warn("import job file not rewritten", "object", m.ObjectID, "err", err)
+	// Decided: the import committed (the header carries its tag; its
+	// COMMIT is the checkpoint, and stays the only record of it until the
+	// job file is rewritten below or in resolveBookmark).
+	jc := jf.Commit
+	final := jc.Status
+	final.Messages = append(append([]string(nil), final.Messages...), recoveredMsg)
+	if final.Result == nil {
+		return d.recovered(m, j, final, jc), nil
+	}
+	bm, key, ok := d.liveBookmark(m, filename, jc)
+	if ok {
+		r := *final.Result
+		r.FinalBookmark = bm
+		final.Result = &r
+		return d.recovered(m, j, final, jc), nil
+	}
+	// The bookmark is the archive's: look it up outside d.mu. Meanwhile
+	// the job answers "active" with the messages it will end with (its
+	// progress too), so far.
+	final.Messages = append(final.Messages, recoveringMsg)
+	j.status = final
+	j.status.Status, j.status.Result = "active", nil
+	j.status.Messages = append([]string(nil), final.Messages...)
+	j.resolved = make(chan struct{})
+	if !d.h.startJob(func() { d.resolveBookmark(m, j, final, key, jc) }) {
+		return nil, ErrClosed
+	}
+	if d.resolving == nil {
+		d.resolving = map[string]map[string]*importJob{}
+	}
+	if d.resolving[m.ObjectID] == nil {
+		d.resolving[m.ObjectID] = map[string]*importJob{}
+	}
+	d.resolving[m.ObjectID][filename] = j
+	if cur := d.jobs[m.ObjectID]; cur == nil || cur.snapshot().Status != "active" {
+		d.jobs[m.ObjectID] = j
 	}
 	return j, nil
+}
+
+// recovered ends the resolution of a committed job (under d.mu from
+// recoverJob; outside it from resolveBookmark, the job file being its
+// alone while it is in d.resolving): final is its status; the job file is
+// rewritten with it. A rewrite that fails
+// is kept in the job (saveErr): the header is then still the only record
+// of the COMMIT, so resolveDead refuses whatever would change it
+// (errJobNotRewritten).
+func (d *dumpAPI) recovered(m *Meta, j *importJob, final ImportStatus, jc *jobCommit) *importJob {
+	// The file first, then the answer: a poll that reads "complete" finds
+	// the job file saying so (unless its write failed).
+	done := &importJob{filename: j.filename, status: final, finished: time.UnixMicro(jc.FinishedUs), commit: jc}
+	err := d.saveJob(m.ObjectID, m.DatabaseUUID, done)
+	if err != nil {
+		d.h.log.Warn("import job file not rewritten", "object", m.ObjectID, "err", err)
+	}
+	j.mu.Lock()
+	j.status, j.finished, j.saveErr = final, done.finished, err
+	j.mu.Unlock()
+	return j
+}
+
+// resolveBookmark is the part of a committed job's resolution that runs
+// outside d.mu (recoverJob): the archive lookup, then the job's final
+// status, then its job file rewritten, then the resolution closed
+// (d.resolving, j.resolved), in that order, so whoever waited for it finds
+// the file final. A crash anywhere here leaves the file "active" and the
+// header with the tag: the next process decides the same (the COMMIT is the
+// checkpoint; this rewrite only records it). The host closing mid-lookup
+// leaves the file as it is, for the next process.
+func (d *dumpAPI) resolveBookmark(m *Meta, j *importJob, final ImportStatus, key string, jc *jobCommit) {
+	defer func() {
+		d.mu.Lock()
+		delete(d.resolving[m.ObjectID], j.filename)
+		if len(d.resolving[m.ObjectID]) == 0 {
+			delete(d.resolving, m.ObjectID)
+		}
+		d.mu.Unlock()
+		close(j.resolved)
+	}()
+	bm, ok := d.archiveBookmark(m, j.filename, key, jc)
+	if !ok {
+		j.mu.Lock()
+		j.saveErr = ErrClosed
+		j.mu.Unlock()
+		return
+	}
+	r := *final.Result
+	r.FinalBookmark = bm
+	final.Result = &r
+	d.recovered(m, j, final, jc)
 }
 
 // resolveDead resolves every job file of the object left "active" by a
 // dead process (recoverJob), before anything that changes the database's
 // application_id — an import, a time-travel restore — could hide whether
 // those imports committed. Normally there is none: a cheap directory read.
-// The caller holds d.mu.
-func (d *dumpAPI) resolveDead(m *Meta) error {
+// The caller holds d.mu. open is a resolution still running on the object
+// (its bookmark lookup, outside d.mu): a caller about to change the
+// header must not until it ended (awaitResolved does both). An error: a
+// committed job's file could not be rewritten, or the database could not
+// be read.
+func (d *dumpAPI) resolveDead(m *Meta) (open *importJob, err error) {
 	dir := filepath.Join(d.uploadDir(m.ObjectID), "jobs")
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return nil // no jobs directory: nothing to resolve
+		return nil, nil // no jobs directory: nothing to resolve
 	}
 	for _, e := range ents {
 		name, ok := strings.CutSuffix(e.Name(), ".json")
@@ -309,11 +450,78 @@ func (d *dumpAPI) resolveDead(m *Meta) error {
 		if jf == nil || jf.Status.Status != "active" || jf.Incarnation == d.incarnation() || jf.DatabaseUUID != m.DatabaseUUID {
 			continue
 		}
-		if _, err := d.recoverJob(m, name); err != nil {
-			return fmt.Errorf("import job %s: %w", name, err)
+		j, err := d.recoverJob(m, name)
+		if err != nil {
+			return nil, fmt.Errorf("import job %s: %w", name, err)
+		}
+		if j == nil {
+			continue
+		}
+		if j.resolved != nil && !j.isResolved() {
+			open = j
+			continue
+		}
+		if err := j.rewriteErr(); err != nil && j.snapshot().Status == "complete" {
+			return nil, fmt.Errorf("import job %s: %w: %w", name, errJobNotRewritten, err)
 		}
 	}
+	return open, nil
+}
+
+// errJobNotRewritten: an import that committed while its host died could
+// not have its job file rewritten; until it is, whatever changes the
+// database's application_id (an import, a restore) is refused.
+var errJobNotRewritten = errors.New("a recovered import's job file could not be rewritten; retry")
+
+// awaitResolved takes d.mu with every job a dead process left on the
+// object resolved (resolveDead), waiting — without d.mu — for resolutions
+// still looking up their bookmark. On success d.mu is held; on error it is
+// not. Waits are bounded by bookmarkLookupWait and ctx.
+func (d *dumpAPI) awaitResolved(ctx context.Context, m *Meta) error {
+	for {
+		d.mu.Lock()
+		open, err := d.resolveDead(m)
+		if err != nil {
+			d.mu.Unlock()
+			return err
+		}
+		if open == nil {
+			return nil
+		}
+		d.mu.Unlock()
+		if err := d.awaitOpen(ctx, open); err != nil {
+			return err
+		}
+	}
+}
+
+// awaitOpen waits, without d.mu, for the open resolution j to end
+// (resolveDead); an error if its job file was not rewritten.
+func (d *dumpAPI) awaitOpen(ctx context.Context, j *importJob) error {
+	if d.hooks.awaitResolution != nil {
+		d.hooks.awaitResolution()
+	}
+	select {
+	case <-j.resolved:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if err := j.rewriteErr(); err != nil {
+		return fmt.Errorf("import job %s: %w: %w", j.filename, errJobNotRewritten, err)
+	}
 	return nil
+}
+
+// importHooks let tests stop a flow at a point (nil in production).
+type importHooks struct {
+	// archiveLookup runs as a recovered import's archive lookup starts
+	// (outside d.mu).
+	archiveLookup func()
+	// awaitResolution runs as an import or a restore starts waiting for a
+	// resolution still looking up its bookmark.
+	awaitResolution func()
+	// saveJob, when it returns an error, fails a job file's write.
+	saveJob func(filename string) error
 }
 
 // expireJobs drops finished jobs older than jobRetention from memory

@@ -1,9 +1,12 @@
 package objecthost
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +14,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -529,8 +534,9 @@ func TestImportRecoveredFinalBookmark(t *testing.T) {
 
 	th.open(t)
 	srv = serve(t, th)
-	code, st, env := pollOnce(t, srv, d, "f.sql")
-	require.Equal(t, http.StatusOK, code, "%+v", env)
+	// The lookup runs outside the host's import lock: polls answer
+	// "active" until it ends.
+	st := waitImport(t, srv, d, "f.sql")
 	require.Equal(t, "complete", st.Status, "%+v", st)
 	require.NotNil(t, st.Result)
 	assert.Equal(t, before.Result.FinalBookmark, st.Result.FinalBookmark)
@@ -553,4 +559,339 @@ func rewindJobFile(t *testing.T, th *testHost, d db, name string) {
 	b, err = json.Marshal(jf)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(path, b, 0o644))
+}
+
+// crashedImport is a host with history whose database d holds an import
+// (f.sql) that committed while its host "died" before the job file's last
+// write, with a later write after it (so its final_bookmark is the
+// archive's, not the live capturer's), reopened with the archive part of
+// the bookmark lookup blocked until release: every lookup counts in
+// lookups and sends on entered as it starts.
+type crashedImport struct {
+	th       *testHost
+	srv      *httptest.Server
+	d, other db
+	before   ImportStatus // f.sql's answer before the crash
+	pre      string       // a bookmark before the import
+	lookups  atomic.Int32
+	entered  chan struct{}
+	release  func()
+}
+
+func newCrashedImport(t *testing.T) *crashedImport {
+	t.Helper()
+	store, err := history.NewDirStore(t.TempDir())
+	require.NoError(t, err)
+	c := &crashedImport{th: historyHost(t, store), d: newDB("acct"), other: newDB("acct"), entered: make(chan struct{}, 16)}
+	th := c.th
+	srv := serve(t, th)
+	th.mustInit(t, c.d)
+	th.mustInit(t, c.other)
+	th.exec(t, c.d, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT, r INTEGER)")
+	c.pre = th.archivedUpTo(t, c.d)
+	th.clock.Advance(time.Second)
+	ingest(t, srv, c.d, "f.sql", "INSERT INTO t VALUES (1, 'imported', 7);\n")
+	c.before = waitImport(t, srv, c.d, "f.sql")
+	require.Equal(t, "complete", c.before.Status, "%+v", c.before)
+	th.clock.Advance(time.Second)
+	th.exec(t, c.d, "INSERT INTO t VALUES (2, 'later', 8)") // the import's commit is no longer the latest
+	th.archivedUpTo(t, c.d)
+	require.NoError(t, th.Host.Close())
+	rewindJobFile(t, th, c.d, "f.sql")
+
+	th.open(t)
+	c.srv = serve(t, th)
+	gate := make(chan struct{})
+	var once sync.Once
+	c.release = func() { once.Do(func() { close(gate) }) }
+	th.Host.dump.hooks.archiveLookup = func() {
+		c.lookups.Add(1)
+		select {
+		case c.entered <- struct{}{}:
+		default: // nobody counts on more signals than the buffer holds
+		}
+		<-gate
+	}
+	t.Cleanup(c.release) // before the server's and the host's Close (cleanups run last-in first)
+	return c
+}
+
+// reply is an HTTP answer obtained off the test goroutine.
+type reply struct {
+	code int
+	env  envelope
+	err  error
+}
+
+// status decodes an import status answer.
+func (r reply) status(t *testing.T) ImportStatus {
+	t.Helper()
+	require.NoError(t, r.err)
+	require.Equal(t, http.StatusOK, r.code, "%+v", r.env)
+	var st ImportStatus
+	require.NoError(t, json.Unmarshal(r.env.Result, &st))
+	return st
+}
+
+// goCall does one request in a goroutine (it may block: the caller bounds
+// the wait with awaitReply).
+func goCall(srv *httptest.Server, method, path string, d db, body any) <-chan reply {
+	ch := make(chan reply, 1)
+	go func() {
+		var rd io.Reader
+		if s, ok := body.(string); ok {
+			rd = strings.NewReader(s)
+		} else {
+			b, _ := json.Marshal(body)
+			rd = bytes.NewReader(b)
+		}
+		req, err := http.NewRequest(method, srv.URL+path, rd)
+		if err != nil {
+			ch <- reply{err: err}
+			return
+		}
+		req.Header.Set(HeaderDatabase, d.uuid)
+		req.Header.Set(HeaderAccount, d.account)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			ch <- reply{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		var env envelope
+		err = json.NewDecoder(resp.Body).Decode(&env)
+		ch <- reply{code: resp.StatusCode, env: env, err: err}
+	}()
+	return ch
+}
+
+func goPoll(srv *httptest.Server, d db, bookmark string) <-chan reply {
+	return goCall(srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/poll", d, map[string]string{"current_bookmark": bookmark})
+}
+
+// hangGuard only turns a call stuck behind the blocked lookup into a
+// failure instead of a hung test: no timing assertion (the calls it
+// bounds take milliseconds when they do not wait).
+const hangGuard = 60 * time.Second
+
+func awaitReply(t *testing.T, ch <-chan reply, what string) reply {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(hangGuard):
+		t.Fatalf("%s never answered: it waits for the blocked bookmark lookup", what)
+		return reply{}
+	}
+}
+
+func awaitSignal(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(hangGuard):
+		t.Fatalf("%s never happened", what)
+	}
+}
+
+// TestImportRecoveryLookupDoesNotBlockOtherDatabases: while a recovered
+// import's bookmark lookup waits for the archive, another database of the
+// same host uploads, ingests and polls its own import to the end (the
+// lookup used to run under the host's one import lock, freezing every
+// import and poll on the host for up to 5 s).
+func TestImportRecoveryLookupDoesNotBlockOtherDatabases(t *testing.T) {
+	c := newCrashedImport(t)
+	polled := goPoll(c.srv, c.d, "f.sql") // starts the lookup
+	awaitSignal(t, c.entered, "the bookmark lookup")
+
+	o := c.other
+	sql := "CREATE TABLE o(v);\nINSERT INTO o VALUES (1);\n"
+	r := awaitReply(t, goCall(c.srv, http.MethodPut, "/v1/objects/"+o.obj+"/import/upload/o.sql", o, sql), "another database's upload")
+	require.Equal(t, http.StatusOK, r.code, "%+v %v", r.env, r.err)
+	r = awaitReply(t, goCall(c.srv, http.MethodPost, "/v1/objects/"+o.obj+"/import/ingest", o, map[string]string{"etag": md5hex(sql), "filename": "o.sql"}), "another database's ingest")
+	require.Equal(t, http.StatusOK, r.code, "%+v %v", r.env, r.err)
+	for {
+		st := awaitReply(t, goPoll(c.srv, o, "o.sql"), "another database's poll").status(t)
+		if st.Status != "active" {
+			assert.Equal(t, "complete", st.Status, "%+v", st)
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval: the hang guard bounds the wait
+	}
+	assert.Equal(t, int32(1), c.lookups.Load())
+	st := awaitReply(t, polled, "the recovered job's poll").status(t)
+	assert.Equal(t, "active", st.Status, "the lookup is still blocked: %+v", st)
+}
+
+// TestImportRecoveringJobAnswersActiveThenComplete: a recovered import whose
+// bookmark is being looked up answers "active" (saying its status is being
+// recovered) to its polls and to a retried ingest, none of which starts a
+// second lookup; once
+// the lookup ends the job answers complete with the import's own
+// final_bookmark, and its job file says so.
+func TestImportRecoveringJobAnswersActiveThenComplete(t *testing.T) {
+	c := newCrashedImport(t)
+	first := goPoll(c.srv, c.d, "f.sql")
+	awaitSignal(t, c.entered, "the bookmark lookup")
+	second := goPoll(c.srv, c.d, "f.sql")
+	var active ImportStatus
+	for i, ch := range []<-chan reply{first, second} {
+		active = awaitReply(t, ch, "a poll").status(t)
+		assert.Equal(t, "active", active.Status, "poll %d: %+v", i, active)
+		assert.Contains(t, active.Messages, recoveringMsg, "poll %d", i)
+	}
+	d := c.d
+	st := awaitReply(t, goCall(c.srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/ingest", d, map[string]string{"etag": "x", "filename": "f.sql"}), "a retried ingest").status(t)
+	assert.Equal(t, "active", st.Status, "%+v", st)
+	r := awaitReply(t, goCall(c.srv, http.MethodPut, "/v1/objects/"+d.obj+"/import/upload/g.sql", d, "SELECT 1;\n"), "an upload (it resolves dead jobs)")
+	require.Equal(t, http.StatusOK, r.code, "%+v %v", r.env, r.err)
+	assert.Equal(t, int32(1), c.lookups.Load(), "one lookup")
+	assert.Equal(t, "active", readJob(filepath.Join(c.th.dir, "imports", d.obj, "jobs", "f.sql.json")).Status.Status)
+
+	c.release()
+	st = waitImport(t, c.srv, d, "f.sql")
+	require.Equal(t, "complete", st.Status, "%+v", st)
+	require.NotNil(t, st.Result)
+	assert.Equal(t, c.before.Result.FinalBookmark, st.Result.FinalBookmark)
+	// The edge answers each poll with the messages not seen yet, by count:
+	// what the active answers said is the start of the final list.
+	require.GreaterOrEqual(t, len(st.Messages), len(active.Messages))
+	assert.Equal(t, active.Messages, st.Messages[:len(active.Messages)], "%q", st.Messages)
+	jf := readJob(filepath.Join(c.th.dir, "imports", d.obj, "jobs", "f.sql.json"))
+	require.NotNil(t, jf)
+	assert.Equal(t, "complete", jf.Status.Status)
+	require.NotNil(t, jf.Status.Result)
+	assert.Equal(t, c.before.Result.FinalBookmark, jf.Status.Result.FinalBookmark)
+	assert.Equal(t, int32(1), c.lookups.Load(), "one lookup")
+}
+
+// TestImportRestoreWaitsForRecoveringJob: a time-travel restore of a
+// database whose recovered import is looking up its bookmark waits for the
+// lookup and the job file's rewrite before changing the header (until then
+// the header is the only record of the import's COMMIT); after the
+// restore (to before the import) and a restart, the import still answers
+// complete with its own final_bookmark.
+func TestImportRestoreWaitsForRecoveringJob(t *testing.T) {
+	c := newCrashedImport(t)
+	waiting := make(chan struct{}, 1)
+	c.th.Host.dump.hooks.awaitResolution = func() { waiting <- struct{}{} }
+	st := awaitReply(t, goPoll(c.srv, c.d, "f.sql"), "the recovered job's poll").status(t)
+	require.Equal(t, "active", st.Status, "%+v", st)
+	awaitSignal(t, c.entered, "the bookmark lookup")
+
+	restored := make(chan error, 1)
+	go func() {
+		_, err := c.th.Restore(context.Background(), c.d.obj, c.pre, "", 0)
+		restored <- err
+	}()
+	select {
+	case <-waiting:
+	case err := <-restored:
+		t.Fatalf("the restore ran while the import's resolution was open (err %v)", err)
+	case <-time.After(hangGuard):
+		t.Fatal("the restore neither waited nor ran")
+	}
+	c.release()
+	select {
+	case err := <-restored:
+		require.NoError(t, err)
+	case <-time.After(hangGuard):
+		t.Fatal("the restore never ended")
+	}
+	assert.Equal(t, `[]`, c.th.rowsOf(t, c.d), "restored to before the import")
+	assert.Equal(t, int32(1), c.lookups.Load(), "the restore did not start a second lookup")
+
+	c.th.reopen(t)
+	srv := serve(t, c.th)
+	code, st, env := pollOnce(t, srv, c.d, "f.sql")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	assert.Equal(t, "complete", st.Status, "%+v", st)
+	require.NotNil(t, st.Result)
+	assert.Equal(t, c.before.Result.FinalBookmark, st.Result.FinalBookmark)
+}
+
+// TestImportIngestWaitsForTheResolution: the upload of a new file to a
+// database whose dead import nobody polled starts that import's resolution
+// (resolveDead) without waiting for it; the ingest then waits for the
+// bookmark lookup (no 409: no import is running) before its own import
+// changes the header; the dead import answers complete, not hidden by the
+// new import's tag.
+func TestImportIngestWaitsForTheResolution(t *testing.T) {
+	c := newCrashedImport(t)
+	waiting := make(chan struct{}, 1)
+	c.th.Host.dump.hooks.awaitResolution = func() { waiting <- struct{}{} }
+	d := c.d
+	sql := "INSERT INTO t VALUES (3, 'next', 9);\n"
+	r := awaitReply(t, goCall(c.srv, http.MethodPut, "/v1/objects/"+d.obj+"/import/upload/n.sql", d, sql), "the upload")
+	require.Equal(t, http.StatusOK, r.code, "%+v %v", r.env, r.err)
+	awaitSignal(t, c.entered, "the bookmark lookup the upload started")
+	ingested := goCall(c.srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/ingest", d, map[string]string{"etag": md5hex(sql), "filename": "n.sql"})
+	select {
+	case <-waiting:
+	case r := <-ingested:
+		t.Fatalf("the ingest did not wait for the open resolution: %d %+v", r.code, r.env)
+	case <-time.After(hangGuard):
+		t.Fatal("the ingest neither waited nor answered")
+	}
+	c.release()
+	r = awaitReply(t, ingested, "the ingest")
+	require.Equal(t, http.StatusOK, r.code, "%+v %v", r.env, r.err)
+	require.Equal(t, "complete", waitImport(t, c.srv, d, "n.sql").Status)
+	st := waitImport(t, c.srv, d, "f.sql")
+	assert.Equal(t, "complete", st.Status, "%+v", st)
+	require.NotNil(t, st.Result)
+	assert.Equal(t, c.before.Result.FinalBookmark, st.Result.FinalBookmark)
+	assert.Equal(t, int32(1), c.lookups.Load())
+}
+
+// TestImportUnrewrittenRecoveredJobBlocksHeaderChanges: when the job file
+// of a recovered committed import cannot be rewritten, the header is the
+// only record of its COMMIT, so a restore and a new import of that
+// database are refused (503, retryable) instead of hiding it; once the
+// file can be written, the restore resolves the job (final on disk) and
+// runs.
+func TestImportUnrewrittenRecoveredJobBlocksHeaderChanges(t *testing.T) {
+	c := newCrashedImport(t)
+	c.release() // the lookup is not blocked here
+	var failWrites atomic.Bool
+	failWrites.Store(true)
+	c.th.Host.dump.hooks.saveJob = func(name string) error {
+		if name == "f.sql" && failWrites.Load() {
+			return errors.New("disk refused the job file")
+		}
+		return nil
+	}
+	d := c.d
+	st := waitImport(t, c.srv, d, "f.sql")
+	require.Equal(t, "complete", st.Status, "%+v", st)
+	assert.Equal(t, c.before.Result.FinalBookmark, st.Result.FinalBookmark)
+	path := filepath.Join(c.th.dir, "imports", d.obj, "jobs", "f.sql.json")
+	require.Equal(t, "active", readJob(path).Status.Status, "not rewritten")
+
+	restored := make(chan error, 1)
+	go func() {
+		_, err := c.th.Restore(context.Background(), d.obj, c.pre, "", 0)
+		restored <- err
+	}()
+	select {
+	case err := <-restored:
+		require.ErrorIs(t, err, errJobNotRewritten)
+	case <-time.After(hangGuard):
+		t.Fatal("the restore never answered (it resolves the job again and again)")
+	}
+	sql := "SELECT 1;\n"
+	code, env := upload(t, c.srv, d, "n.sql", sql)
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	code, env = call(t, c.srv.Client(), c.srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/ingest", &d, map[string]string{"etag": md5hex(sql), "filename": "n.sql"})
+	assert.Equal(t, http.StatusServiceUnavailable, code, "%+v", env)
+	assert.Equal(t, `[{"id":1,"v":"imported","r":7},{"id":2,"v":"later","r":8}]`, c.th.rowsOf(t, d), "nothing changed")
+
+	failWrites.Store(false)
+	_, err := c.th.Restore(context.Background(), d.obj, c.pre, "", 0)
+	require.NoError(t, err)
+	jf := readJob(path)
+	require.NotNil(t, jf)
+	assert.Equal(t, "complete", jf.Status.Status)
+	require.NotNil(t, jf.Status.Result)
+	assert.Equal(t, c.before.Result.FinalBookmark, jf.Status.Result.FinalBookmark)
 }
