@@ -85,7 +85,8 @@ import (
 // client coalesces as well but did not gather); SHOAL_BENCH_BASELINE_SINGLE=1
 // gives it one request per write. SHOAL_BENCH_RAW_GATHER (a duration; 0
 // off) sets this build's raw client's gathering bound (raftmeta.WithWriteGather),
-// SHOAL_BENCH_BASELINE_RAW_GATHER the baseline's (default 0).
+// SHOAL_BENCH_BASELINE_RAW_GATHER the baseline's (default 0);
+// SHOAL_BENCH_RAW_INFLIGHT=N this build's raw client's send slots (default 1).
 // Run with:
 //
 //	SHOAL_BENCH=1 go test ./test/bench -run TestDeployBench -v -count=1 -timeout 30m
@@ -696,6 +697,13 @@ func startDeployClusterSpec(t *testing.T, ports *portAlloc, s deploySpec) *deplo
 		g, err := time.ParseDuration(gather)
 		require.NoError(t, err, gatherEnv)
 		rawOpts = append(rawOpts, raftmeta.WithWriteGather(g))
+	}
+	// SHOAL_BENCH_RAW_INFLIGHT=N: this build's raw client sends up to N
+	// batches at once (raftmeta.WithWriteBatching; the client's default 1).
+	if v := os.Getenv("SHOAL_BENCH_RAW_INFLIGHT"); v != "" && prefix == "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err, "SHOAL_BENCH_RAW_INFLIGHT")
+		rawOpts = append(rawOpts, raftmeta.WithWriteBatching(raftmeta.MaxApplyBatch, n))
 	}
 	if prefix == "" || os.Getenv("SHOAL_BENCH_BASELINE_SINGLE") != "1" {
 		d.raw, err = raftmeta.NewClient(d.catAddr, rawOpts...)
