@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/shoaldb/shoal/internal/groupwait"
 )
 
 // batcher coalesces concurrent calls of one kind (the catalog writes of
@@ -269,24 +271,7 @@ func (b *batcher[T, R]) groupLocked() {
 		return
 	}
 	target := min(b.last, b.maxBatch)
-	if len(b.queue) >= target {
-		return
-	}
-	t := time.NewTimer(b.groupDelay)
-	defer t.Stop()
-	for len(b.queue) < target {
-		b.mu.Unlock()
-		select {
-		case <-b.wake:
-			b.mu.Lock()
-		case <-t.C:
-			b.mu.Lock()
-			return
-		case <-b.ctx.Done():
-			b.mu.Lock()
-			return
-		}
-	}
+	groupwait.Locked(&b.mu, b.wake, b.groupDelay, b.ctx.Done(), func() bool { return len(b.queue) >= target })
 }
 
 // newGatheringBatcher is newBatcher whose slot holder waits, at most

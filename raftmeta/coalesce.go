@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shoaldb/shoal/internal/groupwait"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
 
@@ -233,31 +234,13 @@ func (q *coalescer) gatherLocked(answered int) {
 		return
 	}
 	want := min(answered+len(q.queue), q.maxBatch)
-	if len(q.queue) >= want || q.queuedBytes >= coalesceMaxBytes {
-		return
-	}
-	q.mu.Unlock()
-	stop := q.c.sendContext().Done()
-	t := time.NewTimer(q.gather)
-	defer t.Stop()
 	select { // a signal left from before this wait only costs a re-check
 	case <-q.wake:
 	default:
 	}
-	q.mu.Lock()
-	for len(q.queue) < want && q.queuedBytes < coalesceMaxBytes {
-		q.mu.Unlock()
-		select {
-		case <-q.wake:
-		case <-t.C:
-			q.mu.Lock()
-			return
-		case <-stop:
-			q.mu.Lock()
-			return
-		}
-		q.mu.Lock()
-	}
+	groupwait.Locked(&q.mu, q.wake, q.gather, q.c.sendContext().Done(), func() bool {
+		return len(q.queue) >= want || q.queuedBytes >= coalesceMaxBytes
+	})
 }
 
 // takeLocked removes the next batch from the head of the queue: up to
