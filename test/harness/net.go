@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -54,14 +55,34 @@ func Serve(t testing.TB, ln net.Listener, h http.Handler) {
 
 // FreeAddr is a loopback host:port that was free a moment ago, for a child
 // process to listen on. Another process may take it meanwhile; the tests
-// accept that race.
+// accept that race. It never hands out the same address twice in one test
+// process: the kernel may give a just-closed port to the next listen on
+// port 0, and two children of one cluster then collided on it (CI,
+// TestFaultFreshTokenWorksOnEveryEdgeAtOnce: an edge and a host both got
+// 127.0.0.1:34343).
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
+	for range 1000 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		addr := ln.Addr().String()
+		ln.Close()
+		freeAddrMu.Lock()
+		seen := freeAddrHanded[addr]
+		freeAddrHanded[addr] = true
+		freeAddrMu.Unlock()
+		if !seen {
+			return addr
+		}
+	}
+	t.Fatal("FreeAddr: no loopback port not handed out before")
+	return ""
 }
+
+var (
+	freeAddrMu     sync.Mutex
+	freeAddrHanded = map[string]bool{}
+)
 
 // WaitHTTP200 waits until a GET of url answers 200, failing t with
 // msgAndArgs after within.
