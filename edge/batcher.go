@@ -130,7 +130,9 @@ func (b *batcher[T, R]) doQueued(ctx context.Context, item T, queued func()) (R,
 	var batch []*batchCall[T, R]
 	if b.inflight < b.maxInflight {
 		b.inflight++
-		batch = b.nextLocked(false)
+		if batch = b.nextLocked(false); batch == nil {
+			b.inflight-- // another slot holder took the queue while this one gathered
+		}
 	}
 	b.mu.Unlock()
 	if batch != nil {
@@ -209,9 +211,11 @@ func (b *batcher[T, R]) holdsSlotLocked() bool {
 // on a grouping batcher: groupLocked), for calls on their way (on a
 // gathering batcher: gatherLocked) and until the oldest queued call has
 // lingered (on a lingering batcher). Only the slot holder takes from the
-// queue. It returns nil only when the queue is still empty after the
-// group wait (the caller then frees the slot, under the same hold of
-// b.mu); otherwise a batch of at least one call. A queue reaching
+// queue. It returns nil when the queue is empty after the group wait, or
+// — with several slots — after a gather or linger wait during which another
+// slot holder took it (the caller then frees the slot, under the same
+// hold of b.mu; before 2026-12-04 that case sent an empty batch); otherwise
+// a batch of at least one call. A queue reaching
 // maxBatch cuts the linger short (a stale signal only makes a later batch
 // smaller), and so does the owner's context ending (Close: what queued is
 // sent, or fails, at once).
@@ -223,6 +227,11 @@ func (b *batcher[T, R]) nextLocked(returned bool) []*batchCall[T, R] {
 		}
 	}
 	b.gatherLocked()
+	if len(b.queue) == 0 {
+		// With several slots, another holder took the queue while this
+		// one waited (b.mu is released there): nothing to send.
+		return nil
+	}
 	if b.linger > 0 && len(b.queue) < b.maxBatch {
 		if wait := b.linger - time.Since(b.queue[0].at); wait > 0 {
 			b.mu.Unlock()
@@ -235,6 +244,9 @@ func (b *batcher[T, R]) nextLocked(returned bool) []*batchCall[T, R] {
 				t.Stop()
 			}
 			b.mu.Lock()
+			if len(b.queue) == 0 {
+				return nil
+			}
 		}
 	}
 	return b.takeLocked()

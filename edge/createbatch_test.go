@@ -595,3 +595,49 @@ func TestCreateGroupDelaySharesTheNextCatalogBatch(t *testing.T) {
 	wg.Wait()
 	assert.Equal(t, []int{1, 2, 2}, bc.batchSizes())
 }
+
+// With two slots, a gathering slot holder whose queue was taken by the
+// other slot while it waited sends nothing and frees its slot: every
+// batch sent holds at least one call (before 2026-12-04 it sent an empty
+// batch — an empty catalog request, counted as a batch of one). No timing
+// is asserted: the gather bound is an hour.
+func TestGatheringBatcherWithTwoSlotsSendsNoEmptyBatch(t *testing.T) {
+	var wg sync.WaitGroup
+	var expecting atomic.Bool
+	expecting.Store(true)
+	var mu sync.Mutex
+	var sizes []int
+	b := newGatheringBatcher(context.Background(), &wg, 10, 2, time.Minute, time.Hour, expecting.Load,
+		func(_ context.Context, items []int) ([]int, []error) {
+			mu.Lock()
+			sizes = append(sizes, len(items))
+			mu.Unlock()
+			return items, make([]error, len(items))
+		})
+	var cw sync.WaitGroup
+	call := func(v int) {
+		cw.Add(1)
+		go func() {
+			defer cw.Done()
+			got, err := b.do(context.Background(), v)
+			assert.NoError(t, err)
+			assert.Equal(t, v, got)
+		}()
+	}
+	// The first call takes a slot and gathers (something is expected).
+	call(1)
+	require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.inflight == 1 && len(b.queue) == 1 },
+		5*time.Second, time.Millisecond)
+	// Nothing more is expected; the second call takes the other slot and
+	// wakes the first holder: one of them takes both calls.
+	expecting.Store(false)
+	call(2)
+	cw.Wait()
+	wg.Wait()
+	mu.Lock()
+	assert.Equal(t, []int{2}, sizes, "one batch of both calls, no empty one")
+	mu.Unlock()
+	b.mu.Lock()
+	assert.Zero(t, b.inflight, "both slots released")
+	b.mu.Unlock()
+}
