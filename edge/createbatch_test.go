@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -640,4 +641,35 @@ func TestGatheringBatcherWithTwoSlotsSendsNoEmptyBatch(t *testing.T) {
 	b.mu.Lock()
 	assert.Zero(t, b.inflight, "both slots released")
 	b.mu.Unlock()
+}
+
+// The create batchers report where a step's time goes: each batch's round
+// trip and each create's wait for its batch, per step, in the edge's
+// registry (what the deploy bench prints beside the step means).
+func TestCreateBatchTimingsAreReported(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e, bc := newBatchEnv(t, func(o *Options) { o.Registry = reg })
+	for _, name := range []string{"t1", "t2"} {
+		a := e.call("POST", dbPath(acctA), tokA, map[string]any{"name": name})
+		require.Equal(t, 200, a.Status, a.Raw)
+	}
+	require.Equal(t, []int{1, 1}, bc.batchSizes())
+	counts := map[string]uint64{}
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if h := m.GetHistogram(); h != nil && strings.HasPrefix(mf.GetName(), "shoal_edge_create_batch_") {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "step" {
+						counts[mf.GetName()+"/"+l.GetValue()] = h.GetSampleCount()
+					}
+				}
+			}
+		}
+	}
+	for _, step := range []string{"init", "catalog_write"} {
+		assert.Equal(t, uint64(2), counts["shoal_edge_create_batch_send_seconds/"+step], "one round trip per batch: %s", step)
+		assert.Equal(t, uint64(2), counts["shoal_edge_create_batch_queued_seconds/"+step], "one wait per create: %s", step)
+	}
 }
