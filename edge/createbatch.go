@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,6 +81,11 @@ type createBatching struct {
 	// batchers (batcher.groupLocked); ≤ 0: none.
 	groupDelay, initGroupDelay time.Duration
 	arriving                   atomic.Int64 // creates whose init came back, not yet in the catalog queue
+	// initSending is the creates in init batches sent to a host and not
+	// yet back; with gatherInits the catalog batch waits for them too.
+	initSending atomic.Int64
+	gatherInits string
+	flights     initFlights
 
 	mu          sync.Mutex
 	inits       map[string]*batcher[initCall, struct{}]
@@ -157,6 +163,8 @@ func (s *Server) initCreateBatching() {
 	if b.maxBatch == 0 {
 		b.maxBatch = defaultCreateBatch
 	}
+	b.gatherInits = os.Getenv("SHOAL_EXP_GATHER_INITS")
+
 	if b.inflight <= 0 {
 		b.inflight = defaultCreateBatchInflight
 	}
@@ -176,7 +184,18 @@ func (s *Server) initCreateBatching() {
 		})
 	if bc, ok := s.catalog.(BatchCreator); ok {
 		b.catalog = newGatheringBatcher(s.bgCtx, &b.wg, b.maxBatch, b.inflight, 3*s.o.CatalogTimeout, b.gather,
-			func() bool { return b.arriving.Load() > 0 },
+			func() bool {
+				if b.arriving.Load() > 0 {
+					return true
+				}
+				switch b.gatherInits {
+				case "1":
+					return b.initSending.Load() > 0
+				case "due":
+					return b.flights.dueWithin(b.gather)
+				}
+				return false
+			},
 			func(ctx context.Context, items []auditedCreate) ([]fsm.Database, []error) {
 				cmds := make([]fsm.CreateDatabase, len(items))
 				audits := make([]*fsm.Audit, len(items))
@@ -269,8 +288,17 @@ func (s *Server) initBatcher(addr string) *batcher[initCall, struct{}] {
 	x := newBatcher(s.bgCtx, &b.wg, min(b.maxBatch, event.MaxHostBatch), b.inflight, 10*time.Second,
 		func(ctx context.Context, calls []initCall) ([]struct{}, []error) {
 			items := make([]event.InitBatchItem, len(calls))
+			var creates int64 // calls with a ticket: creates the catalog batch may gather
 			for i, c := range calls {
 				items[i] = c.item
+				if c.tk != nil {
+					creates++
+				}
+			}
+			b.initSending.Add(creates)
+			var flight uint64
+			if creates > 0 {
+				flight = b.flights.start()
 			}
 			errs := s.hostBatchOrEach(addr, len(items),
 				func() ([]error, error) { return s.hosts.InitBatch(ctx, addr, items) },
@@ -281,6 +309,12 @@ func (s *Server) initBatcher(addr string) *batcher[initCall, struct{}] {
 				if i < len(errs) && errs[i] == nil {
 					c.tk.arrive()
 				}
+			}
+			if creates > 0 {
+				b.flights.done(flight)
+			}
+			if b.initSending.Add(-creates); creates > 0 && b.catalog != nil {
+				b.catalog.gatherWake() // the ones that failed will not come
 			}
 			return make([]struct{}, len(items)), errs
 		})
@@ -482,4 +516,54 @@ func (t *createTicket) leave() {
 	if t.move(2) == 1 {
 		t.cb.catalog.gatherWake()
 	}
+}
+
+// initFlights are the init batches (holding creates) in flight to the
+// hosts, with an estimate of an init batch's round trip.
+type initFlights struct {
+	mu   sync.Mutex
+	sent map[uint64]time.Time
+	next uint64
+	rtt  time.Duration // EWMA (1/8) of the round trips
+}
+
+func (f *initFlights) start() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.sent == nil {
+		f.sent = map[uint64]time.Time{}
+	}
+	f.next++
+	f.sent[f.next] = time.Now()
+	return f.next
+}
+
+func (f *initFlights) done(id uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	at, ok := f.sent[id]
+	if !ok {
+		return
+	}
+	delete(f.sent, id)
+	d := time.Since(at)
+	if f.rtt == 0 {
+		f.rtt = d
+	} else {
+		f.rtt += (d - f.rtt) / 8
+	}
+}
+
+// dueWithin reports whether an init batch in flight is expected back
+// within d (sent at least rtt-d ago).
+func (f *initFlights) dueWithin(d time.Duration) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now()
+	for _, at := range f.sent {
+		if now.Sub(at)+d >= f.rtt {
+			return true
+		}
+	}
+	return false
 }
