@@ -56,11 +56,10 @@ type batcher[T, R any] struct {
 	full   chan struct{} // lingering: the queue reached maxBatch (wakes the wait early)
 	// A gathering batcher's slot holder waits, before it takes a batch,
 	// for calls known to be on their way (see gatherLocked): expecting
-	// reports how long, from the start of the wait, the calls on their
-	// way now are worth waiting for (0: none); gatherMax caps it; wake is
+	// reports whether any are; gatherMax bounds the whole wait; wake is
 	// signalled (buffered 1) when a call queues or an expected call will
 	// not come.
-	expecting func() time.Duration
+	expecting func() bool
 	gatherMax time.Duration
 	wake      chan struct{}
 	// groupDelay (> 0: a grouping batcher, see groupLocked) bounds how
@@ -300,7 +299,7 @@ func (b *batcher[T, R]) groupLocked() {
 // gatherLocked). The owner calls gatherWake when an expected call will
 // not come after all.
 func newGatheringBatcher[T, R any](ctx context.Context, wg *sync.WaitGroup, maxBatch, maxInflight int, timeout, gatherMax time.Duration,
-	expecting func() time.Duration, send func(ctx context.Context, items []T) ([]R, []error)) *batcher[T, R] {
+	expecting func() bool, send func(ctx context.Context, items []T) ([]R, []error)) *batcher[T, R] {
 	b := newBatcher(ctx, wg, maxBatch, maxInflight, timeout, send)
 	if gatherMax > 0 && expecting != nil {
 		b.expecting, b.gatherMax = expecting, gatherMax
@@ -313,15 +312,13 @@ func newGatheringBatcher[T, R any](ctx context.Context, wg *sync.WaitGroup, maxB
 
 // gatherLocked is the gathering batcher's wait before its slot holder takes
 // a batch: while expecting() reports calls on their way (the catalog
-// batcher: creates whose init batch came back, woken but not yet queued,
-// and those of init batches due back soon), it waits for them — woken by
-// each call that queues and by gatherWake, re-asking expecting each time —
-// until the bound expecting gives (from the start of the wait, at most
-// gatherMax), and never once the queue holds maxBatch or the owner's
-// context ends. With nothing expected (an idle edge, a lone create) it
-// returns at once: the call goes alone, as without gathering. b.mu is
-// held on entry and on return, released while waiting (expecting is
-// called without it).
+// batcher: creates whose init batch came back, woken but not yet queued),
+// it waits for them — woken by each call that queues and by gatherWake —
+// for at most gatherMax in all, and never once the queue holds maxBatch or
+// the owner's context ends. With nothing expected (an idle edge, a lone
+// create) it returns at once: the call goes alone, as without gathering.
+// b.mu is held on entry and on return, released while waiting (expecting
+// is called without it).
 func (b *batcher[T, R]) gatherLocked() {
 	if b.expecting == nil {
 		return
@@ -336,14 +333,11 @@ func (b *batcher[T, R]) gatherLocked() {
 	defer func() { b.timing.held("gather", time.Since(t0)) }()
 	for len(b.queue) < b.maxBatch {
 		b.mu.Unlock()
-		left := min(b.expecting(), b.gatherMax) - time.Since(t0)
-		more := left > 0
+		more := b.expecting()
+		if more && t == nil {
+			t = time.NewTimer(b.gatherMax)
+		}
 		if more {
-			if t == nil {
-				t = time.NewTimer(left)
-			} else {
-				t.Reset(left) // Go ≥ 1.23: no stale value after Reset
-			}
 			select {
 			case <-b.wake:
 			case <-t.C:

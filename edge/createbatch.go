@@ -80,11 +80,6 @@ type createBatching struct {
 	// batchers (batcher.groupLocked); ≤ 0: none.
 	groupDelay, initGroupDelay time.Duration
 	arriving                   atomic.Int64 // creates whose init came back, not yet in the catalog queue
-	// initGather (> 0 when gathering) is how long the catalog batch may
-	// also wait for the creates of init batches in flight that are due
-	// back within it (flights; "Gathering across the two groups" below).
-	initGather time.Duration
-	flights    initFlights
 
 	mu          sync.Mutex
 	inits       map[string]*batcher[initCall, struct{}]
@@ -133,11 +128,6 @@ const (
 	// defaultCreateGather is Options.CreateGather's default: goroutine
 	// wake-ups take microseconds unless the edge's CPU is saturated.
 	defaultCreateGather = time.Millisecond
-	// defaultInitGather is createBatching.initGather when gathering is
-	// on: about one init batch's round trip at 16 clients on the
-	// project's 2-core VM (2–4 ms), so a catalog batch waits for the init
-	// batch right behind it rather than for one just sent.
-	defaultInitGather = 4 * time.Millisecond
 	// defaultCreateGroupDelay and defaultCreateInitGroupDelay are the
 	// group-commit delays' defaults (Options.CreateGroupDelay, "Grouping
 	// the next batch" below): at 16 clients 2 ms took the catalog's CPU
@@ -167,11 +157,6 @@ func (s *Server) initCreateBatching() {
 	if b.maxBatch == 0 {
 		b.maxBatch = defaultCreateBatch
 	}
-	if b.gather > 0 {
-		b.initGather = defaultInitGather
-	}
-	b.flights.hung = initStall
-
 	if b.inflight <= 0 {
 		b.inflight = defaultCreateBatchInflight
 	}
@@ -190,8 +175,8 @@ func (s *Server) initCreateBatching() {
 			return stored, fill(len(rs), err)
 		})
 	if bc, ok := s.catalog.(BatchCreator); ok {
-		b.catalog = newGatheringBatcher(s.bgCtx, &b.wg, b.maxBatch, b.inflight, 3*s.o.CatalogTimeout, max(b.gather, b.initGather),
-			b.expecting,
+		b.catalog = newGatheringBatcher(s.bgCtx, &b.wg, b.maxBatch, b.inflight, 3*s.o.CatalogTimeout, b.gather,
+			func() bool { return b.arriving.Load() > 0 },
 			func(ctx context.Context, items []auditedCreate) ([]fsm.Database, []error) {
 				cmds := make([]fsm.CreateDatabase, len(items))
 				audits := make([]*fsm.Audit, len(items))
@@ -284,14 +269,8 @@ func (s *Server) initBatcher(addr string) *batcher[initCall, struct{}] {
 	x := newBatcher(s.bgCtx, &b.wg, min(b.maxBatch, event.MaxHostBatch), b.inflight, 10*time.Second,
 		func(ctx context.Context, calls []initCall) ([]struct{}, []error) {
 			items := make([]event.InitBatchItem, len(calls))
-			gathered := false // a call with a ticket: a create the catalog batch may wait for
 			for i, c := range calls {
 				items[i] = c.item
-				gathered = gathered || c.tk != nil
-			}
-			var flight uint64
-			if gathered {
-				flight = b.flights.start()
 			}
 			errs := s.hostBatchOrEach(addr, len(items),
 				func() ([]error, error) { return s.hosts.InitBatch(ctx, addr, items) },
@@ -302,13 +281,6 @@ func (s *Server) initBatcher(addr string) *batcher[initCall, struct{}] {
 				if i < len(errs) && errs[i] == nil {
 					c.tk.arrive()
 				}
-			}
-			if gathered {
-				// After arrive: a slot holder never sees these creates
-				// neither in flight nor arriving. The ones that failed
-				// will not come: the holder re-asks.
-				b.flights.done(flight)
-				b.catalog.gatherWake()
 			}
 			return make([]struct{}, len(items)), errs
 		})
@@ -420,26 +392,7 @@ func concurrently(n int, fn func(i int)) {
 // when the request is sent. Measured (docs/benchmarks.md, "Gathering the
 // catalog batch"): waiting also for init batches due back within a
 // catalog round trip, or making init batches wait for creates still in
-// steps (1)–(3), gave nothing more in the same rounds, and was dropped —
-// before the group-commit delays below; with them, see "Gathering across
-// the two groups".
-
-// Gathering across the two groups. With the group-commit delays, 16
-// closed-loop clients settle into about two groups alternating between
-// the two steps: one in its init batch while the other is in its catalog
-// batch, each one-slot batcher's slot busy sending or held 85–90% of the
-// time, and the init batch's round trip about the catalog batch's (not a
-// short step: 3.0 against 2.7 ms at 16 clients, load 12). A catalog batch
-// of one group costs one Raft entry, the same as one of both. So the
-// catalog batch also waits for the creates of an init batch in flight
-// that is due back within defaultInitGather (4 ms; by the EWMA of init
-// round trips, initFlights), and the two groups share an entry: measured
-// at 16 clients, 11.5 creates per catalog batch against 7.7, the catalog's
-// CPU per create 0.78× of main's, creates/s 1.11× (docs/benchmarks.md,
-// "Where a create's time goes"). An init batch out longer than initStall
-// is a hung host's and is not waited for. A create finding nothing on its
-// way (an idle edge, a lone client) still goes at once; one that finds an
-// init batch due waits at most 4 ms for it.
+// steps (1)–(3), gave nothing more in the same rounds, and was dropped.
 
 // Grouping the next batch. Closed-loop clients behind a one-slot batcher
 // arrive in groups (the creates answered by one batch come back
@@ -529,73 +482,4 @@ func (t *createTicket) leave() {
 	if t.move(2) == 1 {
 		t.cb.catalog.gatherWake()
 	}
-}
-
-// expecting is the catalog batcher's gather bound for what is on its way
-// now (batcher.gatherLocked; 0: nothing): CreateGather for creates whose
-// init batch came back, initGather for those of an init batch in flight
-// due back within it.
-func (b *createBatching) expecting() time.Duration {
-	var w time.Duration
-	if b.arriving.Load() > 0 {
-		w = b.gather
-	}
-	if b.initGather > w && b.flights.dueWithin(b.initGather) {
-		w = b.initGather
-	}
-	return w
-}
-
-// initFlights are the init batches holding creates that are in flight to
-// the hosts, with an estimate of an init batch's round trip.
-type initFlights struct {
-	mu   sync.Mutex
-	sent map[uint64]time.Time
-	next uint64
-	rtt  time.Duration // EWMA (1/8) of the round trips
-	// hung: a batch out longer is a hung host's, not waited for
-	// (initStall; tests make it longer).
-	hung time.Duration
-}
-
-func (f *initFlights) start() uint64 {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.sent == nil {
-		f.sent = map[uint64]time.Time{}
-	}
-	f.next++
-	f.sent[f.next] = time.Now()
-	return f.next
-}
-
-func (f *initFlights) done(id uint64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	at, ok := f.sent[id]
-	if !ok {
-		return
-	}
-	delete(f.sent, id)
-	d := time.Since(at)
-	if f.rtt == 0 {
-		f.rtt = d
-	} else {
-		f.rtt += (d - f.rtt) / 8
-	}
-}
-
-// dueWithin reports whether an init batch in flight is expected back
-// within d: sent at least rtt-d ago (with no round trip measured yet, any
-// batch in flight is).
-func (f *initFlights) dueWithin(d time.Duration) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	now := time.Now()
-	for _, at := range f.sent {
-		if age := now.Sub(at); age <= f.hung && age+d >= f.rtt {
-			return true
-		}
-	}
-	return false
 }

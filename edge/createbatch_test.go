@@ -608,13 +608,7 @@ func TestGatheringBatcherWithTwoSlotsSendsNoEmptyBatch(t *testing.T) {
 	expecting.Store(true)
 	var mu sync.Mutex
 	var sizes []int
-	b := newGatheringBatcher(context.Background(), &wg, 10, 2, time.Minute, time.Hour,
-		func() time.Duration {
-			if expecting.Load() {
-				return time.Hour
-			}
-			return 0
-		},
+	b := newGatheringBatcher(context.Background(), &wg, 10, 2, time.Minute, time.Hour, expecting.Load,
 		func(_ context.Context, items []int) ([]int, []error) {
 			mu.Lock()
 			sizes = append(sizes, len(items))
@@ -678,48 +672,4 @@ func TestCreateBatchTimingsAreReported(t *testing.T) {
 		assert.Equal(t, uint64(2), counts["shoal_edge_create_batch_send_seconds/"+step], "one round trip per batch: %s", step)
 		assert.Equal(t, uint64(2), counts["shoal_edge_create_batch_queued_seconds/"+step], "one wait per create: %s", step)
 	}
-}
-
-// Gathering across the two groups: a create whose init came back while
-// another create's init batch is in flight and due back waits for it
-// (createbatch.go, "Gathering across the two groups"), and the two share
-// one catalog batch instead of one each. No timing is asserted: every
-// bound is an hour, so only the second create's arrival ends the wait.
-// Two slots per step put the two inits in two batches in flight at once.
-func TestCreateGatherWaitsForAnInitBatchDueBack(t *testing.T) {
-	e, bc := newBatchEnv(t, func(o *Options) { o.CreateGather, o.CreateBatchInflight = time.Hour, 2 })
-	e.srv.cb.initGather = time.Hour
-	e.srv.cb.flights.mu.Lock()
-	e.srv.cb.flights.hung = time.Hour
-	e.srv.cb.flights.mu.Unlock()
-	h := e.hosts[0] // the only host of the edge's region: every create's
-	gate := make(chan struct{})
-	h.mu.Lock()
-	h.initGate = gate
-	h.mu.Unlock()
-	t.Cleanup(func() { close(gate) }) // on failure, lets the held init finish (before the env's cleanup)
-	inFlight := func() int {
-		e.srv.cb.flights.mu.Lock()
-		defer e.srv.cb.flights.mu.Unlock()
-		return len(e.srv.cb.flights.sent)
-	}
-	var wg sync.WaitGroup
-	for _, name := range []string{"x", "y"} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			a := e.call("POST", dbPath(acctA), tokA, map[string]any{"name": name})
-			assert.Equal(t, 200, a.Status, "%s: %s", name, a.Raw)
-		}()
-	}
-	require.Eventually(t, func() bool { return inFlight() == 2 }, 5*time.Second, time.Millisecond,
-		"both inits in flight, in two batches")
-	gate <- struct{}{} // one init comes back: its create waits in the catalog queue
-	require.Eventually(t, func() bool { return e.catalogQueue() == 1 && inFlight() == 1 }, 5*time.Second, time.Millisecond,
-		"the first create waits for the init batch due back instead of going alone")
-	assert.Empty(t, bc.batchSizes())
-	gate <- struct{}{}
-	wg.Wait()
-	assert.Equal(t, []int{2}, bc.batchSizes(), "both creates in one catalog batch")
-	assert.Zero(t, e.srv.cb.arriving.Load())
 }
