@@ -77,6 +77,8 @@ type clientConfig struct {
 	coalesceSet                     bool
 	gather                          time.Duration // WithWriteGather
 	gatherSet                       bool
+	gatherIdle                      time.Duration // WithWriteGatherIdle
+	gatherIdleSet                   bool
 }
 
 // ClientOption configures a Client.
@@ -169,8 +171,11 @@ func NewClient(addrs []string, opts ...ClientOption) (*Client, error) {
 	if !cfg.gatherSet {
 		cfg.gather = defaultWriteGather
 	}
+	if !cfg.gatherIdleSet {
+		cfg.gatherIdle = defaultWriteGatherIdle
+	}
 	if cfg.coalesceInflight > 0 {
-		c.writes = newCoalescer(c, cfg.coalesceBatch, cfg.coalesceInflight, cfg.gather)
+		c.writes = newCoalescer(c, cfg.coalesceBatch, cfg.coalesceInflight, cfg.gather, cfg.gatherIdle)
 	}
 	return c, nil
 }
