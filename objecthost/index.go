@@ -3,7 +3,10 @@ package objecthost
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -494,6 +497,12 @@ func (ix *index) load(fn func(*Meta) error) error {
 	}
 	ix.mu.Unlock()
 	defer func() { _ = tx.Rollback() }()
+	return mergeRecords(tx, over, fn)
+}
+
+// mergeRecords calls fn, in key order, for every record of tx's objects
+// bucket with over's ops applied (a nil value removes the record).
+func mergeRecords(tx *bolt.Tx, over map[string][]byte, fn func(*Meta) error) error {
 	keys := make([]string, 0, len(over))
 	for k := range over {
 		keys = append(keys, k)
@@ -512,6 +521,7 @@ func (ix *index) load(fn func(*Meta) error) error {
 	c := tx.Bucket(bucketObjects).Cursor()
 	k, v := c.First()
 	for k != nil || len(keys) > 0 {
+		var err error
 		switch {
 		case len(keys) == 0 || (k != nil && bytes.Compare(k, []byte(keys[0])) < 0):
 			err = emit(k, v)
@@ -529,6 +539,49 @@ func (ix *index) load(fn func(*Meta) error) error {
 		}
 	}
 	return nil
+}
+
+// ReadIndex calls fn, in key order, for every record of the index a
+// stopped host left in dir, as the host will load it at its next start —
+// bbolt's records with the journal's live generations applied — without
+// writing anything (checks of a killed host's files use it; bbolt's lock
+// is exclusive, so the host must not be running).
+func ReadIndex(dir string, fn func(*Meta) error) error {
+	path := filepath.Join(dir, "index.db")
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 5 * time.Second})
+	if err != nil {
+		return fmt.Errorf("open index %s: %w", path, err)
+	}
+	defer db.Close()
+	return db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketObjects) == nil {
+			return nil
+		}
+		gen := uint64(1)
+		if m := tx.Bucket(bucketIndexMeta); m != nil {
+			if v := m.Get(keyJournalGen); len(v) == 8 {
+				gen = binary.BigEndian.Uint64(v)
+			}
+		}
+		over := map[string][]byte{}
+		for g := gen; g <= gen+1; g++ {
+			f, err := os.Open(journalPath(path, int(g%2)))
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			} else if err != nil {
+				return err
+			}
+			ops, err := readGeneration(f, g)
+			_ = f.Close()
+			if err != nil {
+				return fmt.Errorf("read index journal: %w", err)
+			}
+			for _, op := range ops {
+				over[string(op.key)] = op.value
+			}
+		}
+		return mergeRecords(tx, over, fn)
+	})
 }
 
 // size returns the index file's size in bytes (bbolt's; the journal's two

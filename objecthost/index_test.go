@@ -171,6 +171,9 @@ func TestIndexCrashReplaysJournal(t *testing.T) {
 	require.Equal(t, []string{"b", "c", "d"}, ids(indexRecords(t, ix)), "load sees the overlay")
 
 	crashed := crashCopy(t, path)
+	var read []string
+	require.NoError(t, ReadIndex(filepath.Dir(crashed), func(m *Meta) error { read = append(read, m.ObjectID); return nil }))
+	require.Equal(t, []string{"b", "c", "d"}, read, "ReadIndex sees what the replay will apply")
 	ix2 := openNoCheckpoint(t, crashed)
 	got := indexRecords(t, ix2)
 	require.Equal(t, []string{"b", "c", "d"}, ids(got))

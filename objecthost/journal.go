@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/shoaldb/shoal/internal/durable"
 )
 
 // journal is the index's write-ahead log: two files used in turn, one per
@@ -89,7 +91,7 @@ func openJournalFiles(indexPath string) (*journal, error) {
 		}
 	}
 	if created {
-		if err := syncDir(filepath.Dir(indexPath)); err != nil {
+		if err := durable.SyncDir(filepath.Dir(indexPath)); err != nil {
 			j.close()
 			return nil, fmt.Errorf("sync index directory: %w", err)
 		}
@@ -112,18 +114,6 @@ func zeroFill(f *os.File, off, size int64) error {
 	return f.Sync()
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
 // replayOp is one op read back from the journal; value nil is a remove.
 type replayOp struct {
 	key, value []byte
@@ -131,8 +121,9 @@ type replayOp struct {
 
 // read returns the ops of generation gen in file gen%2, in order, up to
 // the first record that ends the generation (see journal).
-func (j *journal) read(gen uint64) ([]replayOp, error) {
-	f := j.files[gen%2]
+func (j *journal) read(gen uint64) ([]replayOp, error) { return readGeneration(j.files[gen%2], gen) }
+
+func readGeneration(f *os.File, gen uint64) ([]replayOp, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, err
