@@ -320,3 +320,39 @@ func TestIndexConcurrentCheckpoints(t *testing.T) {
 	defer ix2.close()
 	require.Len(t, indexRecords(t, ix2), want)
 }
+
+// An index written by a build before the journal (bbolt only: no
+// index_meta bucket, no journal files) reads the same through ReadIndex
+// and opens: the journal files are created then, and the records kept.
+func TestIndexOpensPreJournalIndex(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "index.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	v, err := encodeMeta(&Meta{ObjectID: "old", State: StateActive})
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket(bucketObjects)
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte("old"), v)
+	}))
+	require.NoError(t, db.Close())
+
+	var read []string
+	require.NoError(t, ReadIndex(dir, func(m *Meta) error { read = append(read, m.ObjectID); return nil }))
+	require.Equal(t, []string{"old"}, read)
+	ix := openNoCheckpoint(t, path)
+	require.Equal(t, []string{"old"}, ids(indexRecords(t, ix)))
+	require.NoError(t, ix.put(&Meta{ObjectID: "new", State: StateActive}))
+	require.NoError(t, ix.close())
+	read = nil
+	require.NoError(t, ReadIndex(dir, func(m *Meta) error { read = append(read, m.ObjectID); return nil }))
+	require.Equal(t, []string{"new", "old"}, read)
+	for i := range 2 {
+		st, err := os.Stat(journalPath(path, i))
+		require.NoError(t, err)
+		require.EqualValues(t, journalPrealloc, st.Size())
+	}
+}
