@@ -2,6 +2,7 @@ package edge
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -190,4 +191,13 @@ func TestCreatedRouteServesTheNextQueryBeforeItIsWritten(t *testing.T) {
 	defer rc.Close()
 	_, inFile = rc.read(d.UUID)
 	assert.True(t, inFile, "Server.Close wrote the staged route")
+}
+
+// DESIGN.md states the staging linger.
+func TestStageLingerAsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("DESIGN.md")
+	require.NoError(t, err)
+	assert.Contains(t, string(doc), "created in the last `RouteStageLinger` (20 ms)")
+	assert.Contains(t, string(doc), "(`RouteStageLinger`, 20 ms)")
+	assert.Equal(t, 20*time.Millisecond, defaultStageLinger)
 }
