@@ -412,13 +412,6 @@ func (c *Client) applyBatch(ctx context.Context, cmds []fsm.Command) ([]fsm.Resu
 		}
 		bodies[i] = b
 	}
-	return c.applyEncoded(ctx, bodies)
-}
-
-// applyEncoded is applyBatch for commands already encoded (json.Marshal
-// of each fsm.Command, its request ID, time and version filled), at most
-// MaxApplyBatch of them.
-func (c *Client) applyEncoded(ctx context.Context, bodies [][]byte) ([]fsm.Result, []error) {
 	res, errs, unsupported := c.applyBodies(ctx, bodies)
 	if unsupported {
 		// A node of an older build: each command through /v1/apply, with
@@ -535,6 +528,61 @@ func (c *Client) applyBodies(ctx context.Context, bodies [][]byte) (res []fsm.Re
 func isRetryableWrite(err error) bool {
 	var nl *NotLeaderError
 	return errors.As(err, &nl) || errors.Is(err, ErrUnavailable)
+}
+
+// CreateDatabases records many databases in one request (the edge's
+// coalesced creates): each is its own create_database command with its own
+// request ID and outcome — a refusal of one (name taken, the account's
+// limit, …) leaves the others unaffected. The i-th Database and error
+// answer cmds[i].
+//
+// Every command carries the audit record of ctx (fsm.WithAudit), as
+// CreateDatabase does; CreateDatabasesAs gives each its own.
+func (c *Client) CreateDatabases(ctx context.Context, cmds []fsm.CreateDatabase) ([]fsm.Database, []error) {
+	var audits []*fsm.Audit
+	if a, ok := fsm.AuditFrom(ctx); ok {
+		audits = make([]*fsm.Audit, len(cmds))
+		for i := range audits {
+			audits[i] = &a
+		}
+	}
+	return c.CreateDatabasesAs(ctx, cmds, audits)
+}
+
+// CreateDatabasesAs is CreateDatabases with the audit record of each
+// create (who asked, from where) given per command: the creates of one
+// batch come from different requests. audits[i] (nil, or audits shorter
+// than cmds: none) goes with cmds[i]; the audit of ctx is not used.
+func (c *Client) CreateDatabasesAs(ctx context.Context, cmds []fsm.CreateDatabase, audits []*fsm.Audit) ([]fsm.Database, []error) {
+	out := make([]fsm.Database, len(cmds))
+	errs := make([]error, len(cmds))
+	batch := make([]fsm.Command, 0, len(cmds))
+	idx := make([]int, 0, len(cmds))
+	now := c.now().UnixNano()
+	for i, d := range cmds {
+		cmd, err := fsm.NewCommand(fsm.CmdCreateDatabase, c.newID(), now, d)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		if i < len(audits) && audits[i] != nil {
+			a := *audits[i]
+			cmd.Audit = &a
+		}
+		batch = append(batch, cmd)
+		idx = append(idx, i)
+	}
+	res, rerrs := c.ApplyBatch(ctx, batch)
+	for j, i := range idx {
+		errs[i] = rerrs[j]
+		if errs[i] == nil && len(res[j].Value) > 0 {
+			if err := json.Unmarshal(res[j].Value, &out[i]); err != nil {
+				errs[i] = fmt.Errorf("decode %s result: %w", fsm.CmdCreateDatabase, err)
+			}
+		}
+		c.invalidate(cmds[i].AccountID, cmds[i].UUID, cmds[i].Name)
+	}
+	return out, errs
 }
 
 // appendResultJSON appends json.Marshal(r) for a Result without a refusal,
