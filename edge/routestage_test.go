@@ -201,3 +201,14 @@ func TestStageLingerAsDocumented(t *testing.T) {
 	assert.Contains(t, string(doc), "(`RouteStageLinger`, 20 ms)")
 	assert.Equal(t, 20*time.Millisecond, defaultStageLinger)
 }
+
+// With a negative linger, Stage is Put: the route is in the file when it
+// returns.
+func TestStageWithoutLingerIsPut(t *testing.T) {
+	rc, err := OpenRouteCache(filepath.Join(t.TempDir(), "routes.db"), RouteCacheOptions{StageLinger: -1})
+	require.NoError(t, err)
+	defer rc.Close()
+	require.NoError(t, rc.Stage(route(1, "o1", "active")))
+	_, inFile := rc.read(u1)
+	assert.True(t, inFile)
+}
