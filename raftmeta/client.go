@@ -77,8 +77,6 @@ type clientConfig struct {
 	coalesceSet                     bool
 	gather                          time.Duration // WithWriteGather
 	gatherSet                       bool
-	gatherIdle                      time.Duration // WithWriteGatherIdle
-	gatherIdleSet                   bool
 }
 
 // ClientOption configures a Client.
@@ -171,11 +169,8 @@ func NewClient(addrs []string, opts ...ClientOption) (*Client, error) {
 	if !cfg.gatherSet {
 		cfg.gather = defaultWriteGather
 	}
-	if !cfg.gatherIdleSet {
-		cfg.gatherIdle = defaultWriteGatherIdle
-	}
 	if cfg.coalesceInflight > 0 {
-		c.writes = newCoalescer(c, cfg.coalesceBatch, cfg.coalesceInflight, cfg.gather, cfg.gatherIdle)
+		c.writes = newCoalescer(c, cfg.coalesceBatch, cfg.coalesceInflight, cfg.gather)
 	}
 	return c, nil
 }

@@ -83,10 +83,6 @@ const (
 	// defaultWriteGather is WithWriteGather's default bound (see
 	// "Gathering" above and raftmeta/DESIGN.md for the measurements).
 	defaultWriteGather = time.Millisecond
-	// defaultWriteGatherIdle is WithWriteGatherIdle's default: off until
-	// measured on a quiet machine (TestGatherOpenLoop; on a machine at
-	// load 20–30 the open-loop latencies did not resolve it).
-	defaultWriteGatherIdle = 0
 )
 
 // WithWriteBatching sets how concurrent writes share requests: up to
@@ -107,22 +103,11 @@ func WithWriteGather(d time.Duration) ClientOption {
 	return func(c *clientConfig) { c.gather, c.gatherSet = d, true }
 }
 
-// WithWriteGatherIdle ends a gathering wait early once d has passed with no
-// write queued — since the wait began or since the last write queued
-// (default off; d ≤ 0: only WithWriteGather's bound ends it). Callers
-// in a closed loop come back within tens of microseconds of each other;
-// independent writes at a moderate rate do not, and without this every
-// batch after a send of two waited the whole bound for them.
-func WithWriteGatherIdle(d time.Duration) ClientOption {
-	return func(c *clientConfig) { c.gatherIdle, c.gatherIdleSet = d, true }
-}
-
 type coalescer struct {
 	c           *Client
 	maxBatch    int
 	maxInflight int
 	gather      time.Duration // ≤ 0: no gathering
-	gatherIdle  time.Duration // ≤ 0: a gathering wait ends only at gather
 	wake        chan struct{} // buffered 1: a call queued (wakes a gathering slot holder)
 
 	mu          sync.Mutex
@@ -139,13 +124,13 @@ type queuedWrite struct {
 	done chan struct{}
 }
 
-func newCoalescer(c *Client, maxBatch, inflight int, gather, gatherIdle time.Duration) *coalescer {
+func newCoalescer(c *Client, maxBatch, inflight int, gather time.Duration) *coalescer {
 	if maxBatch <= 0 || maxBatch > MaxApplyBatch {
 		maxBatch = MaxApplyBatch
 	}
 	q := &coalescer{c: c, maxBatch: maxBatch, maxInflight: inflight}
 	if gather > 0 {
-		q.gather, q.gatherIdle, q.wake = gather, gatherIdle, make(chan struct{}, 1)
+		q.gather, q.wake = gather, make(chan struct{}, 1)
 	}
 	return q
 }
@@ -240,9 +225,8 @@ func (q *coalescer) gathersAfter(answered int) bool {
 // gatherLocked is the gathering wait (see "Gathering" above): after a send
 // of two or more commands, until the queue holds as many as were just
 // answered plus those queued now (at most maxBatch, or a batch's worth of
-// bytes), woken by each call that queues, for at most q.gather in all,
-// and no longer than q.gatherIdle without a call queuing or once the
-// client's context ends (Close). After a send of one
+// bytes), woken by each call that queues, for at most q.gather in all, and
+// no longer once the client's context ends (Close). After a send of one
 // command, or with the queue already that long, it returns at once. q.mu
 // is held on entry and on return, released while waiting.
 func (q *coalescer) gatherLocked(answered int) {
@@ -254,7 +238,7 @@ func (q *coalescer) gatherLocked(answered int) {
 	case <-q.wake:
 	default:
 	}
-	groupwait.LockedIdle(&q.mu, q.wake, q.gather, q.gatherIdle, q.c.sendContext().Done(), func() bool {
+	groupwait.Locked(&q.mu, q.wake, q.gather, q.c.sendContext().Done(), func() bool {
 		return len(q.queue) >= want || q.queuedBytes >= coalesceMaxBytes
 	})
 }

@@ -375,11 +375,9 @@ func TestClientGatherMergesClosedLoopCallers(t *testing.T) {
 	g := newGatedProxy(t, leader, false)
 	g.open()
 	g.delay.Store(int64(20 * time.Millisecond))
-	// A generous bound and idle gap: every caller answered comes back long
-	// before either on a loaded machine, so the batch is full, not cut by a
-	// timer.
-	cl, err := NewClient([]string{g.addr()}, WithCacheTTL(0), WithWriteBatching(MaxApplyBatch, 1), WithWriteGather(500*time.Millisecond),
-		WithWriteGatherIdle(100*time.Millisecond))
+	// A generous bound: every caller answered comes back long before it on
+	// a loaded machine, so the batch is full, not cut by the timer.
+	cl, err := NewClient([]string{g.addr()}, WithCacheTTL(0), WithWriteBatching(MaxApplyBatch, 1), WithWriteGather(500*time.Millisecond))
 	require.NoError(t, err)
 	defer cl.Close()
 
@@ -435,8 +433,7 @@ func TestClientGatherNeverHoldsALoneCaller(t *testing.T) {
 	require.NoError(t, err)
 	g := newGatedProxy(t, leader, false)
 	g.open()
-	cl, err := NewClient([]string{g.addr()}, WithCacheTTL(0), WithWriteBatching(MaxApplyBatch, 1), WithWriteGather(time.Hour),
-		WithWriteGatherIdle(0))
+	cl, err := NewClient([]string{g.addr()}, WithCacheTTL(0), WithWriteBatching(MaxApplyBatch, 1), WithWriteGather(time.Hour))
 	require.NoError(t, err)
 	defer cl.Close()
 
@@ -460,8 +457,7 @@ func TestClientCloseEndsAGather(t *testing.T) {
 	_, err := leader.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("acct", 1000)))
 	require.NoError(t, err)
 	g := newGatedProxy(t, leader, false)
-	cl, err := NewClient([]string{g.addr()}, WithCacheTTL(0), WithWriteBatching(MaxApplyBatch, 1), WithWriteGather(time.Hour),
-		WithWriteGatherIdle(0))
+	cl, err := NewClient([]string{g.addr()}, WithCacheTTL(0), WithWriteBatching(MaxApplyBatch, 1), WithWriteGather(time.Hour))
 	require.NoError(t, err)
 	defer cl.Close()
 
@@ -503,53 +499,4 @@ func TestClientCloseEndsAGather(t *testing.T) {
 	_, err = cl.CreateDatabase(ctx, newDB("acct"))
 	require.NoError(t, err, "a client used after Close still writes")
 	assert.EqualValues(t, 2, g.singles.Load(), "the write after Close went at once, alone")
-}
-
-// The idle gap ends a gather whose callers are not coming back: after a
-// batch of three returns with nothing queued, the slot holder waits for
-// three more; with an hour's bound, only the gap (here 1 ms without a
-// write queuing) frees the slot — the next write then goes at once, alone.
-// With the gap off (checked: WithWriteGatherIdle(0)) the slot stays held
-// and the Eventually below fails.
-func TestClientGatherIdleGapFreesTheSlot(t *testing.T) {
-	tc := newTestCluster(t, 1, nil)
-	leader := tc.waitLeader()
-	ctx := context.Background()
-	_, err := leader.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("acct", 1000)))
-	require.NoError(t, err)
-	g := newGatedProxy(t, leader, false)
-	cl, err := NewClient([]string{g.addr()}, WithCacheTTL(0), WithWriteBatching(MaxApplyBatch, 1), WithWriteGather(time.Hour),
-		WithWriteGatherIdle(time.Millisecond))
-	require.NoError(t, err)
-	defer cl.Close()
-
-	// A lone write held by the proxy, three queued behind it: they go as
-	// one batch, whose return starts a gather for three more.
-	errs := make([]error, 4)
-	var wg sync.WaitGroup
-	for i := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, errs[i] = cl.CreateDatabase(ctx, newDB("acct"))
-		}()
-		if i == 0 {
-			require.Eventually(t, func() bool { return g.singles.Load() == 1 }, 10*time.Second, time.Millisecond)
-		}
-	}
-	require.Eventually(t, func() bool { return queued(cl) == 3 }, 10*time.Second, time.Millisecond)
-	g.open()
-	wg.Wait()
-	for i, err := range errs {
-		require.NoError(t, err, "write %d", i)
-	}
-	require.EqualValues(t, 1, g.batches.Load())
-	require.Eventually(t, func() bool {
-		cl.writes.mu.Lock()
-		defer cl.writes.mu.Unlock()
-		return cl.writes.inflight == 0
-	}, 20*time.Second, time.Millisecond, "the idle gap did not end the gather")
-	_, err = cl.CreateDatabase(ctx, newDB("acct"))
-	require.NoError(t, err)
-	assert.EqualValues(t, 2, g.singles.Load(), "the next write went at once, alone")
 }

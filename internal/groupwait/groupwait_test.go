@@ -43,29 +43,3 @@ func TestLockedEndsAtItsBoundOrStop(t *testing.T) {
 	require.False(t, mu.TryLock(), "the lock is held on return")
 	mu.Unlock()
 }
-
-// LockedIdle ends once idle passes with no wake, long before its bound
-// (an hour here: returning at all is the check), and a wake within the
-// gap keeps it waiting for its condition (a one-minute gap: the three
-// wakes come far sooner).
-func TestLockedIdleEndsAfterAQuietGap(t *testing.T) {
-	var mu sync.Mutex
-	never := func() bool { return false }
-	mu.Lock()
-	LockedIdle(&mu, make(chan struct{}), time.Hour, time.Millisecond, nil, never)
-	require.False(t, mu.TryLock(), "the lock is held on return")
-
-	wake := make(chan struct{}, 1)
-	n := 0
-	go func() {
-		for range 3 {
-			mu.Lock()
-			n++
-			mu.Unlock()
-			wake <- struct{}{}
-		}
-	}()
-	LockedIdle(&mu, wake, time.Hour, time.Minute, nil, func() bool { return n >= 3 })
-	assert.Equal(t, 3, n, "ended on its condition, not the gap")
-	mu.Unlock()
-}

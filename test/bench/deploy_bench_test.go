@@ -90,8 +90,6 @@ var deployOpenRate float64
 // off) sets this build's raw client's gathering bound (raftmeta.WithWriteGather),
 // SHOAL_BENCH_BASELINE_RAW_GATHER the baseline's (default 0);
 // SHOAL_BENCH_RAW_INFLIGHT=N this build's raw client's send slots (default 1).
-// SHOAL_BENCH_RAW_GATHER_IDLE and SHOAL_BENCH_BASELINE_RAW_GATHER_IDLE set the
-// raw clients' idle gap (raftmeta.WithWriteGatherIdle; 0 off).
 // SHOAL_BENCH_OPEN_RATE=R makes every measured phase an open loop of R
 // operations a second (runOpen; the client counts bound what is in flight).
 // Run with:
@@ -717,18 +715,6 @@ func startDeployClusterSpec(t *testing.T, ports *portAlloc, s deploySpec) *deplo
 		g, err := time.ParseDuration(gather)
 		require.NoError(t, err, gatherEnv)
 		rawOpts = append(rawOpts, raftmeta.WithWriteGather(g))
-	}
-	// SHOAL_BENCH_RAW_GATHER_IDLE / SHOAL_BENCH_BASELINE_RAW_GATHER_IDLE:
-	// the raw clients' idle gap (raftmeta.WithWriteGatherIdle; 0 off, unset:
-	// the client's default).
-	idleEnv := "SHOAL_BENCH_RAW_GATHER_IDLE"
-	if prefix != "" {
-		idleEnv = "SHOAL_BENCH_BASELINE_RAW_GATHER_IDLE"
-	}
-	if v := os.Getenv(idleEnv); v != "" {
-		g, err := time.ParseDuration(v)
-		require.NoError(t, err, idleEnv)
-		rawOpts = append(rawOpts, raftmeta.WithWriteGatherIdle(g))
 	}
 	// SHOAL_BENCH_RAW_INFLIGHT=N: this build's raw client sends up to N
 	// batches at once (raftmeta.WithWriteBatching; the client's default 1).
