@@ -986,17 +986,8 @@ func (d *deployCluster) leaderBatches(t *testing.T) [3]float64 {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	var out [3]float64
-	for _, line := range strings.Split(string(b), "\n") {
-		for i, name := range []string{"shoal_raftmeta_fsm_batch_entries_sum ", "shoal_raftmeta_fsm_batch_entries_count ", "shoal_raftmeta_fsm_batch_commands_sum "} {
-			if strings.HasPrefix(line, name) {
-				v, err := strconv.ParseFloat(strings.TrimPrefix(line, name), 64)
-				require.NoError(t, err)
-				out[i] = v
-			}
-		}
-	}
-	return out
+	v := metricValues(t, b, "shoal_raftmeta_fsm_batch_entries_sum", "shoal_raftmeta_fsm_batch_entries_count", "shoal_raftmeta_fsm_batch_commands_sum")
+	return [3]float64{v[0], v[1], v[2]}
 }
 
 // snapshotsPersisted is how many snapshots the cluster's three voters have

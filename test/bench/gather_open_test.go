@@ -65,9 +65,7 @@ func TestGatherOpenLoop(t *testing.T) {
 	admin, err := raftmeta.NewClient(addrs)
 	require.NoError(t, err)
 	defer admin.Close()
-	_, err = admin.CreateAccount(ctx, fsm.CreateAccount{ID: "bench", Name: "bench", Tier: fsm.TierPaid,
-		Limits: fsm.Limits{MaxDatabases: 1 << 40, MaxStorageBytes: 1 << 40, MaxDatabaseBytes: 1 << 30}})
-	require.NoError(t, err)
+	createBenchAccount(t, admin)
 
 	type variant struct {
 		name string
@@ -158,13 +156,23 @@ func leaderFSMCounters(t *testing.T, addrs []string) [2]float64 {
 		b, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		require.NoError(t, err)
-		for _, line := range strings.Split(string(b), "\n") {
-			for i, name := range []string{"shoal_raftmeta_fsm_batch_entries_sum ", "shoal_raftmeta_fsm_batch_commands_sum "} {
-				if strings.HasPrefix(line, name) {
-					v, err := strconv.ParseFloat(strings.TrimPrefix(line, name), 64)
-					require.NoError(t, err)
-					out[i] += v
-				}
+		v := metricValues(t, b, "shoal_raftmeta_fsm_batch_entries_sum", "shoal_raftmeta_fsm_batch_commands_sum")
+		out[0] += v[0]
+		out[1] += v[1]
+	}
+	return out
+}
+
+// metricValues reads the unlabelled samples names from a Prometheus text
+// exposition (0 for a name it does not hold).
+func metricValues(t *testing.T, b []byte, names ...string) []float64 {
+	out := make([]float64, len(names))
+	for _, line := range strings.Split(string(b), "\n") {
+		for i, name := range names {
+			if rest, ok := strings.CutPrefix(line, name+" "); ok {
+				v, err := strconv.ParseFloat(rest, 64)
+				require.NoError(t, err)
+				out[i] = v
 			}
 		}
 	}

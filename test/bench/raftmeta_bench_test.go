@@ -47,9 +47,7 @@ func TestRaftmetaBenchProcesses(t *testing.T) {
 	admin, err := raftmeta.NewClient(httpAddrs)
 	require.NoError(t, err)
 	defer admin.Close()
-	_, err = admin.CreateAccount(ctx, fsm.CreateAccount{ID: "bench", Name: "bench", Tier: fsm.TierPaid,
-		Limits: fsm.Limits{MaxDatabases: 1 << 40, MaxStorageBytes: 1 << 40, MaxDatabaseBytes: 1 << 30}})
-	require.NoError(t, err)
+	createBenchAccount(t, admin)
 
 	var seq atomic.Int64
 	for _, n := range levels {
@@ -109,6 +107,14 @@ func startRaftmetaProcs(t *testing.T) ([]*exec.Cmd, []string) {
 	harness.WaitReady(t, start("n3", "--join", n1))
 
 	return procs, httpAddrs
+}
+
+// createBenchAccount creates the paid account "bench", with limits no
+// benchmark reaches, through cl.
+func createBenchAccount(t *testing.T, cl *raftmeta.Client) {
+	_, err := cl.CreateAccount(context.Background(), fsm.CreateAccount{ID: "bench", Name: "bench", Tier: fsm.TierPaid,
+		Limits: fsm.Limits{MaxDatabases: 1 << 40, MaxStorageBytes: 1 << 40, MaxDatabaseBytes: 1 << 30}})
+	require.NoError(t, err)
 }
 
 // procsCPU sums user+system CPU of the processes from /proc (clock ticks of
