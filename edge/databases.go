@@ -585,7 +585,7 @@ func (s *Server) afterCreate(d fsm.Database) {
 	if err := s.cache.Stage(rt); err != nil {
 		s.log.Warn("route cache write failed", "err", err)
 	}
-	s.goBackground("confirm", func(ctx context.Context) error { return s.confirmObject(ctx, rt) })
+	s.postConfirm(rt)
 }
 
 func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ principal) {

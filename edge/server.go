@@ -470,8 +470,11 @@ func (s *Server) Close() error {
 		s.bgMu.Lock()
 		s.bgClosing = true
 		s.bgMu.Unlock()
+		if s.cb.flush != nil {
+			close(s.cb.flush) // posted confirms go now, within the grace
+		}
 		done := make(chan struct{})
-		go func() { s.bgWG.Wait(); close(done) }()
+		go func() { s.bgWG.Wait(); s.cb.wg.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(s.o.CloseGrace):
