@@ -53,7 +53,8 @@ type batcher[T, R any] struct {
 	// holder waited with its slot (batchTiming).
 	timing *batchTiming
 	linger time.Duration
-	full   chan struct{} // lingering: the queue reached maxBatch (wakes the wait early)
+	full   chan struct{}   // lingering: the queue reached maxBatch (wakes the wait early)
+	flush  <-chan struct{} // lingering: closed, lingering ends (the owner is closing)
 	// A gathering batcher's slot holder waits, before it takes a batch,
 	// for calls known to be on their way (see gatherLocked): expecting
 	// reports whether any are; gatherMax bounds the whole wait; wake is
@@ -172,6 +173,50 @@ func (b *batcher[T, R]) doQueued(ctx context.Context, item T, queued func()) (R,
 	}
 }
 
+// post queues item for a batch without waiting for its outcome, for calls
+// nobody waits on (the create flow's confirms, sent after the client's
+// answer): no goroutine per call — a call that finds a slot free starts
+// one goroutine that sends batches until the queue is empty, lingering
+// as the batcher does. With maxQueued (> 0) calls already queued it drops
+// item and returns false (the peer is slow or down: what the caller
+// posts is best effort). Outcomes are discarded.
+func (b *batcher[T, R]) post(item T, maxQueued int) bool {
+	c := &batchCall[T, R]{item: item, done: make(chan struct{})}
+	if b.linger > 0 || b.timing != nil {
+		c.at = time.Now()
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if maxQueued > 0 && len(b.queue) >= maxQueued {
+		return false
+	}
+	b.queue = append(b.queue, c)
+	b.signalWake()
+	if b.full != nil && len(b.queue) == b.maxBatch {
+		select { // a full batch need not wait for its linger
+		case b.full <- struct{}{}:
+		default:
+		}
+	}
+	if b.inflight < b.maxInflight {
+		b.inflight++
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			b.mu.Lock()
+			next := b.nextLocked(false)
+			if len(next) == 0 {
+				// Another slot holder took the queue while this one waited.
+				b.inflight--
+				next = nil
+			}
+			b.mu.Unlock()
+			b.drain(next)
+		}()
+	}
+	return true
+}
+
 // drain sends batch, then whatever queued meanwhile, until the queue is
 // empty (and, for a grouping batcher, stays empty through its group
 // wait); then it frees its slot. A nil batch: nothing to do (the caller
@@ -239,6 +284,8 @@ func (b *batcher[T, R]) nextLocked(returned bool) []*batchCall[T, R] {
 			select {
 			case <-t.C:
 			case <-b.full:
+				t.Stop()
+			case <-b.flush:
 				t.Stop()
 			case <-b.ctx.Done():
 				t.Stop()

@@ -90,6 +90,10 @@ type createBatching struct {
 
 	// timing of the catalog and init batchers (createBatchTimings).
 	catalogTiming, initTiming *batchTiming
+	// flush is closed as Close begins: lingering batches (the posted
+	// confirms) are sent at once, within Close's grace, before the
+	// owner's context ends.
+	flush chan struct{}
 }
 
 // createBatchTimings are the create batchers' timings, by step
@@ -161,6 +165,7 @@ func (s *Server) initCreateBatching() {
 		b.inflight = defaultCreateBatchInflight
 	}
 	b.catalogTiming, b.initTiming = createBatchTimings(s.o.Registry)
+	b.flush = make(chan struct{})
 	b.inits = map[string]*batcher[initCall, struct{}]{}
 	b.confirms = map[string]*batcher[Route, struct{}]{}
 	b.unsupported = map[string]time.Time{}
@@ -239,14 +244,26 @@ func (s *Server) initObject(ctx context.Context, addr, objectID string, in InitR
 	return err
 }
 
-// confirmObject is step (7) of one create (best effort, in the background).
-func (s *Server) confirmObject(ctx context.Context, rt Route) error {
+// postConfirm schedules step (7) of a create, the confirm: queued on the
+// host's confirm batcher without a goroutine of its own (batcher.post),
+// or — without batching — in a background goroutine. A confirm dropped
+// because the host's queue is full (maxConfirmQueue: the host is slow or
+// down) counts in shoal_edge_background_dropped_total, as a background
+// task shed does; the object's heartbeat confirms it from the catalog.
+func (s *Server) postConfirm(rt Route) {
 	if s.cb.maxBatch < 0 {
-		return s.hosts.Confirm(ctx, rt)
+		s.goBackground("confirm", func(ctx context.Context) error { return s.hosts.Confirm(ctx, rt) })
+		return
 	}
-	_, err := s.confirmBatcher(rt.HostAddress).do(ctx, rt)
-	return err
+	if !s.confirmBatcher(rt.HostAddress).post(rt, maxConfirmQueue) {
+		s.m.bgDropped.Inc()
+	}
 }
+
+// maxConfirmQueue bounds the confirms queued for one host: at the
+// 20 ms linger and a host answering, a few hundred at most are queued
+// even at 10,000 creates a second.
+const maxConfirmQueue = 4096
 
 // cacheCreatedRoute writes a new database's route through to the cache
 // (step 7), batched with the routes of concurrent creates.
@@ -331,6 +348,7 @@ func (s *Server) confirmBatcher(addr string) *batcher[Route, struct{}] {
 			return make([]struct{}, len(rts)), errs
 		})
 	x.observe = func(n int) { s.m.batchConfirm.Observe(float64(n)) }
+	x.flush = b.flush
 	b.confirms[addr] = x
 	return x
 }

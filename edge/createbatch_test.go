@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -672,4 +673,49 @@ func TestCreateBatchTimingsAreReported(t *testing.T) {
 		assert.Equal(t, uint64(2), counts["shoal_edge_create_batch_send_seconds/"+step], "one round trip per batch: %s", step)
 		assert.Equal(t, uint64(2), counts["shoal_edge_create_batch_queued_seconds/"+step], "one wait per create: %s", step)
 	}
+}
+
+// post queues a call that nobody waits on: it returns at once even while
+// the batcher's send is blocked, its calls go in the lingering batches as
+// do()'s would, and with maxQueued calls queued it drops the next one
+// (false). One goroutine sends for all of them, not one per call
+// (checked by counting: with a goroutine per post, 50 blocked posts would
+// hold 50). The send is gated, so nothing here depends on timing.
+func TestBatcherPostQueuesWithoutAGoroutinePerCall(t *testing.T) {
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	gate := make(chan struct{})
+	var mu sync.Mutex
+	var got []int
+	b := newLingeringBatcher(ctx, &wg, 100, 1, time.Minute, time.Millisecond, func(_ context.Context, items []int) ([]int, []error) {
+		<-gate
+		mu.Lock()
+		got = append(got, items...)
+		mu.Unlock()
+		return items, make([]error, len(items))
+	})
+	before := runtime.NumGoroutine()
+	require.True(t, b.post(0, 60))
+	require.Eventually(t, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue) == 0 && b.inflight == 1
+	}, 10*time.Second, time.Millisecond, "the first post's batch is in flight (blocked on the gate)")
+	for i := 1; i <= 60; i++ {
+		require.True(t, b.post(i, 60), "post %d", i)
+	}
+	assert.False(t, b.post(61, 60), "a post beyond maxQueued is dropped")
+	assert.Less(t, runtime.NumGoroutine()-before, 10, "posts hold no goroutine each")
+	close(gate)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 61 }, 10*time.Second, time.Millisecond)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	for i, v := range got {
+		assert.Equal(t, i, v, "in order")
+	}
+	b.mu.Lock()
+	assert.Zero(t, b.inflight, "slot released")
+	b.mu.Unlock()
 }

@@ -576,14 +576,16 @@ func (s *Server) resolveLostCreate(ctx context.Context, acct, name string, ids [
 	return fsm.Database{}, false
 }
 
-// afterCreate writes the new route through to the cache (the first query
-// needs no catalog read) and schedules step (7), the confirm.
+// afterCreate puts the new route in the cache (the first query needs no
+// catalog read) and schedules step (7), the confirm. The route is staged
+// (routestage.go): readable at once, written to the file within
+// RouteStageLinger with the routes of the other creates of that time.
 func (s *Server) afterCreate(d fsm.Database) {
 	rt := routeOf(d)
-	if err := s.cacheCreatedRoute(rt); err != nil {
+	if err := s.cache.Stage(rt); err != nil {
 		s.log.Warn("route cache write failed", "err", err)
 	}
-	s.goBackground("confirm", func(ctx context.Context) error { return s.confirmObject(ctx, rt) })
+	s.postConfirm(rt)
 }
 
 func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ principal) {

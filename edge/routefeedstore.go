@@ -95,7 +95,7 @@ func (c *RouteCache) setFeedTopic(topic string, id [16]byte, dropPositions bool)
 // query path answers not found for it, like any deleted route).
 func (c *RouteCache) applyFeed(topic string, partition int32, entries []feedEntry, next int64) (applied, stale int, err error) {
 	var stored, hosts []string
-	err = c.db.Update(func(tx *bolt.Tx) error {
+	err = c.update(func(tx *bolt.Tx) error {
 		applied, stale, stored, hosts = 0, 0, stored[:0], hosts[:0]
 		b := tx.Bucket(routesBucket)
 		for _, e := range entries {

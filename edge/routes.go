@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -68,6 +69,17 @@ type RouteCache struct {
 	memoEpoch uint64           // +1 after every committed write (under memoMu)
 	maxMemo   int
 
+	// Staged routes (routestage.go), under memoMu: the routes of new
+	// databases not yet in the file, and the flush due for them.
+	staged      map[string]Route
+	stageLinger time.Duration // < 0: Stage is Put
+	flushArmed  bool
+	flushTimer  *time.Timer
+	flushWG     sync.WaitGroup // flush timers armed and not yet stopped or done
+	closed      bool
+	log         *slog.Logger
+	writeMu     sync.Mutex // one update at a time (routestage.go)
+
 	hits, misses, negHits atomic.Int64
 
 	book hostBook // the object host addresses known (hostbook.go)
@@ -82,6 +94,11 @@ type RouteCacheOptions struct {
 	TombstoneTTL time.Duration    // default 5s
 	MaxNegative  int              // default 100000
 	Now          func() time.Time // default time.Now
+	// StageLinger is how long a staged route (Stage: a new database's)
+	// may wait in memory before it is written to the file; default 20ms,
+	// < 0: Stage writes at once (Put).
+	StageLinger time.Duration
+	Logger      *slog.Logger // default: discard
 }
 
 // OpenRouteCache opens (creating) the cache file at path. A file that bbolt
@@ -99,6 +116,12 @@ func OpenRouteCache(path string, o RouteCacheOptions) (*RouteCache, error) {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.StageLinger == 0 {
+		o.StageLinger = defaultStageLinger
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("route cache dir: %w", err)
@@ -137,6 +160,7 @@ func OpenRouteCache(path string, o RouteCacheOptions) (*RouteCache, error) {
 		db: db, now: o.Now, negativeTTL: o.NegativeTTL, tombTTL: o.TombstoneTTL,
 		maxNegative: o.MaxNegative, negative: make(map[string]time.Time),
 		memo: make(map[string]Route), maxMemo: defaultMaxMemo,
+		staged: make(map[string]Route), stageLinger: o.StageLinger, log: o.Logger,
 	}
 	if err := db.Update(c.loadHosts); err != nil {
 		_ = db.Close()
@@ -145,8 +169,19 @@ func OpenRouteCache(path string, o RouteCacheOptions) (*RouteCache, error) {
 	return c, nil
 }
 
-// Close closes the file.
-func (c *RouteCache) Close() error { return c.db.Close() }
+// Close writes the staged routes and closes the file.
+func (c *RouteCache) Close() error {
+	c.memoMu.Lock()
+	c.closed = true
+	t := c.flushTimer
+	c.memoMu.Unlock()
+	if t != nil && t.Stop() {
+		c.flushWG.Done() // its function will not run
+	}
+	c.flushWG.Wait()
+	c.flushStaged()
+	return c.db.Close()
+}
 
 // Lookup results.
 type lookupResult int
@@ -161,6 +196,9 @@ const (
 func (c *RouteCache) Get(uuid string) (Route, lookupResult) {
 	c.memoMu.RLock()
 	r, ok := c.memo[uuid]
+	if !ok {
+		r, ok = c.staged[uuid]
+	}
 	epoch := c.memoEpoch
 	c.memoMu.RUnlock()
 	if ok {
@@ -260,7 +298,7 @@ func (c *RouteCache) accepts(cur Route, next Route) bool {
 // reports whether r was stored. A stored route clears any negative entry.
 func (c *RouteCache) Put(r Route) (bool, error) {
 	stored := false
-	err := c.db.Update(func(tx *bolt.Tx) error {
+	err := c.update(func(tx *bolt.Tx) error {
 		var err error
 		stored, err = c.putTx(tx.Bucket(routesBucket), r)
 		return err
@@ -285,7 +323,7 @@ func (c *RouteCache) Put(r Route) (bool, error) {
 // file's one writer lock.
 func (c *RouteCache) PutMany(rs []Route) ([]bool, error) {
 	stored := make([]bool, len(rs))
-	err := c.db.Update(func(tx *bolt.Tx) error {
+	err := c.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(routesBucket)
 		for i, r := range rs {
 			var err error
@@ -352,7 +390,7 @@ func (c *RouteCache) putTx(b *bolt.Bucket, r Route) (bool, error) {
 func (c *RouteCache) ExpireDeleted(retention time.Duration, max int) (int, error) {
 	cutoff := uint64(c.now().Add(-retention).UnixNano())
 	n := 0
-	err := c.db.Update(func(tx *bolt.Tx) error {
+	err := c.update(func(tx *bolt.Tx) error {
 		d, b := tx.Bucket(deletedAtBucket), tx.Bucket(routesBucket)
 		var expired [][]byte
 		cur := d.Cursor()
@@ -390,7 +428,7 @@ func (c *RouteCache) ExpireDeleted(retention time.Duration, max int) (int, error
 // route once the tombstone expires) replaces it.
 func (c *RouteCache) Invalidate(uuid string, gen int64) error {
 	until := c.now().Add(c.tombTTL).UnixNano()
-	err := c.db.Update(func(tx *bolt.Tx) error {
+	err := c.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(routesBucket)
 		v := b.Get([]byte(uuid))
 		if v == nil {
@@ -417,6 +455,9 @@ func (c *RouteCache) Invalidate(uuid string, gen int64) error {
 // It is ignored when a route is cached. When the set is full an arbitrary
 // entry is evicted (map iteration order), which only costs a catalog read.
 func (c *RouteCache) PutNegative(uuid string) {
+	if _, ok := c.stagedRoute(uuid); ok {
+		return
+	}
 	if _, ok := c.read(uuid); ok {
 		return
 	}
@@ -441,7 +482,7 @@ func (c *RouteCache) PutNegative(uuid string) {
 // a miss that falls back to the catalog until the feed, if one runs, has
 // re-read the topic; Server.Purge rewinds it).
 func (c *RouteCache) Purge() error {
-	err := c.db.Update(func(tx *bolt.Tx) error {
+	err := c.update(func(tx *bolt.Tx) error { // the staged routes go with the rest
 		for _, name := range [][]byte{routesBucket, deletedAtBucket, feedBucket} {
 			if err := tx.DeleteBucket(name); err != nil {
 				return err
@@ -462,8 +503,10 @@ func (c *RouteCache) Purge() error {
 	return nil
 }
 
-// Len returns the number of stored routes (tombstones included).
+// Len returns the number of stored routes (tombstones included); it
+// writes the staged routes first.
 func (c *RouteCache) Len() int {
+	c.flushStaged()
 	n := 0
 	_ = c.db.View(func(tx *bolt.Tx) error {
 		n = tx.Bucket(routesBucket).Stats().KeyN

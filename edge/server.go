@@ -90,6 +90,12 @@ type Options struct {
 	// ConfirmLinger is how long a batch of confirms to one host waits for
 	// more before it is sent (createbatch.go); default 20ms, negative: none.
 	ConfirmLinger time.Duration
+	// RouteStageLinger is how long the route of a database this edge
+	// created stays only in memory (readable at once) before it is written
+	// to the route cache's file with the others of that time
+	// (routestage.go); default 20ms, negative: written before the create
+	// is answered.
+	RouteStageLinger time.Duration
 	// CreateGather is how long a catalog batch of creates may wait for
 	// the creates of init batches that came back and are on their way to
 	// its queue, so an init batch's creates share one catalog entry
@@ -232,7 +238,8 @@ func New(o Options) (*Server, error) {
 			return nil, err
 		}
 	}
-	cache, err := OpenRouteCache(filepath.Join(o.Dir, "routes.db"), RouteCacheOptions{NegativeTTL: o.NegativeRouteTTL, Now: o.Now})
+	cache, err := OpenRouteCache(filepath.Join(o.Dir, "routes.db"), RouteCacheOptions{NegativeTTL: o.NegativeRouteTTL, Now: o.Now,
+		StageLinger: o.RouteStageLinger, Logger: o.Logger})
 	if err != nil {
 		return nil, err
 	}
@@ -463,8 +470,11 @@ func (s *Server) Close() error {
 		s.bgMu.Lock()
 		s.bgClosing = true
 		s.bgMu.Unlock()
+		if s.cb.flush != nil {
+			close(s.cb.flush) // posted confirms go now, within the grace
+		}
 		done := make(chan struct{})
-		go func() { s.bgWG.Wait(); close(done) }()
+		go func() { s.bgWG.Wait(); s.cb.wg.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(s.o.CloseGrace):

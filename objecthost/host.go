@@ -335,6 +335,9 @@ func Open(cfg Config) (*Host, error) {
 	ix.lazyFailed = func(n int) {
 		h.log.Warn("index commit failed; lazily stored confirmations dropped (the next heartbeat confirms them again)", "records", n)
 	}
+	ix.checkpointFailed = func(err error) {
+		h.log.Warn("index checkpoint failed; retrying (the journal keeps every committed record meanwhile)", "err", err)
+	}
 	h.ix = ix
 	h.m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "shoal_objecthost_alarms", Help: "Alarms raised (mass of orphan verdicts, databases the catalog lost or lists again after their delete); see /v1/status.",

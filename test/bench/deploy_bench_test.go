@@ -34,6 +34,9 @@ import (
 	"github.com/shoaldb/shoal/test/harness"
 )
 
+// deployOpenRate is SHOAL_BENCH_OPEN_RATE (0: closed loops).
+var deployOpenRate float64
+
 // TestDeployBench is issue 15's measurement: Shoal in the shape users deploy
 // it — 3 catalog voters, 3 object hosts and 1 edge as separate `shoal`
 // processes on loopback, mutual TLS between them, fsync on — against a
@@ -87,6 +90,8 @@ import (
 // off) sets this build's raw client's gathering bound (raftmeta.WithWriteGather),
 // SHOAL_BENCH_BASELINE_RAW_GATHER the baseline's (default 0);
 // SHOAL_BENCH_RAW_INFLIGHT=N this build's raw client's send slots (default 1).
+// SHOAL_BENCH_OPEN_RATE=R makes every measured phase an open loop of R
+// operations a second (runOpen; the client counts bound what is in flight).
 // Run with:
 //
 //	SHOAL_BENCH=1 go test ./test/bench -run TestDeployBench -v -count=1 -timeout 30m
@@ -101,6 +106,16 @@ func TestDeployBench(t *testing.T) {
 	require.NoError(t, err)
 	levels, err := benchenv.Workers(16, 64)
 	require.NoError(t, err)
+	// SHOAL_BENCH_OPEN_RATE=R: every measured phase is an open loop of R
+	// operations a second in all (runOpen), the client counts bounding the
+	// requests in flight; the rates then say only whether a system kept
+	// up, the latencies (from each arrival's scheduled time) are the figure.
+	deployOpenRate = 0
+	if s := os.Getenv("SHOAL_BENCH_OPEN_RATE"); s != "" {
+		deployOpenRate, err = strconv.ParseFloat(s, 64)
+		require.NoError(t, err, "SHOAL_BENCH_OPEN_RATE")
+		require.Positive(t, deployOpenRate, "SHOAL_BENCH_OPEN_RATE")
+	}
 	rounds := 8
 	if s := os.Getenv("SHOAL_BENCH_ROUNDS"); s != "" {
 		rounds, err = strconv.Atoi(s)
@@ -386,6 +401,9 @@ func TestDeployBench(t *testing.T) {
 	}
 
 	t.Logf("separate processes on loopback, mutual TLS, fsync on; %d rounds of %s per phase, systems interleaved; %s", rounds, dur, machine())
+	if deployOpenRate > 0 {
+		t.Logf("open loop: %.0f operations/s per phase (Poisson arrivals, latency from each arrival's scheduled time; n = the most in flight)", deployOpenRate)
+	}
 	t.Logf("CPU per operation (µs) from /proc/PID/stat: catalog = 3 voters (catL the leader at each phase's start, catF its two followers; leader %s at the start, %s at the end), hosts = 3 object hosts, edge (frames to the hosts), edgeH = the edge forwarding over HTTP, etcd = 3 members, gen = this load generator", leaderStart, d.raw.Leader())
 	t.Logf("%-66s %3s %8s %17s %8s %8s %17s | %6s %6s %6s %6s %6s %6s %6s %6s | %s", "path", "n", "ops/s", "(min–max)", "p50 ms", "p99 ms", "ratio (min–max)", cpuColumns[0], cpuColumns[1], cpuColumns[2], cpuColumns[3], cpuColumns[4], cpuColumns[5], cpuColumns[6], cpuColumns[7], "load 1m")
 	for _, n := range levels {
@@ -971,17 +989,8 @@ func (d *deployCluster) leaderBatches(t *testing.T) [3]float64 {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	var out [3]float64
-	for _, line := range strings.Split(string(b), "\n") {
-		for i, name := range []string{"shoal_raftmeta_fsm_batch_entries_sum ", "shoal_raftmeta_fsm_batch_entries_count ", "shoal_raftmeta_fsm_batch_commands_sum "} {
-			if strings.HasPrefix(line, name) {
-				v, err := strconv.ParseFloat(strings.TrimPrefix(line, name), 64)
-				require.NoError(t, err)
-				out[i] = v
-			}
-		}
-	}
-	return out
+	v := metricValues(t, b, "shoal_raftmeta_fsm_batch_entries_sum", "shoal_raftmeta_fsm_batch_entries_count", "shoal_raftmeta_fsm_batch_commands_sum")
+	return [3]float64{v[0], v[1], v[2]}
 }
 
 // snapshotsPersisted is how many snapshots the cluster's three voters have
@@ -1129,7 +1138,13 @@ func (s *phaseSeries) add(t *testing.T, groups []procGroup, n int, dur time.Dura
 			before[i] += cpuTicks(t, p)
 		}
 	}
-	l, rate := runClients(t, n, dur, op)
+	var l *harness.Latencies
+	var rate float64
+	if deployOpenRate > 0 {
+		l, rate = runOpen(t, n, dur, deployOpenRate, op)
+	} else {
+		l, rate = runClients(t, n, dur, op)
+	}
 	cpu := make([]float64, len(groups))
 	for i, g := range groups {
 		var after int64

@@ -55,6 +55,44 @@ func runClients(t *testing.T, n int, dur time.Duration, op func(worker int, rng 
 	return l, float64(l.Len()) / time.Since(start).Seconds()
 }
 
+// runOpen is runClients with arrivals on a schedule instead of back to
+// back (an open loop): each of the n workers issues op at Poisson arrival
+// times of rate/n per second, and a latency is counted from the arrival's
+// scheduled time, so a worker that falls behind its schedule counts the
+// wait (no coordinated omission); n bounds the requests in flight. With
+// unsynchronised arrivals a group-commit delay (the catalog client's
+// gather, the edge's create batchers) waits for callers that are not
+// coming back at once, which a closed loop never shows.
+func runOpen(t *testing.T, n int, dur time.Duration, rate float64, op func(worker int, rng *rand.Rand) error) (*harness.Latencies, float64) {
+	l := &harness.Latencies{}
+	var wg sync.WaitGroup
+	var errs sync.Map
+	start := time.Now()
+	mean := float64(time.Second) * float64(n) / rate
+	for w := 0; w < n; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			next := start.Add(time.Duration(rng.ExpFloat64() * mean))
+			for next.Sub(start) < dur {
+				if d := time.Until(next); d > 0 {
+					time.Sleep(d) // the open loop's schedule: the next arrival is due then
+				}
+				if err := op(w, rng); err != nil {
+					errs.Store(w, err)
+					return
+				}
+				l.Add(time.Since(next))
+				next = next.Add(time.Duration(rng.ExpFloat64() * mean))
+			}
+		}(w)
+	}
+	wg.Wait()
+	errs.Range(func(_, v any) bool { t.Fatalf("bench op failed: %v", v); return false })
+	return l, float64(l.Len()) / time.Since(start).Seconds()
+}
+
 func postJSON(url string, hdr map[string]string, body []byte) error {
 	req, err := http.NewRequest("POST", url, bytes.NewReader(body))
 	if err != nil {

@@ -42,6 +42,39 @@ func TestRaftmetaBenchProcesses(t *testing.T) {
 	require.NoError(t, err)
 	levels, err := benchenv.Workers(1, 16, 64)
 	require.NoError(t, err)
+	procs, httpAddrs := startRaftmetaProcs(t)
+	ctx := context.Background()
+	admin, err := raftmeta.NewClient(httpAddrs)
+	require.NoError(t, err)
+	defer admin.Close()
+	createBenchAccount(t, admin)
+
+	var seq atomic.Int64
+	for _, n := range levels {
+		clients := make([]*raftmeta.Client, n)
+		for i := range clients {
+			clients[i], err = raftmeta.NewClient(httpAddrs, raftmeta.WithCacheTTL(0))
+			require.NoError(t, err)
+			defer clients[i].Close()
+		}
+		cpu0, self0 := procsCPU(t, procs), selfCPU()
+		lat, rate := runClients(t, n, dur, func(w int, _ *rand.Rand) error {
+			_, err := clients[w].CreateDatabase(ctx, fsm.CreateDatabase{UUID: ids.New(), AccountID: "bench",
+				Name: fmt.Sprintf("db-%d", seq.Add(1)), ObjectID: ids.New(), HostID: "h1", Region: "weur",
+				ReadReplication: fsm.ReadReplicationDisabled})
+			return err
+		})
+		ops := float64(lat.Len())
+		cpu, self := procsCPU(t, procs)-cpu0, selfCPU()-self0
+		t.Logf("create-database, 3 processes, %2d clients: %6.0f/s  p50 %6.2f ms  p99 %6.2f ms  (catalog CPU %3.0f µs/create, load generator %3.0f µs/create)",
+			n, rate, harness.Millis(lat.Pct(0.50)), harness.Millis(lat.Pct(0.99)), float64(cpu.Microseconds())/ops, float64(self.Microseconds())/ops)
+	}
+}
+
+// startRaftmetaProcs starts three `shoal raftmeta serve` processes (Raft
+// over loopback TCP, fsync on; SHOAL_BENCH_LOG_STORE picks the log store)
+// and waits until they serve.
+func startRaftmetaProcs(t *testing.T) ([]*exec.Cmd, []string) {
 	bin := shoalBin.Path(t)
 	dir := t.TempDir()
 	var procs []*exec.Cmd
@@ -73,34 +106,15 @@ func TestRaftmetaBenchProcesses(t *testing.T) {
 	harness.WaitReady(t, start("n2", "--join", n1))
 	harness.WaitReady(t, start("n3", "--join", n1))
 
-	ctx := context.Background()
-	admin, err := raftmeta.NewClient(httpAddrs)
-	require.NoError(t, err)
-	defer admin.Close()
-	_, err = admin.CreateAccount(ctx, fsm.CreateAccount{ID: "bench", Name: "bench", Tier: fsm.TierPaid,
+	return procs, httpAddrs
+}
+
+// createBenchAccount creates the paid account "bench", with limits no
+// benchmark reaches, through cl.
+func createBenchAccount(t *testing.T, cl *raftmeta.Client) {
+	_, err := cl.CreateAccount(context.Background(), fsm.CreateAccount{ID: "bench", Name: "bench", Tier: fsm.TierPaid,
 		Limits: fsm.Limits{MaxDatabases: 1 << 40, MaxStorageBytes: 1 << 40, MaxDatabaseBytes: 1 << 30}})
 	require.NoError(t, err)
-
-	var seq atomic.Int64
-	for _, n := range levels {
-		clients := make([]*raftmeta.Client, n)
-		for i := range clients {
-			clients[i], err = raftmeta.NewClient(httpAddrs, raftmeta.WithCacheTTL(0))
-			require.NoError(t, err)
-			defer clients[i].Close()
-		}
-		cpu0, self0 := procsCPU(t, procs), selfCPU()
-		lat, rate := runClients(t, n, dur, func(w int, _ *rand.Rand) error {
-			_, err := clients[w].CreateDatabase(ctx, fsm.CreateDatabase{UUID: ids.New(), AccountID: "bench",
-				Name: fmt.Sprintf("db-%d", seq.Add(1)), ObjectID: ids.New(), HostID: "h1", Region: "weur",
-				ReadReplication: fsm.ReadReplicationDisabled})
-			return err
-		})
-		ops := float64(lat.Len())
-		cpu, self := procsCPU(t, procs)-cpu0, selfCPU()-self0
-		t.Logf("create-database, 3 processes, %2d clients: %6.0f/s  p50 %6.2f ms  p99 %6.2f ms  (catalog CPU %3.0f µs/create, load generator %3.0f µs/create)",
-			n, rate, harness.Millis(lat.Pct(0.50)), harness.Millis(lat.Pct(0.99)), float64(cpu.Microseconds())/ops, float64(self.Microseconds())/ops)
-	}
 }
 
 // procsCPU sums user+system CPU of the processes from /proc (clock ticks of

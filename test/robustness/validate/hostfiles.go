@@ -3,7 +3,6 @@ package validate
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -12,7 +11,8 @@ import (
 	"time"
 
 	_ "github.com/mattn/go-sqlite3" // PRAGMA integrity_check on copies of the hosts' files
-	bolt "go.etcd.io/bbolt"
+
+	"github.com/shoaldb/shoal/objecthost"
 )
 
 // Object is one object an object host keeps in its index (objecthost.Meta:
@@ -34,34 +34,24 @@ type Object struct {
 // Live reports whether the host serves the object (state active).
 func (o Object) Live() bool { return o.State == "active" }
 
-// HostObjects reads the object index a host left in dir (index.db, bbolt).
-// The host must not be running: bbolt's lock is exclusive.
+// HostObjects reads the object index a host left in dir (index.db, bbolt,
+// and its journal: objecthost.ReadIndex, what the host loads at its next
+// start). The host must not be running: bbolt's lock is exclusive.
 func HostObjects(host, dir string) ([]Object, error) {
-	db, err := bolt.Open(filepath.Join(dir, "index.db"), 0o600, &bolt.Options{ReadOnly: true, Timeout: 5 * time.Second})
+	var out []Object
+	err := objecthost.ReadIndex(dir, func(m *objecthost.Meta) error {
+		o := Object{Host: host, ObjectID: m.ObjectID, DatabaseUUID: m.DatabaseUUID, AccountID: m.AccountID,
+			State: m.State, Confirmed: m.Confirmed, CreatedAt: m.CreatedAt, DeletedAt: m.DeletedAt}
+		if len(o.ObjectID) >= 4 {
+			o.Path = filepath.Join(dir, "dbs", o.ObjectID[0:2], o.ObjectID[2:4], o.ObjectID+".db")
+		}
+		out = append(out, o)
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%s index: %w", host, err)
 	}
-	defer db.Close()
-	var out []Object
-	err = db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket([]byte("objects"))
-		if b == nil {
-			return nil
-		}
-		return b.ForEach(func(k, v []byte) error {
-			var o Object
-			if err := json.Unmarshal(v, &o); err != nil {
-				return fmt.Errorf("object %s: %w", k, err)
-			}
-			o.Host = host
-			if len(o.ObjectID) >= 4 {
-				o.Path = filepath.Join(dir, "dbs", o.ObjectID[0:2], o.ObjectID[2:4], o.ObjectID+".db")
-			}
-			out = append(out, o)
-			return nil
-		})
-	})
-	return out, err
+	return out, nil
 }
 
 // Integrity is PRAGMA integrity_check of one object's file.
