@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/shoaldb/shoal/internal/groupwait"
 )
 
@@ -46,9 +48,13 @@ type batcher[T, R any] struct {
 	ctx         context.Context
 	wg          *sync.WaitGroup
 	observe     func(n int) // each batch's size, when set
-	linger      time.Duration
-	full        chan struct{}   // lingering: the queue reached maxBatch (wakes the wait early)
-	flush       <-chan struct{} // lingering: closed, lingering ends (the owner is closing)
+	// timing, when set, is told how long each batch's send took, how long
+	// each call queued before its batch was taken, and how long the slot
+	// holder waited with its slot (batchTiming).
+	timing *batchTiming
+	linger time.Duration
+	full   chan struct{}   // lingering: the queue reached maxBatch (wakes the wait early)
+	flush  <-chan struct{} // lingering: closed, lingering ends (the owner is closing)
 	// A gathering batcher's slot holder waits, before it takes a batch,
 	// for calls known to be on their way (see gatherLocked): expecting
 	// reports whether any are; gatherMax bounds the whole wait; wake is
@@ -75,7 +81,7 @@ type batcher[T, R any] struct {
 
 type batchCall[T, R any] struct {
 	item T
-	at   time.Time // when it was queued (lingering batchers only)
+	at   time.Time // when it was queued (lingering or timed batchers only)
 	res  R
 	err  error
 	done chan struct{}
@@ -107,7 +113,7 @@ func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 // so a slot holder never sees it neither expected nor queued.
 func (b *batcher[T, R]) doQueued(ctx context.Context, item T, queued func()) (R, error) {
 	c := &batchCall[T, R]{item: item, done: make(chan struct{})}
-	if b.linger > 0 {
+	if b.linger > 0 || b.timing != nil {
 		c.at = time.Now()
 	}
 	b.mu.Lock()
@@ -125,7 +131,9 @@ func (b *batcher[T, R]) doQueued(ctx context.Context, item T, queued func()) (R,
 	var batch []*batchCall[T, R]
 	if b.inflight < b.maxInflight {
 		b.inflight++
-		batch = b.nextLocked(false)
+		if batch = b.nextLocked(false); batch == nil {
+			b.inflight-- // another slot holder took the queue while this one gathered
+		}
 	}
 	b.mu.Unlock()
 	if batch != nil {
@@ -174,7 +182,7 @@ func (b *batcher[T, R]) doQueued(ctx context.Context, item T, queued func()) (R,
 // posts is best effort). Outcomes are discarded.
 func (b *batcher[T, R]) post(item T, maxQueued int) bool {
 	c := &batchCall[T, R]{item: item, done: make(chan struct{})}
-	if b.linger > 0 {
+	if b.linger > 0 || b.timing != nil {
 		c.at = time.Now()
 	}
 	b.mu.Lock()
@@ -248,9 +256,11 @@ func (b *batcher[T, R]) holdsSlotLocked() bool {
 // on a grouping batcher: groupLocked), for calls on their way (on a
 // gathering batcher: gatherLocked) and until the oldest queued call has
 // lingered (on a lingering batcher). Only the slot holder takes from the
-// queue. It returns nil only when the queue is still empty after the
-// group wait (the caller then frees the slot, under the same hold of
-// b.mu); otherwise a batch of at least one call. A queue reaching
+// queue. It returns nil when the queue is empty after the group wait, or
+// — with several slots — after a gather or linger wait during which another
+// slot holder took it (the caller then frees the slot, under the same
+// hold of b.mu; before 2026-12-04 that case sent an empty batch); otherwise
+// a batch of at least one call. A queue reaching
 // maxBatch cuts the linger short (a stale signal only makes a later batch
 // smaller), and so does the owner's context ending (Close: what queued is
 // sent, or fails, at once).
@@ -262,6 +272,11 @@ func (b *batcher[T, R]) nextLocked(returned bool) []*batchCall[T, R] {
 		}
 	}
 	b.gatherLocked()
+	if len(b.queue) == 0 {
+		// With several slots, another holder took the queue while this
+		// one waited (b.mu is released there): nothing to send.
+		return nil
+	}
 	if b.linger > 0 && len(b.queue) < b.maxBatch {
 		if wait := b.linger - time.Since(b.queue[0].at); wait > 0 {
 			b.mu.Unlock()
@@ -276,6 +291,9 @@ func (b *batcher[T, R]) nextLocked(returned bool) []*batchCall[T, R] {
 				t.Stop()
 			}
 			b.mu.Lock()
+			if len(b.queue) == 0 {
+				return nil
+			}
 		}
 	}
 	return b.takeLocked()
@@ -318,7 +336,9 @@ func (b *batcher[T, R]) groupLocked() {
 		return
 	}
 	target := min(b.last, b.maxBatch)
+	t0 := time.Now()
 	groupwait.Locked(&b.mu, b.wake, b.groupDelay, b.ctx.Done(), func() bool { return len(b.queue) >= target })
+	b.timing.held("group", time.Since(t0))
 }
 
 // newGatheringBatcher is newBatcher whose slot holder waits, at most
@@ -356,6 +376,8 @@ func (b *batcher[T, R]) gatherLocked() {
 			t.Stop()
 		}
 	}()
+	t0 := time.Now()
+	defer func() { b.timing.held("gather", time.Since(t0)) }()
 	for len(b.queue) < b.maxBatch {
 		b.mu.Unlock()
 		more := b.expecting()
@@ -376,6 +398,24 @@ func (b *batcher[T, R]) gatherLocked() {
 			return
 		}
 	}
+}
+
+// batchTiming is where a batcher reports its timings (the create
+// batchers: createBatchTimings): what a call's wait is made of.
+type batchTiming struct {
+	send   prometheus.Observer // per batch: the send's round trip
+	queued prometheus.Observer // per call: from queuing to its batch being taken
+	// hold is the time slot holders waited with their slot, by reason
+	// (group: groupLocked; gather: gatherLocked).
+	hold *prometheus.CounterVec
+}
+
+// held adds d to the slot hold time for reason (nil-safe).
+func (t *batchTiming) held(reason string, d time.Duration) {
+	if t == nil || t.hold == nil {
+		return
+	}
+	t.hold.WithLabelValues(reason).Add(d.Seconds())
 }
 
 // signalWake wakes a gathering or grouping slot holder (no-op for other
@@ -413,6 +453,11 @@ func (b *batcher[T, R]) takeLocked() []*batchCall[T, R] {
 	b.progress = time.Now()
 	batch := make([]*batchCall[T, R], n)
 	copy(batch, b.queue[:n])
+	if b.timing != nil {
+		for _, c := range batch {
+			b.timing.queued.Observe(b.progress.Sub(c.at).Seconds())
+		}
+	}
 	rest := copy(b.queue, b.queue[n:])
 	clear(b.queue[rest:])
 	b.queue = b.queue[:rest]
@@ -428,7 +473,14 @@ func (b *batcher[T, R]) sendBatch(batch []*batchCall[T, R]) {
 		b.observe(len(items))
 	}
 	ctx, cancel := context.WithTimeout(b.ctx, b.timeout)
+	var t0 time.Time
+	if b.timing != nil {
+		t0 = time.Now()
+	}
 	res, errs := b.send(ctx, items)
+	if b.timing != nil {
+		b.timing.send.Observe(time.Since(t0).Seconds())
+	}
 	cancel()
 	for i, c := range batch {
 		if i < len(res) {

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/shoaldb/shoal/pipeline/event"
 	"github.com/shoaldb/shoal/raftmeta/fsm"
 )
@@ -85,10 +87,37 @@ type createBatching struct {
 	unsupported map[string]time.Time // host address → until when it is sent single calls
 
 	wg sync.WaitGroup // batches still being sent after their first caller returned
+
+	// timing of the catalog and init batchers (createBatchTimings).
+	catalogTiming, initTiming *batchTiming
 	// flush is closed as Close begins: lingering batches (the posted
 	// confirms) are sent at once, within Close's grace, before the
 	// owner's context ends.
 	flush chan struct{}
+}
+
+// createBatchTimings are the create batchers' timings, by step
+// (catalog_write, init): where a create's time in a step goes — queued
+// for its batch (the slot busy, or its holder waiting for more), or in the
+// batch's round trip — and how long the slot holders held their slot
+// waiting (group: the group-commit delay; gather: creates on their way).
+// Registered in reg when it is set (the edge's Registry option).
+func createBatchTimings(reg *prometheus.Registry) (catalog, init *batchTiming) {
+	buckets := prometheus.ExponentialBuckets(0.00005, 2, 16)
+	send := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "shoal_edge_create_batch_send_seconds",
+		Help: "Round trip of each coalesced create step's batch request (catalog_write, init).", Buckets: buckets}, []string{"step"})
+	queued := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "shoal_edge_create_batch_queued_seconds",
+		Help: "Time each create waited for its batch to be sent in a coalesced create step (catalog_write, init): the slot busy, or its holder waiting for more.", Buckets: buckets}, []string{"step"})
+	hold := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shoal_edge_create_slot_hold_seconds_total",
+		Help: "Time the create batchers' slot holders kept their slot waiting for more creates, by step (catalog_write, init) and reason (group: the group-commit delay; gather: creates on their way)."}, []string{"step", "reason"})
+	if reg != nil {
+		reg.MustRegister(send, queued, hold)
+	}
+	timing := func(step string) *batchTiming {
+		return &batchTiming{send: send.WithLabelValues(step), queued: queued.WithLabelValues(step),
+			hold: hold.MustCurryWith(prometheus.Labels{"step": step})}
+	}
+	return timing("catalog_write"), timing("init")
 }
 
 // Defaults of Options.CreateBatch and Options.CreateBatchInflight.
@@ -135,6 +164,7 @@ func (s *Server) initCreateBatching() {
 	if b.inflight <= 0 {
 		b.inflight = defaultCreateBatchInflight
 	}
+	b.catalogTiming, b.initTiming = createBatchTimings(s.o.Registry)
 	b.flush = make(chan struct{})
 	b.inits = map[string]*batcher[initCall, struct{}]{}
 	b.confirms = map[string]*batcher[Route, struct{}]{}
@@ -161,6 +191,7 @@ func (s *Server) initCreateBatching() {
 				return bc.CreateDatabasesAs(ctx, cmds, audits)
 			})
 		b.catalog.observe = func(n int) { s.m.batchCatalog.Observe(float64(n)) }
+		b.catalog.timing = b.catalogTiming
 		b.catalog.setGroupDelay(b.groupDelay)
 	}
 }
@@ -271,6 +302,7 @@ func (s *Server) initBatcher(addr string) *batcher[initCall, struct{}] {
 			return make([]struct{}, len(items)), errs
 		})
 	x.observe = func(n int) { s.m.batchInit.Observe(float64(n)) }
+	x.timing = b.initTiming
 	x.setGroupDelay(b.initGroupDelay)
 	b.inits[addr] = x
 	return x

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -595,6 +596,83 @@ func TestCreateGroupDelaySharesTheNextCatalogBatch(t *testing.T) {
 	create("z2")
 	wg.Wait()
 	assert.Equal(t, []int{1, 2, 2}, bc.batchSizes())
+}
+
+// With two slots, a gathering slot holder whose queue was taken by the
+// other slot while it waited sends nothing and frees its slot: every
+// batch sent holds at least one call (before 2026-12-04 it sent an empty
+// batch — an empty catalog request, counted as a batch of one). No timing
+// is asserted: the gather bound is an hour.
+func TestGatheringBatcherWithTwoSlotsSendsNoEmptyBatch(t *testing.T) {
+	var wg sync.WaitGroup
+	var expecting atomic.Bool
+	expecting.Store(true)
+	var mu sync.Mutex
+	var sizes []int
+	b := newGatheringBatcher(context.Background(), &wg, 10, 2, time.Minute, time.Hour, expecting.Load,
+		func(_ context.Context, items []int) ([]int, []error) {
+			mu.Lock()
+			sizes = append(sizes, len(items))
+			mu.Unlock()
+			return items, make([]error, len(items))
+		})
+	var cw sync.WaitGroup
+	call := func(v int) {
+		cw.Add(1)
+		go func() {
+			defer cw.Done()
+			got, err := b.do(context.Background(), v)
+			assert.NoError(t, err)
+			assert.Equal(t, v, got)
+		}()
+	}
+	// The first call takes a slot and gathers (something is expected).
+	call(1)
+	require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.inflight == 1 && len(b.queue) == 1 },
+		5*time.Second, time.Millisecond)
+	// Nothing more is expected; the second call takes the other slot and
+	// wakes the first holder: one of them takes both calls.
+	expecting.Store(false)
+	call(2)
+	cw.Wait()
+	wg.Wait()
+	mu.Lock()
+	assert.Equal(t, []int{2}, sizes, "one batch of both calls, no empty one")
+	mu.Unlock()
+	b.mu.Lock()
+	assert.Zero(t, b.inflight, "both slots released")
+	b.mu.Unlock()
+}
+
+// The create batchers report where a step's time goes: each batch's round
+// trip and each create's wait for its batch, per step, in the edge's
+// registry (what the deploy bench prints beside the step means).
+func TestCreateBatchTimingsAreReported(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e, bc := newBatchEnv(t, func(o *Options) { o.Registry = reg })
+	for _, name := range []string{"t1", "t2"} {
+		a := e.call("POST", dbPath(acctA), tokA, map[string]any{"name": name})
+		require.Equal(t, 200, a.Status, a.Raw)
+	}
+	require.Equal(t, []int{1, 1}, bc.batchSizes())
+	counts := map[string]uint64{}
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if h := m.GetHistogram(); h != nil && strings.HasPrefix(mf.GetName(), "shoal_edge_create_batch_") {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "step" {
+						counts[mf.GetName()+"/"+l.GetValue()] = h.GetSampleCount()
+					}
+				}
+			}
+		}
+	}
+	for _, step := range []string{"init", "catalog_write"} {
+		assert.Equal(t, uint64(2), counts["shoal_edge_create_batch_send_seconds/"+step], "one round trip per batch: %s", step)
+		assert.Equal(t, uint64(2), counts["shoal_edge_create_batch_queued_seconds/"+step], "one wait per create: %s", step)
+	}
 }
 
 // post queues a call that nobody waits on: it returns at once even while

@@ -907,6 +907,9 @@ func (d *deployCluster) edgeCreateMetrics(t *testing.T) map[string]float64 {
 	for _, line := range strings.Split(string(b), "\n") {
 		for _, prefix := range []string{"shoal_edge_create_step_duration_seconds_sum", "shoal_edge_create_step_duration_seconds_count",
 			"shoal_edge_create_batch_creates_sum", "shoal_edge_create_batch_creates_count",
+			"shoal_edge_create_batch_send_seconds_sum", "shoal_edge_create_batch_send_seconds_count",
+			"shoal_edge_create_batch_queued_seconds_sum", "shoal_edge_create_batch_queued_seconds_count",
+			"shoal_edge_create_slot_hold_seconds_total",
 			`shoal_edge_create_batch_creates_bucket{step="catalog_write",le="1"}`, `shoal_edge_create_batch_creates_bucket{step="init",le="1"}`} {
 			if strings.HasPrefix(line, prefix+"{") || strings.HasPrefix(line, prefix+" ") {
 				f := strings.Fields(line)
@@ -1038,6 +1041,21 @@ func stepMeans(m map[string]float64) string {
 	}
 	if n := m[`shoal_edge_create_batch_creates_count{step="init"}`]; n > 0 {
 		fmt.Fprintf(&b, "| init batches of one %.0f%% ", 100*m[`shoal_edge_create_batch_creates_bucket{step="init",le="1"}`]/n)
+	}
+	// Where a step's time goes (builds with the batch timings): each
+	// create queued for its batch, the batch's round trip, and the time
+	// the slot holders held their slot waiting (per batch).
+	for _, st := range []string{"init", "catalog_write"} {
+		nq := m[`shoal_edge_create_batch_queued_seconds_count{step="`+st+`"}`]
+		ns := m[`shoal_edge_create_batch_send_seconds_count{step="`+st+`"}`]
+		if nq == 0 || ns == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "| %s queued %.2f send %.2f hold group %.2f gather %.2f ", st,
+			1000*m[`shoal_edge_create_batch_queued_seconds_sum{step="`+st+`"}`]/nq,
+			1000*m[`shoal_edge_create_batch_send_seconds_sum{step="`+st+`"}`]/ns,
+			1000*m[`shoal_edge_create_slot_hold_seconds_total{reason="group",step="`+st+`"}`]/ns,
+			1000*m[`shoal_edge_create_slot_hold_seconds_total{reason="gather",step="`+st+`"}`]/ns)
 	}
 	return b.String()
 }
