@@ -112,21 +112,11 @@ func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 // under b.mu: a gathering batcher's owner counts the call as arrived there,
 // so a slot holder never sees it neither expected nor queued.
 func (b *batcher[T, R]) doQueued(ctx context.Context, item T, queued func()) (R, error) {
-	c := &batchCall[T, R]{item: item, done: make(chan struct{})}
-	if b.linger > 0 || b.timing != nil {
-		c.at = time.Now()
-	}
+	c := b.newCall(item)
 	b.mu.Lock()
-	b.queue = append(b.queue, c)
+	b.enqueueLocked(c)
 	if queued != nil {
 		queued()
-	}
-	b.signalWake()
-	if b.full != nil && len(b.queue) == b.maxBatch {
-		select { // a full batch need not wait for its linger
-		case b.full <- struct{}{}:
-		default:
-		}
 	}
 	var batch []*batchCall[T, R]
 	if b.inflight < b.maxInflight {
@@ -181,23 +171,13 @@ func (b *batcher[T, R]) doQueued(ctx context.Context, item T, queued func()) (R,
 // item and returns false (the peer is slow or down: what the caller
 // posts is best effort). Outcomes are discarded.
 func (b *batcher[T, R]) post(item T, maxQueued int) bool {
-	c := &batchCall[T, R]{item: item, done: make(chan struct{})}
-	if b.linger > 0 || b.timing != nil {
-		c.at = time.Now()
-	}
+	c := b.newCall(item)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if maxQueued > 0 && len(b.queue) >= maxQueued {
 		return false
 	}
-	b.queue = append(b.queue, c)
-	b.signalWake()
-	if b.full != nil && len(b.queue) == b.maxBatch {
-		select { // a full batch need not wait for its linger
-		case b.full <- struct{}{}:
-		default:
-		}
-	}
+	b.enqueueLocked(c)
 	if b.inflight < b.maxInflight {
 		b.inflight++
 		b.wg.Add(1)
@@ -205,16 +185,38 @@ func (b *batcher[T, R]) post(item T, maxQueued int) bool {
 			defer b.wg.Done()
 			b.mu.Lock()
 			next := b.nextLocked(false)
-			if len(next) == 0 {
-				// Another slot holder took the queue while this one waited.
-				b.inflight--
-				next = nil
+			if next == nil {
+				b.inflight-- // another slot holder took the queue while this one waited
 			}
 			b.mu.Unlock()
 			b.drain(next)
 		}()
 	}
 	return true
+}
+
+// newCall is a call of item, stamped with its queuing time when the
+// batcher lingers or is timed.
+func (b *batcher[T, R]) newCall(item T) *batchCall[T, R] {
+	c := &batchCall[T, R]{item: item, done: make(chan struct{})}
+	if b.linger > 0 || b.timing != nil {
+		c.at = time.Now()
+	}
+	return c
+}
+
+// enqueueLocked appends c to the queue and wakes whoever waits for it: a
+// gathering or grouping slot holder, a lingering one once the queue is
+// full (a full batch need not wait for its linger). Under b.mu.
+func (b *batcher[T, R]) enqueueLocked(c *batchCall[T, R]) {
+	b.queue = append(b.queue, c)
+	b.signalWake()
+	if b.full != nil && len(b.queue) == b.maxBatch {
+		select {
+		case b.full <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // drain sends batch, then whatever queued meanwhile, until the queue is

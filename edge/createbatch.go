@@ -69,7 +69,7 @@ type auditedCreate struct {
 // catalog, one per host address for inits and for confirms.
 type createBatching struct {
 	catalog  *batcher[auditedCreate, fsm.Database] // nil: one request per create
-	routes   *batcher[Route, bool]                 // nil: one cache transaction per create
+	routes   *batcher[Route, bool]                 // nil: one cache transaction per delete
 	maxBatch int                                   // ≤ 0: no host batching either
 	inflight int
 
@@ -265,9 +265,10 @@ func (s *Server) postConfirm(rt Route) {
 // even at 10,000 creates a second.
 const maxConfirmQueue = 4096
 
-// cacheCreatedRoute writes a new database's route through to the cache
-// (step 7), batched with the routes of concurrent creates.
-func (s *Server) cacheCreatedRoute(rt Route) error {
+// cacheDeletedRoute writes a deleted database's route (its tombstone)
+// through to the cache, batched with the routes of concurrent deletes. (A
+// new database's route is staged instead: RouteCache.Stage.)
+func (s *Server) cacheDeletedRoute(rt Route) error {
 	if s.cb.routes == nil {
 		_, err := s.cache.Put(rt)
 		return err

@@ -815,7 +815,7 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, _ principa
 	if del.RoutingGeneration > rt.Generation {
 		rt.Generation = del.RoutingGeneration
 	}
-	if err := s.cacheCreatedRoute(rt); err != nil {
+	if err := s.cacheDeletedRoute(rt); err != nil {
 		s.log.Warn("route cache write failed", "err", err)
 	}
 	s.goBackground("delete-notify", func(ctx context.Context) error { return s.hosts.Delete(ctx, rt) })
