@@ -206,6 +206,7 @@ func (c *edgeKillCluster) createUntilKilled(t *testing.T, base, bearer string, k
 		last  time.Time
 	)
 	var killed atomic.Bool
+	defer killed.Store(true) // the clients stop on every way out (a t.Fatal too)
 	answered := make(chan struct{}, 1)
 	var wg sync.WaitGroup
 	for w := range clients {
