@@ -65,7 +65,7 @@ secrets come from the file; flags given explicitly win.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// First, before anything is opened: the runtime's monitor kept
 			// out of its deep sleep (a re-exec of this binary with GODEBUG
-			// set; ~0.85x of the edge's CPU per point SELECT in the deploy
+			// set; the edge's CPU per point SELECT 0.76-0.86x in the deploy
 			// benchmark, docs/benchmarks.md). On failure the edge runs
 			// without it.
 			if err := srvruntime.MonitorAwake(); err != nil {

@@ -36,8 +36,8 @@ const monitorAwake = "schedtrace=2147483647"
 // a serve command, before anything is opened or started: the runtime reads
 // GODEBUG's schedtrace only at start. It returns only when it did not
 // re-execute: with nil when there was nothing to do, else with the error
-// of the exec (the role then runs without it).
-// On systems other than Linux it does nothing.
+// of the exec (the role then runs without it). On systems other than
+// Linux it does nothing.
 func MonitorAwake() error {
 	if runtime.GOOS != "linux" {
 		return nil
