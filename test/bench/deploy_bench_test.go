@@ -292,6 +292,12 @@ func TestDeployBench(t *testing.T) {
 		}
 	}
 
+	if base != nil && phases["edge-select"] && phases["host-select"] {
+		// Issue #15's edge ÷ host-direct for the baseline's build too, so
+		// that both builds' ratios come from the same rounds.
+		paths = append(paths, struct{ name, label, base string }{"edge-select@base", "point SELECT through the edge vs straight to the host [baseline binary]", "host-select@base"})
+	}
+
 	leaderStart := d.raw.Leader()
 	// Each phase's CPU groups, taken when it starts: catL is the leader
 	// the raw client last learned (it follows a change of leader from the
