@@ -55,6 +55,7 @@ func TestHostTransportProcesses(t *testing.T) {
 		"--raft-addr", harness.FreeAddr(t), "--http-addr", catAddr, "--bootstrap", "--log-level", "warn"},
 		p.Args(t, "n1", pki.RoleCatalog)...)...)
 	harness.WaitHTTP200With(t, ops, "https://"+catAddr+"/readyz", 30*time.Second, "catalog never ready: %s", cat.Log)
+	assertMonitorAwake(t, "catalog node", cat.Cmd.Process.Pid) // as the host and the edge below
 	hostAddr := harness.FreeAddr(t)
 	host := harness.StartProc(t, hostBin, "h1", append([]string{"objecthost", "serve", "--id", "h1", "--dir", filepath.Join(dir, "h1"),
 		"--http-addr", hostAddr, "--region", "weur", "--catalog", catAddr, "--log-level", "warn"},

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -43,6 +44,12 @@ and catalog settings come from the file; without --bootstrap or --join the
 node joins the other catalog nodes of the file. Flags given explicitly win.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// First, before anything is opened: the runtime's monitor kept
+			// out of its deep sleep (srvruntime.MonitorAwake, as the edge
+			// and the object host do). On failure the node runs without it.
+			if err := srvruntime.MonitorAwake(); err != nil {
+				fmt.Fprintln(os.Stderr, "warning: runtime monitor setting not applied:", err)
+			}
 			srvruntime.Apply(true)
 			var cl *config.Cluster
 			if configPath != "" {
