@@ -89,6 +89,9 @@ var deployOpenRate float64
 // gives it one request per write. SHOAL_BENCH_RAW_GATHER (a duration; 0
 // off) sets this build's raw client's gathering bound (raftmeta.WithWriteGather),
 // SHOAL_BENCH_BASELINE_RAW_GATHER the baseline's (default 0);
+// SHOAL_BENCH_RAW_GATHER_RULE and SHOAL_BENCH_BASELINE_RAW_GATHER_RULE
+// (always or adaptive, raftmeta.WithWriteGatherAdaptive) their rules
+// (defaults: the client's, adaptive; and always, main's rule before it);
 // SHOAL_BENCH_RAW_INFLIGHT=N this build's raw client's send slots (default 1).
 // SHOAL_BENCH_OPEN_RATE=R makes every measured phase an open loop of R
 // operations a second (runOpen; the client counts bound what is in flight).
@@ -715,6 +718,27 @@ func startDeployClusterSpec(t *testing.T, ports *portAlloc, s deploySpec) *deplo
 		g, err := time.ParseDuration(gather)
 		require.NoError(t, err, gatherEnv)
 		rawOpts = append(rawOpts, raftmeta.WithWriteGather(g))
+	}
+	// The gather's rule (raftmeta.WithWriteGatherAdaptive): this build's
+	// raw client takes the client's default (adaptive) unless
+	// SHOAL_BENCH_RAW_GATHER_RULE says otherwise; the baseline's gathers
+	// after every send of two or more (main's rule before the adaptive one)
+	// unless SHOAL_BENCH_BASELINE_RAW_GATHER_RULE=adaptive.
+	ruleEnv, rule := "SHOAL_BENCH_RAW_GATHER_RULE", ""
+	if prefix != "" {
+		ruleEnv, rule = "SHOAL_BENCH_BASELINE_RAW_GATHER_RULE", "always"
+	}
+	if v := os.Getenv(ruleEnv); v != "" {
+		rule = v
+	}
+	switch rule {
+	case "":
+	case "always":
+		rawOpts = append(rawOpts, raftmeta.WithWriteGatherAdaptive(false))
+	case "adaptive":
+		rawOpts = append(rawOpts, raftmeta.WithWriteGatherAdaptive(true))
+	default:
+		t.Fatalf("%s=%q: want always or adaptive", ruleEnv, rule)
 	}
 	// SHOAL_BENCH_RAW_INFLIGHT=N: this build's raw client sends up to N
 	// batches at once (raftmeta.WithWriteBatching; the client's default 1).
