@@ -73,14 +73,15 @@ import (
 // as long as the last round trip took to collect them, longer than the
 // bound, so nearly every wait runs out its bound and every write queued
 // behind it pays it (TestGatherOpenLoop: +0.9 ms at p50, 1.40×, at 1,500
-// writes/s). So the client keeps a score of recent gathers — an EWMA of
-// "filled before the bound" (1) or "ran out" (0), weight 1/4 — and a send
-// of two or more gathers only while the score is at least 3/4. Two waits
-// that run out in a row turn gathering off; while off, every
-// gatherProbeEvery-th send of two or more gathers anyway (a probe), and a
-// probe that fills is followed by another at once, so closed-loop callers
-// turn it back on after a few sends (two filled probes after two waits ran
-// out, five from a score near 0). A wait ended by Close does not count.
+// writes/s). So a send of two or more gathers only while a
+// groupwait.Gate admits it: a score of recent gathers (an EWMA of "filled
+// before the bound" — at least 7/8 of the writes it waited for came — or
+// "ran out" short of them, weight 1/4) at least 3/4 — two waits
+// that run out in a row turn gathering off — or, while off, every 16th
+// such send as a probe, a probe that fills followed by another at once,
+// so closed-loop callers turn it back on after a few sends (two filled
+// probes after two waits ran out, five from a score near 0). A wait ended
+// by Close does not count.
 
 const (
 	// defaultCoalesceInflight is the number of sends in flight at once
@@ -101,17 +102,6 @@ const (
 	// defaultWriteGather is WithWriteGather's default bound (see
 	// "Gathering" above and raftmeta/DESIGN.md for the measurements).
 	defaultWriteGather = time.Millisecond
-	// gatherScoreWeight is the weight of a gather's outcome in the score
-	// (an EWMA of filled = 1, ran out = 0); gatherScoreOn is the score at
-	// or above which a send of two or more gathers: from a score of 1, two
-	// waits in a row that run out its bound turn gathering off (1 → 0.75 →
-	// 0.56), one does not.
-	gatherScoreWeight = 0.25
-	gatherScoreOn     = 0.75
-	// gatherProbeEvery: while gathering is off, every this many sends of
-	// two or more gather anyway, to notice callers that have come to wait
-	// for their answers. A probe that runs out costs its writes one bound.
-	gatherProbeEvery = 16
 )
 
 // WithWriteBatching sets how concurrent writes share requests: up to
@@ -152,8 +142,9 @@ type GatherStats struct {
 	// recent gathers ran out their bound); Probes is how many of them were
 	// entered only as a probe.
 	Waited, Probes int64
-	// Filled is the gathers whose queue reached its target before the
-	// bound; FilledWait the time they waited in all.
+	// Filled is the gathers that filled: their queue reached its target,
+	// or at least 7/8 of the writes they waited for came, before the bound
+	// (groupwait.Filled); FilledWait the time they waited in all.
 	Filled     int64
 	FilledWait time.Duration
 }
@@ -182,9 +173,8 @@ type coalescer struct {
 	queue       []*queuedWrite
 	queuedBytes int // the queue's commands' JSON, as takeLocked counts it
 	inflight    int
-	unsupported time.Time // until then, no /v1/apply-batch (a node answered 404)
-	gatherScore float64   // EWMA of recent gathers' outcomes: 1 filled, 0 ran out
-	sinceProbe  int       // eligible sends skipped since the last gather (adaptive, score low)
+	unsupported time.Time      // until then, no /v1/apply-batch (a node answered 404)
+	gate        groupwait.Gate // adaptive: whether recent gathers filled
 	stats       GatherStats
 }
 
@@ -199,7 +189,7 @@ func newCoalescer(c *Client, maxBatch, inflight int, gather time.Duration, adapt
 	if maxBatch <= 0 || maxBatch > MaxApplyBatch {
 		maxBatch = MaxApplyBatch
 	}
-	q := &coalescer{c: c, maxBatch: maxBatch, maxInflight: inflight, gatherScore: 1}
+	q := &coalescer{c: c, maxBatch: maxBatch, maxInflight: inflight}
 	if gather > 0 {
 		q.gather, q.adaptive, q.wake = gather, adaptive, make(chan struct{}, 1)
 	}
@@ -294,26 +284,24 @@ func (q *coalescer) nextLocked(answered int, gather bool) []*queuedWrite {
 // gathersAfterLocked decides, once per send, whether the slot holder whose
 // send of answered commands returned waits for more before its next batch:
 // never after a send of one command or without gathering; with the
-// adaptive rule, only while recent gathers filled (gatherScore), or as a
-// probe every gatherProbeEvery-th time. It counts the decision. q.mu held.
+// adaptive rule, only while the gate admits it (recent gathers filled, or
+// a probe). It counts the decision. q.mu held.
 func (q *coalescer) gathersAfterLocked(answered int) bool {
 	if q.gather <= 0 || answered < 2 {
 		return false
 	}
 	q.stats.Eligible++
-	if !q.adaptive || q.gatherScore >= gatherScoreOn {
-		q.sinceProbe = 0
+	wait, probe := true, false
+	if q.adaptive {
+		wait, probe = q.gate.Admit()
+	}
+	if wait {
 		q.stats.Waited++
-		return true
 	}
-	q.sinceProbe++
-	if q.sinceProbe < gatherProbeEvery {
-		return false
+	if probe {
+		q.stats.Probes++
 	}
-	q.sinceProbe = 0
-	q.stats.Waited++
-	q.stats.Probes++
-	return true
+	return wait
 }
 
 // gatherLocked is the gathering wait (see "Gathering" above), entered when
@@ -322,11 +310,11 @@ func (q *coalescer) gathersAfterLocked(answered int) bool {
 // bytes), woken by each call that queues, for at most q.gather in all, and
 // no longer once the client's context ends (Close). With the queue already
 // that long it returns at once. Its outcome (filled, or ran out its bound)
-// goes into gatherScore; a probe that filled makes the next send of two or
-// more a probe too. q.mu is held on entry and on return, released while
-// waiting.
+// goes to the gate, unless Close ended it. q.mu is held on entry and on
+// return, released while waiting.
 func (q *coalescer) gatherLocked(answered int) {
-	want := min(answered+len(q.queue), q.maxBatch)
+	start := len(q.queue)
+	want := min(answered+start, q.maxBatch)
 	select { // a signal left from before this wait only costs a re-check
 	case <-q.wake:
 	default:
@@ -340,16 +328,12 @@ func (q *coalescer) gatherLocked(answered int) {
 		return
 	default:
 	}
-	if filled() {
+	ok := filled() || groupwait.Filled(len(q.queue)-start, want-start)
+	if ok {
 		q.stats.Filled++
 		q.stats.FilledWait += time.Since(t0)
-		q.gatherScore += gatherScoreWeight * (1 - q.gatherScore)
-		if q.gatherScore < gatherScoreOn {
-			q.sinceProbe = gatherProbeEvery - 1 // probe again at once
-		}
-	} else {
-		q.gatherScore -= gatherScoreWeight * q.gatherScore
 	}
+	q.gate.Record(ok)
 }
 
 // takeLocked removes the next batch from the head of the queue: up to

@@ -516,7 +516,7 @@ func TestClientCloseEndsAGather(t *testing.T) {
 // WithWriteGatherAdaptive(false): checked, it fails here with every
 // eligible send waited) holds each of those batches for the bound; the
 // adaptive rule stops after two waits run out and only probes, every
-// gatherProbeEvery-th send.
+// groupwait.ProbeEvery-th send.
 //
 // Closed loop, same client: 16 callers writing in a loop come back at once,
 // so the probes fill, gathering turns back on, and requests carry all 16
@@ -555,7 +555,7 @@ func TestClientGatherSkipsAnOpenLoopAndKeepsClosedLoops(t *testing.T) {
 	t.Logf("open loop: %+v; commands per request %v", open, g.requestSizes())
 	require.GreaterOrEqual(t, open.Eligible, int64(10), "sends of two or more, each a chance to gather")
 	// Two waits before the score turns gathering off, then a probe every
-	// gatherProbeEvery-th eligible send (plus slack for a probe that fills
+	// groupwait.ProbeEvery-th eligible send (plus slack for a probe that fills
 	// by chance on a stalled machine, and is followed by another).
 	assert.LessOrEqual(t, open.Waited, 2+open.Eligible/4, "gathers entered in an open loop: %+v", open)
 

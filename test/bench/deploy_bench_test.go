@@ -325,6 +325,13 @@ func TestDeployBench(t *testing.T) {
 		}
 		return d
 	}
+	// rawClientFor is the raftmeta client a raw phase writes through.
+	rawClientFor := func(name string) *raftmeta.Client {
+		if strings.HasPrefix(strings.TrimSuffix(name, "@base"), "raw-single") {
+			return clusterFor(name).rawSingle
+		}
+		return clusterFor(name).raw
+	}
 	// The public listener's lean-path counters over each edge phase
 	// (shoal_edge_lean_requests_total, _handovers_total): whether the
 	// generator's mixed pool is served lean.
@@ -356,9 +363,11 @@ func TestDeployBench(t *testing.T) {
 				}
 				var fsmBefore [3]float64
 				var snapsBefore float64
+				var gBefore raftmeta.GatherStats
 				if strings.HasPrefix(name, "raw") {
 					fsmBefore = clusterFor(name).leaderBatches(t)
 					snapsBefore = clusterFor(name).snapshotsPersisted(t)
+					gBefore = rawClientFor(name).GatherStats()
 				}
 				edgePhase := strings.HasPrefix(name, "create") || (strings.HasPrefix(name, "edge-select") && !strings.HasPrefix(name, "edge-select-http"))
 				var leanBefore [2]float64
@@ -380,6 +389,11 @@ func TestDeployBench(t *testing.T) {
 					s.fsmBatches += after[1] - fsmBefore[1]
 					s.fsmCommands += after[2] - fsmBefore[2]
 					s.snapshots += clusterFor(name).snapshotsPersisted(t) - snapsBefore
+					g := rawClientFor(name).GatherStats()
+					s.gathers.Eligible += g.Eligible - gBefore.Eligible
+					s.gathers.Waited += g.Waited - gBefore.Waited
+					s.gathers.Probes += g.Probes - gBefore.Probes
+					s.gathers.Filled += g.Filled - gBefore.Filled
 				}
 				if before != nil {
 					after := clusterFor(name).edgeCreateMetrics(t)
@@ -430,8 +444,9 @@ func TestDeployBench(t *testing.T) {
 					if cmds == 0 { // a build before batch entries: one command per entry
 						cmds = s.fsmEntries
 					}
-					t.Logf("%-12s %3d per FSM batch on the leader: %.1f entries (shoal_raftmeta_fsm_batch_entries), %.1f commands; %.0f snapshots persisted by the voters during the %d phases",
-						name, n, s.fsmEntries/s.fsmBatches, cmds/s.fsmBatches, s.snapshots, len(s.rates))
+					t.Logf("%-12s %3d per FSM batch on the leader: %.1f entries (shoal_raftmeta_fsm_batch_entries), %.1f commands; %.0f snapshots persisted by the voters during the %d phases; client gathers: eligible %d, waited %d (probes %d), filled %d",
+						name, n, s.fsmEntries/s.fsmBatches, cmds/s.fsmBatches, s.snapshots, len(s.rates),
+						s.gathers.Eligible, s.gathers.Waited, s.gathers.Probes, s.gathers.Filled)
 				}
 			}
 		}
@@ -1152,6 +1167,8 @@ type phaseSeries struct {
 	fsmEntries, fsmBatches, fsmCommands float64
 	// raw writes: snapshots the three voters persisted during the phases
 	snapshots float64
+	// raw writes: the raw client's gathering decisions over every round
+	gathers raftmeta.GatherStats
 }
 
 func (s *phaseSeries) add(t *testing.T, groups []procGroup, n int, dur time.Duration, op func(int, *rand.Rand) error) {
