@@ -76,11 +76,11 @@ import (
 // writes/s). So a send of two or more gathers only while a
 // groupwait.Gate admits it: a score of recent gathers (an EWMA of "filled
 // before the bound" — at least 7/8 of the writes it waited for came — or
-// "ran out" short of them, weight 1/4) at least 3/4 — two waits
+// "ran out" short of them, weight 1/4) at least 1/2 — three waits
 // that run out in a row turn gathering off — or, while off, every 16th
 // such send as a probe, a probe that fills followed by another at once,
-// so closed-loop callers turn it back on after a few sends (two filled
-// probes after two waits ran out, five from a score near 0). A wait ended
+// so closed-loop callers turn it back on after a few sends (one filled
+// probe after three waits ran out, three from a score near 0). A wait ended
 // by Close does not count.
 
 const (

@@ -11,12 +11,12 @@ package groupwait
 // The gate keeps a score of recent waits, an EWMA of "filled" (1: at least
 // 7/8 of the calls expected came, Filled) or "ran out its bound" short of
 // them (0) with weight 1/4, starting at 1, and admits a wait
-// while the score is at least 3/4: one wait that runs out does not close
-// it, two in a row do (1 → 0.75 → 0.56). While closed, every
-// ProbeEvery-th chance is admitted anyway (a probe), and a probe that
-// fills makes the next chance a probe too, so callers that turned into a
-// closed loop reopen it within a few chances (two filled probes after two
-// waits ran out, five from a score near 0).
+// while the score is at least 1/2: one or two waits that run out do not
+// close it, three in a row do (1 → 0.75 → 0.56 → 0.42). While closed,
+// every ProbeEvery-th chance is admitted anyway (a probe), and a probe
+// that fills makes the next chance a probe too, so callers that turned
+// into a closed loop reopen it within a few chances (one filled probe
+// after three waits ran out, three from a score near 0).
 //
 // The zero Gate is open. It is not safe for concurrent use: its owner
 // calls it under the lock that guards its queue.
@@ -29,8 +29,10 @@ const (
 	// gateWeight is a wait's outcome's weight in the score.
 	gateWeight = 0.25
 	// gateOpenMiss is the largest miss (1 - score) at which waits are
-	// admitted.
-	gateOpenMiss = 0.25
+	// admitted. 1/4 (two misses in a row close the gate) closed it for
+	// half the chances of 64 closed-loop writers on a machine at load
+	// 12–20, where one gather in nine ran out (docs/benchmarks.md).
+	gateOpenMiss = 0.5
 	// ProbeEvery: while the gate is closed, every this many chances is
 	// admitted as a probe. A probe that runs out costs its calls one bound.
 	ProbeEvery = 16

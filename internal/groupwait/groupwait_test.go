@@ -44,7 +44,7 @@ func TestLockedEndsAtItsBoundOrStop(t *testing.T) {
 	mu.Unlock()
 }
 
-// The gate admits waits while they fill, closes after two in a row run
+// The gate admits waits while they fill, closes after three in a row run
 // out, then admits only every ProbeEvery-th chance until probes fill
 // again; a filled probe is followed by another at once.
 func TestGateFollowsHowWaitsEnd(t *testing.T) {
@@ -55,14 +55,16 @@ func TestGateFollowsHowWaitsEnd(t *testing.T) {
 		require.False(t, probe)
 		g.Record(true)
 	}
+	for i := range 2 {
+		wait, _ := g.Admit()
+		require.True(t, wait)
+		g.Record(false)
+		require.True(t, g.Open(), "%d waits in a row that ran out do not close the gate", i+1)
+	}
 	wait, _ := g.Admit()
 	require.True(t, wait)
-	g.Record(false) // one wait ran out: still open
-	require.True(t, g.Open(), "one wait that ran out does not close the gate")
-	wait, _ = g.Admit()
-	require.True(t, wait)
-	g.Record(false) // two in a row: closed
-	require.False(t, g.Open(), "two waits in a row that ran out close the gate")
+	g.Record(false) // three in a row: closed
+	require.False(t, g.Open(), "three waits in a row that ran out close the gate")
 
 	// An open loop: nothing fills; one chance in ProbeEvery is a probe.
 	waits, probes := 0, 0
