@@ -67,9 +67,6 @@ type batcher[T, R any] struct {
 	// long a batch that came back with ≥ 2 calls keeps its slot to wait
 	// for about as many calls again; wake is signalled by each enqueue.
 	groupDelay time.Duration
-	// groupAdaptive: a group wait is entered only while groupGate admits
-	// it (recent group waits filled, or a probe; groupwait.Gate).
-	groupAdaptive bool
 
 	mu       sync.Mutex
 	queue    []*batchCall[T, R]
@@ -78,12 +75,8 @@ type batcher[T, R any] struct {
 	// batches in flight and no progress for a while, the peer is stalled
 	// (load).
 	progress time.Time
-	// last is the size of the batch that last came back (groupLocked);
-	// groupNext whether the slot holder waits for the next group after it
-	// (decided once per batch that came back, cameBackLocked).
-	last      int
-	groupNext bool
-	groupGate groupwait.Gate
+	// last is the size of the batch that last came back (groupLocked).
+	last int
 }
 
 type batchCall[T, R any] struct {
@@ -252,16 +245,12 @@ func (b *batcher[T, R]) drain(batch []*batchCall[T, R]) {
 func (b *batcher[T, R]) cameBackLocked(n int) {
 	b.progress = time.Now()
 	b.last = n
-	b.groupNext = b.groupDelay > 0 && n >= 2
-	if b.groupNext && b.groupAdaptive {
-		b.groupNext, _ = b.groupGate.Admit()
-	}
 }
 
 // holdsSlotLocked reports whether the slot holder keeps its slot, with an
 // empty queue, to wait for the next group (groupLocked).
 func (b *batcher[T, R]) holdsSlotLocked() bool {
-	return b.groupNext
+	return b.groupDelay > 0 && b.last >= 2
 }
 
 // nextLocked is the slot holder's next batch: takeLocked, after waiting (with
@@ -323,14 +312,8 @@ func newGroupingBatcher[T, R any](ctx context.Context, wg *sync.WaitGroup, maxBa
 }
 
 func (b *batcher[T, R]) setGroupDelay(d time.Duration) {
-	b.setGroup(d, false)
-}
-
-// setGroup is setGroupDelay with the group wait adaptive or not
-// (groupAdaptive).
-func (b *batcher[T, R]) setGroup(d time.Duration, adaptive bool) {
 	if d > 0 {
-		b.groupDelay, b.groupAdaptive = d, adaptive
+		b.groupDelay = d
 		if b.wake == nil {
 			b.wake = make(chan struct{}, 1)
 		}
@@ -351,18 +334,13 @@ func (b *batcher[T, R]) setGroup(d time.Duration, adaptive bool) {
 // return, released while waiting. With several slots a wake may go to
 // another waiting holder: a missed wake only ends a wait at its bound.
 func (b *batcher[T, R]) groupLocked() {
-	if !b.groupNext {
+	if b.groupDelay <= 0 || b.last < 2 {
 		return
 	}
-	b.groupNext = false
 	target := min(b.last, b.maxBatch)
-	start := len(b.queue)
 	t0 := time.Now()
 	groupwait.Locked(&b.mu, b.wake, b.groupDelay, b.ctx.Done(), func() bool { return len(b.queue) >= target })
 	b.timing.held("group", time.Since(t0))
-	if b.groupAdaptive && b.ctx.Err() == nil {
-		b.groupGate.Record(len(b.queue) >= target || groupwait.Filled(len(b.queue)-start, target-start))
-	}
 }
 
 // newGatheringBatcher is newBatcher whose slot holder waits, at most

@@ -192,7 +192,7 @@ func (s *Server) initCreateBatching() {
 			})
 		b.catalog.observe = func(n int) { s.m.batchCatalog.Observe(float64(n)) }
 		b.catalog.timing = b.catalogTiming
-		b.catalog.setGroup(b.groupDelay, s.o.CreateGroupAdaptive)
+		b.catalog.setGroupDelay(b.groupDelay)
 	}
 }
 
@@ -304,7 +304,7 @@ func (s *Server) initBatcher(addr string) *batcher[initCall, struct{}] {
 		})
 	x.observe = func(n int) { s.m.batchInit.Observe(float64(n)) }
 	x.timing = b.initTiming
-	x.setGroup(b.initGroupDelay, s.o.CreateGroupAdaptive)
+	x.setGroupDelay(b.initGroupDelay)
 	b.inits[addr] = x
 	return x
 }

@@ -110,11 +110,6 @@ type Options struct {
 	// negative: none.
 	CreateGroupDelay     time.Duration
 	CreateInitGroupDelay time.Duration
-	// CreateGroupAdaptive: those group waits are entered only while recent
-	// ones filled before their bound (groupwait.Gate, as the catalog
-	// client's gather: probes every 16th chance while off). Off by default
-	// (see docs/benchmarks.md, "The gather's rule under an open loop").
-	CreateGroupAdaptive bool
 
 	CloseGrace time.Duration // Close waits this long for background work before cancelling it; default 5s
 

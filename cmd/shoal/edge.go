@@ -47,7 +47,6 @@ func newEdgeServeCmd() *cobra.Command {
 		createBatch, createBatchInflight              int
 		createGather                                  time.Duration
 		createGroupDelay, createInitGroupDelay        time.Duration
-		createGroupAdaptive                           bool
 		kafka                                         kafkaFlags
 		clickhouseDSN                                 string
 		lostHostAfter                                 time.Duration
@@ -198,7 +197,7 @@ secrets come from the file; flags given explicitly win.`,
 				FallbackCap:  fallbackCap, Tiers: tiers, Logger: logger, KnownHosts: knownHosts,
 				Registry:    reg,
 				CreateBatch: createBatch, CreateBatchInflight: createBatchInflight, CreateGather: createGather,
-				CreateGroupDelay: createGroupDelay, CreateInitGroupDelay: createInitGroupDelay, CreateGroupAdaptive: createGroupAdaptive,
+				CreateGroupDelay: createGroupDelay, CreateInitGroupDelay: createInitGroupDelay,
 			})
 			if err != nil {
 				return err
@@ -261,7 +260,6 @@ secrets come from the file; flags given explicitly win.`,
 	f.DurationVar(&createGather, "create-gather", 0, "longest wait of a catalog batch of creates for the creates of init batches that came back, still on their way to it (0: 1ms; negative: none)")
 	f.DurationVar(&createGroupDelay, "create-group-delay", 0, "longest wait of the catalog batcher, after a batch of several creates came back, for as many creates again before it sends the next (0: 2ms; negative: none)")
 	f.DurationVar(&createInitGroupDelay, "create-init-group-delay", 0, "the same group-commit delay for each object host's init batcher (0: 2ms; negative: none)")
-	f.BoolVar(&createGroupAdaptive, "create-group-adaptive", false, "enter those group-commit delays only while recent ones filled before their bound (probing every 16th chance while off)")
 	f.IntVar(&createBatchInflight, "create-batch-inflight", 0, "requests of one coalesced create step in flight at once, per host and to the catalog (0: 1)")
 	f.DurationVar(&lostHostAfter, "lost-host-after", 0, "declare an object host lost after it has not reported for this long (at least 1m), and restore its databases on other hosts from the archive; 0 (default): only `shoal cluster host lost` does")
 	kafka.register(f)
