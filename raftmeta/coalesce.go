@@ -116,7 +116,7 @@ func WithWriteBatching(maxBatch, inflight int) ClientOption {
 // WithWriteGather bounds the gathering wait of coalesced writes (see
 // coalesce.go): after a send of two or more concurrent writes returns, the
 // next batch waits at most d for the writes it expects back before it is
-// sent (default 1 ms). d ≤ 0 turns gathering off: the next batch is
+// sent (default 1 ms), while recent waits filled (WithWriteGatherAdaptive). d ≤ 0 turns gathering off: the next batch is
 // whatever queued during the send, sent at once.
 func WithWriteGather(d time.Duration) ClientOption {
 	return func(c *clientConfig) { c.gather, c.gatherSet = d, true }
