@@ -3,9 +3,11 @@ package objecthost
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -303,4 +305,47 @@ func TestConcurrentWritesEmitSizesInMeasurementOrder(t *testing.T) {
 	}
 	assert.EqualValues(t, want, best.SizeBytes)
 	assert.EqualValues(t, want, th.Stats().Bytes)
+}
+
+// An init whose index commit fails (the journal's fdatasync, as on a disk
+// error) answers the error and leaves no object: Info does not find it, a
+// retry of the same init creates it, and after a restart the host holds
+// exactly the objects whose init succeeded.
+func TestInitFailedIndexCommitLeavesNoObject(t *testing.T) {
+	th := newTestHost(t, nil)
+	ctx := context.Background()
+	ok1 := newDB("acct-1")
+	th.mustInit(t, ok1)
+
+	failNext := make(chan error, 1)
+	th.ix.j.sync = func(f *os.File) error {
+		select {
+		case err := <-failNext:
+			return err
+		default:
+			return fdatasync(f)
+		}
+	}
+	failed := newDB("acct-1")
+	failNext <- fmt.Errorf("injected: %w", syscall.EIO)
+	_, err := th.Init(ctx, failed.obj, failed.init())
+	require.ErrorIs(t, err, syscall.EIO)
+	_, err = th.Info(ctx, failed.obj)
+	require.ErrorIs(t, err, ErrNotFound, "a failed init leaves no object behind")
+
+	ok2 := newDB("acct-1")
+	th.mustInit(t, ok2)
+	retried := newDB("acct-1")
+	failNext <- fmt.Errorf("injected: %w", syscall.EIO)
+	_, err = th.Init(ctx, retried.obj, retried.init())
+	require.ErrorIs(t, err, syscall.EIO)
+	th.mustInit(t, retried) // the same init again, now durable
+
+	th.reopen(t)
+	for _, d := range []db{ok1, ok2, retried} {
+		_, err := th.Info(ctx, d.obj)
+		require.NoError(t, err, "an acknowledged init survives the restart")
+	}
+	_, err = th.Info(ctx, failed.obj)
+	require.ErrorIs(t, err, ErrNotFound, "the failed init stays gone after the restart")
 }

@@ -77,8 +77,9 @@ type importJob struct {
 	status   ImportStatus
 	finished time.Time  // when status left "active" (host clock)
 	commit   *jobCommit // set just before the import's COMMIT (importjobs.go)
-	// saveErr: a recovered job's job file could not be rewritten
-	// (importjobs.go, recovered), or the host closed before it was.
+	// saveErr: a committed job's final job file could not be written —
+	// a job of this process (run) or a recovered one (importjobs.go,
+	// recovered) — or the host closed before it was.
 	saveErr error
 
 	// resolved is closed when a recovered job's bookmark lookup, run
@@ -99,6 +100,13 @@ func (j *importJob) isResolved() bool {
 	default:
 		return false
 	}
+}
+
+// commitBlock is commit, read under j.mu.
+func (j *importJob) commitBlock() *jobCommit {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.commit
 }
 
 // rewriteErr is saveErr, read under j.mu.
@@ -328,9 +336,13 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	start := time.Now()
-	// finish makes the job's final status durable (its job file); the
-	// in-memory status is final already. A failed write is logged: a
-	// restart then resolves the job from the database's record instead.
+	// finish makes a failed job's final status durable (its job file);
+	// the in-memory status is final already. A failed write is logged:
+	// harmless, as nothing was imported — a restart resolves the job
+	// from the database's header, which never carries its tag (the
+	// import did not commit, and every later tag is drawn anew), as
+	// "interrupted: nothing was imported". A committed job's final
+	// write is another matter (below: unsaved).
 	finish := func() {
 		if err := d.saveJob(m.ObjectID, m.DatabaseUUID, j); err != nil {
 			d.h.log.Warn("import job file not written", "object", m.ObjectID, "err", err)
@@ -492,11 +504,23 @@ func (d *dumpAPI) run(o *object, m *Meta, j *importJob, path string) {
 		st.Messages = append(st.Messages, "Warning: the import is committed on the object host but the archive store has not confirmed it yet (durability = archived); it will be archived when the store is back")
 		d.h.log.Warn("import committed, archive not confirmed", "object", m.ObjectID, "err", committed.Err)
 	}
+	// The file first, then the answer (as for a recovered job): the job
+	// stays "active" in memory until its final write was tried, so nothing
+	// sees it complete with that write still to come. If the write fails,
+	// the job is complete all the same — it committed, and its commit
+	// block and the header's tag say so to any later process — but the
+	// header is now the only record of its COMMIT: the job keeps the
+	// error (saveErr), and imports and restores of the database, which
+	// change the header, are refused until a retried write succeeds
+	// (resolveDead, rewriteUnsaved).
+	done := &importJob{filename: j.filename, status: st, finished: d.h.now(), commit: j.commitBlock()}
+	err = d.saveJob(m.ObjectID, m.DatabaseUUID, done)
+	if err != nil {
+		d.h.log.Warn("import job file not written; imports and restores of the database are refused until it is", "object", m.ObjectID, "err", err)
+	}
 	j.mu.Lock()
-	j.status = st
-	j.finished = d.h.now()
+	j.status, j.finished, j.saveErr = st, done.finished, err
 	j.mu.Unlock()
-	finish()
 }
 
 type pollBody struct {

@@ -39,7 +39,12 @@ import (
 //     disagree, and the header is nowhere user SQL can see it (PRAGMA
 //     application_id is not allowed; no table, nothing in sqlite_schema,
 //     no page of its own).
-//  4. the job file rewritten with the final status (and final_bookmark).
+//  4. the job file rewritten with the final status (and final_bookmark),
+//     then the job answers it. If that write fails the job answers
+//     complete all the same (it committed; the commit block and the tag
+//     say so to a later process), but until a retried write succeeds the
+//     tag is the only record of the COMMIT, so imports and restores of the
+//     database are refused (rewriteUnsaved, errJobNotRewritten).
 //
 // A host that died between 2 and 4 finds the file still "active" with a
 // commit block and no job running: the header decides — its tag there, the
@@ -436,6 +441,9 @@ func (d *dumpAPI) resolveBookmark(m *Meta, j *importJob, final ImportStatus, key
 // committed job's file could not be rewritten, or the database could not
 // be read.
 func (d *dumpAPI) resolveDead(m *Meta) (open *importJob, err error) {
+	if err := d.rewriteUnsaved(m); err != nil {
+		return nil, err
+	}
 	dir := filepath.Join(d.uploadDir(m.ObjectID), "jobs")
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -468,10 +476,39 @@ func (d *dumpAPI) resolveDead(m *Meta) (open *importJob, err error) {
 	return open, nil
 }
 
-// errJobNotRewritten: an import that committed while its host died could
-// not have its job file rewritten; until it is, whatever changes the
-// database's application_id (an import, a restore) is refused.
-var errJobNotRewritten = errors.New("a recovered import's job file could not be rewritten; retry")
+// rewriteUnsaved retries the final job-file write of the object's import
+// held in memory when it failed (saveErr) for a job that committed: until
+// the file is final, the header's tag is the only record of that COMMIT
+// (the file says "active" with its commit block), so the caller — about to
+// let an import or a restore change the header — gets errJobNotRewritten
+// while the write still fails. A job that did not commit needs no retry
+// (run: nothing to hide). The caller holds d.mu.
+func (d *dumpAPI) rewriteUnsaved(m *Meta) error {
+	j := d.jobs[m.ObjectID]
+	if j == nil || !j.isResolved() {
+		return nil // none, or a resolution still running (it writes the file itself)
+	}
+	j.mu.Lock()
+	unsaved := j.saveErr != nil && j.status.Status == "complete"
+	done := &importJob{filename: j.filename, status: j.status, finished: j.finished, commit: j.commit}
+	j.mu.Unlock()
+	if !unsaved {
+		return nil
+	}
+	if err := d.saveJob(m.ObjectID, m.DatabaseUUID, done); err != nil {
+		return fmt.Errorf("import job %s: %w: %w", j.filename, errJobNotRewritten, err)
+	}
+	j.mu.Lock()
+	j.saveErr = nil
+	j.mu.Unlock()
+	return nil
+}
+
+// errJobNotRewritten: an import committed but its job file could not be
+// written final (its host died before, or the write failed); until it
+// is, whatever changes the database's application_id (an import, a
+// restore) is refused.
+var errJobNotRewritten = errors.New("an import's job file could not be rewritten; retry")
 
 // awaitResolved takes d.mu with every job a dead process left on the
 // object resolved (resolveDead), waiting — without d.mu — for resolutions
@@ -525,12 +562,14 @@ type importHooks struct {
 }
 
 // expireJobs drops finished jobs older than jobRetention from memory
-// (d.mu held). Called at each ingest: imports are rare, the map small.
+// (d.mu held). Called at each ingest: imports are rare, the map small. A
+// committed job whose final write failed stays (rewriteUnsaved: memory is
+// then what keeps the header from changing).
 func (d *dumpAPI) expireJobs() {
 	now := d.h.now()
 	for id, j := range d.jobs {
 		j.mu.Lock()
-		old := j.status.Status != "active" && now.Sub(j.finished) > jobRetention
+		old := j.status.Status != "active" && now.Sub(j.finished) > jobRetention && j.saveErr == nil
 		j.mu.Unlock()
 		if old {
 			delete(d.jobs, id)

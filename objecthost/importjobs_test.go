@@ -895,3 +895,86 @@ func TestImportUnrewrittenRecoveredJobBlocksHeaderChanges(t *testing.T) {
 	require.NotNil(t, jf.Status.Result)
 	assert.Equal(t, c.before.Result.FinalBookmark, jf.Status.Result.FinalBookmark)
 }
+
+// TestImportUnsavedFinalJobFileBlocksHeaderChanges: a live import commits,
+// then its final job-file write fails. The import answers complete (it is
+// applied: an "error" would make the client retry into "table exists"),
+// but its file still says "active" with its commit block, so the header's
+// tag is the only record of the COMMIT: a restore and another import of
+// the database are refused (503, retryable) instead of changing the header
+// — after which a restart would resolve the job "interrupted: nothing was
+// imported". A restart meanwhile answers complete (the tag is there). Once
+// the disk takes the write again, the restore rewrites the file final and
+// runs, and a restart answers complete although the header changed.
+func TestImportUnsavedFinalJobFileBlocksHeaderChanges(t *testing.T) {
+	store, err := history.NewDirStore(t.TempDir())
+	require.NoError(t, err)
+	th := historyHost(t, store)
+	srv := serve(t, th)
+	d := newDB("acct")
+	th.mustInit(t, d)
+	th.exec(t, d, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT, r INTEGER)")
+	pre := th.archivedUpTo(t, d)
+	th.clock.Advance(time.Second)
+
+	// The job file's writes: 1 the ingest's, 2 the commit block's, 3 the
+	// final one. The disk refuses the third and later ones while failing.
+	var writes atomic.Int32
+	var failing atomic.Bool
+	failing.Store(true)
+	th.Host.dump.hooks.saveJob = func(name string) error {
+		if name == "f.sql" && writes.Add(1) >= 3 && failing.Load() {
+			return errors.New("disk refused the job file")
+		}
+		return nil
+	}
+	ingest(t, srv, d, "f.sql", "INSERT INTO t VALUES (1, 'imported', 7);\n")
+	st := waitImport(t, srv, d, "f.sql")
+	require.Equal(t, "complete", st.Status, "%+v", st)
+	path := filepath.Join(th.dir, "imports", d.obj, "jobs", "f.sql.json")
+	jf := readJob(path)
+	require.NotNil(t, jf)
+	require.Equal(t, "active", jf.Status.Status, "the final write failed")
+	require.NotNil(t, jf.Commit)
+
+	_, err = th.Restore(context.Background(), d.obj, pre, "", 0)
+	require.ErrorIs(t, err, errJobNotRewritten, "a restore would hide the import's tag")
+	sql := "INSERT INTO t VALUES (2, 'next', 8);\n"
+	code, env := upload(t, srv, d, "n.sql", sql)
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	code, env = call(t, srv.Client(), srv, http.MethodPost, "/v1/objects/"+d.obj+"/import/ingest", &d, map[string]string{"etag": md5hex(sql), "filename": "n.sql"})
+	assert.Equal(t, http.StatusServiceUnavailable, code, "%+v", env)
+	assert.Equal(t, `[{"id":1,"v":"imported","r":7}]`, th.rowsOf(t, d), "nothing changed the database")
+	code, st2, env := pollOnce(t, srv, d, "f.sql")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	assert.Equal(t, "complete", st2.Status, "the import stays complete meanwhile")
+
+	// A restart now (the file still active): the header decides, complete.
+	th.reopen(t)
+	th.Host.dump.hooks.saveJob = func(string) error {
+		if failing.Load() {
+			return errors.New("disk refused the job file")
+		}
+		return nil
+	}
+	srv = serve(t, th)
+	code, st2, env = pollOnce(t, srv, d, "f.sql")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	assert.Equal(t, "complete", st2.Status, "after a restart: %+v", st2)
+	_, err = th.Restore(context.Background(), d.obj, pre, "", 0)
+	require.ErrorIs(t, err, errJobNotRewritten, "still refused after the restart")
+
+	failing.Store(false)
+	_, err = th.Restore(context.Background(), d.obj, pre, "", 0)
+	require.NoError(t, err)
+	assert.Equal(t, `[]`, th.rowsOf(t, d), "restored to before the import")
+	jf = readJob(path)
+	require.NotNil(t, jf)
+	assert.Equal(t, "complete", jf.Status.Status, "the restore wrote the job file final first")
+
+	th.reopen(t)
+	srv = serve(t, th)
+	code, st2, env = pollOnce(t, srv, d, "f.sql")
+	require.Equal(t, http.StatusOK, code, "%+v", env)
+	assert.Equal(t, "complete", st2.Status, "the header changed, the job file answers: %+v", st2)
+}

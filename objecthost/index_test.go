@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -355,4 +356,48 @@ func TestIndexOpensPreJournalIndex(t *testing.T) {
 		require.NoError(t, err)
 		require.EqualValues(t, journalPrealloc, st.Size())
 	}
+}
+
+// A commit whose fdatasync fails answers its ops the error and changes
+// nothing they can see; the index keeps working, and the next commit
+// overwrites the failed record in the journal, so a crash after it replays
+// every acknowledged op and not the failed one — not even the tail of a
+// failed record longer than the one written over it.
+func TestIndexFailedSyncIsNotAcknowledged(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "index.db")
+	ix := openNoCheckpoint(t, path)
+	defer ix.close()
+	require.NoError(t, ix.put(&Meta{ObjectID: "a", State: StateActive}))
+
+	failNext := make(chan error, 1)
+	ix.j.sync = func(f *os.File) error {
+		select {
+		case err := <-failNext:
+			return err
+		default:
+			return fdatasync(f)
+		}
+	}
+	failNext <- fmt.Errorf("injected: %w", syscall.EIO)
+	var long []*Meta // a record several pages long
+	for i := range 200 {
+		long = append(long, &Meta{ObjectID: fmt.Sprintf("b%03d", i), State: StateActive})
+	}
+	before := ix.j.off
+	err := ix.put(long...)
+	require.ErrorIs(t, err, syscall.EIO, "the failed fdatasync is the ops' answer")
+	require.Equal(t, before, ix.j.off, "the journal does not move past a failed record")
+	require.Equal(t, []string{"a"}, ids(indexRecords(t, ix)), "nothing of the failed commit is visible")
+
+	require.NoError(t, ix.put(&Meta{ObjectID: "c", State: StateActive}), "the next commit works")
+	require.NoError(t, ix.remove("a"))
+	require.Equal(t, []string{"c"}, ids(indexRecords(t, ix)))
+
+	crashed := crashCopy(t, path)
+	var read []string
+	require.NoError(t, ReadIndex(filepath.Dir(crashed), func(m *Meta) error { read = append(read, m.ObjectID); return nil }))
+	require.Equal(t, []string{"c"}, read, "ReadIndex: acknowledged ops only")
+	ix2 := openNoCheckpoint(t, crashed)
+	defer ix2.close()
+	require.Equal(t, []string{"c"}, ids(indexRecords(t, ix2)), "the replay: acknowledged ops only")
 }

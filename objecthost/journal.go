@@ -39,6 +39,9 @@ type journal struct {
 	gen   uint64 // generation being appended
 	off   int64  // next append offset in files[gen%2]
 	buf   []byte
+	// sync makes an appended record durable: fdatasync; a test sets a
+	// failing one to check what a failed commit leaves behind.
+	sync func(*os.File) error
 }
 
 const (
@@ -67,7 +70,7 @@ func journalPath(indexPath string, i int) string {
 // journal files of the index at indexPath. A created file is zero-filled,
 // fsynced, and its directory fsynced, before it is used.
 func openJournalFiles(indexPath string) (*journal, error) {
-	j := &journal{}
+	j := &journal{sync: fdatasync}
 	created := false
 	for i := range j.files {
 		p := journalPath(indexPath, i)
@@ -227,7 +230,16 @@ func (j *journal) removeOp(key string) {
 // returns nil, the record is durable. On an error the offset does not
 // move, so the next record overwrites whatever part of this one reached
 // the file and a reader never finds acknowledged records behind a torn
-// one.
+// one. A failed fdatasync does not stop the journal (PostgreSQL panics
+// on one: Linux may mark the failed pages clean and report the error only
+// once): every record before this one was fdatasynced before it was
+// acknowledged, and the pages this one dirtied are written again, whole,
+// by the next record, whose own fdatasync decides it. Until then the
+// failed record's outcome is unknown, like any commit whose answer was an
+// error: a crash may find it whole on disk and replay it (its caller was
+// told it failed: a create then retries with new IDs, and the object left
+// in the index is an orphan the catalog does not know, which dies as
+// every failed creation's does).
 func (j *journal) append() error {
 	n := len(j.buf) - journalHeaderLen
 	if n == 0 {
@@ -240,7 +252,7 @@ func (j *journal) append() error {
 	if _, err := f.WriteAt(j.buf, j.off); err != nil {
 		return fmt.Errorf("write index journal: %w", err)
 	}
-	if err := fdatasync(f); err != nil {
+	if err := j.sync(f); err != nil {
 		return fmt.Errorf("sync index journal: %w", err)
 	}
 	j.off += int64(len(j.buf))

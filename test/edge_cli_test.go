@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -65,6 +67,9 @@ func TestEdgeCLI(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == 200
 	}, 20*time.Second, 50*time.Millisecond, "edge never healthy: %s", &logs)
+	// The edge re-executed itself in place (same PID) with the runtime's
+	// monitor kept awake (srvruntime.MonitorAwake).
+	assertMonitorAwake(t, "edge", srv.Process.Pid)
 
 	admin := func(args ...string) map[string]any {
 		t.Helper()
@@ -120,4 +125,26 @@ func TestEdgeCLI(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatalf("edge did not exit on SIGTERM: %s", &logs)
 	}
+}
+
+// assertMonitorAwake checks that the role's process pid runs with the
+// runtime's monitor kept awake: it re-executed itself in place with
+// schedtrace added to GODEBUG (internal/srvruntime.MonitorAwake). Only on
+// Linux, and only when this test's own GODEBUG does not set schedtrace
+// (the role then leaves the operator's setting alone).
+func assertMonitorAwake(t *testing.T, role string, pid int) {
+	t.Helper()
+	if runtime.GOOS != "linux" || strings.Contains(os.Getenv("GODEBUG"), "schedtrace") {
+		return
+	}
+	environ, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+	require.NoError(t, err)
+	var godebug string
+	for _, kv := range strings.Split(string(environ), "\x00") {
+		if v, ok := strings.CutPrefix(kv, "GODEBUG="); ok {
+			godebug = v
+			break
+		}
+	}
+	assert.Contains(t, strings.Split(godebug, ","), "schedtrace=2147483647", "the %s's GODEBUG: %q", role, godebug)
 }

@@ -60,6 +60,11 @@ func TestHostTransportProcesses(t *testing.T) {
 		"--http-addr", hostAddr, "--region", "weur", "--catalog", catAddr, "--log-level", "warn"},
 		p.Args(t, "h1", pki.RoleHost)...)...)
 	harness.WaitHTTP200With(t, ops, "https://"+hostAddr+"/healthz", 30*time.Second, "host never healthy: %s", host.Log)
+	if oldHost == "" {
+		// The host re-executed itself in place with the runtime's
+		// monitor kept awake (srvruntime.MonitorAwake).
+		assertMonitorAwake(t, "object host", host.Cmd.Process.Pid)
+	}
 	edges := map[string]string{}
 	type edgeSpec struct{ name, transport, bin string }
 	specs := []edgeSpec{{"e1", "frames", bin}, {"e2", "http", bin}}

@@ -63,6 +63,14 @@ With --config cluster.hcl --node ID the address, data dir, region, catalog nodes
 secrets come from the file; flags given explicitly win.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// First, before anything is opened: the runtime's monitor kept
+			// out of its deep sleep (a re-exec of this binary with GODEBUG
+			// set; the edge's CPU per point SELECT 0.76-0.86x in the deploy
+			// benchmark, docs/benchmarks.md). On failure the edge runs
+			// without it.
+			if err := srvruntime.MonitorAwake(); err != nil {
+				fmt.Fprintln(os.Stderr, "warning: runtime monitor setting not applied:", err)
+			}
 			srvruntime.Apply(false)
 			set := func(flag string) bool { return cmd.Flags().Changed(flag) }
 			// Secrets from the environment, read here rather than as flag

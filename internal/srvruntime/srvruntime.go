@@ -17,6 +17,10 @@
 //     ~1.6x the creates/s at 16 clients (p50 7.6 ms instead of 12) with the
 //     same point-SELECT p99. More spare Ps (4 or 8 on 2 cores) made the
 //     query tail worse, so it is exactly one.
+//
+// MonitorAwake (monitor.go), for the edge and the object host, is a third
+// setting, made by re-executing the binary because the runtime reads it
+// only at start.
 package srvruntime
 
 import (

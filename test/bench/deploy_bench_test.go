@@ -295,6 +295,12 @@ func TestDeployBench(t *testing.T) {
 		}
 	}
 
+	if base != nil && phases["edge-select"] && phases["host-select"] {
+		// Issue #15's edge ÷ host-direct for the baseline's build too, so
+		// that both builds' ratios come from the same rounds.
+		paths = append(paths, struct{ name, label, base string }{"edge-select@base", "point SELECT through the edge vs straight to the host [baseline binary]", "host-select@base"})
+	}
+
 	leaderStart := d.raw.Leader()
 	// Each phase's CPU groups, taken when it starts: catL is the leader
 	// the raw client last learned (it follows a change of leader from the
@@ -433,6 +439,18 @@ func TestDeployBench(t *testing.T) {
 				continue
 			}
 			t.Logf("%-66s %3d %s | %s", name, n, res[key(name, n)].row(nil), res[key(name, n)].cpuRow())
+		}
+	}
+	// What the machine allows: each path's all-in CPU per op against its
+	// etcd counterpart's (ceilingRow).
+	for _, n := range levels {
+		for _, p := range paths {
+			if !strings.HasPrefix(p.base, "etcd-") {
+				continue
+			}
+			if s, b := res[key(p.name, n)], res[key(p.base, n)]; s != nil && b != nil {
+				t.Logf("%-66s %3d %s", p.name+" vs "+p.base, n, s.ceilingRow(b))
+			}
 		}
 	}
 	if phases["raw"] {
@@ -1232,6 +1250,50 @@ func (s *phaseSeries) cpuRow() string {
 	m, lo, hi := medMinMax(s.load)
 	fmt.Fprintf(&b, "| %.2f (%.2f–%.2f)", m, lo, hi)
 	return b.String()
+}
+
+// allIn is a round's CPU per op summed over every process on the machine:
+// the groups without the leader/followers split of the catalog (cat
+// holds both), the load generator included.
+func (s *phaseSeries) allIn(r int) float64 {
+	var sum float64
+	for g, v := range s.cpu[r] {
+		if name := cpuColumns[g]; name != "catL" && name != "catF" {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// ceilingRow compares what one operation of each system costs the whole
+// machine — every process of the system plus the load generator — round
+// by round. On a machine whose cores both systems saturate, throughput is
+// cores ÷ that cost, so peer's all-in cost ÷ this path's is the ratio the
+// path can reach there however its latency is cut; "cores busy" is rate ×
+// cost, how close each system came to the machine's limit.
+func (s *phaseSeries) ceilingRow(peer *phaseSeries) string {
+	var mine, theirs, ceil, busy, peerBusy []float64
+	for r := range s.cpu {
+		if r >= len(peer.cpu) || r >= len(s.rates) || r >= len(peer.rates) {
+			break
+		}
+		a, b := s.allIn(r), peer.allIn(r)
+		if a <= 0 || b <= 0 {
+			continue
+		}
+		mine, theirs, ceil = append(mine, a), append(theirs, b), append(ceil, b/a)
+		busy, peerBusy = append(busy, s.rates[r]*a/1e6), append(peerBusy, peer.rates[r]*b/1e6)
+	}
+	if len(ceil) == 0 {
+		return "no CPU figures"
+	}
+	m, _, _ := medMinMax(mine)
+	p, _, _ := medMinMax(theirs)
+	c, lo, hi := medMinMax(ceil)
+	sb, _, _ := medMinMax(busy)
+	pb, _, _ := medMinMax(peerBusy)
+	return fmt.Sprintf("all-in CPU per op %.0f µs vs %.0f µs: CPU-bound ceiling of the ratio %.2f× (%.2f–%.2f); cores busy %.2f vs %.2f of %d",
+		m, p, c, lo, hi, sb, pb, runtime.NumCPU())
 }
 
 // cpuRatioRow is, per CPU column, the median (min–max) of the same-round
