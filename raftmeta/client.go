@@ -77,6 +77,7 @@ type clientConfig struct {
 	coalesceSet                     bool
 	gather                          time.Duration // WithWriteGather
 	gatherSet                       bool
+	gatherFixed                     bool // WithWriteGatherAdaptive(false)
 }
 
 // ClientOption configures a Client.
@@ -170,7 +171,7 @@ func NewClient(addrs []string, opts ...ClientOption) (*Client, error) {
 		cfg.gather = defaultWriteGather
 	}
 	if cfg.coalesceInflight > 0 {
-		c.writes = newCoalescer(c, cfg.coalesceBatch, cfg.coalesceInflight, cfg.gather)
+		c.writes = newCoalescer(c, cfg.coalesceBatch, cfg.coalesceInflight, cfg.gather, !cfg.gatherFixed)
 	}
 	return c, nil
 }

@@ -415,6 +415,9 @@ func TestClientGatherMergesClosedLoopCallers(t *testing.T) {
 	// of them of one command. With it, the callers move in one group.
 	assert.GreaterOrEqual(t, full, each-2, "requests carrying all %d callers; sizes %v", callers, sizes)
 	assert.LessOrEqual(t, len(sizes), each+3, "requests in all; sizes %v", sizes)
+	st := cl.GatherStats()
+	t.Logf("gathering: %+v", st)
+	assert.GreaterOrEqual(t, st.Filled, int64(each-3), "gathers that filled")
 	acct, err := cl.Account(ctx, "acct", LinearizableRead())
 	require.NoError(t, err)
 	assert.EqualValues(t, callers*each, acct.ActiveDatabases)
@@ -499,4 +502,95 @@ func TestClientCloseEndsAGather(t *testing.T) {
 	_, err = cl.CreateDatabase(ctx, newDB("acct"))
 	require.NoError(t, err, "a client used after Close still writes")
 	assert.EqualValues(t, 2, g.singles.Load(), "the write after Close went at once, alone")
+}
+
+// The adaptive gather (the default, WithWriteGatherAdaptive) holds no
+// writes of a paced open loop and still gathers for closed-loop callers.
+//
+// Open loop: writes arrive one at a time, each in its own goroutine, at
+// least 25 ms apart (a sleep between launches, so arrivals never bunch),
+// while the proxy takes 80 ms per request: each send carries about three
+// writes, so after each the slot holder may gather, for three more within
+// its 20 ms bound — which cannot come (at most one arrives per 20 ms).
+// Gathering after every such send (the rule before the adaptive one,
+// WithWriteGatherAdaptive(false): checked, it fails here with every
+// eligible send waited) holds each of those batches for the bound; the
+// adaptive rule stops after three waits run out and only probes, every
+// groupwait.ProbeEvery-th send.
+//
+// Closed loop, same client: 16 callers writing in a loop come back at once,
+// so the probes fill, gathering turns back on, and requests carry all 16
+// (a rule that never gathers, or never probes, sends 1, 15, 1, 15…).
+// The assertions are on the client's gathering counters and on the
+// proxy's request sizes, not on time.
+func TestClientGatherSkipsAnOpenLoopAndKeepsClosedLoops(t *testing.T) {
+	tc := newTestCluster(t, 1, nil)
+	leader := tc.waitLeader()
+	ctx := context.Background()
+	_, err := leader.Apply(ctx, cmd(t, fsm.CmdCreateAccount, newAccount("acct", 100_000)))
+	require.NoError(t, err)
+	g := newGatedProxy(t, leader, false)
+	g.open()
+	g.delay.Store(int64(80 * time.Millisecond))
+	cl, err := NewClient([]string{g.addr()}, WithCacheTTL(0), WithWriteBatching(MaxApplyBatch, 1), WithWriteGather(20*time.Millisecond))
+	require.NoError(t, err)
+	defer cl.Close()
+
+	const arrivals = 60
+	errs := make([]error, arrivals)
+	var wg sync.WaitGroup
+	for i := range arrivals {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = cl.CreateDatabase(ctx, newDB("acct"))
+		}()
+		time.Sleep(25 * time.Millisecond) // paces the open loop's arrivals (the load's shape); nothing asserts on time
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, "open-loop write %d", i)
+	}
+	open := cl.GatherStats()
+	t.Logf("open loop: %+v; commands per request %v", open, g.requestSizes())
+	require.GreaterOrEqual(t, open.Eligible, int64(10), "sends of two or more, each a chance to gather")
+	// Three waits before the score turns gathering off, then a probe every
+	// groupwait.ProbeEvery-th eligible send (plus slack for a probe that fills
+	// by chance on a stalled machine, and is followed by another).
+	assert.LessOrEqual(t, open.Waited, 3+open.Eligible/4, "gathers entered in an open loop: %+v", open)
+
+	// The closed loop on the same client.
+	g.delay.Store(int64(10 * time.Millisecond))
+	before := len(g.requestSizes())
+	const callers, each = 16, 40
+	errs = make([]error, callers*each)
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				_, errs[c*each+i] = cl.CreateDatabase(ctx, newDB("acct"))
+			}
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, "closed-loop write %d", i)
+	}
+	closed := cl.GatherStats()
+	sizes := g.requestSizes()[before:]
+	full := 0
+	for _, n := range sizes {
+		if n == callers {
+			full++
+		}
+	}
+	t.Logf("closed loop: %+v; commands per request %v", closed, sizes)
+	assert.Greater(t, closed.Filled-open.Filled, int64(5), "gathers that filled in the closed loop")
+	// Gathering back on within a few dozen sends; the rest (most of each
+	// caller's 40 writes) carry all 16 callers.
+	assert.GreaterOrEqual(t, full, 10, "requests carrying all %d callers; sizes %v", callers, sizes)
+	acct, err := cl.Account(ctx, "acct", LinearizableRead())
+	require.NoError(t, err)
+	assert.EqualValues(t, arrivals+callers*each, acct.ActiveDatabases)
 }

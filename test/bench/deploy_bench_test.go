@@ -89,6 +89,9 @@ var deployOpenRate float64
 // gives it one request per write. SHOAL_BENCH_RAW_GATHER (a duration; 0
 // off) sets this build's raw client's gathering bound (raftmeta.WithWriteGather),
 // SHOAL_BENCH_BASELINE_RAW_GATHER the baseline's (default 0);
+// SHOAL_BENCH_RAW_GATHER_RULE and SHOAL_BENCH_BASELINE_RAW_GATHER_RULE
+// (always or adaptive, raftmeta.WithWriteGatherAdaptive) their rules
+// (defaults: the client's, adaptive; and always, main's rule before it);
 // SHOAL_BENCH_RAW_INFLIGHT=N this build's raw client's send slots (default 1).
 // SHOAL_BENCH_OPEN_RATE=R makes every measured phase an open loop of R
 // operations a second (runOpen; the client counts bound what is in flight).
@@ -328,6 +331,13 @@ func TestDeployBench(t *testing.T) {
 		}
 		return d
 	}
+	// rawClientFor is the raftmeta client a raw phase writes through.
+	rawClientFor := func(name string) *raftmeta.Client {
+		if strings.HasPrefix(strings.TrimSuffix(name, "@base"), "raw-single") {
+			return clusterFor(name).rawSingle
+		}
+		return clusterFor(name).raw
+	}
 	// The public listener's lean-path counters over each edge phase
 	// (shoal_edge_lean_requests_total, _handovers_total): whether the
 	// generator's mixed pool is served lean.
@@ -359,9 +369,11 @@ func TestDeployBench(t *testing.T) {
 				}
 				var fsmBefore [3]float64
 				var snapsBefore float64
+				var gBefore raftmeta.GatherStats
 				if strings.HasPrefix(name, "raw") {
 					fsmBefore = clusterFor(name).leaderBatches(t)
 					snapsBefore = clusterFor(name).snapshotsPersisted(t)
+					gBefore = rawClientFor(name).GatherStats()
 				}
 				edgePhase := strings.HasPrefix(name, "create") || (strings.HasPrefix(name, "edge-select") && !strings.HasPrefix(name, "edge-select-http"))
 				var leanBefore [2]float64
@@ -383,6 +395,11 @@ func TestDeployBench(t *testing.T) {
 					s.fsmBatches += after[1] - fsmBefore[1]
 					s.fsmCommands += after[2] - fsmBefore[2]
 					s.snapshots += clusterFor(name).snapshotsPersisted(t) - snapsBefore
+					g := rawClientFor(name).GatherStats()
+					s.gathers.Eligible += g.Eligible - gBefore.Eligible
+					s.gathers.Waited += g.Waited - gBefore.Waited
+					s.gathers.Probes += g.Probes - gBefore.Probes
+					s.gathers.Filled += g.Filled - gBefore.Filled
 				}
 				if before != nil {
 					after := clusterFor(name).edgeCreateMetrics(t)
@@ -445,8 +462,9 @@ func TestDeployBench(t *testing.T) {
 					if cmds == 0 { // a build before batch entries: one command per entry
 						cmds = s.fsmEntries
 					}
-					t.Logf("%-12s %3d per FSM batch on the leader: %.1f entries (shoal_raftmeta_fsm_batch_entries), %.1f commands; %.0f snapshots persisted by the voters during the %d phases",
-						name, n, s.fsmEntries/s.fsmBatches, cmds/s.fsmBatches, s.snapshots, len(s.rates))
+					t.Logf("%-12s %3d per FSM batch on the leader: %.1f entries (shoal_raftmeta_fsm_batch_entries), %.1f commands; %.0f snapshots persisted by the voters during the %d phases; client gathers: eligible %d, waited %d (probes %d), filled %d",
+						name, n, s.fsmEntries/s.fsmBatches, cmds/s.fsmBatches, s.snapshots, len(s.rates),
+						s.gathers.Eligible, s.gathers.Waited, s.gathers.Probes, s.gathers.Filled)
 				}
 			}
 		}
@@ -733,6 +751,27 @@ func startDeployClusterSpec(t *testing.T, ports *portAlloc, s deploySpec) *deplo
 		g, err := time.ParseDuration(gather)
 		require.NoError(t, err, gatherEnv)
 		rawOpts = append(rawOpts, raftmeta.WithWriteGather(g))
+	}
+	// The gather's rule (raftmeta.WithWriteGatherAdaptive): this build's
+	// raw client takes the client's default (adaptive) unless
+	// SHOAL_BENCH_RAW_GATHER_RULE says otherwise; the baseline's gathers
+	// after every send of two or more (main's rule before the adaptive one)
+	// unless SHOAL_BENCH_BASELINE_RAW_GATHER_RULE=adaptive.
+	ruleEnv, rule := "SHOAL_BENCH_RAW_GATHER_RULE", ""
+	if prefix != "" {
+		ruleEnv, rule = "SHOAL_BENCH_BASELINE_RAW_GATHER_RULE", "always"
+	}
+	if v := os.Getenv(ruleEnv); v != "" {
+		rule = v
+	}
+	switch rule {
+	case "":
+	case "always":
+		rawOpts = append(rawOpts, raftmeta.WithWriteGatherAdaptive(false))
+	case "adaptive":
+		rawOpts = append(rawOpts, raftmeta.WithWriteGatherAdaptive(true))
+	default:
+		t.Fatalf("%s=%q: want always or adaptive", ruleEnv, rule)
 	}
 	// SHOAL_BENCH_RAW_INFLIGHT=N: this build's raw client sends up to N
 	// batches at once (raftmeta.WithWriteBatching; the client's default 1).
@@ -1146,6 +1185,8 @@ type phaseSeries struct {
 	fsmEntries, fsmBatches, fsmCommands float64
 	// raw writes: snapshots the three voters persisted during the phases
 	snapshots float64
+	// raw writes: the raw client's gathering decisions over every round
+	gathers raftmeta.GatherStats
 }
 
 func (s *phaseSeries) add(t *testing.T, groups []procGroup, n int, dur time.Duration, op func(int, *rand.Rand) error) {

@@ -24,15 +24,18 @@ import (
 
 // TestGatherOpenLoop prices the catalog client's gathering wait
 // (raftmeta.WithWriteGather) for independent writers: one catalog of three
-// `shoal raftmeta serve` processes (loopback TCP, fsync on), three clients
-// of this build that differ only in gathering — off, a 500 µs bound, and
-// the default (1 ms) — each driven in turn, round by round (the order
+// `shoal raftmeta serve` processes (loopback TCP, fsync on), four clients
+// of this build that differ only in gathering — off; after every send of
+// two or more (WithWriteGatherAdaptive(false), the rule before it) with a
+// 500 µs and a 1 ms bound; and the default (adaptive: only while recent
+// gathers filled, 1 ms) — each driven in turn, round by round (the order
 // rotating), by an open loop of Poisson arrivals (runOpen: latency from
 // each arrival's scheduled time, at most SHOAL_BENCH_WORKERS in flight).
 // A closed loop (TestDeployBench) never shows the cost: its callers come
 // back at once. Printed per rate and client: pooled p50 / p90 / p99,
 // commands per entry, catalog CPU per write, and the median (min–max) of
-// the same-round ratios of p50 to the gather-off client's.
+// the same-round ratios of p50 to the gather-off client's, and the
+// client's gathering counters (raftmeta.GatherStats).
 //
 //	SHOAL_BENCH=1 go test ./test/bench -run TestGatherOpenLoop -v -count=1
 //
@@ -73,8 +76,9 @@ func TestGatherOpenLoop(t *testing.T) {
 	}
 	variants := []variant{
 		{"gather off", []raftmeta.ClientOption{raftmeta.WithWriteGather(0)}},
-		{"gather, 500 µs bound", []raftmeta.ClientOption{raftmeta.WithWriteGather(500 * time.Microsecond)}},
-		{"default (gather, 1 ms bound)", nil},
+		{"always gather, 500 µs bound", []raftmeta.ClientOption{raftmeta.WithWriteGather(500 * time.Microsecond), raftmeta.WithWriteGatherAdaptive(false)}},
+		{"always gather, 1 ms bound", []raftmeta.ClientOption{raftmeta.WithWriteGatherAdaptive(false)}},
+		{"default (adaptive, 1 ms bound)", nil},
 	}
 	clients := make([]*raftmeta.Client, len(variants))
 	for i, v := range variants {
@@ -88,6 +92,7 @@ func TestGatherOpenLoop(t *testing.T) {
 		p50           []float64 // per round, ms
 		cpu, ops      float64
 		entries, cmds float64
+		gs            raftmeta.GatherStats // summed over rounds
 	}
 	cells := map[string]*cell{}
 	key := func(r float64, v int) string { return fmt.Sprintf("%.0f/%d", r, v) }
@@ -104,6 +109,7 @@ func TestGatherOpenLoop(t *testing.T) {
 				cl := clients[v]
 				cpu0 := procsCPU(t, procs)
 				m0 := leaderFSMCounters(t, addrs)
+				g0 := cl.GatherStats()
 				l, _ := runOpen(t, n, dur, rate, func(_ int, _ *rand.Rand) error {
 					_, err := cl.CreateDatabase(ctx, fsm.CreateDatabase{UUID: ids.New(), AccountID: "bench",
 						Name: fmt.Sprintf("db-%d", seq.Add(1)), ObjectID: ids.New(), HostID: "h1", Region: "weur",
@@ -111,6 +117,11 @@ func TestGatherOpenLoop(t *testing.T) {
 					return err
 				})
 				m1 := leaderFSMCounters(t, addrs)
+				g1 := cl.GatherStats()
+				c.gs.Eligible += g1.Eligible - g0.Eligible
+				c.gs.Waited += g1.Waited - g0.Waited
+				c.gs.Probes += g1.Probes - g0.Probes
+				c.gs.Filled += g1.Filled - g0.Filled
 				c.cpu += float64((procsCPU(t, procs) - cpu0).Microseconds())
 				c.ops += float64(l.Len())
 				c.entries += m1[0] - m0[0]
@@ -137,9 +148,9 @@ func TestGatherOpenLoop(t *testing.T) {
 			if c.entries > 0 {
 				perEntry = c.cmds / c.entries
 			}
-			t.Logf("%5.0f writes/s  %-32s p50 %6.2f  p90 %6.2f  p99 %7.2f ms | commands per entry %5.1f | catalog CPU %4.0f µs/write | p50 ÷ gather off %.2f× (%.2f–%.2f)",
+			t.Logf("%5.0f writes/s  %-32s p50 %6.2f  p90 %6.2f  p99 %7.2f ms | commands per entry %5.1f | catalog CPU %4.0f µs/write | p50 ÷ gather off %.2f× (%.2f–%.2f) | gathers: eligible %d waited %d (probes %d) filled %d",
 				rate, vr.name, harness.Millis(c.lat.Pct(.5)), harness.Millis(c.lat.Pct(.9)), harness.Millis(c.lat.Pct(.99)),
-				perEntry, c.cpu/c.ops, med, lo, hi)
+				perEntry, c.cpu/c.ops, med, lo, hi, c.gs.Eligible, c.gs.Waited, c.gs.Probes, c.gs.Filled)
 		}
 	}
 }
